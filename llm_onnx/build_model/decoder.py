@@ -1,0 +1,278 @@
+"""The decoder: one configurable module family for Llama/SmolLM, Qwen3 and Qwen3-MoE.
+
+The model is a pure function
+
+    forward(input_ids, seqlens_k, total_sequence_length, past) -> (logits, *present)
+
+with no cache buffers of its own, so prefill and decode are the same code traced with different
+shapes. ``past`` is [key_0, value_0, key_1, value_1, ...], each (B, Hkv, P, D) (see ops.py for the
+position conventions). Module attributes copy Hugging Face's names, so checkpoints load by name and
+ONNX initializers read ``model.layers.0.self_attn.q_proj...``.
+
+Precision: the residual stream, norms, router softmax and logits stay fp32; projections and
+attention run in ``dtype`` (fp32 or fp16). With fp32 every cast below is a no-op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from llm_onnx.build_model import ops
+from llm_onnx.build_model.config import ModelConfig
+from llm_onnx.build_model.rope import rope_cache
+
+
+class Linear(nn.Module):
+    """y = x W^T + b with Hugging Face's (out, in) weight layout."""
+
+    def __init__(self, n_in: int, n_out: int, bias: bool, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.in_features, self.out_features = n_in, n_out
+        self.weight = nn.Parameter(torch.empty(n_out, n_in, dtype=dtype), requires_grad=False)
+        self.bias = (nn.Parameter(torch.empty(n_out, dtype=dtype), requires_grad=False)
+                     if bias else None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+LinearFactory = Callable[[int, int, bool, torch.dtype], nn.Module]
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """Which computations run fused. Same math either way; the parity tests run both.
+
+    rotary: RoPE inside GroupQueryAttention (else a separate RotaryEmbedding op);
+    qkv: q, k and v projections as one matmul; gate_up: the MLP's gate and up as one matmul.
+    """
+
+    rotary: bool = True
+    qkv: bool = False
+    gate_up: bool = False
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with fp32 statistics and an fp32 weight; ``add`` fuses the residual sum before it."""
+
+    def __init__(self, width: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+    def add(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """(norm(x + residual), x + residual)."""
+        return ops.add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, linear: LinearFactory,
+                 fused_rotary: bool, fuse_qkv: bool) -> None:
+        super().__init__()
+        self.num_heads, self.kv_heads, self.head_dim = (
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        self.q_width, self.kv_width = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
+        d = cfg.hidden_size
+        self.fuse_qkv = fuse_qkv
+        if fuse_qkv:  # one matmul; rows q, then k, then v (GQA's packed QKV layout)
+            self.qkv_proj = linear(d, self.q_width + 2 * self.kv_width, cfg.attention_bias, dtype)
+        else:
+            self.q_proj = linear(d, self.q_width, cfg.attention_bias, dtype)
+            self.k_proj = linear(d, self.kv_width, cfg.attention_bias, dtype)
+            self.v_proj = linear(d, self.kv_width, cfg.attention_bias, dtype)
+        self.o_proj = linear(self.q_width, d, cfg.o_proj_bias, dtype)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.scale = self.head_dim ** -0.5
+        self.window = (cfg.sliding_window - 1) if cfg.sliding_window else -1
+        self.fused_rotary = fused_rotary
+
+    def forward(self, x: Tensor, seqlens_k: Tensor, total: Tensor, cos: Tensor, sin: Tensor,
+                positions: Tensor, past_key: Tensor, past_value: Tensor,
+                ) -> tuple[Tensor, Tensor, Tensor]:
+        b, t, _ = x.shape
+        k: Tensor | None
+        v: Tensor | None
+        if self.fuse_qkv:
+            q, k, v = self.qkv_proj(x), None, None  # (B, T, H*D + 2*Hkv*D)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, H*D), (B, T, Hkv*D) x2
+        if self.qk_norm or not self.fused_rotary:
+            if k is None:
+                q, k, v = q.split([self.q_width, self.kv_width, self.kv_width], dim=-1)
+            if self.qk_norm:
+                q = self.q_norm(q.reshape(b, t, self.num_heads, self.head_dim)).reshape(b, t, -1)
+                k = self.k_norm(k.reshape(b, t, self.kv_heads, self.head_dim)).reshape(b, t, -1)
+                q, k = q.to(x.dtype), k.to(x.dtype)
+        if self.fused_rotary:
+            out, pk, pv = ops.group_query_attention(
+                q, k, v, past_key, past_value, seqlens_k, total, cos, sin,
+                self.num_heads, self.kv_heads, self.scale, self.window, False)
+        else:
+            assert k is not None and v is not None
+            q = ops.rotary_embedding(q, positions, cos, sin, self.num_heads, False)
+            k = ops.rotary_embedding(k, positions, cos, sin, self.kv_heads, False)
+            out, pk, pv = ops.group_query_attention(
+                q, k, v, past_key, past_value, seqlens_k, total, None, None,
+                self.num_heads, self.kv_heads, self.scale, self.window, False)
+        return self.o_proj(out), pk, pv
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)); gate and up may be one matmul (rows gate, then up)."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, linear: LinearFactory,
+                 fuse_gate_up: bool) -> None:
+        super().__init__()
+        d, i = cfg.hidden_size, cfg.intermediate_size
+        self.fuse_gate_up = fuse_gate_up
+        if fuse_gate_up:
+            self.gate_up_proj = linear(d, 2 * i, cfg.mlp_bias, dtype)
+        else:
+            self.gate_proj = linear(d, i, cfg.mlp_bias, dtype)
+            self.up_proj = linear(d, i, cfg.mlp_bias, dtype)
+        self.down_proj = linear(i, d, cfg.mlp_bias, dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.fuse_gate_up:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class Experts(nn.Module):
+    """All experts of a layer stacked in ORT's MoE layout.
+
+    gate_up_proj (E, 2I, D) with gate and up rows interleaved (g0, u0, g1, u1, ...);
+    down_proj (E, D, I). Loaders build these from Hugging Face's per-expert tensors.
+    """
+
+    def __init__(self, num_experts: int, d: int, i: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * i, d, dtype=dtype),
+                                         requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(num_experts, d, i, dtype=dtype), requires_grad=False)
+
+
+class SparseMoE(nn.Module):
+    """Qwen3-MoE MLP: fp32 softmax router over E experts, top-k, optional renormalisation."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, linear: LinearFactory) -> None:
+        super().__init__()
+        moe = cfg.moe
+        assert moe is not None
+        self.top_k, self.normalize = moe.num_experts_per_tok, moe.norm_topk_prob
+        self.gate = linear(cfg.hidden_size, moe.num_experts, False, dtype)  # router
+        self.experts = Experts(moe.num_experts, cfg.hidden_size, moe.moe_intermediate_size, dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, d = x.shape
+        flat = x.reshape(b * t, d)  # (N, D)
+        logits = self.gate(flat).float()  # (N, E), router in fp32
+        out = ops.moe(flat, logits.to(flat.dtype), self.experts.gate_up_proj,
+                      self.experts.down_proj, self.top_k, self.normalize)
+        return out.reshape(b, t, d)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int, dtype: torch.dtype, linear: LinearFactory,
+                 fusion: Fusion) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, dtype, linear, fusion.rotary, fusion.qkv)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = (SparseMoE(cfg, dtype, linear) if cfg.is_moe_layer(index)
+                    else MLP(cfg, dtype, linear, fusion.gate_up))
+
+    def forward(self, branch: Tensor | None, residual: Tensor, seqlens_k: Tensor, total: Tensor,
+                cos: Tensor, sin: Tensor, positions: Tensor, past_key: Tensor, past_value: Tensor,
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """branch: the previous layer's MLP output (None for layer 0); residual: fp32 stream."""
+        if branch is None:
+            h = self.input_layernorm(residual)
+        else:
+            h, residual = self.input_layernorm.add(branch.float(), residual)
+        attn, pk, pv = self.self_attn(h.to(self.dtype), seqlens_k, total, cos, sin, positions,
+                                      past_key, past_value)
+        h, residual = self.post_attention_layernorm.add(attn.float(), residual)
+        return self.mlp(h.to(self.dtype)), residual, pk, pv
+
+
+class RotaryCache(nn.Module):
+    """cos/sin tables shared by all layers: (max_positions, rotary_dim / 2)."""
+
+    def __init__(self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        cos, sin = rope_cache(cfg, max_positions, dtype)
+        self.register_buffer("cos_cache", cos, persistent=False)
+        self.register_buffer("sin_cache", sin, persistent=False)
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, linear: LinearFactory,
+                 fusion: Fusion, max_positions: int) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.embed_tokens.weight.requires_grad_(False)
+        self.rotary = RotaryCache(cfg, max_positions, dtype)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, i, dtype, linear, fusion) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Decoder(nn.Module):
+    """A decoder-only causal LM (see the module docstring for the forward contract)."""
+
+    def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype = torch.float32,
+                 linear: LinearFactory = Linear, fusion: Fusion | None = None,
+                 max_positions: int | None = None) -> None:
+        super().__init__()
+        self.config = cfg
+        self.dtype = dtype
+        self.fusion = fusion or Fusion()
+        self.max_positions = max_positions or cfg.max_position_embeddings
+        self.model = DecoderModel(cfg, dtype, linear, self.fusion, self.max_positions)
+        self.lm_head = linear(cfg.hidden_size, cfg.vocab_size, False, dtype)
+        if cfg.tie_word_embeddings and isinstance(self.lm_head, Linear):
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
+                past: list[Tensor], last_only: bool = False) -> tuple[Tensor, ...]:
+        """Logits (B, T, V) fp32 (or (B, 1, V) at each row's last new token when ``last_only``)
+        and the updated caches, in the order of ``past``."""
+        t = input_ids.shape[1]
+        positions = ops.token_positions(seqlens_k, total_sequence_length, t)
+        cos, sin = self.model.rotary.cos_cache, self.model.rotary.sin_cache
+        residual = self.model.embed_tokens(input_ids).float()  # (B, T, D) fp32 residual stream
+        branch: Tensor | None = None
+        present: list[Tensor] = []
+        for i, layer in enumerate(self.model.layers):
+            branch, residual, pk, pv = layer(branch, residual, seqlens_k, total_sequence_length,
+                                             cos, sin, positions, past[2 * i], past[2 * i + 1])
+            present += [pk, pv]
+        assert branch is not None
+        h, _ = self.model.norm.add(branch.float(), residual)  # (B, T, D)
+        if last_only:
+            # Row b's last new token: index seqlens_k[b] - (total - T), clamped for padded decode rows.
+            idx = (seqlens_k.to(torch.int64) - total_sequence_length.to(torch.int64) + t).clamp(0, t - 1)
+            h = h[torch.arange(h.shape[0]), idx].unsqueeze(1)  # (B, 1, D)
+        logits = self.lm_head(h.to(self.dtype)).float()
+        return (logits, *present)
+
+    def new_cache(self, batch: int, length: int) -> list[Tensor]:
+        """Zeroed KV buffers (B, Hkv, length, D) for every layer, in the order forward expects."""
+        cfg = self.config
+        shape = (batch, cfg.num_key_value_heads, length, cfg.head_dim)
+        return [torch.zeros(shape, dtype=self.dtype) for _ in range(2 * cfg.num_hidden_layers)]

@@ -1,0 +1,226 @@
+"""Checkpoints in: open a Hugging Face folder, a GGUF file or a preset with random weights, check it
+against the config, and fill a Decoder tensor by tensor.
+
+``build_model`` is the entry point: ``build_model(cfg)`` gives a weightless (meta-device) decoder for
+tracing; ``build_model(cfg, source)`` a real one. Loading never holds more than one checkpoint tensor
+beyond what the model itself keeps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from llm_onnx.build_model.config import ModelConfig, load_hf_config
+from llm_onnx.build_model.decoder import Decoder, Fusion
+from llm_onnx.build_model.rope import rope_cache
+from llm_onnx.build_model.shapes import checkpoint_shapes
+from llm_onnx.build_model.sources import GGUFSource, RandomSource, SafetensorsSource, TensorSource
+from llm_onnx.errors import CheckpointError
+
+# Tokenizer and generation files carried from a Hugging Face folder into a model folder.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "generation_config.json", "chat_template.jinja")
+
+
+@dataclass
+class Checkpoint:
+    """A model's weights (lazy), config and tokenizer, from wherever they came."""
+
+    config: ModelConfig
+    source: TensorSource
+    name: str
+    kind: str  # "hf" | "gguf" | "random"
+    path: Path | None = None
+    tokenizer_files: dict[str, bytes] = field(default_factory=dict)  # file name -> content
+    eos_token_ids: list[int] = field(default_factory=list)
+    bos_token_id: int | None = None
+
+    def write_tokenizer(self, folder: Path) -> list[str]:
+        for fname, content in self.tokenizer_files.items():
+            (folder / fname).write_bytes(content)
+        return sorted(self.tokenizer_files)
+
+
+def open_checkpoint(path: Path) -> Checkpoint:
+    """A Hugging Face checkpoint folder (config.json + safetensors) or a .gguf file."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file or folder.")
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise CheckpointError(f"{path}: expected a Hugging Face checkpoint folder or a .gguf file.")
+        return _open_gguf(path)
+    if not any(path.iterdir()):
+        raise CheckpointError(f"{path}: the checkpoint folder is empty.")
+    cfg = load_hf_config(path)
+    source = SafetensorsSource(path)
+    check_tensors(cfg, source, str(path))
+    files = {f: (path / f).read_bytes() for f in TOKENIZER_FILES if (path / f).is_file()}
+    eos, bos = _hf_special_ids(path)
+    return Checkpoint(cfg, source, path.name, "hf", path, files, eos, bos)
+
+
+def _hf_special_ids(folder: Path) -> tuple[list[int], int | None]:
+    eos: list[int] = []
+    bos = None
+    for fname in ("generation_config.json", "config.json"):
+        file = folder / fname
+        if not file.is_file():
+            continue
+        data = json.loads(file.read_text(encoding="utf-8"))
+        value = data.get("eos_token_id")
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, int) and v not in eos:
+                eos.append(v)
+        if bos is None and isinstance(data.get("bos_token_id"), int):
+            bos = data["bos_token_id"]
+    return eos, bos
+
+
+def _open_gguf(path: Path) -> Checkpoint:
+    from llm_onnx.build_model.gguf_tokenizer import read_gguf_tokenizer
+
+    source = GGUFSource(path)
+    check_tensors(source.cfg, source, str(path))
+    tok = read_gguf_tokenizer(source.reader, str(path))
+    files = {
+        "tokenizer.json": json.dumps(tok.tokenizer_json, ensure_ascii=False).encode("utf-8"),
+        "tokenizer_config.json": json.dumps(tok.tokenizer_config, ensure_ascii=False,
+                                            indent=2).encode("utf-8"),
+    }
+    name = path.stem
+    return Checkpoint(source.cfg, source, name, "gguf", path, files, list(tok.eos_token_ids),
+                      tok.bos_token_id)
+
+
+def random_checkpoint(cfg: ModelConfig, name: str, seed: int = 0) -> Checkpoint:
+    """Seeded random weights of a preset, without a tokenizer."""
+    return Checkpoint(cfg, RandomSource(cfg, seed), name, "random")
+
+
+def check_tensors(cfg: ModelConfig, source: TensorSource, where: str) -> None:
+    """Every tensor the config needs is present with the right shape, and nothing unexpected."""
+    expected = checkpoint_shapes(cfg)
+    present = set(source.names())
+    missing = [n for n in expected if n not in present]
+    if missing:
+        raise CheckpointError(
+            f"{where}: checkpoint lacks {len(missing)} tensor(s) needed by {cfg.architecture} "
+            f"(e.g. {missing[0]} of shape {list(expected[missing[0]])}).")
+    ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+    extra = sorted(n for n in present - set(expected) - ignorable
+                   if not n.endswith("rotary_emb.inv_freq"))
+    if extra:
+        raise CheckpointError(
+            f"{where}: checkpoint has {len(extra)} tensor(s) the config does not describe "
+            f"(e.g. {extra[0]}); is config.json for this checkpoint?")
+    for name, shape in expected.items():
+        got = tuple(source.shape(name))
+        if got != tuple(shape):
+            raise CheckpointError(f"{source.describe(name)}: tensor {name} has shape {list(got)}, "
+                                  f"expected {list(shape)} for this config.")
+
+
+# ----------------------------------------------------------------------------- params from checkpoints
+
+
+Producer = Callable[[TensorSource], torch.Tensor]
+
+
+def _interleave_gate_up(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """(E, I, D) gate and up -> (E, 2I, D) rows g0, u0, g1, u1, ... (ORT's fused SwiGLU layout)."""
+    e, i, d = gate.shape
+    return torch.stack((gate, up), dim=2).reshape(e, 2 * i, d)
+
+
+# Fused projections: parameter suffix -> the checkpoint projections concatenated (rows) into it.
+_FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+          "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def param_producers(model: nn.Module) -> Iterator[tuple[str, Producer]]:
+    """For each parameter of the decoder (tied weights once), how to build it from checkpoint
+    tensors, in Hugging Face layout."""
+    cfg = model.config
+    for name, _ in model.named_parameters():
+        module, _, attr = name.rpartition(".")
+        fused = next((parts for suffix, parts in _FUSED.items() if module.endswith(suffix)), None)
+        if fused is not None:
+            base = module[: -len(next(s for s in _FUSED if module.endswith(s)))]
+            names = [f"{base}{part}.{attr}" for part in fused]
+            yield name, (lambda src, names=names: torch.cat([src.get(n) for n in names], dim=0))
+        elif name.endswith(".mlp.experts.gate_up_proj"):
+            prefix = name.removesuffix(".gate_up_proj")
+            yield name, _experts_producer(prefix, cfg, fused=True)
+        elif name.endswith(".mlp.experts.down_proj"):
+            prefix = name.removesuffix(".down_proj")
+            yield name, _experts_producer(prefix, cfg, fused=False)
+        else:
+            yield name, (lambda src, n=name: src.get(n))
+
+
+def _experts_producer(prefix: str, cfg: ModelConfig, fused: bool) -> Producer:
+    assert cfg.moe is not None
+    n = cfg.moe.num_experts
+
+    def produce(src: TensorSource) -> torch.Tensor:
+        if fused:
+            gate = torch.stack([src.get(f"{prefix}.{e}.gate_proj.weight") for e in range(n)])
+            up = torch.stack([src.get(f"{prefix}.{e}.up_proj.weight") for e in range(n)])
+            return _interleave_gate_up(gate, up)
+        return torch.stack([src.get(f"{prefix}.{e}.down_proj.weight") for e in range(n)])
+
+    return produce
+
+
+def _set_param(model: nn.Module, name: str, value: torch.Tensor) -> None:
+    module_name, _, attr = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    old = getattr(module, attr)
+    if tuple(old.shape) != tuple(value.shape):
+        raise CheckpointError(f"tensor for {name} has shape {list(value.shape)}, expected {list(old.shape)}.")
+    setattr(module, attr, nn.Parameter(value.to(old.dtype).contiguous(), requires_grad=False))
+
+
+def load_weights(model: Decoder, source: TensorSource) -> Decoder:
+    """Fill every parameter of ``model`` (possibly on the meta device) from ``source``."""
+    for name, produce in param_producers(model):
+        _set_param(model, name, produce(source))
+    if model.config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model
+
+
+def build_model(cfg: ModelConfig, source: TensorSource | None = None, *,
+                dtype: torch.dtype = torch.float32, fusion: Fusion | None = None,
+                max_positions: int | None = None) -> Decoder:
+    """The decoder of ``cfg``: weightless on the meta device, or filled from ``source``.
+
+    Args:
+        cfg: architecture.
+        source: where weights come from (``open_checkpoint(path).source``,
+            ``RandomSource(cfg, seed)``); None gives a meta-device model for tracing.
+        dtype: compute dtype of projections and attention (norms and residuals stay fp32).
+        fusion: which projections run as one matmul and whether RoPE is fused into attention.
+        max_positions: length of the RoPE tables (defaults to the config's context).
+    """
+    max_positions = max_positions or cfg.max_position_embeddings
+    with torch.device("meta"):
+        model = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_positions)
+    # The RoPE tables are computed, not loaded: make them real even on a weightless model.
+    cos, sin = rope_cache(cfg, max_positions, dtype)
+    model.model.rotary.cos_cache = cos
+    model.model.rotary.sin_cache = sin
+    if source is not None:
+        load_weights(model, source)
+    return model.eval()
+
+
+__all__ = ["Checkpoint", "build_model", "check_tensors", "load_weights", "open_checkpoint",
+           "param_producers", "random_checkpoint"]

@@ -1,0 +1,206 @@
+"""Custom torch ops of the decoder, with their reference math in plain torch.
+
+Each op has the exact contract of the ONNX Runtime kernel it is exported to (see
+``llm_onnx/export/custom_ops.py``), so the eager implementation here *is* the specification that
+the parity tests hold ONNX Runtime to:
+
+  llm_onnx::rms_norm              -> SimplifiedLayerNormalization
+  llm_onnx::add_rms_norm          -> com.microsoft.SkipSimplifiedLayerNormalization
+  llm_onnx::rotary_embedding      -> com.microsoft.RotaryEmbedding
+  llm_onnx::group_query_attention -> com.microsoft.GroupQueryAttention
+  llm_onnx::moe                   -> com.microsoft.MoE
+
+Positions and the KV cache follow GroupQueryAttention's conventions: ``seqlens_k[b]`` is the
+number of valid tokens of row b (past + new) minus one, ``total_sequence_length`` is the batch's
+maximum of those counts, and the cache is one buffer of shape (B, Hkv, P, D) with P >= total.
+A call where T == total is a first prompt (rows right-padded, positions 0..T-1); otherwise the T
+new tokens of row b sit at positions seqlens_k[b] + 1 - T ... seqlens_k[b].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# ----------------------------------------------------------------------------- reference math
+
+
+def token_positions(seqlens_k: Tensor, total_sequence_length: Tensor, seq_len: int) -> Tensor:
+    """(B, T) int64 absolute positions of the T new tokens of each row (GQA's convention)."""
+    ar = torch.arange(seq_len, device=seqlens_k.device, dtype=torch.int64)  # (T,)
+    later = seqlens_k.to(torch.int64)[:, None] + 1 - seq_len + ar[None, :]  # (B, T)
+    first = total_sequence_length.to(torch.int64) == seq_len
+    return torch.where(first, ar[None, :].expand_as(later), later).clamp_min(0)
+
+
+def rms_norm_ref(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm, statistics in fp32; output in the dtype of ``weight`` (ORT's V type)."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * weight.float()).to(weight.dtype)
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, interleaved: bool) -> Tensor:
+    """Rotary embedding of x (B, T, N, D) at positions (B, T); cos/sin caches (M, R/2), R <= D.
+
+    Non-interleaved is Llama/Qwen's rotate-half: pairs (i, i + R/2). Dimensions past R pass through.
+    """
+    half = cos.shape[-1]
+    rot = 2 * half
+    c = cos[positions][:, :, None, :].to(torch.float32)  # (B, T, 1, R/2)
+    s = sin[positions][:, :, None, :].to(torch.float32)
+    xr, x_pass = x[..., :rot].float(), x[..., rot:]
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        out = torch.stack((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).flatten(-2)
+    else:
+        x1, x2 = xr[..., :half], xr[..., half:]
+        out = torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    return torch.cat((out.to(x.dtype), x_pass), dim=-1)
+
+
+def attention_ref(
+    query: Tensor, key: Tensor, value: Tensor, past_key: Tensor, past_value: Tensor,
+    seqlens_k: Tensor, total_sequence_length: Tensor, cos_cache: Tensor | None,
+    sin_cache: Tensor | None, num_heads: int, kv_num_heads: int, scale: float,
+    local_window_size: int, rotary_interleaved: bool, attention_bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """GroupQueryAttention: optional RoPE, write new K/V into the cache, causal GQA softmax.
+
+    query (B, T, H*D), key/value (B, T, Hkv*D), past_key/value (B, Hkv, P, D).
+    Returns output (B, T, H*D) and the updated caches (B, Hkv, P, D).
+    ``local_window_size`` w > 0 lets a query at position p see keys at p - w ... p.
+    """
+    b, t, _ = query.shape
+    d = past_key.shape[-1]
+    p = past_key.shape[2]
+    pos = token_positions(seqlens_k, total_sequence_length, t)  # (B, T)
+    q = query.reshape(b, t, num_heads, d)
+    k = key.reshape(b, t, kv_num_heads, d)
+    v = value.reshape(b, t, kv_num_heads, d)
+    if cos_cache is not None and sin_cache is not None:
+        q = rotate(q, cos_cache, sin_cache, pos, rotary_interleaved)
+        k = rotate(k, cos_cache, sin_cache, pos, rotary_interleaved)
+    rows = torch.arange(b, device=query.device)[:, None].expand(b, t)
+    present_key = past_key.clone()
+    present_value = past_value.clone()
+    present_key[rows, :, pos] = k.to(past_key.dtype)  # (B, T, Hkv, D) into (B, Hkv, P, D)
+    present_value[rows, :, pos] = v.to(past_value.dtype)
+
+    group = num_heads // kv_num_heads
+    keys = present_key.float().repeat_interleave(group, dim=1)  # (B, H, P, D)
+    values = present_value.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("bthd,bhpd->bhtp", q.float(), keys) * scale  # (B, H, T, P)
+    if attention_bias is not None:
+        scores = scores + attention_bias.float()[..., :p]
+    kpos = torch.arange(p, device=query.device)
+    visible = (kpos[None, None, :] <= pos[:, :, None]) & (
+        kpos[None, None, :] <= seqlens_k.to(torch.int64)[:, None, None])  # (B, T, P)
+    if local_window_size > 0:
+        visible &= kpos[None, None, :] >= pos[:, :, None] - local_window_size
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bhtp,bhpd->bthd", probs, values).reshape(b, t, num_heads * d)
+    return out.to(query.dtype), present_key, present_value
+
+
+def moe_ref(x: Tensor, router_logits: Tensor, fc1: Tensor, fc2: Tensor, k: int,
+            normalize_routing_weights: bool) -> Tensor:
+    """Sparse MoE with SwiGLU experts, ORT's MoE contract.
+
+    x (N, D); router_logits (N, E) raw; fc1 (E, 2I, D) with gate/up rows interleaved
+    (g0, u0, g1, u1, ...); fc2 (E, D, I). Softmax in fp32 -> top-k -> optional renormalisation.
+    """
+    probs = torch.softmax(router_logits.float(), dim=-1)  # (N, E)
+    top_w, top_i = torch.topk(probs, k, dim=-1)  # (N, K)
+    if normalize_routing_weights:
+        top_w = top_w / top_w.sum(-1, keepdim=True)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in range(fc1.shape[0]):
+        weight = (top_w * (top_i == e)).sum(-1)  # (N,) zero where e is not chosen
+        chosen = weight > 0
+        if not bool(chosen.any()):
+            continue
+        xe = x[chosen]
+        h = xe @ fc1[e].t()  # (n, 2I)
+        gate, up = h[:, 0::2], h[:, 1::2]
+        y = (F.silu(gate.float()) * up.float()).to(x.dtype) @ fc2[e].t()  # (n, D)
+        out[chosen] += weight[chosen, None] * y.float()
+    return out.to(x.dtype)
+
+
+# ----------------------------------------------------------------------------- custom ops
+
+
+@torch.library.custom_op("llm_onnx::rms_norm", mutates_args=())
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return rms_norm_ref(x, weight, eps)
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return x.new_empty(x.shape, dtype=weight.dtype)
+
+
+@torch.library.custom_op("llm_onnx::add_rms_norm", mutates_args=())
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(RMSNorm(x + residual), x + residual): the fused residual add and norm of a block."""
+    total = x + residual
+    return rms_norm_ref(total, weight, eps), total
+
+
+@add_rms_norm.register_fake
+def _(x, residual, weight, eps):
+    return x.new_empty(x.shape, dtype=weight.dtype), torch.empty_like(x)
+
+
+@torch.library.custom_op("llm_onnx::rotary_embedding", mutates_args=())
+def rotary_embedding(x: Tensor, position_ids: Tensor, cos_cache: Tensor, sin_cache: Tensor,
+                     num_heads: int, interleaved: bool) -> Tensor:
+    """RoPE on x (B, T, N*D) at position_ids (B, T)."""
+    b, t, width = x.shape
+    y = rotate(x.reshape(b, t, num_heads, width // num_heads), cos_cache, sin_cache,
+               position_ids, interleaved)
+    return y.reshape(b, t, width)
+
+
+@rotary_embedding.register_fake
+def _(x, position_ids, cos_cache, sin_cache, num_heads, interleaved):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("llm_onnx::group_query_attention", mutates_args=())
+def group_query_attention(
+    query: Tensor, key: Tensor | None, value: Tensor | None, past_key: Tensor, past_value: Tensor,
+    seqlens_k: Tensor, total_sequence_length: Tensor, cos_cache: Tensor | None,
+    sin_cache: Tensor | None, num_heads: int, kv_num_heads: int, scale: float,
+    local_window_size: int, rotary_interleaved: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """GroupQueryAttention (see attention_ref). ``key``/``value`` None: ``query`` is packed QKV
+    (B, T, H*D + 2*Hkv*D). ``cos_cache``/``sin_cache`` given: RoPE is applied inside (do_rotary)."""
+    if key is None or value is None:
+        d = past_key.shape[-1]
+        query, key, value = query.split([num_heads * d, kv_num_heads * d, kv_num_heads * d], dim=-1)
+    return attention_ref(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+                         cos_cache, sin_cache, num_heads, kv_num_heads, scale, local_window_size,
+                         rotary_interleaved)
+
+
+@group_query_attention.register_fake
+def _(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
+      sin_cache, num_heads, kv_num_heads, *args):
+    b, t, _ = query.shape
+    out = query.new_empty((b, t, num_heads * past_key.shape[-1]))
+    return out, torch.empty_like(past_key), torch.empty_like(past_value)
+
+
+@torch.library.custom_op("llm_onnx::moe", mutates_args=())
+def moe(x: Tensor, router_logits: Tensor, fc1: Tensor, fc2: Tensor, k: int,
+        normalize_routing_weights: bool) -> Tensor:
+    return moe_ref(x, router_logits, fc1, fc2, k, normalize_routing_weights)
+
+
+@moe.register_fake
+def _(x, router_logits, fc1, fc2, k, normalize_routing_weights):
+    return torch.empty_like(x)

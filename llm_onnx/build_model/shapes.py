@@ -1,0 +1,71 @@
+"""The tensors a Hugging Face checkpoint of a given ModelConfig holds: names and shapes.
+
+This is the contract between checkpoints and the decoder: loaders check a checkpoint against it
+(missing, extra and wrongly shaped tensors), the random source generates exactly these tensors.
+Pure Python.
+"""
+
+from __future__ import annotations
+
+from llm_onnx.build_model.config import ModelConfig
+
+Shape = tuple[int, ...]
+
+
+def _linear(out: dict[str, Shape], prefix: str, n_out: int, n_in: int, bias: bool) -> None:
+    out[f"{prefix}.weight"] = (n_out, n_in)
+    if bias:
+        out[f"{prefix}.bias"] = (n_out,)
+
+
+def _norm(out: dict[str, Shape], prefix: str, cfg: ModelConfig, width: int) -> None:
+    out[f"{prefix}.weight"] = (width,)
+    if cfg.norm_type == "layer":
+        out[f"{prefix}.bias"] = (width,)
+
+
+def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape]:
+    """Tensors of decoder layer i, Hugging Face Llama/Qwen3 naming."""
+    d, hd = cfg.hidden_size, cfg.head_dim
+    q_width, kv_width = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    p = f"model.layers.{i}"
+    out: dict[str, Shape] = {}
+    _norm(out, f"{p}.input_layernorm", cfg, d)
+    _linear(out, f"{p}.self_attn.q_proj", q_width, d, cfg.attention_bias)
+    _linear(out, f"{p}.self_attn.k_proj", kv_width, d, cfg.attention_bias)
+    _linear(out, f"{p}.self_attn.v_proj", kv_width, d, cfg.attention_bias)
+    _linear(out, f"{p}.self_attn.o_proj", d, q_width, cfg.o_proj_bias)
+    if cfg.qk_norm:
+        out[f"{p}.self_attn.q_norm.weight"] = (hd,)
+        out[f"{p}.self_attn.k_norm.weight"] = (hd,)
+    if not (cfg.parallel_attn and cfg.parallel_attn_shared_norm):
+        _norm(out, f"{p}.post_attention_layernorm", cfg, d)
+    if cfg.is_moe_layer(i):
+        moe = cfg.moe
+        assert moe is not None
+        out[f"{p}.mlp.gate.weight"] = (moe.num_experts, d)
+        for e in range(moe.num_experts):
+            _linear(out, f"{p}.mlp.experts.{e}.gate_proj", moe.moe_intermediate_size, d, False)
+            _linear(out, f"{p}.mlp.experts.{e}.up_proj", moe.moe_intermediate_size, d, False)
+            _linear(out, f"{p}.mlp.experts.{e}.down_proj", d, moe.moe_intermediate_size, False)
+    else:
+        if cfg.gated_mlp:
+            _linear(out, f"{p}.mlp.gate_proj", cfg.intermediate_size, d, cfg.mlp_bias)
+        _linear(out, f"{p}.mlp.up_proj", cfg.intermediate_size, d, cfg.mlp_bias)
+        _linear(out, f"{p}.mlp.down_proj", d, cfg.intermediate_size, cfg.mlp_bias)
+    return out
+
+
+def checkpoint_shapes(cfg: ModelConfig) -> dict[str, Shape]:
+    """All tensors of a checkpoint, in a stable order (embeddings, layers, final norm, head)."""
+    out: dict[str, Shape] = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size)}
+    if cfg.position_embedding_type == "learned":
+        out["model.embed_positions.weight"] = (cfg.max_position_embeddings, cfg.hidden_size)
+    if cfg.embedding_layernorm:
+        _norm(out, "model.embed_layernorm", cfg, cfg.hidden_size)
+    for i in range(cfg.num_hidden_layers):
+        out.update(layer_shapes(cfg, i))
+    _norm(out, "model.norm", cfg, cfg.hidden_size)
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
+    return out

@@ -1,0 +1,75 @@
+"""Presets equal the vendors' config.json (vendored in tests/fixtures/configs/), and lookups of
+unknown names fail with a helpful one-line error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llm_onnx.build_model.config import ModelConfig, from_hf_config
+from llm_onnx.errors import ConfigError
+from llm_onnx.models import REGISTRY, TINY, get_config
+
+CONFIGS = Path(__file__).parent.parent / "fixtures" / "configs"
+REAL = ["qwen3_8b", "qwen3_30b_a3b", "smollm2_135m", "llama3_8b"]
+
+
+@pytest.mark.parametrize("name", REAL)
+def test_preset_equals_vendor_config(name):
+    vendor = json.loads((CONFIGS / f"{name}.json").read_text())
+    assert get_config(name) == from_hf_config(vendor)
+
+
+def test_vendor_figures_spot_check():
+    """A few figures restated from the vendors' cards, independent of from_hf_config."""
+    q = get_config("qwen3_8b")
+    assert (q.vocab_size, q.hidden_size, q.num_hidden_layers, q.head_dim, q.intermediate_size) == (
+        151936, 4096, 36, 128, 12288)
+    m = get_config("qwen3_30b_a3b")
+    assert m.moe is not None and (m.moe.num_experts, m.moe.num_experts_per_tok,
+                                  m.moe.moe_intermediate_size, m.moe.norm_topk_prob) == (128, 8, 768, True)
+    assert get_config("smollm2_135m").tie_word_embeddings
+    assert not get_config("llama3_8b").tie_word_embeddings
+    assert 8.0e9 < q.num_parameters() < 8.4e9
+    assert 30.0e9 < m.num_parameters() < 31.0e9
+
+
+def test_every_family_has_a_tiny_preset():
+    families = {c.architecture for c in REGISTRY.values()}
+    tiny_families = {REGISTRY[n].architecture for n in TINY}
+    assert families == tiny_families
+
+
+def test_tiny_presets_expose_layout_bugs():
+    for name in TINY:
+        cfg = REGISTRY[name]
+        assert cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size, name
+        assert cfg.num_key_value_heads < cfg.num_attention_heads, name
+    assert any(REGISTRY[n].tie_word_embeddings for n in TINY)
+    assert any(not REGISTRY[n].tie_word_embeddings for n in TINY)
+
+
+def test_unknown_name_suggests_the_closest():
+    with pytest.raises(ConfigError) as e:
+        get_config("qwen3_8B")
+    msg = str(e.value)
+    assert "Did you mean 'qwen3_8b'?" in msg and "llama3_8b" in msg and "\n" not in msg
+
+
+def test_manifest_round_trip():
+    for cfg in REGISTRY.values():
+        assert ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ({"architectures": ["GPTBigCodeForCausalLM"], "hidden_size": 8}, "architecture 'GPTBigCodeForCausalLM'"),
+    ({"architectures": ["LlamaForCausalLM"], "hidden_size": 8}, "missing field 'num_attention_heads'"),
+    ({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 8, "num_attention_heads": 2,
+      "vocab_size": 4, "num_hidden_layers": 1, "intermediate_size": 4}, "missing field 'num_experts'"),
+])
+def test_bad_config_json(bad, fragment):
+    with pytest.raises(ConfigError) as e:
+        from_hf_config(bad, source="x/config.json")
+    assert fragment in str(e.value) and "x/config.json" in str(e.value)
