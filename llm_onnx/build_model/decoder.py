@@ -15,7 +15,6 @@ attention run in ``dtype`` (fp32 or fp16). With fp32 every cast below is a no-op
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -39,9 +38,6 @@ class Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(x, self.weight, self.bias)
-
-
-LinearFactory = Callable[[int, int, bool, torch.dtype], nn.Module]
 
 
 @dataclass(frozen=True)
@@ -74,8 +70,8 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, linear: LinearFactory,
-                 fused_rotary: bool, fuse_qkv: bool) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fused_rotary: bool,
+                 fuse_qkv: bool) -> None:
         super().__init__()
         self.num_heads, self.kv_heads, self.head_dim = (
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
@@ -83,12 +79,12 @@ class Attention(nn.Module):
         d = cfg.hidden_size
         self.fuse_qkv = fuse_qkv
         if fuse_qkv:  # one matmul; rows q, then k, then v (GQA's packed QKV layout)
-            self.qkv_proj = linear(d, self.q_width + 2 * self.kv_width, cfg.attention_bias, dtype)
+            self.qkv_proj = Linear(d, self.q_width + 2 * self.kv_width, cfg.attention_bias, dtype)
         else:
-            self.q_proj = linear(d, self.q_width, cfg.attention_bias, dtype)
-            self.k_proj = linear(d, self.kv_width, cfg.attention_bias, dtype)
-            self.v_proj = linear(d, self.kv_width, cfg.attention_bias, dtype)
-        self.o_proj = linear(self.q_width, d, cfg.o_proj_bias, dtype)
+            self.q_proj = Linear(d, self.q_width, cfg.attention_bias, dtype)
+            self.k_proj = Linear(d, self.kv_width, cfg.attention_bias, dtype)
+            self.v_proj = Linear(d, self.kv_width, cfg.attention_bias, dtype)
+        self.o_proj = Linear(self.q_width, d, cfg.o_proj_bias, dtype)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -131,17 +127,16 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)); gate and up may be one matmul (rows gate, then up)."""
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, linear: LinearFactory,
-                 fuse_gate_up: bool) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fuse_gate_up: bool) -> None:
         super().__init__()
         d, i = cfg.hidden_size, cfg.intermediate_size
         self.fuse_gate_up = fuse_gate_up
         if fuse_gate_up:
-            self.gate_up_proj = linear(d, 2 * i, cfg.mlp_bias, dtype)
+            self.gate_up_proj = Linear(d, 2 * i, cfg.mlp_bias, dtype)
         else:
-            self.gate_proj = linear(d, i, cfg.mlp_bias, dtype)
-            self.up_proj = linear(d, i, cfg.mlp_bias, dtype)
-        self.down_proj = linear(i, d, cfg.mlp_bias, dtype)
+            self.gate_proj = Linear(d, i, cfg.mlp_bias, dtype)
+            self.up_proj = Linear(d, i, cfg.mlp_bias, dtype)
+        self.down_proj = Linear(i, d, cfg.mlp_bias, dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.fuse_gate_up:
@@ -164,37 +159,39 @@ class Experts(nn.Module):
                                          requires_grad=False)
         self.down_proj = nn.Parameter(torch.empty(num_experts, d, i, dtype=dtype), requires_grad=False)
 
+    def forward(self, x: Tensor, router_logits: Tensor, k: int, normalize: bool) -> Tensor:
+        """x (N, D), router_logits (N, E) -> (N, D)."""
+        return ops.moe(x, router_logits, self.gate_up_proj, self.down_proj, k, normalize)
+
 
 class SparseMoE(nn.Module):
     """Qwen3-MoE MLP: fp32 softmax router over E experts, top-k, optional renormalisation."""
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, linear: LinearFactory) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         moe = cfg.moe
         assert moe is not None
         self.top_k, self.normalize = moe.num_experts_per_tok, moe.norm_topk_prob
-        self.gate = linear(cfg.hidden_size, moe.num_experts, False, dtype)  # router
+        self.gate = Linear(cfg.hidden_size, moe.num_experts, False, dtype)  # router
         self.experts = Experts(moe.num_experts, cfg.hidden_size, moe.moe_intermediate_size, dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         b, t, d = x.shape
         flat = x.reshape(b * t, d)  # (N, D)
         logits = self.gate(flat).float()  # (N, E), router in fp32
-        out = ops.moe(flat, logits.to(flat.dtype), self.experts.gate_up_proj,
-                      self.experts.down_proj, self.top_k, self.normalize)
+        out = self.experts(flat, logits.to(flat.dtype), self.top_k, self.normalize)
         return out.reshape(b, t, d)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, index: int, dtype: torch.dtype, linear: LinearFactory,
-                 fusion: Fusion) -> None:
+    def __init__(self, cfg: ModelConfig, index: int, dtype: torch.dtype, fusion: Fusion) -> None:
         super().__init__()
         self.dtype = dtype
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, dtype, linear, fusion.rotary, fusion.qkv)
+        self.self_attn = Attention(cfg, dtype, fusion.rotary, fusion.qkv)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = (SparseMoE(cfg, dtype, linear) if cfg.is_moe_layer(index)
-                    else MLP(cfg, dtype, linear, fusion.gate_up))
+        self.mlp = (SparseMoE(cfg, dtype) if cfg.is_moe_layer(index)
+                    else MLP(cfg, dtype, fusion.gate_up))
 
     def forward(self, branch: Tensor | None, residual: Tensor, seqlens_k: Tensor, total: Tensor,
                 cos: Tensor, sin: Tensor, positions: Tensor, past_key: Tensor, past_value: Tensor,
@@ -221,14 +218,14 @@ class RotaryCache(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, linear: LinearFactory,
-                 fusion: Fusion, max_positions: int) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fusion: Fusion,
+                 max_positions: int) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self.embed_tokens.weight.requires_grad_(False)
         self.rotary = RotaryCache(cfg, max_positions, dtype)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, dtype, linear, fusion) for i in range(cfg.num_hidden_layers))
+            DecoderLayer(cfg, i, dtype, fusion) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -236,20 +233,19 @@ class Decoder(nn.Module):
     """A decoder-only causal LM (see the module docstring for the forward contract)."""
 
     def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype = torch.float32,
-                 linear: LinearFactory = Linear, fusion: Fusion | None = None,
-                 max_positions: int | None = None) -> None:
+                 fusion: Fusion | None = None, max_positions: int | None = None) -> None:
         super().__init__()
         self.config = cfg
         self.dtype = dtype
         self.fusion = fusion or Fusion()
         self.max_positions = max_positions or cfg.max_position_embeddings
-        self.model = DecoderModel(cfg, dtype, linear, self.fusion, self.max_positions)
-        self.lm_head = linear(cfg.hidden_size, cfg.vocab_size, False, dtype)
-        if cfg.tie_word_embeddings and isinstance(self.lm_head, Linear):
+        self.model = DecoderModel(cfg, dtype, self.fusion, self.max_positions)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, dtype)
+        if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
-                past: list[Tensor], last_only: bool = False) -> tuple[Tensor, ...]:
+                *past: Tensor, last_only: bool = False) -> tuple[Tensor, ...]:
         """Logits (B, T, V) fp32 (or (B, 1, V) at each row's last new token when ``last_only``)
         and the updated caches, in the order of ``past``."""
         t = input_ids.shape[1]
@@ -267,7 +263,7 @@ class Decoder(nn.Module):
         if last_only:
             # Row b's last new token: index seqlens_k[b] - (total - T), clamped for padded decode rows.
             idx = (seqlens_k.to(torch.int64) - total_sequence_length.to(torch.int64) + t).clamp(0, t - 1)
-            h = h[torch.arange(h.shape[0]), idx].unsqueeze(1)  # (B, 1, D)
+            h = h[torch.arange(h.shape[0], device=h.device), idx].unsqueeze(1)  # (B, 1, D)
         logits = self.lm_head(h.to(self.dtype)).float()
         return (logits, *present)
 

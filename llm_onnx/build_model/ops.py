@@ -204,3 +204,14 @@ def moe(x: Tensor, router_logits: Tensor, fc1: Tensor, fc2: Tensor, k: int,
 @moe.register_fake
 def _(x, router_logits, fc1, fc2, k, normalize_routing_weights):
     return torch.empty_like(x)
+
+
+@torch.library.custom_op("llm_onnx::matmul_transposed", mutates_args=())
+def matmul_transposed(x: Tensor, weight: Tensor) -> Tensor:
+    """x @ weight^T with weight (N, K) in Hugging Face layout (FusedMatMul transB=1)."""
+    return x @ weight.t()
+
+
+@matmul_transposed.register_fake
+def _(x, weight):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))

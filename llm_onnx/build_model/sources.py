@@ -118,10 +118,14 @@ class SafetensorsSource:
 
 class RandomSource:
     """Seeded random weights for any config: the same (config, seed, name) always gives the same
-    tensor, independent of the order tensors are read in. Matrices ~ N(0, 0.02); norms 1."""
+    tensor, independent of the order tensors are read in. Matrices ~ N(0, 0.02); norms 1.
 
-    def __init__(self, cfg: ModelConfig, seed: int = 0) -> None:
-        self.cfg, self.seed = cfg, seed
+    Tensors come in ``dtype`` (bfloat16 by default, like released checkpoints), generated in row
+    chunks so a 2.5 GB embedding never exists in fp32.
+    """
+
+    def __init__(self, cfg: ModelConfig, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> None:
+        self.cfg, self.seed, self.dtype = cfg, seed, dtype
         self._shapes = checkpoint_shapes(cfg)
 
     def names(self) -> list[str]:
@@ -133,11 +137,16 @@ class RandomSource:
     def get(self, name: str) -> torch.Tensor:
         shape = self._shapes[name]
         if "norm" in name.rsplit(".", 2)[-2] and name.endswith(".weight"):
-            return torch.ones(shape)
+            return torch.ones(shape, dtype=self.dtype)
         if name.endswith(".bias"):
-            return torch.zeros(shape)
+            return torch.zeros(shape, dtype=self.dtype)
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + zlib.crc32(name.encode()))
-        return torch.randn(shape, generator=gen) * 0.02
+        out = torch.empty(shape, dtype=self.dtype)
+        rows = max(1, (1 << 24) // max(1, out[0].numel()))
+        for r in range(0, shape[0], rows):
+            chunk = out[r:r + rows]
+            chunk.copy_(torch.randn(chunk.shape, generator=gen) * 0.02)
+        return out
 
     def describe(self, name: str) -> str:
         return f"random weights (seed {self.seed})"

@@ -25,7 +25,7 @@ LLAMA_TINY = LLAMA3_8B.replace(
 )
 SMOLLM2_TINY = SMOLLM2_135M.replace(
     vocab_size=256, hidden_size=48, num_hidden_layers=2, num_attention_heads=6,
-    num_key_value_heads=2, head_dim=12, intermediate_size=64, max_position_embeddings=256,
+    num_key_value_heads=2, head_dim=16, intermediate_size=64, max_position_embeddings=256,
 )
 
 CONFIGS = {

@@ -28,7 +28,7 @@ def tiny_config(name: str):
 def run_full(model, ids: torch.Tensor) -> torch.Tensor:
     b, t = ids.shape
     seqlens = torch.full((b,), t - 1, dtype=torch.int32)
-    return model(ids, seqlens, torch.tensor(t, dtype=torch.int32), model.new_cache(b, t))[0]
+    return model(ids, seqlens, torch.tensor(t, dtype=torch.int32), *model.new_cache(b, t))[0]
 
 
 @pytest.fixture(scope="module", params=TINY)
@@ -67,12 +67,12 @@ def test_kv_path_equals_full_forward(pair):
         full = run_full(model, ids)
         cache = model.new_cache(1, n + k)
         out = model(ids[:, :n], torch.tensor([n - 1], dtype=torch.int32),
-                    torch.tensor(n, dtype=torch.int32), cache)
+                    torch.tensor(n, dtype=torch.int32), *cache)
         steps = [out[0]]
         cache = list(out[1:])
         for i in range(n, n + k):
             out = model(ids[:, i:i + 1], torch.tensor([i], dtype=torch.int32),
-                        torch.tensor(i + 1, dtype=torch.int32), cache)
+                        torch.tensor(i + 1, dtype=torch.int32), *cache)
             steps.append(out[0])
             cache = list(out[1:])
     incremental = torch.cat(steps, dim=1)
@@ -91,13 +91,13 @@ def test_batch_with_different_lengths(pair):
         batch[b, :n] = rows[b][0, :n]
     with torch.no_grad():
         out = model(batch, torch.tensor([n - 1 for n in lens], dtype=torch.int32),
-                    torch.tensor(t, dtype=torch.int32), model.new_cache(2, t + 3), last_only=True)
+                    torch.tensor(t, dtype=torch.int32), *model.new_cache(2, t + 3), last_only=True)
         last = [out[0][:, 0]]
         cache = list(out[1:])
         for step in range(3):
             ids = torch.stack([rows[b][0, lens[b] + step] for b in range(2)])[:, None]
             seqlens = torch.tensor([n + step for n in lens], dtype=torch.int32)
-            out = model(ids, seqlens, torch.tensor(t + step + 1, dtype=torch.int32), cache)
+            out = model(ids, seqlens, torch.tensor(t + step + 1, dtype=torch.int32), *cache)
             last.append(out[0][:, 0])
             cache = list(out[1:])
         for b, n in enumerate(lens):

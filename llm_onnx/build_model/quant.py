@@ -1,0 +1,137 @@
+"""Block-wise weight quantization (int8, int4) and its reference math.
+
+Layout is ONNX Runtime's MatMulNBits: a weight W (N, K) in Hugging Face's (out, in) layout is cut
+into blocks of ``block_size`` along K; each block has one scale and is stored as ``bits``-bit
+unsigned codes with the default zero point 2^(bits-1) (symmetric quantization), packed
+little-nibble-first for 4 bits:
+
+    qweight (N, ceil(K / block), block * bits / 8) uint8,  scales (N, ceil(K / block))
+    W[n, k] ~= (code[n, k] - 2^(bits-1)) * scale[n, k // block]
+
+The custom op ``llm_onnx::matmul_nbits`` (exported as com.microsoft.MatMulNBits) computes
+x @ dequantize(W)^T, which is how quantized exports are checked against torch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+SUPPORTED_BITS = (4, 8)
+
+
+def _blocks(w: Tensor, block_size: int) -> Tensor:
+    """(N, K) -> (N, k_blocks, block_size) float32, zero-padded along K."""
+    n, k = w.shape
+    pad = (-k) % block_size
+    w = w.float()
+    if pad:
+        w = torch.nn.functional.pad(w, (0, pad))
+    return w.reshape(n, -1, block_size)
+
+
+def quantize(w: Tensor, bits: int, block_size: int, *, search: bool = False,
+             ) -> tuple[Tensor, Tensor]:
+    """Symmetric block quantization of W (N, K) -> (qweight uint8, scales float32).
+
+    int8: scale = max|w| / 127, codes in [-127, 127]. int4: the block's largest-magnitude value
+    maps to -8 exactly (scale = v / -8), which uses all 16 codes. ``search`` tries a few smaller
+    scales per block and keeps the one with the least squared error (better int4 quality).
+    """
+    if bits not in SUPPORTED_BITS:
+        raise ValueError(f"bits must be one of {SUPPORTED_BITS}")
+    blocks = _blocks(w, block_size)  # (N, B, bs)
+    qmax = 2 ** (bits - 1) - 1
+    if bits == 8:
+        scale = blocks.abs().amax(-1) / qmax
+    else:
+        idx = blocks.abs().argmax(-1, keepdim=True)
+        scale = blocks.gather(-1, idx).squeeze(-1) / -(qmax + 1)
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    if search:
+        scale = _search_scales(blocks, scale, bits)
+    codes = torch.clamp(torch.round(blocks / scale[..., None]), -(qmax + 1), qmax)
+    codes = (codes + (qmax + 1)).to(torch.uint8)  # (N, B, bs)
+    if bits == 4:
+        codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return codes.contiguous(), scale.contiguous()
+
+
+def _search_scales(blocks: Tensor, scale: Tensor, bits: int) -> Tensor:
+    """Per block, the scale among ``scale * f`` (f in 0.80..1.00) with the least squared error."""
+    qmax = 2 ** (bits - 1) - 1
+    best, best_err = scale, None
+    for f in torch.linspace(0.80, 1.0, 11):
+        s = scale * f
+        codes = torch.clamp(torch.round(blocks / s[..., None]), -(qmax + 1), qmax)
+        err = ((codes * s[..., None] - blocks) ** 2).sum(-1)
+        if best_err is None:
+            best, best_err = s, err
+        else:
+            better = err < best_err
+            best = torch.where(better, s, best)
+            best_err = torch.where(better, err, best_err)
+    return best
+
+
+def dequantize(qweight: Tensor, scales: Tensor, bits: int, k: int) -> Tensor:
+    """Inverse of quantize: (N, K) float32."""
+    codes = qweight
+    if bits == 4:
+        codes = torch.stack((qweight & 0x0F, qweight >> 4), dim=-1).flatten(-2)
+    w = (codes.float() - 2 ** (bits - 1)) * scales.float()[..., None]
+    return w.reshape(qweight.shape[0], -1)[:, :k]
+
+
+@torch.library.custom_op("llm_onnx::matmul_nbits", mutates_args=())
+def matmul_nbits(x: Tensor, qweight: Tensor, scales: Tensor, bias: Tensor | None, k: int, n: int,
+                 bits: int, block_size: int, accuracy_level: int) -> Tensor:
+    """x (..., K) @ dequantize(W)^T (+ bias) -> (..., N), computed in x's dtype."""
+    w = dequantize(qweight, scales, bits, k).to(x.dtype)
+    y = x @ w.t()
+    return y + bias if bias is not None else y
+
+
+@matmul_nbits.register_fake
+def _(x, qweight, scales, bias, k, n, bits, block_size, accuracy_level):
+    return x.new_empty((*x.shape[:-1], n))
+
+
+@torch.library.custom_op("llm_onnx::gather_nbits", mutates_args=())
+def gather_nbits(qweight: Tensor, ids: Tensor, scales: Tensor, k: int, bits: int,
+                 block_size: int) -> Tensor:
+    """Rows ``ids`` of a quantized (V, K) table, dequantized: (..., K) in scales' dtype."""
+    flat = ids.reshape(-1)
+    q = qweight[flat].reshape(flat.shape[0], scales.shape[-1], -1)  # (n, k_blocks, blob)
+    rows = dequantize(q, scales[flat], bits, k)
+    return rows.reshape(*ids.shape, k).to(scales.dtype)
+
+
+@gather_nbits.register_fake
+def _(qweight, ids, scales, k, bits, block_size):
+    return scales.new_empty((*ids.shape, k))
+
+
+@torch.library.custom_op("llm_onnx::qmoe", mutates_args=())
+def qmoe(x: Tensor, router_logits: Tensor, fc1_q: Tensor, fc1_scales: Tensor, fc2_q: Tensor,
+         fc2_scales: Tensor, k: int, normalize_routing_weights: bool, bits: int,
+         block_size: int) -> Tensor:
+    """MoE with block-quantized experts (ORT's QMoE): fc1_q (E, 2I, D*bits/8) gate/up interleaved,
+    fc2_q (E, D, I*bits/8), scales (E, rows, K/block). Reference: dequantize, then moe_ref."""
+    from llm_onnx.build_model.ops import moe_ref
+
+    def deq(q: Tensor, s: Tensor) -> Tensor:
+        e, rows, _ = q.shape
+        blob = block_size * bits // 8
+        k_in = s.shape[-1] * block_size
+        return torch.stack([dequantize(q[i].reshape(rows, -1, blob), s[i], bits, k_in)
+                            for i in range(e)]).to(x.dtype)
+
+    return moe_ref(x, router_logits, deq(fc1_q, fc1_scales), deq(fc2_q, fc2_scales), k,
+                   normalize_routing_weights)
+
+
+@qmoe.register_fake
+def _(x, router_logits, fc1_q, fc1_scales, fc2_q, fc2_scales, k, normalize_routing_weights, bits,
+      block_size):
+    return torch.empty_like(x)
