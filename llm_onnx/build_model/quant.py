@@ -30,17 +30,42 @@ def _blocks(w: Tensor, block_size: int) -> Tensor:
     return w.reshape(n, -1, block_size)
 
 
-def quantize(w: Tensor, bits: int, block_size: int, *, search: bool = False,
-             ) -> tuple[Tensor, Tensor]:
-    """Symmetric block quantization of W (N, K) -> (qweight uint8, scales float32).
+def quantize(w: Tensor, bits: int, block_size: int, *, asymmetric: bool = False,
+             search: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Block quantization of W (N, K) -> (qweight uint8, scales float32, zero_points uint8 | None).
 
-    int8: scale = max|w| / 127, codes in [-127, 127]. int4: the block's largest-magnitude value
-    maps to -8 exactly (scale = v / -8), which uses all 16 codes. ``search`` tries a few smaller
-    scales per block and keeps the one with the least squared error (better int4 quality).
+    Symmetric (no zero points; ORT's default zero point 2^(bits-1)): int8 scale = max|w| / 127;
+    int4 maps the block's largest-magnitude value to -8 exactly, using all 16 codes.
+    Asymmetric: scale = (max - min) / (2^bits - 1) over the block's range (which includes 0) and an
+    integer zero point, so one-sided blocks lose no code range; zero points are packed like the
+    weights ((N, ceil(k_blocks * bits / 8)) uint8), the form MatMulNBits' fast kernels take.
+    ``search`` tries ranges shrunk by up to 20% per block and keeps the least squared error.
     """
     if bits not in SUPPORTED_BITS:
         raise ValueError(f"bits must be one of {SUPPORTED_BITS}")
     blocks = _blocks(w, block_size)  # (N, B, bs)
+    levels = 2 ** bits - 1
+    if asymmetric:
+        lo = blocks.amin(-1).clamp(max=0)
+        hi = blocks.amax(-1).clamp(min=0)
+        candidates = torch.linspace(0.80, 1.0, 11) if search else torch.ones(1)
+        best = None
+        for f in candidates:
+            scale = ((hi - lo) * f / levels).clamp_min(1e-12)
+            zp = torch.clamp(torch.round(-lo * f / scale), 0, levels)
+            codes = torch.clamp(torch.round(blocks / scale[..., None]) + zp[..., None], 0, levels)
+            err = (((codes - zp[..., None]) * scale[..., None] - blocks) ** 2).sum(-1)
+            if best is None:
+                best = [scale, zp, codes, err]
+            else:
+                better = err < best[3]
+                best[0] = torch.where(better, scale, best[0])
+                best[1] = torch.where(better, zp, best[1])
+                best[2] = torch.where(better[..., None], codes, best[2])
+                best[3] = torch.where(better, err, best[3])
+        assert best is not None
+        scale, zp, codes = best[0], best[1].to(torch.uint8), best[2].to(torch.uint8)
+        return _pack(codes, bits), scale.contiguous(), _pack_zero_points(zp, bits)
     qmax = 2 ** (bits - 1) - 1
     if bits == 8:
         scale = blocks.abs().amax(-1) / qmax
@@ -52,9 +77,27 @@ def quantize(w: Tensor, bits: int, block_size: int, *, search: bool = False,
         scale = _search_scales(blocks, scale, bits)
     codes = torch.clamp(torch.round(blocks / scale[..., None]), -(qmax + 1), qmax)
     codes = (codes + (qmax + 1)).to(torch.uint8)  # (N, B, bs)
+    return _pack(codes, bits), scale.contiguous(), None
+
+
+def _pack(codes: Tensor, bits: int) -> Tensor:
+    """(..., n) uint8 codes -> bytes, low nibble first for 4 bits."""
     if bits == 4:
+        if codes.shape[-1] % 2:
+            codes = torch.nn.functional.pad(codes, (0, 1))
         codes = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    return codes.contiguous(), scale.contiguous()
+    return codes.contiguous()
+
+
+def _unpack(packed: Tensor, bits: int) -> Tensor:
+    if bits == 4:
+        return torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(-2)
+    return packed
+
+
+def _pack_zero_points(zp: Tensor, bits: int) -> Tensor:
+    """(N, k_blocks) zero points -> MatMulNBits' packed form (N, ceil(k_blocks * bits / 8))."""
+    return _pack(zp, bits)
 
 
 def _search_scales(blocks: Tensor, scale: Tensor, bits: int) -> Tensor:
@@ -74,26 +117,30 @@ def _search_scales(blocks: Tensor, scale: Tensor, bits: int) -> Tensor:
     return best
 
 
-def dequantize(qweight: Tensor, scales: Tensor, bits: int, k: int) -> Tensor:
+def dequantize(qweight: Tensor, scales: Tensor, bits: int, k: int,
+               zero_points: Tensor | None = None) -> Tensor:
     """Inverse of quantize: (N, K) float32."""
-    codes = qweight
-    if bits == 4:
-        codes = torch.stack((qweight & 0x0F, qweight >> 4), dim=-1).flatten(-2)
-    w = (codes.float() - 2 ** (bits - 1)) * scales.float()[..., None]
+    codes = _unpack(qweight, bits).float()  # (N, B, bs)
+    if zero_points is None:
+        zp = torch.full(scales.shape, 2.0 ** (bits - 1))
+    else:
+        zp = _unpack(zero_points, bits)[:, : scales.shape[-1]].float()
+    w = (codes - zp[..., None]) * scales.float()[..., None]
     return w.reshape(qweight.shape[0], -1)[:, :k]
 
 
 @torch.library.custom_op("llm_onnx::matmul_nbits", mutates_args=())
-def matmul_nbits(x: Tensor, qweight: Tensor, scales: Tensor, bias: Tensor | None, k: int, n: int,
-                 bits: int, block_size: int, accuracy_level: int) -> Tensor:
+def matmul_nbits(x: Tensor, qweight: Tensor, scales: Tensor, zero_points: Tensor | None,
+                 bias: Tensor | None, k: int, n: int, bits: int, block_size: int,
+                 accuracy_level: int) -> Tensor:
     """x (..., K) @ dequantize(W)^T (+ bias) -> (..., N), computed in x's dtype."""
-    w = dequantize(qweight, scales, bits, k).to(x.dtype)
+    w = dequantize(qweight, scales, bits, k, zero_points).to(x.dtype)
     y = x @ w.t()
     return y + bias if bias is not None else y
 
 
 @matmul_nbits.register_fake
-def _(x, qweight, scales, bias, k, n, bits, block_size, accuracy_level):
+def _(x, qweight, scales, zero_points, bias, k, n, bits, block_size, accuracy_level):
     return x.new_empty((*x.shape[:-1], n))
 
 

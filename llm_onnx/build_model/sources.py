@@ -214,11 +214,15 @@ def open_gguf(path: Path):  # -> gguf.GGUFReader
 
 
 def gguf_field(reader, key: str, default=None):
-    """A scalar, string or array metadata value of a GGUF file."""
+    """A scalar, string or array metadata value of a GGUF file. float32 scalars come back as the
+    shortest decimal that round-trips (1e-05, not 9.999999747378752e-06), as config.json has them."""
     field = reader.fields.get(key)
     if field is None:
         return default
-    return field.contents()
+    value = field.contents()
+    if isinstance(value, float) and len(field.types) == 1 and field.types[0].name == "FLOAT32":
+        value = float(str(np.float32(value)))
+    return value
 
 
 def gguf_config(reader, path: Path) -> ModelConfig:

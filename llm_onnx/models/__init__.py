@@ -7,8 +7,16 @@ from llm_onnx.models import llama, qwen3, qwen3_moe
 
 REGISTRY: dict[str, ModelConfig] = {**llama.CONFIGS, **qwen3.CONFIGS, **qwen3_moe.CONFIGS}
 
-# Which presets are tiny test shapes, and the full-size preset of the same family.
+# Presets that are tiny test shapes.
 TINY = {name for name in REGISTRY if name.endswith("_tiny")}
+
+# Where the vendors publish each full-size preset (looked up in the local Hugging Face cache only).
+HF_REPOS = {
+    "qwen3_8b": "Qwen/Qwen3-8B",
+    "qwen3_30b_a3b": "Qwen/Qwen3-30B-A3B",
+    "smollm2_135m": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "llama3_8b": "meta-llama/Meta-Llama-3-8B",
+}
 
 
 def get_config(name: str) -> ModelConfig:

@@ -1,0 +1,139 @@
+"""ONNX translations of the decoder's custom ops (llm_onnx/build_model/ops.py): each becomes one
+ONNX Runtime kernel with the same contract, so the eager op is the reference the parity tests
+hold ORT to.
+
+Translations are onnxscript functions (they need return annotations, and contrib ops can only be
+emitted from scripted functions). ONNX Runtime registers SimplifiedLayerNormalization in the
+default domain at version 1, which onnxscript cannot emit next to opset 18: it is emitted in the
+``com.microsoft`` domain here and moved by ``fix_domains`` after export.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import onnx_ir as ir
+import onnxscript
+import torch
+from onnxscript.function_libs.torch_lib.tensor_typing import TFloat
+from onnxscript.onnx_types import INT32, INT64, UINT8
+
+from llm_onnx.build_model import ops, quant  # noqa: F401  (register torch.ops.llm_onnx.*)
+
+msft = onnxscript.values.Opset("com.microsoft", 1)
+_here = onnxscript.values.Opset("llm_onnx.translations", 1)
+
+
+@onnxscript.script(opset=_here)
+def rms_norm(x: TFloat, weight: TFloat, eps: float) -> TFloat:
+    return msft.SimplifiedLayerNormalization(x, weight, axis=-1, epsilon=eps, stash_type=1)
+
+
+@onnxscript.script(opset=_here)
+def add_rms_norm(x: TFloat, residual: TFloat, weight: TFloat, eps: float) -> tuple[TFloat, TFloat]:
+    normed, _mean, _inv_std, total = msft.SkipSimplifiedLayerNormalization(
+        x, residual, weight, epsilon=eps)
+    return normed, total
+
+
+@onnxscript.script(opset=_here)
+def rotary_embedding(x: TFloat, position_ids: INT64, cos_cache: TFloat, sin_cache: TFloat,
+                     num_heads: int, interleaved: bool) -> TFloat:
+    return msft.RotaryEmbedding(x, position_ids, cos_cache, sin_cache, num_heads=num_heads,
+                                interleaved=interleaved)
+
+
+@onnxscript.script(opset=_here)
+def group_query_attention(
+    query: TFloat, key: Optional[TFloat], value: Optional[TFloat], past_key: TFloat,
+    past_value: TFloat, seqlens_k: INT32, total_sequence_length: INT32,
+    cos_cache: Optional[TFloat], sin_cache: Optional[TFloat], num_heads: int, kv_num_heads: int,
+    scale: float, local_window_size: int, rotary_interleaved: bool,
+) -> tuple[TFloat, TFloat, TFloat]:
+    out, present_key, present_value = msft.GroupQueryAttention(
+        query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+        cos_cache, sin_cache, num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale,
+        local_window_size=local_window_size, rotary_interleaved=rotary_interleaved, do_rotary=1)
+    return out, present_key, present_value
+
+
+@onnxscript.script(opset=_here)
+def group_query_attention_nope(
+    query: TFloat, key: Optional[TFloat], value: Optional[TFloat], past_key: TFloat,
+    past_value: TFloat, seqlens_k: INT32, total_sequence_length: INT32,
+    cos_cache: Optional[TFloat], sin_cache: Optional[TFloat], num_heads: int, kv_num_heads: int,
+    scale: float, local_window_size: int, rotary_interleaved: bool,
+) -> tuple[TFloat, TFloat, TFloat]:
+    out, present_key, present_value = msft.GroupQueryAttention(
+        query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+        num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale,
+        local_window_size=local_window_size)
+    return out, present_key, present_value
+
+
+@onnxscript.script(opset=_here)
+def moe(x: TFloat, router_logits: TFloat, fc1: TFloat, fc2: TFloat, k: int,
+        normalize_routing_weights: bool) -> TFloat:
+    return msft.MoE(x, router_logits, fc1, None, fc2, k=k, activation_type="swiglu",
+                    swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0,
+                    normalize_routing_weights=normalize_routing_weights)
+
+
+@onnxscript.script(opset=_here)
+def matmul_transposed(x: TFloat, weight: TFloat) -> TFloat:
+    return msft.FusedMatMul(x, weight, transA=0, transB=1, alpha=1.0)
+
+
+@onnxscript.script(opset=_here)
+def matmul_nbits(x: TFloat, qweight: UINT8, scales: TFloat, zero_points: Optional[UINT8],
+                 bias: Optional[TFloat], k: int, n: int, bits: int, block_size: int,
+                 accuracy_level: int) -> TFloat:
+    return msft.MatMulNBits(x, qweight, scales, zero_points, None, bias, K=k, N=n, bits=bits,
+                            block_size=block_size, accuracy_level=accuracy_level)
+
+
+@onnxscript.script(opset=_here)
+def gather_nbits(qweight: UINT8, ids: INT64, scales: TFloat, k: int, bits: int,
+                 block_size: int) -> TFloat:
+    return msft.GatherBlockQuantized(qweight, ids, scales, bits=bits, block_size=block_size,
+                                     quantize_axis=1, gather_axis=0)
+
+
+@onnxscript.script(opset=_here)
+def qmoe(x: TFloat, router_logits: TFloat, fc1_q: UINT8, fc1_scales: TFloat, fc2_q: UINT8,
+         fc2_scales: TFloat, k: int, normalize_routing_weights: bool, bits: int,
+         block_size: int) -> TFloat:
+    return msft.QMoE(x, router_logits, fc1_q, fc1_scales, None, fc2_q, fc2_scales, k=k,
+                     activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0,
+                     activation_beta=0.0, normalize_routing_weights=normalize_routing_weights,
+                     expert_weight_bits=bits, block_size=block_size)
+
+
+def translation_table(rotary_fused: bool) -> dict:
+    """torch op -> ONNX translation, for torch.onnx.export(custom_translation_table=...)."""
+    t = torch.ops.llm_onnx
+    return {
+        t.rms_norm.default: rms_norm,
+        t.add_rms_norm.default: add_rms_norm,
+        t.rotary_embedding.default: rotary_embedding,
+        t.group_query_attention.default: (group_query_attention if rotary_fused
+                                          else group_query_attention_nope),
+        t.moe.default: moe,
+        t.matmul_transposed.default: matmul_transposed,
+        t.matmul_nbits.default: matmul_nbits,
+        t.gather_nbits.default: gather_nbits,
+        t.qmoe.default: qmoe,
+    }
+
+
+# ONNX Runtime registers these contrib ops in the default ONNX domain, not com.microsoft.
+_DEFAULT_DOMAIN_OPS = {"SimplifiedLayerNormalization"}
+
+
+def fix_domains(model: ir.Model) -> None:
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if node.domain == "com.microsoft" and node.op_type in _DEFAULT_DOMAIN_OPS:
+            node.domain = ""
+
+
+__all__ = ["fix_domains", "translation_table"]

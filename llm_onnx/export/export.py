@@ -1,0 +1,371 @@
+"""export_model: checkpoint -> model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
+manifest.json), written atomically and checked by the parity gate.
+
+Data flow, with bounded memory (the model never exists in memory as a whole):
+
+  meta-device Decoder --to_export_form--> trace prefill & decode (initializers without data)
+  checkpoint --one tensor at a time--> cast / quantize --> weights.data
+  graphs + offsets into weights.data --> prefill.onnx, decode.onnx
+  parity gate (ORT vs torch) --> manifest.json --> rename the scratch folder to --out
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import onnx_ir as ir
+import torch
+
+from llm_onnx import __version__
+from llm_onnx.build_model.config import ModelConfig
+from llm_onnx.build_model.decoder import Decoder, Fusion
+from llm_onnx.build_model.load import Checkpoint
+from llm_onnx.build_model.shapes import Shape
+from llm_onnx.errors import ExportError
+from llm_onnx.export.graphs import GRAPHS, trace_graph
+from llm_onnx.export.modules import to_export_form
+from llm_onnx.export.options import ExportOptions
+from llm_onnx.export.progress import Progress
+from llm_onnx.export.validate import compare, load_stored, thresholds
+from llm_onnx.export.weights import WeightFile, count_weight_modules, write_weights
+from llm_onnx.runtime import manifest as mf
+from llm_onnx.runtime import names
+
+# Validate the whole model when the torch reference and ORT both fit comfortably in memory.
+FULL_VALIDATION_PARAMS = 600_000_000
+SCRATCH_LAYERS, SCRATCH_VOCAB = 2, 4096
+
+
+def _dtype(options: ExportOptions) -> torch.dtype:
+    return torch.float16 if options.precision == "fp16" else torch.float32
+
+
+def _fusion(options: ExportOptions) -> Fusion:
+    return Fusion(rotary=options.fuse_rotary, qkv=options.fuse_qkv, gate_up=options.fuse_gate_up)
+
+
+def check_supported(cfg: ModelConfig, options: ExportOptions) -> None:
+    if cfg.head_dim % 8:
+        raise ExportError(f"head_dim {cfg.head_dim} is not a multiple of 8, which ONNX Runtime's "
+                          "GroupQueryAttention requires.")
+
+
+def build_graphs(cfg: ModelConfig, options: ExportOptions, max_len: int,
+                 progress: Progress) -> tuple[Decoder, Decoder, dict[str, ir.Model]]:
+    """(eager meta model, export-form meta model, traced graphs)."""
+    dtype, fusion = _dtype(options), _fusion(options)
+    with torch.device("meta"):
+        eager = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_len)
+        export = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_len)
+    to_export_form(export, options)
+    graphs = {}
+    for kind in GRAPHS:
+        progress.stage(f"tracing {kind}")
+        graphs[kind] = trace_graph(export, kind, all_logits=options.all_logits,
+                                   rotary_fused=options.fuse_rotary)
+        progress.advance(1)
+    return eager, export, graphs
+
+
+def write_folder(checkpoint: Checkpoint, folder: Path, options: ExportOptions, max_len: int,
+                 progress: Progress) -> tuple[Decoder, dict]:
+    """Graphs and weights of ``checkpoint`` into ``folder``; returns the export-form model (meta)
+    and the stored tensor table."""
+    cfg = checkpoint.config
+    eager, export, graphs = build_graphs(cfg, options, max_len, progress)
+    progress.stage("writing weights")
+    wf = WeightFile(folder / mf.WEIGHTS)
+    try:
+        write_weights(export, eager, checkpoint.source, wf, progress.advance)
+    finally:
+        wf.close()
+    for kind, graph in graphs.items():
+        missing = [n for n in graph.graph.initializers if n not in wf.tensors]
+        if missing:
+            raise ExportError(f"internal: no weights written for {missing[:3]} of the {kind} graph")
+        for name, value in graph.graph.initializers.items():
+            st = wf.tensors[name]
+            value.const_value = ir.ExternalTensor(mf.WEIGHTS, st.offset, st.length, value.dtype,
+                                                  shape=value.shape, name=name, base_dir=folder)
+        try:
+            ir.save(graph, folder / f"{kind}.onnx")
+        except OSError as e:
+            raise ExportError(f"{folder / kind}.onnx: cannot write ({e}).") from e
+    return export, wf.tensors
+
+
+def _tools() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+    import onnxscript
+
+    return {"llm_onnx": __version__, "torch": torch.__version__, "onnx": onnx.__version__,
+            "onnxscript": onnxscript.__version__, "onnx_ir": ir.__version__,
+            "onnxruntime": onnxruntime.__version__}
+
+
+def _io(graph_file: Path) -> dict:
+    model = ir.load(graph_file)
+
+    def describe(values) -> list[dict]:
+        return [{"name": v.name, "dtype": v.dtype.name.lower() if v.dtype else None,
+                 "shape": [d if isinstance(d, int) else str(d) for d in v.shape]} for v in values]
+
+    return {"inputs": describe(model.graph.inputs), "outputs": describe(model.graph.outputs)}
+
+
+def _precision_section(cfg: ModelConfig, options: ExportOptions, export: Decoder) -> dict:
+    from llm_onnx.export.modules import NBitsLinear, QuantEmbedding, QuantExperts
+
+    kinds: dict[str, list[str]] = {"quantized": [], "float": []}
+    for path, module in export.named_modules():
+        if isinstance(module, (NBitsLinear, QuantEmbedding, QuantExperts)):
+            kinds["quantized"].append(f"{path} (int{module.bits}, block {module.block_size})")
+    section = {
+        "precision": options.precision,
+        "weights": {"fp32": "float32", "fp16": "float16"}.get(options.precision,
+                                                               f"int{options.bits} block-wise symmetric"),
+        "activations": "float16" if options.precision == "fp16" else "float32",
+        "residual_stream": "float32",
+    }
+    if options.quantized:
+        section.update(block_size=options.block_size, accuracy_level=options.accuracy_level,
+                       embedding_bits=options.embedding_bits, scale_search=options.quant_search,
+                       quantized_tensors=len(kinds["quantized"]),
+                       quantized=_summarise(kinds["quantized"]),
+                       kept_float=["norms", "router (mlp.gate)" if cfg.moe else None,
+                                   None if options.embedding_bits else "embedding and lm_head"])
+        section["kept_float"] = [k for k in section["kept_float"] if k]
+    return section
+
+
+def _summarise(entries: list[str]) -> list[str]:
+    """Collapse per-layer names: model.layers.N.self_attn.qkv_proj (int8, block 32) once."""
+    import re
+
+    seen: list[str] = []
+    for e in entries:
+        generic = re.sub(r"layers\.\d+\.", "layers.*.", e)
+        if generic not in seen:
+            seen.append(generic)
+    return seen
+
+
+def _manifest(checkpoint: Checkpoint, folder: Path, options: ExportOptions, max_len: int,
+              export: Decoder, parity: dict, tokenizer_files: list[str]) -> dict:
+    cfg = checkpoint.config
+    tok_cfg = {}
+    if (folder / "tokenizer_config.json").is_file():
+        tok_cfg = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    chat_template = tok_cfg.get("chat_template")
+    if chat_template is None and (folder / "chat_template.jinja").is_file():
+        chat_template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    generation = {}
+    if (folder / "generation_config.json").is_file():
+        gen = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+        generation = {k: gen[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty",
+                                          "do_sample") if k in gen}
+    kv_dtype = "float16" if options.precision == "fp16" else "float32"
+    data = {
+        "format": mf.FORMAT,
+        "format_version": mf.FORMAT_VERSION,
+        "name": checkpoint.name,
+        "source": {"kind": checkpoint.kind,
+                   "path": str(checkpoint.path) if checkpoint.path else None},
+        "config": cfg.to_dict(),
+        "num_parameters": cfg.num_parameters(),
+        "context_length": max_len,
+        "precision": _precision_section(cfg, options, export),
+        "graphs": {
+            "prefill": {"file": mf.PREFILL, "logits": "all" if options.all_logits else "last",
+                        **_io(folder / mf.PREFILL)},
+            "decode": {"file": mf.DECODE, "logits": "all", **_io(folder / mf.DECODE)},
+        },
+        "weights": {"file": mf.WEIGHTS, "bytes": (folder / mf.WEIGHTS).stat().st_size},
+        "kv_cache": {
+            "layout": "BNSH", "shape": ["batch", "num_key_value_heads", "max_len", "head_dim"],
+            "num_layers": cfg.num_hidden_layers, "num_key_value_heads": cfg.num_key_value_heads,
+            "head_dim": cfg.head_dim, "dtype": kv_dtype, "shared_buffer": True,
+            "inputs": [names.PAST_KEY, names.PAST_VALUE],
+            "outputs": [names.PRESENT_KEY, names.PRESENT_VALUE],
+        },
+        "inputs": {"seqlens_k": "valid tokens (past + new) of each row minus one, int32",
+                   "total_sequence_length": "largest valid length in the batch, int32 scalar"},
+        "tokenizer": {
+            "files": tokenizer_files,
+            "bos_token_id": checkpoint.bos_token_id,
+            "eos_token_ids": checkpoint.eos_token_ids,
+            "add_bos_token": bool(tok_cfg.get("add_bos_token", False)),
+            "chat_template": chat_template,
+        },
+        "generation": generation,
+        "parity": parity,
+        "tools": _tools(),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != mf.MANIFEST)
+    data["files"] = {n: {"bytes": (folder / n).stat().st_size, "sha256": mf.sha256_file(folder / n)}
+                     for n in files}
+    return data
+
+
+class _ScratchSource:
+    """The first rows of the vocabulary (embedding and head) and everything else unchanged."""
+
+    def __init__(self, source, vocab: int) -> None:
+        self.source, self.vocab = source, vocab
+
+    def names(self):
+        return self.source.names()
+
+    def shape(self, name: str) -> Shape:
+        shape = self.source.shape(name)
+        return (self.vocab, *shape[1:]) if name in ("model.embed_tokens.weight", "lm_head.weight") else shape
+
+    def get(self, name: str):
+        t = self.source.get(name)
+        return t[: self.vocab] if name in ("model.embed_tokens.weight", "lm_head.weight") else t
+
+    def describe(self, name: str) -> str:
+        return self.source.describe(name)
+
+
+def validate(checkpoint: Checkpoint, folder: Path, options: ExportOptions, max_len: int,
+             export: Decoder, tensors: dict, progress: Progress) -> dict:
+    """Parity report of the folder's graphs, or of a scratch export of the first layers when the
+    model is too large to run twice."""
+    cfg = checkpoint.config
+    progress.stage("validating")
+    limits = thresholds(options.precision, options.accuracy_level,
+                        int8_activations_anyway=options.bits == 8 and cfg.moe is not None)
+    if cfg.num_parameters() <= FULL_VALIDATION_PARAMS:
+        reference = load_stored(export, folder / mf.WEIGHTS, tensors)
+        report = compare(folder, reference, limits)
+        report["scope"] = "whole model"
+    else:
+        small = cfg.replace(num_hidden_layers=min(SCRATCH_LAYERS, cfg.num_hidden_layers),
+                            vocab_size=min(SCRATCH_VOCAB, cfg.vocab_size))
+        scratch_ckpt = replace(checkpoint, config=small,
+                               source=_ScratchSource(checkpoint.source, small.vocab_size))
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".llm-onnx-parity-") as tmp:
+            scratch = Path(tmp)
+            small_len = min(max_len, 64)
+            small_export, small_tensors = write_folder(scratch_ckpt, scratch, options, small_len,
+                                                       Progress(enabled=False))
+            reference = load_stored(small_export, scratch / mf.WEIGHTS, small_tensors)
+            report = compare(scratch, reference, limits)
+        report["scope"] = (f"first {small.num_hidden_layers} layers and first {small.vocab_size} "
+                           "vocabulary rows, same weights, same export code")
+    progress.advance(1)
+    return report
+
+
+@contextmanager
+def _interrupts_as_exceptions() -> Iterator[None]:
+    """SIGTERM behaves like Ctrl-C, so the scratch folder is removed either way."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def check_output(out: Path, force: bool, checkpoint: Checkpoint) -> None:
+    out = Path(out)
+    if out.exists() and not force:
+        raise ExportError(f"{out} already exists; pass --force to replace it (the old folder is "
+                          "kept until the new one is complete).")
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} exists and is not a folder.")
+    if checkpoint.path is not None:
+        src = checkpoint.path if checkpoint.path.is_dir() else checkpoint.path.parent
+        try:
+            out.resolve().relative_to(src.resolve())
+            inside = checkpoint.path.is_dir()
+        except ValueError:
+            inside = False
+        if inside:
+            raise ExportError(f"--out {out} is inside the checkpoint folder {src}; choose a folder "
+                              "outside it.")
+
+
+def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | None = None, *,
+                 force: bool = False, progress: bool = True) -> Path:
+    """Export ``checkpoint`` into the model folder ``out``.
+
+    Args:
+        checkpoint: from ``open_checkpoint(path)`` or ``random_checkpoint(config, name)``.
+        out: the model folder to create. It is written as a scratch folder beside ``out`` and
+            renamed at the end, so an interrupted or failed export leaves no partial folder and
+            an existing ``out`` (replaced only with ``force``) stays intact until then.
+        options: precision, quantization and graph options.
+        force: replace an existing ``out``.
+        progress: show a progress bar on stderr.
+
+    Returns the model folder. Raises ExportError (bad output path, disk full) or ParityError.
+    """
+    options = options or ExportOptions()
+    out = Path(out)
+    cfg = checkpoint.config
+    check_supported(cfg, options)
+    check_output(out, force, checkpoint)
+    max_len = min(options.max_seq_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    bar = Progress(enabled=progress, total=2 + 1 + 1)
+    try:
+        with _interrupts_as_exceptions():
+            export, tensors = write_folder(checkpoint, scratch, options, max_len,
+                                           bar.grow(count_weight_modules_for(cfg, options)))
+            tokenizer_files = checkpoint.write_tokenizer(scratch)
+            parity = (validate(checkpoint, scratch, options, max_len, export, tensors, bar)
+                      if options.validate else {"skipped": True})
+            bar.stage("manifest")
+            data = _manifest(checkpoint, scratch, options, max_len, export, parity, tokenizer_files)
+            (scratch / mf.MANIFEST).write_text(json.dumps(data, indent=2, ensure_ascii=False),
+                                               encoding="utf-8")
+            _replace_folder(scratch, out)
+            bar.advance(1)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    finally:
+        bar.close()
+    return out
+
+
+def count_weight_modules_for(cfg: ModelConfig, options: ExportOptions) -> int:
+    with torch.device("meta"):
+        model = Decoder(cfg, dtype=_dtype(options), fusion=_fusion(options), max_positions=2)
+    return count_weight_modules(to_export_form(model, options))
+
+
+def _replace_folder(scratch: Path, out: Path) -> None:
+    """Rename scratch -> out; an existing out is moved aside first and removed only afterwards."""
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.replace(out, old)
+        try:
+            os.replace(scratch, out)
+        except BaseException:
+            os.replace(old, out)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(scratch, out)

@@ -1,0 +1,95 @@
+"""Trace the prefill and decode graphs of a (meta-device, export-form) Decoder into ONNX.
+
+prefill: input_ids (B, T), any T; logits of each row's last new token (or every position).
+decode:  input_ids (B, 1); the same computation with T fixed to 1 (static shapes, which is what
+         CUDA graph capture needs).
+Both take the KV cache as one max-length buffer per layer, (B, Hkv, max_len, D), which ORT's
+GroupQueryAttention updates in place when the runtime binds past and present to the same memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import onnx_ir as ir
+import torch
+
+from llm_onnx.build_model.decoder import Decoder
+from llm_onnx.export.custom_ops import fix_domains, translation_table
+from llm_onnx.runtime import names
+
+GRAPHS = ("prefill", "decode")
+
+
+def _example_inputs(model: Decoder, seq_len: int) -> tuple[torch.Tensor, ...]:
+    cfg = model.config
+    b, p = 2, 8  # example sizes only; batch, sequence and cache length are dynamic
+    kv = (b, cfg.num_key_value_heads, p, cfg.head_dim)
+    return (
+        torch.zeros(b, seq_len, dtype=torch.int64, device="meta"),
+        torch.zeros(b, dtype=torch.int32, device="meta"),
+        torch.tensor(seq_len, dtype=torch.int32, device="meta"),
+        *[torch.zeros(kv, dtype=model.dtype, device="meta") for _ in range(2 * cfg.num_hidden_layers)],
+    )
+
+
+def trace_graph(model: Decoder, kind: str, *, all_logits: bool = False,
+                rotary_fused: bool = True) -> ir.Model:
+    """Export one graph; initializers keep the module names and hold no data yet."""
+    if kind not in GRAPHS:
+        raise ValueError(kind)
+    layers = model.config.num_hidden_layers
+    batch = torch.export.Dim("batch")
+    max_len = torch.export.Dim("max_len")
+    ids_dims = {0: batch, 1: torch.export.Dim("sequence")} if kind == "prefill" else {0: batch}
+    dynamic = {"input_ids": ids_dims, "seqlens_k": {0: batch}, "total_sequence_length": None,
+               "past": tuple({0: batch, 2: max_len} for _ in range(2 * layers)), "last_only": None}
+    example = _example_inputs(model, 3 if kind == "prefill" else 1)
+    with warnings.catch_warnings(), _quiet_exporter():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            model, example, kwargs={"last_only": kind == "prefill" and not all_logits},
+            dynamo=True, dynamic_shapes=dynamic, optimize=False, verbose=False,
+            custom_translation_table=translation_table(rotary_fused),
+            input_names=names.input_names(layers), output_names=names.output_names(layers),
+        )
+    graph_model = program.model
+    fix_domains(graph_model)
+    _name_dims(graph_model, model)
+    graph_model.graph.name = f"{kind}"
+    graph_model.producer_name = "llm-onnx"
+    return graph_model
+
+
+def _name_dims(model: ir.Model, decoder: Decoder) -> None:
+    """Readable symbolic dimensions on the graph I/O (batch, sequence, max_len)."""
+    cfg = decoder.config
+    for value in (*model.graph.inputs, *model.graph.outputs):
+        if value.name == names.LOGITS:
+            shape = list(value.shape)
+            shape[-1] = cfg.vocab_size
+            value.shape = ir.Shape(shape)
+
+
+class _quiet_exporter:
+    """torch.onnx prints progress lines and warnings per export; the CLI has its own progress bar."""
+
+    def __enter__(self):
+        self._loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo",
+                                                          "torch.fx.experimental.symbolic_shapes")]
+        self._levels = [lg.level for lg in self._loggers]
+        for lg in self._loggers:
+            lg.setLevel(logging.ERROR)
+        import contextlib
+        import io
+
+        self._stdout = contextlib.redirect_stdout(io.StringIO())
+        self._stdout.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._stdout.__exit__(*exc)
+        for lg, level in zip(self._loggers, self._levels):
+            lg.setLevel(level)
+        return False

@@ -1,0 +1,159 @@
+"""Export forms of the decoder's modules, swapped into a (meta-device) Decoder before tracing.
+``weights.py`` builds their tensors from the eager modules' Hugging Face-layout tensors.
+
+  Linear     -> MatMulLinear  (float: MatMul with W^T stored, the layout MatMul wants)
+             -> NBitsLinear   (int8/int4: com.microsoft.MatMulNBits)
+  lm_head    -> HeadLinear    (float: FusedMatMul with transB, so a tied head reads the embedding)
+  Embedding  -> QuantEmbedding (com.microsoft.GatherBlockQuantized)
+  Experts    -> QuantExperts   (com.microsoft.QMoE)
+
+The router (mlp.gate) stays float: routing decisions are sensitive and the matrix is small.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from llm_onnx.build_model import ops, quant
+from llm_onnx.build_model.decoder import Decoder, Experts, Linear
+from llm_onnx.errors import ExportError
+from llm_onnx.export.options import ExportOptions
+
+
+class MatMulLinear(nn.Module):
+    """y = x @ W^T + b with W^T (in, out) stored."""
+
+    def __init__(self, n_in: int, n_out: int, bias: bool, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(n_in, n_out, dtype=dtype), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(n_out, dtype=dtype), requires_grad=False) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = torch.matmul(x, self.weight)
+        return y + self.bias if self.bias is not None else y
+
+
+class HeadLinear(nn.Module):
+    """Logits = x @ E^T with E (V, D) in Hugging Face layout (FusedMatMul transB=1)."""
+
+    def __init__(self, weight: nn.Parameter) -> None:
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.matmul_transposed(x, self.weight)
+
+
+class NBitsLinear(nn.Module):
+    """Weight-only quantized linear: com.microsoft.MatMulNBits."""
+
+    def __init__(self, n_in: int, n_out: int, bias: bool, dtype: torch.dtype, bits: int,
+                 block_size: int, accuracy_level: int, search: bool, asymmetric: bool) -> None:
+        super().__init__()
+        self.k, self.n, self.bits, self.block_size = n_in, n_out, bits, block_size
+        self.accuracy_level, self.search, self.asymmetric = accuracy_level, search, asymmetric
+        k_blocks = math.ceil(n_in / block_size)
+        self.register_buffer("qweight", torch.empty(n_out, k_blocks, block_size * bits // 8,
+                                                    dtype=torch.uint8))
+        self.register_buffer("scales", torch.empty(n_out, k_blocks, dtype=dtype))
+        self.register_buffer("zero_points", torch.empty(n_out, math.ceil(k_blocks * bits / 8),
+                                                        dtype=torch.uint8) if asymmetric else None)
+        self.bias = nn.Parameter(torch.empty(n_out, dtype=dtype), requires_grad=False) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return quant.matmul_nbits(x, self.qweight, self.scales, self.zero_points, self.bias, self.k,
+                                  self.n, self.bits, self.block_size, self.accuracy_level)
+
+
+class QuantEmbedding(nn.Module):
+    """Token embedding from a block-quantized table (com.microsoft.GatherBlockQuantized)."""
+
+    def __init__(self, vocab: int, dim: int, dtype: torch.dtype, bits: int, block_size: int) -> None:
+        super().__init__()
+        self.dim, self.bits, self.block_size = dim, bits, block_size
+        k_blocks = math.ceil(dim / block_size)
+        self.register_buffer("qweight", torch.empty(vocab, k_blocks * block_size * bits // 8,
+                                                    dtype=torch.uint8))
+        self.register_buffer("scales", torch.empty(vocab, k_blocks, dtype=dtype))
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return quant.gather_nbits(self.qweight, ids, self.scales, self.dim, self.bits, self.block_size)
+
+
+class QuantExperts(nn.Module):
+    """All experts of a layer, block-quantized for com.microsoft.QMoE (same row layout as Experts)."""
+
+    def __init__(self, experts: Experts, bits: int, block_size: int) -> None:
+        super().__init__()
+        e, two_i, d = experts.gate_up_proj.shape
+        i = experts.down_proj.shape[-1]
+        dtype = experts.gate_up_proj.dtype
+        self.bits, self.block_size = bits, block_size
+        self.register_buffer("gate_up_qweight", torch.empty(e, two_i, d * bits // 8, dtype=torch.uint8))
+        self.register_buffer("gate_up_scales", torch.empty(e, two_i, d // block_size, dtype=dtype))
+        self.register_buffer("down_qweight", torch.empty(e, d, i * bits // 8, dtype=torch.uint8))
+        self.register_buffer("down_scales", torch.empty(e, d, i // block_size, dtype=dtype))
+
+    def forward(self, x: Tensor, router_logits: Tensor, k: int, normalize: bool) -> Tensor:
+        return quant.qmoe(x, router_logits, self.gate_up_qweight, self.gate_up_scales,
+                          self.down_qweight, self.down_scales, k, normalize, self.bits,
+                          self.block_size)
+
+
+def fitting_block(dims: tuple[int, ...], block_size: int) -> int | None:
+    """The largest power-of-two block (16 <= b <= block_size) dividing every dim, or None.
+    GatherBlockQuantized and QMoE need whole blocks; MatMulNBits pads instead."""
+    b = block_size
+    while b >= 16:
+        if all(d % b == 0 for d in dims):
+            return b
+        b //= 2
+    return None
+
+
+def _set(root: nn.Module, path: str, module: nn.Module) -> None:
+    parent, _, attr = path.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, attr, module)
+
+
+def to_export_form(model: Decoder, options: ExportOptions) -> Decoder:
+    """Swap the eager modules of a meta-device Decoder for their export forms, in place."""
+    with torch.device("meta"):
+        return _swap_modules(model, options)
+
+
+def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
+    bits = options.bits
+    for path, module in list(model.named_modules()):
+        if isinstance(module, Linear) and path != "lm_head":
+            bias = module.bias is not None
+            dtype = module.weight.dtype
+            if bits is None or path.endswith("mlp.gate"):
+                new: nn.Module = MatMulLinear(module.in_features, module.out_features, bias, dtype)
+            else:
+                new = NBitsLinear(module.in_features, module.out_features, bias, dtype, bits,
+                                  options.block_size, options.accuracy_level, options.quant_search,
+                                  options.asymmetric)
+            _set(model, path, new)
+        elif isinstance(module, Experts) and bits is not None:
+            e, two_i, d = module.gate_up_proj.shape
+            block = fitting_block((d, two_i // 2), options.block_size)
+            if block is None:
+                raise ExportError(f"{path}: expert sizes {d} and {two_i // 2} have no common "
+                                  "power-of-two block >= 16; QMoE needs one. Export fp32 or fp16.")
+            _set(model, path, QuantExperts(module, bits, block))
+    cfg = model.config
+    emb_bits = options.embedding_bits if bits is not None else None
+    emb_block = fitting_block((cfg.hidden_size,), options.block_size)
+    if emb_bits is None or emb_block is None:
+        model.lm_head = HeadLinear(model.lm_head.weight)  # tied: the embedding's own Parameter
+    else:
+        # Symmetric, like the embedding: a tied head then shares the embedding's bytes.
+        model.lm_head = NBitsLinear(cfg.hidden_size, cfg.vocab_size, False, model.dtype, emb_bits,
+                                    emb_block, options.accuracy_level, False, False)
+        model.model.embed_tokens = QuantEmbedding(cfg.vocab_size, cfg.hidden_size, model.dtype,
+                                                  emb_bits, emb_block)
+    return model

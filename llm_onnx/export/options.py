@@ -1,0 +1,63 @@
+"""ExportOptions: how a model is compiled (precision, quantization, fusions, context length)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llm_onnx.errors import ConfigError
+
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportOptions:
+    """Args:
+        precision: fp32 | fp16 | int8 | int4 (int8/int4: weight-only MatMulNBits, fp32 activations).
+        block_size: quantization block along the input dimension (power of two >= 16).
+        embedding_bits: precision of the token embedding and LM head in quantized exports:
+            8 (default; tied embeddings then share one int8 table) or None to keep them float.
+        accuracy_level: MatMulNBits accuracy_level (4 = int8 activations, fastest on CPU;
+            0 = keep fp32 activations).
+        max_seq_len: context length the graphs support (RoPE tables); default: the config's.
+        fuse_qkv, fuse_gate_up, fuse_rotary: fused projections and RoPE inside attention.
+        all_logits: the prefill graph returns logits for every position, not only the last.
+        asymmetric: quantize projections with a per-block zero point (uses the whole code range
+            for one-sided blocks; the embedding/LM head stay symmetric so a tied pair shares bytes).
+        quant_search: per-block search for the scale with the least squared error.
+        validate: run the ORT vs torch parity gate after writing.
+    """
+
+    precision: str = "int8"
+    block_size: int = 32
+    embedding_bits: int | None = 8
+    accuracy_level: int = 4
+    max_seq_len: int | None = None
+    fuse_qkv: bool = True
+    fuse_gate_up: bool = True
+    fuse_rotary: bool = True
+    all_logits: bool = False
+    asymmetric: bool = True
+    quant_search: bool = True
+    validate: bool = True
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision {self.precision!r} is not supported; choose one of "
+                              f"{', '.join(PRECISIONS)}.")
+        bs = self.block_size
+        if bs < 16 or bs & (bs - 1):
+            raise ConfigError(f"block_size {bs} must be a power of two >= 16 (e.g. 32, 64, 128).")
+        if self.embedding_bits not in (None, 4, 8):
+            raise ConfigError(f"embedding_bits must be 8, 4 or None, got {self.embedding_bits!r}.")
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise ConfigError(f"accuracy_level must be 0-4, got {self.accuracy_level}.")
+        if self.max_seq_len is not None and self.max_seq_len < 2:
+            raise ConfigError(f"max_seq_len must be at least 2, got {self.max_seq_len}.")
+
+    @property
+    def quantized(self) -> bool:
+        return self.precision in ("int8", "int4")
+
+    @property
+    def bits(self) -> int | None:
+        return {"int8": 8, "int4": 4}.get(self.precision)

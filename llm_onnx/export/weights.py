@@ -1,0 +1,216 @@
+"""Stream weights from a checkpoint into one external-data file shared by both graphs.
+
+Each tensor is read from the checkpoint, cast or quantized, and appended to ``weights.data``; large
+tensors are processed in row chunks, so peak memory is about one checkpoint tensor. Identical
+tensors (a tied embedding quantized for both GatherBlockQuantized and MatMulNBits) are stored once
+and referenced twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from llm_onnx.build_model import quant
+from llm_onnx.build_model.decoder import Decoder, Experts, RMSNorm
+from llm_onnx.build_model.load import param_producers
+from llm_onnx.build_model.rope import rope_cache
+from llm_onnx.build_model.sources import TensorSource
+from llm_onnx.errors import ExportError
+from llm_onnx.export.modules import (HeadLinear, MatMulLinear, NBitsLinear, QuantEmbedding,
+                                     QuantExperts)
+
+ALIGN = 64  # bytes; every tensor starts on a 64-byte boundary
+CHUNK_ELEMENTS = 1 << 24  # rows per chunk are chosen so a chunk holds about this many elements
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    offset: int
+    length: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+class WeightFile:
+    """Append-only external-data file with content de-duplication."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._f = open(self.path, "wb")
+        self.offset = 0
+        self._seen: dict[tuple[bytes, int], StoredTensor] = {}
+        self.tensors: dict[str, StoredTensor] = {}
+
+    def write(self, name: str, chunks: Iterator[np.ndarray], shape: tuple[int, ...],
+              dtype: np.dtype) -> StoredTensor:
+        pad = (-self.offset) % ALIGN
+        if pad:
+            self._f.write(b"\0" * pad)
+            self.offset += pad
+        start = self.offset
+        digest = hashlib.blake2b(digest_size=20)
+        for chunk in chunks:
+            data = np.ascontiguousarray(chunk, dtype=dtype)
+            view = memoryview(data).cast("B")
+            digest.update(view)
+            try:
+                self._f.write(view)
+            except OSError as e:
+                raise ExportError(f"{self.path}: cannot write weights ({e.strerror or e}); "
+                                  "is the disk full?") from e
+            self.offset += len(view)
+        length = self.offset - start
+        expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if length != expected:
+            raise AssertionError(f"{name}: wrote {length} bytes, expected {expected}")
+        key = (digest.digest(), length)
+        stored = self._seen.get(key)
+        if stored is not None:  # same bytes already stored (maybe another shape): drop this copy
+            self._f.seek(start)
+            self._f.truncate()
+            self.offset = start
+            stored = StoredTensor(stored.offset, length, tuple(shape), np.dtype(dtype))
+        else:
+            stored = StoredTensor(start, length, tuple(shape), np.dtype(dtype))
+            self._seen[key] = stored
+        self.tensors[name] = stored
+        return stored
+
+    def close(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+
+
+def _np_dtype(dtype: torch.dtype) -> np.dtype:
+    return {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16),
+            torch.uint8: np.dtype(np.uint8)}[dtype]
+
+
+def _rows(t: Tensor) -> int:
+    per_row = max(1, t[0].numel()) if t.dim() > 0 and t.shape[0] else 1
+    return max(1, CHUNK_ELEMENTS // per_row)
+
+
+def _cast_chunks(t: Tensor, dtype: torch.dtype) -> Iterator[np.ndarray]:
+    if t.dim() == 0:
+        yield t.to(dtype).numpy()
+        return
+    step = _rows(t)
+    for r in range(0, t.shape[0], step):
+        yield t[r:r + step].to(dtype).numpy()
+
+
+def _write_cast(wf: WeightFile, name: str, t: Tensor, dtype: torch.dtype) -> None:
+    wf.write(name, _cast_chunks(t, dtype), tuple(t.shape), _np_dtype(dtype))
+
+
+def _write_quantized(wf: WeightFile, prefix: str, w: Tensor, bits: int, block_size: int,
+                     scale_dtype: torch.dtype, search: bool, asymmetric: bool, flat: bool) -> None:
+    """qweight streamed in row chunks (quantization is row-local); scales and zero points
+    collected, then written."""
+    n, k = w.shape
+    k_blocks = -(-k // block_size)
+    blob = block_size * bits // 8
+    scales: list[Tensor] = []
+    zero_points: list[Tensor] = []
+
+    def chunks() -> Iterator[np.ndarray]:
+        step = _rows(w)
+        for r in range(0, n, step):
+            q, s, z = quant.quantize(w[r:r + step], bits, block_size, asymmetric=asymmetric,
+                                     search=search)
+            scales.append(s)
+            if z is not None:
+                zero_points.append(z)
+            yield q.numpy()
+
+    shape = (n, k_blocks * blob) if flat else (n, k_blocks, blob)
+    wf.write(f"{prefix}.qweight", chunks(), shape, np.dtype(np.uint8))
+    _write_cast(wf, f"{prefix}.scales", torch.cat(scales), scale_dtype)
+    if zero_points:
+        _write_cast(wf, f"{prefix}.zero_points", torch.cat(zero_points), torch.uint8)
+
+
+def _write_experts_quantized(wf: WeightFile, prefix: str, module: QuantExperts,
+                             produce: Callable[[str], Tensor]) -> None:
+    for part in ("gate_up", "down"):
+        w = produce(f"{prefix}.{part}_proj")  # (E, rows, K)
+        scales: list[Tensor] = []
+
+        def chunks(w: Tensor = w, scales: list[Tensor] = scales) -> Iterator[np.ndarray]:
+            for e in range(w.shape[0]):
+                q, s, _ = quant.quantize(w[e], module.bits, module.block_size)
+                scales.append(s)
+                yield q.reshape(q.shape[0], -1).numpy()
+
+        e, rows, k = w.shape
+        wf.write(f"{prefix}.{part}_qweight", chunks(), (e, rows, k * module.bits // 8),
+                 np.dtype(np.uint8))
+        dtype = getattr(module, f"{part}_scales").dtype
+        _write_cast(wf, f"{prefix}.{part}_scales", torch.stack(scales), dtype)
+        del w
+
+
+def write_weights(export_model: Decoder, eager_model: Decoder, source: TensorSource,
+                  wf: WeightFile, progress: Callable[[int], None] = lambda n: None) -> None:
+    """Write every parameter and buffer of ``export_model`` into ``wf``.
+
+    ``eager_model`` is the same Decoder before ``to_export_form``; its parameters say which
+    checkpoint tensors make up each module (fused projections, stacked experts).
+    """
+    producers = dict(param_producers(eager_model))
+
+    def produce(name: str) -> Tensor:
+        if name not in producers and name == "lm_head.weight":  # tied head
+            name = "model.embed_tokens.weight"
+        return producers[name](source)
+
+    cfg = export_model.config
+    written: dict[int, str] = {}  # id(parameter) -> name it was written under
+    for path, module in export_model.named_modules():
+        prefix = f"{path}." if path else ""
+        if isinstance(module, MatMulLinear):
+            w = produce(f"{prefix}weight")
+            wf.write(f"{prefix}weight", iter([w.t().to(module.weight.dtype).numpy()]),
+                     (w.shape[1], w.shape[0]), _np_dtype(module.weight.dtype))
+            if module.bias is not None:
+                _write_cast(wf, f"{prefix}bias", produce(f"{prefix}bias"), module.bias.dtype)
+        elif isinstance(module, (NBitsLinear, QuantEmbedding)):
+            w = produce(f"{prefix}weight")
+            _write_quantized(wf, path, w, module.bits, module.block_size, module.scales.dtype,
+                             getattr(module, "search", False), getattr(module, "asymmetric", False),
+                             isinstance(module, QuantEmbedding))
+            if getattr(module, "bias", None) is not None:
+                _write_cast(wf, f"{prefix}bias", produce(f"{prefix}bias"), module.bias.dtype)
+        elif isinstance(module, QuantExperts):
+            _write_experts_quantized(wf, path, module, produce)
+        elif isinstance(module, (nn.Embedding, HeadLinear, RMSNorm, Experts)):
+            for attr, p in module.named_parameters(recurse=False):
+                name = f"{prefix}{attr}"
+                if id(p) in written:  # a tied head: the embedding's tensor, under both names
+                    wf.tensors[name] = wf.tensors[written[id(p)]]
+                    continue
+                written[id(p)] = name
+                _write_cast(wf, name, produce(name), p.dtype)
+        else:
+            continue
+        progress(1)
+    cos, sin = rope_cache(cfg, export_model.max_positions, export_model.dtype)
+    _write_cast(wf, "model.rotary.cos_cache", cos, export_model.dtype)
+    _write_cast(wf, "model.rotary.sin_cache", sin, export_model.dtype)
+
+
+def count_weight_modules(export_model: Decoder) -> int:
+    """How many progress steps write_weights reports."""
+    kinds = (MatMulLinear, NBitsLinear, QuantEmbedding, QuantExperts, nn.Embedding, HeadLinear,
+             RMSNorm, Experts)
+    return sum(isinstance(m, kinds) for m in export_model.modules())

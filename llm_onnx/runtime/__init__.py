@@ -1,0 +1,1 @@
+"""The embeddable runtime: ONNX Runtime + numpy + tokenizers only (never torch)."""

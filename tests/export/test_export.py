@@ -1,0 +1,189 @@
+"""Rung 4 of the parity ladder: exported graphs on ONNX Runtime (CPU) vs transformers / torch.
+
+Tiny random checkpoints of each family go through `export_model`; a right-padded batch of two
+prompts of different lengths is prefilled, then 8 decode steps run through decode.onnx.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from llm_onnx.build_model import open_checkpoint
+from llm_onnx.export import ExportOptions, export_model
+from llm_onnx.export.validate import load_stored
+from llm_onnx.models import get_config
+from tests.hf_models import save_hf_checkpoint
+from tests.ort_helpers import Graphs, batch_logits, hf_logits
+from tests.tolerances import ORT_FP16, ORT_FP32, ORT_QUANT
+
+ARCHS = ["llama_tiny", "qwen3_tiny", "qwen3_moe_tiny"]
+STEPS = 8
+PROMPT_LENS = [9, 5]
+
+
+@pytest.fixture(scope="module")
+def hf_models(tmp_path_factory):
+    out = {}
+    for arch in ARCHS:
+        folder = tmp_path_factory.mktemp(f"hf_{arch}")
+        out[arch] = (save_hf_checkpoint(get_config(arch), folder, seed=7), folder)
+    return out
+
+
+@pytest.fixture(scope="module")
+def exports(hf_models, tmp_path_factory):
+    """Export lazily, once per (arch, precision, accuracy level)."""
+    cache: dict[tuple, Path] = {}
+
+    def get(arch: str, precision: str, accuracy_level: int = 4) -> Path:
+        key = (arch, precision, accuracy_level)
+        if key not in cache:
+            out = tmp_path_factory.mktemp("exports") / f"{arch}-{precision}-{accuracy_level}"
+            ckpt = open_checkpoint(hf_models[arch][1])
+            export_model(ckpt, out, ExportOptions(precision=precision, max_seq_len=64,
+                                                  accuracy_level=accuracy_level), progress=False)
+            cache[key] = out
+        return cache[key]
+
+    return get
+
+
+def rows_for(arch: str) -> list[list[int]]:
+    rng = np.random.default_rng(11)
+    vocab = get_config(arch).vocab_size
+    return [rng.integers(0, vocab, n + STEPS).tolist() for n in PROMPT_LENS]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fp32_matches_transformers(arch, hf_models, exports):
+    rows = rows_for(arch)
+    got = batch_logits(Graphs(exports(arch, "fp32")), rows, PROMPT_LENS, STEPS)
+    want = hf_logits(hf_models[arch][0], rows, PROMPT_LENS, STEPS)
+    diff = max(np.abs(g - w).max() for g, w in zip(got, want))
+    assert diff <= ORT_FP32
+    assert max(np.abs(w).max() for w in want) > 0.1  # not a trivially small signal
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fp16_matches_transformers(arch, hf_models, exports):
+    rows = rows_for(arch)
+    got = batch_logits(Graphs(exports(arch, "fp16")), rows, PROMPT_LENS, STEPS)
+    want = hf_logits(hf_models[arch][0], rows, PROMPT_LENS, STEPS)
+    assert all(np.isfinite(g).all() for g in got)
+    assert max(np.abs(g - w).max() for g, w in zip(got, want)) <= ORT_FP16
+
+
+@pytest.mark.parametrize("precision", ["int8", "int4"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_quantized_matches_torch_with_dequantized_weights(arch, precision, exports):
+    """accuracy_level 0 keeps fp32 activations, so ORT must compute exactly the dequantized math
+    (QMoE's 8-bit experts always quantize activations: a looser bound there)."""
+    folder = exports(arch, precision, accuracy_level=0)
+    rows = rows_for(arch)
+    got = batch_logits(Graphs(folder), rows, PROMPT_LENS, STEPS)
+    reference = torch_reference(folder, arch, precision)
+    want = torch_logits(reference, rows)
+    tol = 2e-2 if (arch == "qwen3_moe_tiny" and precision == "int8") else ORT_QUANT
+    assert max(np.abs(g - w).max() for g, w in zip(got, want)) <= tol
+
+
+def torch_reference(folder: Path, arch: str, precision: str):
+    """The export-form torch decoder holding the tensors stored in weights.data."""
+    from llm_onnx.build_model.decoder import Decoder, Fusion
+    from llm_onnx.export.modules import to_export_form
+    from llm_onnx.export.weights import StoredTensor
+
+    cfg = get_config(arch)
+    opts = ExportOptions(precision=precision, accuracy_level=0, max_seq_len=64)
+    with torch.device("meta"):
+        model = Decoder(cfg, fusion=Fusion(qkv=True, gate_up=True), max_positions=64)
+    to_export_form(model, opts)
+    tensors = {}
+    for path in ("prefill.onnx",):
+        proto = onnx.load(str(folder / path), load_external_data=False)
+        for init in proto.graph.initializer:
+            info = {e.key: e.value for e in init.external_data}
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type)
+            tensors[init.name] = StoredTensor(int(info["offset"]), int(info["length"]),
+                                              tuple(init.dims), np.dtype(dtype))
+    return load_stored(model, folder / "weights.data", tensors)
+
+
+def torch_logits(model, rows: list[list[int]]):
+    out = [np.zeros((len(rows), model.config.vocab_size), np.float32) for _ in range(STEPS + 1)]
+    with torch.no_grad():
+        for i, row in enumerate(rows):
+            n = PROMPT_LENS[i] + STEPS
+            ids = torch.tensor([row[:n]])
+            cache = model.new_cache(1, n)
+            full = model(ids, torch.tensor([n - 1], dtype=torch.int32),
+                         torch.tensor(n, dtype=torch.int32), *cache)[0][0].numpy()
+            for s in range(STEPS + 1):
+                out[s][i] = full[PROMPT_LENS[i] - 1 + s]
+    return out
+
+
+def op_types(folder: Path, graph: str) -> set[str]:
+    return {n.op_type for n in onnx.load(str(folder / graph), load_external_data=False).graph.node}
+
+
+def transposed_weights(folder: Path, graph: str) -> list[str]:
+    proto = onnx.load(str(folder / graph), load_external_data=False).graph
+    weights = {i.name for i in proto.initializer}
+    return [n.input[0] for n in proto.node if n.op_type == "Transpose" and n.input[0] in weights]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_graphs_use_contrib_ops(arch, precision, exports):
+    folder = exports(arch, precision)
+    for graph in ("prefill.onnx", "decode.onnx"):
+        ops = op_types(folder, graph)
+        assert "GroupQueryAttention" in ops
+        assert "SkipSimplifiedLayerNormalization" in ops
+        if arch == "qwen3_moe_tiny":
+            assert ("QMoE" if precision == "int8" else "MoE") in ops
+        if precision == "int8":
+            assert "MatMulNBits" in ops and "GatherBlockQuantized" in ops
+        assert not transposed_weights(folder, graph)  # weights are stored as their op reads them
+
+
+def test_both_graphs_share_one_data_file(exports):
+    folder = exports("qwen3_tiny", "fp32")
+    refs = {}
+    for graph in ("prefill.onnx", "decode.onnx"):
+        proto = onnx.load(str(folder / graph), load_external_data=False)
+        assert not any(i.raw_data for i in proto.graph.initializer)  # nothing inline
+        refs[graph] = {i.name: tuple((e.key, e.value) for e in i.external_data)
+                       for i in proto.graph.initializer}
+    assert refs["prefill.onnx"] == refs["decode.onnx"]
+    locations = {dict(v)["location"] for v in refs["prefill.onnx"].values()}
+    assert locations == {"weights.data"}
+    files = {p.name for p in folder.iterdir()}
+    assert {"prefill.onnx", "decode.onnx", "weights.data", "manifest.json"} <= files
+    assert [f for f in files if f.endswith((".onnx", ".data"))] and len(
+        [f for f in files if f.endswith(".data")]) == 1
+
+
+def test_manifest_records_the_export(exports):
+    import json
+
+    from llm_onnx.runtime.manifest import load_manifest, sha256_file
+
+    folder = exports("qwen3_moe_tiny", "int8")
+    m = json.loads((folder / "manifest.json").read_text())
+    assert m["format_version"] == 1 and m["precision"]["precision"] == "int8"
+    assert m["kv_cache"]["num_layers"] == 2 and m["kv_cache"]["shared_buffer"]
+    assert m["parity"]["scope"] == "whole model" and m["parity"]["greedy_agreement"] >= 0.9
+    assert any("experts" in q for q in m["precision"]["quantized"])
+    assert "router (mlp.gate)" in m["precision"]["kept_float"]
+    for name, info in m["files"].items():
+        assert sha256_file(folder / name) == info["sha256"]
+    assert [i["name"] for i in m["graphs"]["decode"]["inputs"]][:3] == [
+        "input_ids", "seqlens_k", "total_sequence_length"]
+    load_manifest(folder)  # the runtime accepts it

@@ -1,0 +1,95 @@
+"""Exports are atomic: a failure or interruption leaves no partial folder and never damages an
+existing one; bad output paths are refused with one-line errors."""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import pytest
+
+from llm_onnx.build_model import open_checkpoint, random_checkpoint
+from llm_onnx.errors import ExportError
+from llm_onnx.export import ExportOptions, export_model
+from llm_onnx.export import weights as weights_module
+from llm_onnx.models import get_config
+from tests.hf_models import save_hf_checkpoint
+
+FAST = ExportOptions(precision="fp32", max_seq_len=32, validate=False)
+
+
+@pytest.fixture
+def ckpt():
+    return random_checkpoint(get_config("llama_tiny"), "llama_tiny")
+
+
+def leftovers(parent):
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
+
+
+def test_interrupt_leaves_nothing_and_keeps_the_old_folder(ckpt, tmp_path, monkeypatch):
+    out = tmp_path / "model"
+    export_model(ckpt, out, FAST, progress=False)
+    before = json.loads((out / "manifest.json").read_text())["files"]
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("llm_onnx.export.export.write_weights", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export_model(ckpt, out, FAST, force=True, progress=False)
+    assert json.loads((out / "manifest.json").read_text())["files"] == before
+    assert leftovers(tmp_path) == []
+
+
+def test_failure_leaves_no_partial_folder(ckpt, tmp_path, monkeypatch):
+    monkeypatch.setattr("llm_onnx.export.export.write_weights",
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
+    with pytest.raises(RuntimeError):
+        export_model(ckpt, tmp_path / "model", FAST, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_disk_full_is_a_clear_error(ckpt, tmp_path, monkeypatch):
+    real_open = open
+
+    class FullFile:
+        def __init__(self, f):
+            self.f, self.n = f, 0
+
+        def write(self, data):
+            self.n += 1
+            if self.n > 3:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.f.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    def fake_open(path, mode="r", *a, **k):
+        f = real_open(path, mode, *a, **k)
+        return FullFile(f) if str(path).endswith("weights.data") and "w" in mode else f
+
+    monkeypatch.setattr(weights_module, "open", fake_open, raising=False)
+    with pytest.raises(ExportError, match=r"cannot write weights \(No space left on device\); is the disk full"):
+        export_model(ckpt, tmp_path / "model", FAST, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_out_needs_force(ckpt, tmp_path):
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(ExportError, match="already exists; pass --force"):
+        export_model(ckpt, out, FAST, progress=False)
+    assert (out / "keep.txt").read_text() == "mine"
+    export_model(ckpt, out, FAST, force=True, progress=False)
+    assert not (out / "keep.txt").exists() and (out / "manifest.json").is_file()
+    assert leftovers(tmp_path) == []
+
+
+def test_out_inside_checkpoint_folder_is_refused(tmp_path):
+    folder = tmp_path / "hf"
+    save_hf_checkpoint(get_config("llama_tiny"), folder)
+    with pytest.raises(ExportError, match="inside the checkpoint folder"):
+        export_model(open_checkpoint(folder), folder / "onnx", FAST, progress=False)

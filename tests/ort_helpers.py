@@ -1,0 +1,79 @@
+"""Run an exported model folder's graphs directly with ONNX Runtime (independent of our runtime
+package), and transformers references per row."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+
+class Graphs:
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.manifest = json.loads((self.folder / "manifest.json").read_text())
+        kv = self.manifest["kv_cache"]
+        self.layers, self.kv_heads, self.head_dim = kv["num_layers"], kv["num_key_value_heads"], kv["head_dim"]
+        self.kv_dtype = np.float16 if kv["dtype"] == "float16" else np.float32
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        self.sessions = {g: ort.InferenceSession(str(self.folder / f"{g}.onnx"), so,
+                                                 providers=["CPUExecutionProvider"])
+                         for g in ("prefill", "decode")}
+
+    def new_cache(self, batch: int, length: int) -> list[np.ndarray]:
+        shape = (batch, self.kv_heads, length, self.head_dim)
+        return [np.zeros(shape, self.kv_dtype) for _ in range(2 * self.layers)]
+
+    def run(self, graph: str, ids: np.ndarray, seqlens: list[int], total: int, cache: list[np.ndarray]):
+        feed = {"input_ids": ids.astype(np.int64), "seqlens_k": np.array(seqlens, np.int32),
+                "total_sequence_length": np.array(total, np.int32)}
+        for i in range(self.layers):
+            feed[f"past_key_values.{i}.key"] = cache[2 * i]
+            feed[f"past_key_values.{i}.value"] = cache[2 * i + 1]
+        out = self.sessions[graph].run(None, feed)
+        return out[0], out[1:]
+
+    def greedy(self, prompt: list[int], steps: int) -> list[int]:
+        cache = self.new_cache(1, len(prompt) + steps + 1)
+        logits, cache = self.run("prefill", np.array([prompt]), [len(prompt) - 1], len(prompt), cache)
+        out = [int(logits[0, -1].argmax())]
+        for i in range(steps - 1):
+            n = len(prompt) + i + 1
+            logits, cache = self.run("decode", np.array([[out[-1]]]), [n - 1], n, cache)
+            out.append(int(logits[0, -1].argmax()))
+        return out
+
+
+def batch_logits(graphs: Graphs, rows: list[list[int]], prompt_lens: list[int], steps: int):
+    """Prefill each row's prompt as one right-padded batch, then feed each row's own next tokens
+    (teacher forcing) through decode.onnx; returns per-step logits (B, V) as float32."""
+    b, t = len(rows), max(prompt_lens)
+    ids = np.zeros((b, t), np.int64)
+    for i, n in enumerate(prompt_lens):
+        ids[i, :n] = rows[i][:n]
+    cache = graphs.new_cache(b, t + steps + 1)
+    logits, cache = graphs.run("prefill", ids, [n - 1 for n in prompt_lens], t, cache)
+    out = [logits[:, -1].astype(np.float32)]
+    seqlens = list(prompt_lens)
+    for step in range(steps):
+        nxt = np.array([[rows[i][seqlens[i]]] for i in range(b)])
+        total = max(seqlens) + 1
+        logits, cache = graphs.run("decode", nxt, seqlens, total, cache)
+        out.append(logits[:, -1].astype(np.float32))
+        seqlens = [n + 1 for n in seqlens]
+    return out
+
+
+def hf_logits(hf_model, rows: list[list[int]], prompt_lens: list[int], steps: int):
+    """transformers' logits at the same positions, each row run alone (no padding involved)."""
+    out = [np.zeros((len(rows), hf_model.config.vocab_size), np.float32) for _ in range(steps + 1)]
+    with torch.no_grad():
+        for i, row in enumerate(rows):
+            full = hf_model(torch.tensor([row[: prompt_lens[i] + steps]])).logits[0].float().numpy()
+            for s in range(steps + 1):
+                out[s][i] = full[prompt_lens[i] - 1 + s]
+    return out
