@@ -119,5 +119,155 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
     click.echo(f"Exported {ckpt.name} ({precision}) to {folder}")
 
 
+def _sampling_options(func):
+    """The generation options shared by `generate` and `chat`."""
+    options = [
+        click.option("--max-new-tokens", type=int, default=256, show_default=True,
+                     help="Most tokens to generate."),
+        click.option("--temperature", type=float,
+                     help="0 = greedy (the default unless the model ships sampling defaults)."),
+        click.option("--top-k", type=int, help="Keep the k most likely tokens (0 = off)."),
+        click.option("--top-p", type=float, help="Nucleus sampling, in (0, 1]."),
+        click.option("--min-p", type=float, help="Drop tokens below min_p x the top probability."),
+        click.option("--repetition-penalty", type=float, help="> 1 discourages repeats (1 = off)."),
+        click.option("--presence-penalty", type=float, help="Subtracted once from seen tokens' logits."),
+        click.option("--frequency-penalty", type=float, help="Subtracted per occurrence."),
+        click.option("--seed", type=int, help="Same seed, same output."),
+        click.option("--stop", multiple=True, help="Stop string (repeatable); not printed."),
+        click.option("--stop-token-id", "stop_token_ids", type=int, multiple=True,
+                     help="Extra end-of-sequence token id (repeatable)."),
+        click.option("--model", type=click.Path(path_type=Path),
+                     help="Model folder from `llm-onnx export`. Default: SmolLM2-135M-Instruct "
+                          "(exported on first use)."),
+        click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+                     show_default=True, help="Execution provider."),
+        click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores)."),
+        click.option("--quiet", "-q", is_flag=True, help="Do not print the model/provider line."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+_SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                  "presence_penalty", "frequency_penalty", "seed", "stop", "stop_token_ids")
+
+
+def _load_model(kwargs: dict):
+    from llm_onnx.runtime import Model
+
+    folder = kwargs.pop("model")
+    if folder is None:
+        from llm_onnx.default_model import default_model_folder
+
+        folder = default_model_folder(progress=True)
+    model = Model.load(folder, provider=kwargs.pop("provider"), threads=kwargs.pop("threads"))
+    if not kwargs.pop("quiet"):
+        click.echo(f"[{model.engine.describe()}]", err=True)
+    overrides = {k: kwargs.pop(k) for k in _SAMPLING_KEYS}
+    overrides = {k: (tuple(v) if isinstance(v, tuple) else v) for k, v in overrides.items()
+                 if v is not None and v != ()}
+    model.options(None, overrides)  # bad options fail here, before any work
+    return model, overrides
+
+
+def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    from llm_onnx.errors import GenerationError
+
+    if prompt is not None and prompt_file is not None:
+        raise GenerationError("Give the prompt as an argument or with --prompt-file, not both.")
+    if prompt_file is not None:
+        data = click.open_file(str(prompt_file), "rb").read() if str(prompt_file) == "-" else \
+            Path(prompt_file).read_bytes()
+        try:
+            prompt = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise GenerationError(f"{prompt_file}: not valid UTF-8 (byte {e.start}: "
+                                  f"{data[e.start:e.start + 1]!r}); save it as UTF-8.") from None
+    if prompt is None or not prompt.strip():
+        raise GenerationError("The prompt is empty: give a prompt, e.g. llm-onnx generate \"Hello\".")
+    return prompt
+
+
+@main.command()
+@click.argument("prompt", required=False)
+@click.option("--prompt-file", type=click.Path(path_type=Path, dir_okay=False, allow_dash=True),
+              help="Read the prompt from a UTF-8 file ('-' for stdin).")
+@click.option("--raw", is_flag=True, help="Do not apply the chat template.")
+@click.option("--system", help="System message (chat template only).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: text, token_ids, finish_reason, timings.")
+@_sampling_options
+@_handle_errors
+def generate(prompt, prompt_file, raw, system, as_json, **kwargs) -> None:
+    """Generate an answer to PROMPT and stream it to stdout.
+
+    \b
+    Examples:
+      llm-onnx generate "What is the capital of France?"
+      llm-onnx generate --raw "Once upon a time" --temperature 0.8 --seed 1
+      llm-onnx generate --model models/qwen3-8b-int4 --json "Hi" | jq .timings
+    """
+    import json as _json
+
+    text = _read_prompt(prompt, prompt_file)
+    model, overrides = _load_model(kwargs)
+    if not raw and model.chat_template:
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": text}]
+        ids = model.encode(model.render_chat(messages), add_special_tokens=False)
+    else:
+        ids = model.encode(text)
+    if as_json:
+        result = model.generate(ids, **overrides)
+        click.echo(_json.dumps(result.to_dict(), ensure_ascii=False))
+        return
+    for piece in model.stream(ids, **overrides):
+        click.echo(piece, nl=False)
+    click.echo()
+
+
+@main.command()
+@click.option("--system", help="System message.")
+@_sampling_options
+@_handle_errors
+def chat(system, **kwargs) -> None:
+    """Chat with a model; earlier turns stay in the KV cache.
+
+    Type a message and press Enter. /reset starts over, /exit or Ctrl-D leaves.
+
+    \b
+    Examples:
+      llm-onnx chat
+      llm-onnx chat --model models/qwen3-8b-int4 --temperature 0.7 --seed 1
+    """
+    from llm_onnx.errors import GenerationError
+
+    model, overrides = _load_model(kwargs)
+    if not model.chat_template:
+        raise GenerationError("this model has no chat template; use `llm-onnx generate --raw`.")
+    session = model.chat_session(system)
+    interactive = sys.stdin.isatty()
+    while True:
+        try:
+            line = input("> " if interactive else "")
+        except EOFError:
+            if interactive:
+                click.echo()
+            return
+        line = line.strip()
+        if not line:
+            continue
+        if line in ("/exit", "/quit"):
+            return
+        if line == "/reset":
+            session.reset()
+            click.echo("(conversation cleared)", err=True)
+            continue
+        for piece in session.stream(line, **overrides):
+            click.echo(piece, nl=False)
+        click.echo()
+
+
 if __name__ == "__main__":
     main()

@@ -25,19 +25,79 @@ def smollm2_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_export(smollm2_gguf, tmp_path_factory):
-    """Export the real SmolLM2 once per precision per test session: ``smollm2_export("int8")``."""
+def default_model_cache(smollm2_gguf, tmp_path_factory):
+    """A private XDG cache in which the default model is exported on first use (once a session)."""
+    import os
+
+    cache = tmp_path_factory.mktemp("xdg-cache")
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(cache)
+    yield cache
+    if saved is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved
+
+
+@pytest.fixture(scope="session")
+def smollm2_export(smollm2_gguf, default_model_cache, tmp_path_factory):
+    """Export the real SmolLM2 once per precision per test session: ``smollm2_export("int8")``.
+    fp32 is the default model, exported through the first-use path."""
     from llm_onnx.build_model import open_checkpoint
+    from llm_onnx.default_model import default_model_folder
     from llm_onnx.export import ExportOptions, export_model
 
     folders: dict[str, Path] = {}
 
     def get(precision: str) -> Path:
+        if precision == "fp32":
+            return default_model_folder(progress=False)
         if precision not in folders:
             out = tmp_path_factory.mktemp("smollm2") / f"smollm2-{precision}"
             export_model(open_checkpoint(smollm2_gguf), out,
                          ExportOptions(precision=precision, max_seq_len=2048), progress=False)
             folders[precision] = out
         return folders[precision]
+
+    return get
+
+
+TINY_ARCHS = ["llama_tiny", "qwen3_tiny", "qwen3_moe_tiny"]
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory):
+    """``tiny_hf(arch)`` -> (transformers model, checkpoint folder), made once per session."""
+    from llm_onnx.models import get_config
+    from tests.hf_models import save_hf_checkpoint
+
+    made: dict[str, tuple] = {}
+
+    def get(arch: str):
+        if arch not in made:
+            folder = tmp_path_factory.mktemp(f"hf_{arch}")
+            made[arch] = (save_hf_checkpoint(get_config(arch), folder, seed=7), folder)
+        return made[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tiny_hf, tmp_path_factory):
+    """``tiny_export(arch, precision, accuracy_level=4)`` -> model folder, exported once."""
+    from llm_onnx.build_model import open_checkpoint
+    from llm_onnx.export import ExportOptions, export_model
+
+    made: dict[tuple, Path] = {}
+
+    def get(arch: str, precision: str = "fp32", accuracy_level: int = 4) -> Path:
+        key = (arch, precision, accuracy_level)
+        if key not in made:
+            out = tmp_path_factory.mktemp("exports") / f"{arch}-{precision}-{accuracy_level}"
+            export_model(open_checkpoint(tiny_hf(arch)[1]), out,
+                         ExportOptions(precision=precision, max_seq_len=64,
+                                       accuracy_level=accuracy_level), progress=False)
+            made[key] = out
+        return made[key]
 
     return get

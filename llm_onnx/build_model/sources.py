@@ -321,7 +321,7 @@ class GGUFSource:
     def get(self, name: str) -> torch.Tensor:
         gname, expert = self._map[name]
         arr = self._dequantize(gname)
-        w = torch.from_numpy(arr[expert] if expert is not None else arr)
+        w = torch.from_numpy(np.array(arr[expert] if expert is not None else arr))
         if self.arch == "llama" and gname.endswith(("attn_q.weight", "attn_k.weight")):
             heads = (self.cfg.num_attention_heads if gname.endswith("attn_q.weight")
                      else self.cfg.num_key_value_heads)

@@ -13,11 +13,9 @@ import onnx
 import pytest
 import torch
 
-from llm_onnx.build_model import open_checkpoint
-from llm_onnx.export import ExportOptions, export_model
+from llm_onnx.export import ExportOptions
 from llm_onnx.export.validate import load_stored
 from llm_onnx.models import get_config
-from tests.hf_models import save_hf_checkpoint
 from tests.ort_helpers import Graphs, batch_logits, hf_logits
 from tests.tolerances import ORT_FP16, ORT_FP32, ORT_QUANT
 
@@ -26,31 +24,14 @@ STEPS = 8
 PROMPT_LENS = [9, 5]
 
 
-@pytest.fixture(scope="module")
-def hf_models(tmp_path_factory):
-    out = {}
-    for arch in ARCHS:
-        folder = tmp_path_factory.mktemp(f"hf_{arch}")
-        out[arch] = (save_hf_checkpoint(get_config(arch), folder, seed=7), folder)
-    return out
+@pytest.fixture
+def hf_models(tiny_hf):
+    return {arch: tiny_hf(arch) for arch in ARCHS}
 
 
-@pytest.fixture(scope="module")
-def exports(hf_models, tmp_path_factory):
-    """Export lazily, once per (arch, precision, accuracy level)."""
-    cache: dict[tuple, Path] = {}
-
-    def get(arch: str, precision: str, accuracy_level: int = 4) -> Path:
-        key = (arch, precision, accuracy_level)
-        if key not in cache:
-            out = tmp_path_factory.mktemp("exports") / f"{arch}-{precision}-{accuracy_level}"
-            ckpt = open_checkpoint(hf_models[arch][1])
-            export_model(ckpt, out, ExportOptions(precision=precision, max_seq_len=64,
-                                                  accuracy_level=accuracy_level), progress=False)
-            cache[key] = out
-        return cache[key]
-
-    return get
+@pytest.fixture
+def exports(tiny_export):
+    return tiny_export
 
 
 def rows_for(arch: str) -> list[list[int]]:

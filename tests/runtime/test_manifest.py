@@ -1,0 +1,70 @@
+"""The runtime refuses model folders it cannot trust: missing files, unknown format versions,
+checksum mismatches."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from llm_onnx.errors import ModelFolderError
+from llm_onnx.runtime import Model
+from llm_onnx.runtime.manifest import load_manifest
+
+
+@pytest.fixture
+def folder(tiny_export, tmp_path):
+    copy = tmp_path / "model"
+    shutil.copytree(tiny_export("llama_tiny", "fp32"), copy)
+    return copy
+
+
+def edit_manifest(folder, change):
+    data = json.loads((folder / "manifest.json").read_text())
+    change(data)
+    (folder / "manifest.json").write_text(json.dumps(data))
+
+
+def test_good_folder_loads(folder):
+    assert load_manifest(folder).num_layers == 2
+
+
+def test_missing_file(folder):
+    (folder / "decode.onnx").unlink()
+    with pytest.raises(ModelFolderError, match="decode.onnx listed in manifest.json is missing"):
+        Model.load(folder)
+
+
+def test_unknown_format_version(folder):
+    edit_manifest(folder, lambda d: d.update(format_version=99))
+    with pytest.raises(ModelFolderError, match="format_version 99; this llm-onnx reads version 1"):
+        Model.load(folder)
+
+
+def test_checksum_mismatch(folder):
+    data = bytearray((folder / "weights.data").read_bytes())
+    data[100] ^= 0xFF
+    (folder / "weights.data").write_bytes(bytes(data))
+    with pytest.raises(ModelFolderError, match="weights.data does not match its sha256"):
+        Model.load(folder)
+
+
+def test_truncated_file(folder):
+    with open(folder / "weights.data", "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(ModelFolderError, match="weights.data has 1000 bytes"):
+        Model.load(folder)
+
+
+def test_not_a_model_folder(tmp_path):
+    with pytest.raises(ModelFolderError, match="no manifest.json"):
+        Model.load(tmp_path)
+    with pytest.raises(ModelFolderError, match="no such model folder"):
+        Model.load(tmp_path / "nope")
+
+
+def test_listed_file_outside_the_folder(folder):
+    edit_manifest(folder, lambda d: d["files"].update({"../escape": {"bytes": 1, "sha256": "x"}}))
+    with pytest.raises(ModelFolderError, match="outside the model folder"):
+        Model.load(folder)
