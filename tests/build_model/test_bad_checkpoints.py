@@ -1,0 +1,135 @@
+"""Bad checkpoints get one-line errors naming the file, the tensor or field, and what was
+expected; nothing is ever unpickled."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from llm_onnx.build_model import open_checkpoint
+from llm_onnx.errors import CheckpointError, ConfigError
+from llm_onnx.models import get_config
+from tests.hf_models import save_hf_checkpoint
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("good")
+    save_hf_checkpoint(get_config("qwen3_tiny"), folder)
+    return folder
+
+
+@pytest.fixture
+def ckpt(good, tmp_path):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(good, folder)
+    return folder
+
+
+def rewrite(folder, change):
+    tensors = load_file(folder / "model.safetensors")
+    change(tensors)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def one_line(e) -> str:
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_missing_tensor(ckpt):
+    rewrite(ckpt, lambda t: t.pop("model.layers.1.self_attn.q_norm.weight"))
+    with pytest.raises(CheckpointError) as e:
+        open_checkpoint(ckpt)
+    msg = one_line(e)
+    assert "lacks 1 tensor" in msg and "model.layers.1.self_attn.q_norm.weight" in msg and str(ckpt) in msg
+
+
+def test_extra_tensor(ckpt):
+    rewrite(ckpt, lambda t: t.update({"model.layers.9.mlp.up_proj.weight": torch.zeros(2, 2)}))
+    with pytest.raises(CheckpointError, match="the config does not describe"):
+        open_checkpoint(ckpt)
+
+
+def test_wrong_shape(ckpt):
+    rewrite(ckpt, lambda t: t.update({"model.layers.0.mlp.up_proj.weight": torch.zeros(7, 64)}))
+    with pytest.raises(CheckpointError) as e:
+        open_checkpoint(ckpt)
+    msg = one_line(e)
+    assert "model.layers.0.mlp.up_proj.weight has shape [7, 64], expected [128, 64]" in msg
+    assert "model.safetensors" in msg
+
+
+def test_truncated_safetensors(ckpt):
+    path = ckpt / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError) as e:
+        open_checkpoint(ckpt)
+    assert "model.safetensors" in one_line(e) and "truncated" in str(e.value)
+
+
+def test_corrupt_safetensors_header(ckpt):
+    path = ckpt / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", 10**12) + b"{not json")
+    with pytest.raises(CheckpointError, match="truncated or corrupt"):
+        open_checkpoint(ckpt)
+
+
+def test_unsupported_architecture(ckpt):
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["architectures"] = ["GPTBigCodeForCausalLM"]
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError) as e:
+        open_checkpoint(ckpt)
+    assert "'GPTBigCodeForCausalLM' is not supported" in one_line(e) and "config.json" in str(e.value)
+
+
+def test_missing_config_field(ckpt):
+    cfg = json.loads((ckpt / "config.json").read_text())
+    del cfg["num_hidden_layers"]
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="missing field 'num_hidden_layers'"):
+        open_checkpoint(ckpt)
+
+
+def test_pickle_checkpoint_is_refused(tmp_path, good):
+    folder = tmp_path / "pickled"
+    folder.mkdir()
+    shutil.copy(good / "config.json", folder)
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x04 not loaded")
+    with pytest.raises(CheckpointError, match="pickle checkpoints are never loaded"):
+        open_checkpoint(folder)
+
+
+def test_empty_and_missing_paths(tmp_path):
+    with pytest.raises(CheckpointError, match="folder is empty"):
+        open_checkpoint(tmp_path)
+    with pytest.raises(CheckpointError, match="no such file or folder"):
+        open_checkpoint(tmp_path / "nope")
+    (tmp_path / "x.bin").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="expected a Hugging Face checkpoint folder or a .gguf"):
+        open_checkpoint(tmp_path / "x.bin")
+
+
+def test_not_a_gguf(tmp_path):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(b"NOPE" + b"\0" * 64)
+    with pytest.raises(CheckpointError, match="not a GGUF file"):
+        open_checkpoint(path)
+
+
+@pytest.mark.slow
+def test_truncated_gguf(tmp_path, smollm2_gguf):
+    path = tmp_path / "cut.gguf"
+    with open(smollm2_gguf, "rb") as f:
+        path.write_bytes(f.read(20_000_000))
+    with pytest.raises(CheckpointError) as e:
+        open_checkpoint(path)
+    assert str(path) in one_line(e)
