@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import onnx_ir as ir
 import torch
 
@@ -35,14 +36,18 @@ from llm_onnx.export.graphs import GRAPHS, trace_graph
 from llm_onnx.export.modules import to_export_form
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.progress import Progress
-from llm_onnx.export.validate import compare, load_stored, thresholds
+from llm_onnx.export.validate import (compare, compute_in_float32, load_stored, run_onnx,
+                                      run_reference, thresholds)
 from llm_onnx.export.weights import WeightFile, count_weight_modules, write_weights
 from llm_onnx.runtime import manifest as mf
 from llm_onnx.runtime import names
 
 # Validate the whole model when the torch reference and ORT both fit comfortably in memory.
 FULL_VALIDATION_PARAMS = 600_000_000
-SCRATCH_LAYERS, SCRATCH_VOCAB = 2, 4096
+# The scratch model of the parity gate for large models: one layer of the real ones (Qwen3-8B's
+# is 218M parameters, whose fp32 copies ORT's CPU kernels make from fp16 weights), 4096
+# vocabulary rows, 8 experts; small enough to keep `export` of an 8B model under 3 GiB.
+SCRATCH_LAYERS, SCRATCH_VOCAB, SCRATCH_EXPERTS = 1, 4096, 8
 
 
 def _dtype(options: ExportOptions) -> torch.dtype:
@@ -77,9 +82,8 @@ def build_graphs(cfg: ModelConfig, options: ExportOptions, max_len: int,
 
 
 def write_folder(checkpoint: Checkpoint, folder: Path, options: ExportOptions, max_len: int,
-                 progress: Progress) -> tuple[Decoder, dict]:
-    """Graphs and weights of ``checkpoint`` into ``folder``; returns the export-form model (meta)
-    and the stored tensor table."""
+                 progress: Progress) -> dict:
+    """Graphs and weights of ``checkpoint`` into ``folder``; returns the stored tensor table."""
     cfg = checkpoint.config
     eager, export, graphs = build_graphs(cfg, options, max_len, progress)
     progress.stage("writing weights")
@@ -100,7 +104,7 @@ def write_folder(checkpoint: Checkpoint, folder: Path, options: ExportOptions, m
             ir.save(graph, folder / f"{kind}.onnx")
         except OSError as e:
             raise ExportError(f"{folder / kind}.onnx: cannot write ({e}).") from e
-    return export, wf.tensors
+    return wf.tensors
 
 
 def _tools() -> dict[str, str]:
@@ -123,9 +127,12 @@ def _io(graph_file: Path) -> dict:
     return {"inputs": describe(model.graph.inputs), "outputs": describe(model.graph.outputs)}
 
 
-def _precision_section(cfg: ModelConfig, options: ExportOptions, export: Decoder) -> dict:
+def _precision_section(cfg: ModelConfig, options: ExportOptions) -> dict:
     from llm_onnx.export.modules import NBitsLinear, QuantEmbedding, QuantExperts
 
+    with torch.device("meta"):
+        export = to_export_form(Decoder(cfg, dtype=_dtype(options), fusion=_fusion(options),
+                                        max_positions=2), options)
     kinds: dict[str, list[str]] = {"quantized": [], "float": []}
     for path, module in export.named_modules():
         if isinstance(module, (NBitsLinear, QuantEmbedding, QuantExperts)):
@@ -161,7 +168,7 @@ def _summarise(entries: list[str]) -> list[str]:
 
 
 def _manifest(checkpoint: Checkpoint, folder: Path, options: ExportOptions, max_len: int,
-              export: Decoder, parity: dict, tokenizer_files: list[str]) -> dict:
+              parity: dict, tokenizer_files: list[str]) -> dict:
     cfg = checkpoint.config
     tok_cfg = {}
     if (folder / "tokenizer_config.json").is_file():
@@ -184,7 +191,7 @@ def _manifest(checkpoint: Checkpoint, folder: Path, options: ExportOptions, max_
         "config": cfg.to_dict(),
         "num_parameters": cfg.num_parameters(),
         "context_length": max_len,
-        "precision": _precision_section(cfg, options, export),
+        "precision": _precision_section(cfg, options),
         "graphs": {
             "prefill": {"file": mf.PREFILL, "logits": "all" if options.all_logits else "last",
                         **_io(folder / mf.PREFILL)},
@@ -219,54 +226,100 @@ def _manifest(checkpoint: Checkpoint, folder: Path, options: ExportOptions, max_
 
 
 class _ScratchSource:
-    """The first rows of the vocabulary (embedding and head) and everything else unchanged."""
+    """A large checkpoint cut down for the parity gate: the first rows of the vocabulary and, for
+    MoE, the first experts (router rows included); every other tensor unchanged."""
 
-    def __init__(self, source, vocab: int) -> None:
-        self.source, self.vocab = source, vocab
+    def __init__(self, source, vocab: int, experts: int | None) -> None:
+        self.source, self.vocab, self.experts = source, vocab, experts
+
+    def _rows(self, name: str) -> int | None:
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            return self.vocab
+        if self.experts is not None and name.endswith(".mlp.gate.weight"):
+            return self.experts
+        return None
 
     def names(self):
         return self.source.names()
 
     def shape(self, name: str) -> Shape:
-        shape = self.source.shape(name)
-        return (self.vocab, *shape[1:]) if name in ("model.embed_tokens.weight", "lm_head.weight") else shape
+        shape, rows = self.source.shape(name), self._rows(name)
+        return shape if rows is None else (rows, *shape[1:])
 
     def get(self, name: str):
-        t = self.source.get(name)
-        return t[: self.vocab] if name in ("model.embed_tokens.weight", "lm_head.weight") else t
+        t, rows = self.source.get(name), self._rows(name)
+        return t if rows is None else t[:rows].clone()
 
     def describe(self, name: str) -> str:
         return self.source.describe(name)
 
 
+def _scratch_config(cfg: ModelConfig) -> ModelConfig:
+    small = cfg.replace(num_hidden_layers=min(SCRATCH_LAYERS, cfg.num_hidden_layers),
+                        vocab_size=min(SCRATCH_VOCAB, cfg.vocab_size))
+    if cfg.moe is not None and cfg.moe.num_experts > SCRATCH_EXPERTS:
+        small = small.replace(moe=replace(cfg.moe, num_experts=SCRATCH_EXPERTS,
+                                          num_experts_per_tok=min(cfg.moe.num_experts_per_tok,
+                                                                  SCRATCH_EXPERTS // 2)))
+    return small
+
+
+def _release_memory() -> None:
+    """Hand freed heap back to the OS between stages (glibc keeps it otherwise)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def validate(checkpoint: Checkpoint, folder: Path, options: ExportOptions, max_len: int,
-             export: Decoder, tensors: dict, progress: Progress) -> dict:
-    """Parity report of the folder's graphs, or of a scratch export of the first layers when the
-    model is too large to run twice."""
+             tensors: dict, progress: Progress) -> dict:
+    """Parity report of the folder's graphs, or of a scratch export of the first layer (first
+    vocabulary rows, first experts) when the model is too large to run twice in memory."""
     cfg = checkpoint.config
     progress.stage("validating")
     limits = thresholds(options.precision, options.accuracy_level,
                         int8_activations_anyway=options.bits == 8 and cfg.moe is not None)
+    kv_dtype = np.float16 if options.precision == "fp16" else np.float32
     if cfg.num_parameters() <= FULL_VALIDATION_PARAMS:
-        reference = load_stored(export, folder / mf.WEIGHTS, tensors)
-        report = compare(folder, reference, limits)
+        report = _compare_folder(folder, cfg, options, max_len, tensors, kv_dtype, limits)
         report["scope"] = "whole model"
     else:
-        small = cfg.replace(num_hidden_layers=min(SCRATCH_LAYERS, cfg.num_hidden_layers),
-                            vocab_size=min(SCRATCH_VOCAB, cfg.vocab_size))
+        small = _scratch_config(cfg)
+        experts = small.moe.num_experts if small.moe is not None and cfg.moe is not None else None
         scratch_ckpt = replace(checkpoint, config=small,
-                               source=_ScratchSource(checkpoint.source, small.vocab_size))
+                               source=_ScratchSource(checkpoint.source, small.vocab_size, experts))
         with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".llm-onnx-parity-") as tmp:
             scratch = Path(tmp)
             small_len = min(max_len, 64)
-            small_export, small_tensors = write_folder(scratch_ckpt, scratch, options, small_len,
-                                                       Progress(enabled=False))
-            reference = load_stored(small_export, scratch / mf.WEIGHTS, small_tensors)
-            report = compare(scratch, reference, limits)
-        report["scope"] = (f"first {small.num_hidden_layers} layers and first {small.vocab_size} "
-                           "vocabulary rows, same weights, same export code")
+            small_tensors = write_folder(scratch_ckpt, scratch, options, small_len,
+                                         Progress(enabled=False))
+            _release_memory()
+            report = _compare_folder(scratch, small, options, small_len, small_tensors, kv_dtype,
+                                     limits)
+        report["scope"] = (f"first {small.num_hidden_layers} layer(s), first {small.vocab_size} "
+                           "vocabulary rows" + (f", first {experts} experts" if experts else "")
+                           + "; same weights, same export code")
     progress.advance(1)
     return report
+
+
+def _compare_folder(folder: Path, cfg: ModelConfig, options: ExportOptions, max_len: int,
+                    tensors: dict, kv_dtype, limits) -> dict:
+    """Torch reference first (then freed), then ORT one session at a time."""
+    with torch.device("meta"):
+        reference = Decoder(cfg, dtype=_dtype(options), fusion=_fusion(options), max_positions=max_len)
+    to_export_form(reference, options)
+    reference = compute_in_float32(load_stored(reference, folder / mf.WEIGHTS, tensors))
+    torch_steps, fed = run_reference(reference, cfg.vocab_size)
+    del reference
+    _release_memory()
+    onnx_steps = run_onnx(folder, cfg, kv_dtype, cfg.vocab_size, fed)
+    return compare(torch_steps, onnx_steps, limits)
 
 
 @contextmanager
@@ -331,13 +384,14 @@ def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | Non
     bar = Progress(enabled=progress, total=2 + 1 + 1)
     try:
         with _interrupts_as_exceptions():
-            export, tensors = write_folder(checkpoint, scratch, options, max_len,
-                                           bar.grow(count_weight_modules_for(cfg, options)))
+            tensors = write_folder(checkpoint, scratch, options, max_len,
+                                   bar.grow(count_weight_modules_for(cfg, options)))
+            _release_memory()
             tokenizer_files = checkpoint.write_tokenizer(scratch)
-            parity = (validate(checkpoint, scratch, options, max_len, export, tensors, bar)
+            parity = (validate(checkpoint, scratch, options, max_len, tensors, bar)
                       if options.validate else {"skipped": True})
             bar.stage("manifest")
-            data = _manifest(checkpoint, scratch, options, max_len, export, parity, tokenizer_files)
+            data = _manifest(checkpoint, scratch, options, max_len, parity, tokenizer_files)
             (scratch / mf.MANIFEST).write_text(json.dumps(data, indent=2, ensure_ascii=False),
                                                encoding="utf-8")
             _replace_folder(scratch, out)

@@ -69,6 +69,22 @@ def load_stored(model: Decoder, data_file: Path, tensors: dict[str, StoredTensor
     return model
 
 
+def compute_in_float32(model: Decoder) -> Decoder:
+    """Cast an fp16 export-form model's float tensors to fp32: the reference math, without
+    torch's slow fp16 CPU kernels (ORT's CPU kernels also compute fp16 MatMuls in fp32)."""
+    for module in model.modules():
+        for name, t in list(module._parameters.items()) + list(module._buffers.items()):
+            if t is not None and t.dtype == torch.float16:
+                new = t.float()
+                if name in module._parameters:
+                    module._parameters[name] = torch.nn.Parameter(new, requires_grad=False)
+                else:
+                    module._buffers[name] = new
+        if getattr(module, "dtype", None) == torch.float16:
+            module.dtype = torch.float32
+    return model
+
+
 def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
     p = torch.log_softmax(torch.from_numpy(p_logits).double(), -1)
     q = torch.log_softmax(torch.from_numpy(q_logits).double(), -1)
@@ -80,84 +96,114 @@ def prompts(vocab_size: int, seed: int = 1234) -> list[list[int]]:
     return [rng.integers(0, vocab_size, n).tolist() for n in PROMPT_LENGTHS]
 
 
-def compare(folder: Path, reference: Decoder, limits: Thresholds, vocab_limit: int | None = None,
-            ) -> dict:
-    """Run prefill + greedy decode steps in ORT and torch; return the parity report."""
+@dataclass
+class _Steps:
+    """Per step: logits (B, V) float32 and the first layer's present key (B, Hkv, L, D)."""
+
+    logits: list[np.ndarray]
+    keys: list[np.ndarray]
+
+
+def _batch(vocab: int) -> tuple[np.ndarray, list[int]]:
+    rows = prompts(vocab)
+    lens = [len(p) for p in rows]
+    ids = np.zeros((len(rows), max(lens)), dtype=np.int64)
+    for i, p in enumerate(rows):
+        ids[i, :len(p)] = p
+    return ids, lens
+
+
+def run_reference(reference: Decoder, vocab: int) -> tuple[_Steps, list[np.ndarray]]:
+    """Torch: prefill the batch, then greedy steps; returns the steps and the tokens fed."""
+    ids, lens = _batch(vocab)
+    b, t = ids.shape
+    cache = reference.new_cache(b, t + DECODE_STEPS + 1)
+    steps = _Steps([], [])
+    fed: list[np.ndarray] = []
+    seqlens, total, tokens, last_only = [n - 1 for n in lens], t, torch.from_numpy(ids), True
+    with torch.no_grad():
+        for step in range(DECODE_STEPS + 1):
+            out = reference(tokens, torch.tensor(seqlens, dtype=torch.int32),
+                            torch.tensor(total, dtype=torch.int32), *cache, last_only=last_only)
+            logits = out[0][:, -1, :vocab].float().numpy()
+            steps.logits.append(logits)
+            steps.keys.append(out[1].float().numpy())
+            cache = list(out[1:])
+            nxt = logits.argmax(-1)[:, None].astype(np.int64)
+            fed.append(nxt)
+            seqlens = [n + 1 for n in seqlens] if step else [n for n in lens]
+            total = max(seqlens) + 1
+            tokens, last_only = torch.from_numpy(nxt), False
+    return steps, fed
+
+
+def run_onnx(folder: Path, cfg, kv_dtype: np.dtype, vocab: int, fed: list[np.ndarray]) -> _Steps:
+    """ORT: prefill.onnx on the batch, then decode.onnx on the tokens torch chose. One session
+    at a time, so a graph's fp32 copies of fp16 weights are never held twice."""
+    import gc
+
     import onnxruntime as ort
 
-    cfg = reference.config
-    vocab = min(cfg.vocab_size, vocab_limit or cfg.vocab_size)
-    batch = prompts(vocab)
-    lens = [len(p) for p in batch]
-    b, t = len(batch), max(lens)
-    max_len = t + DECODE_STEPS + 1
-    ids = np.zeros((b, t), dtype=np.int64)
-    for i, p in enumerate(batch):
-        ids[i, :len(p)] = p
+    ids, lens = _batch(vocab)
+    b, t = ids.shape
+    kv_shape = (b, cfg.num_key_value_heads, t + DECODE_STEPS + 1, cfg.head_dim)
+    cache = [np.zeros(kv_shape, dtype=kv_dtype) for _ in range(2 * cfg.num_hidden_layers)]
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    sessions = {g: ort.InferenceSession(str(folder / f"{g}.onnx"), so,
-                                        providers=["CPUExecutionProvider"])
-                for g in ("prefill", "decode")}
-    cache_t = reference.new_cache(b, max_len)
-    cache_o = [c.numpy().copy() for c in cache_t]
+    steps = _Steps([], [])
 
-    def run(graph: str, tokens: np.ndarray, seqlens: list[int], total: int):
-        feed = {names.INPUT_IDS: tokens, names.SEQLENS_K: np.array(seqlens, dtype=np.int32),
-                names.TOTAL_SEQUENCE_LENGTH: np.array(total, dtype=np.int32)}
+    def feed(tokens: np.ndarray, seqlens: list[int], total: int) -> dict:
+        out = {names.INPUT_IDS: tokens, names.SEQLENS_K: np.array(seqlens, dtype=np.int32),
+               names.TOTAL_SEQUENCE_LENGTH: np.array(total, dtype=np.int32)}
         for i in range(cfg.num_hidden_layers):
-            feed[names.PAST_KEY.format(i)] = cache_o[2 * i]
-            feed[names.PAST_VALUE.format(i)] = cache_o[2 * i + 1]
-        return sessions[graph].run(None, feed)
+            out[names.PAST_KEY.format(i)] = cache[2 * i]
+            out[names.PAST_VALUE.format(i)] = cache[2 * i + 1]
+        return out
 
-    report = {"prompts": len(batch), "prompt_lengths": lens, "decode_steps": DECODE_STEPS}
-    max_diff = max_logit = kv_diff = 0.0
-    kls: list[float] = []
-    agree = total_tokens = 0
-    with torch.no_grad():
-        out_t = reference(torch.from_numpy(ids), torch.tensor([n - 1 for n in lens], dtype=torch.int32),
-                          torch.tensor(t, dtype=torch.int32), *cache_t, last_only=True)
-    out_o = run("prefill", ids, [n - 1 for n in lens], t)
+    def record(out: list[np.ndarray]) -> None:
+        logits = out[0][:, -1, :vocab].astype(np.float32)
+        if not np.all(np.isfinite(logits)):
+            raise ParityError(f"ONNX Runtime produced inf/NaN logits at step {len(steps.logits)}.")
+        steps.logits.append(logits)
+        steps.keys.append(out[1].astype(np.float32))
+        cache[:] = out[1:]
+
+    session = ort.InferenceSession(str(folder / "prefill.onnx"), so, providers=["CPUExecutionProvider"])
+    record(session.run(None, feed(ids, [n - 1 for n in lens], t)))
+    del session
+    gc.collect()
+    session = ort.InferenceSession(str(folder / "decode.onnx"), so, providers=["CPUExecutionProvider"])
     seqlens = list(lens)
-    for step in range(DECODE_STEPS + 1):
-        lt = out_t[0][:, -1, :vocab].float().numpy()
-        lo = out_o[0][:, -1, :vocab].astype(np.float32)
-        if not np.all(np.isfinite(lo)):
-            raise ParityError(f"ONNX Runtime produced inf/NaN logits at step {step}.")
-        max_diff = max(max_diff, float(np.abs(lt - lo).max()))
-        max_logit = max(max_logit, float(np.abs(lt).max()))
-        kls.append(_kl(lt, lo))
-        for row in range(b):
-            n = seqlens[row]
-            d = np.abs(out_t[1].float().numpy()[row, :, :n] - out_o[1].astype(np.float32)[row, :, :n]).max()
-            kv_diff = max(kv_diff, float(d))
-        top_t, top_o = lt.argmax(-1), lo.argmax(-1)
-        agree += int((top_t == top_o).sum())
-        total_tokens += b
-        if step == DECODE_STEPS:
-            break
-        nxt = top_t[:, None].astype(np.int64)  # both sides continue with torch's greedy token
-        cache_t = list(out_t[1:])
-        cache_o = list(out_o[1:])
-        total = max(seqlens) + 1
-        with torch.no_grad():
-            out_t = reference(torch.from_numpy(nxt), torch.tensor(seqlens, dtype=torch.int32),
-                              torch.tensor(total, dtype=torch.int32), *cache_t)
-        out_o = run("decode", nxt, seqlens, total)
+    for step in range(DECODE_STEPS):
+        record(session.run(None, feed(fed[step], seqlens, max(seqlens) + 1)))
         seqlens = [n + 1 for n in seqlens]
-    report.update(
-        logits_max_abs_diff=max_diff,
-        logits_max_abs=max_logit,
-        relative_logits_diff=max_diff / max(1.0, max_logit),
-        kl_divergence=float(np.mean(kls)),
-        greedy_agreement=agree / total_tokens,
-        present_kv_max_abs_diff=kv_diff,
-    )
-    report["thresholds"] = {"relative_logits": limits.relative_logits, "kl": limits.kl}
-    if report["relative_logits_diff"] > limits.relative_logits or report["kl_divergence"] > limits.kl \
-            or not math.isfinite(report["kl_divergence"]):
+    return steps
+
+
+def compare(torch_steps: _Steps, onnx_steps: _Steps, limits: Thresholds) -> dict:
+    """The parity report of two runs over the same inputs; ParityError beyond ``limits``."""
+    lens = list(PROMPT_LENGTHS)
+    max_diff = max(float(np.abs(a - b).max()) for a, b in zip(torch_steps.logits, onnx_steps.logits))
+    max_logit = max(float(np.abs(a).max()) for a in torch_steps.logits)
+    kl = float(np.mean([_kl(a, b) for a, b in zip(torch_steps.logits, onnx_steps.logits)]))
+    agree = sum(int((a.argmax(-1) == b.argmax(-1)).sum())
+                for a, b in zip(torch_steps.logits, onnx_steps.logits))
+    total = sum(a.shape[0] for a in torch_steps.logits)
+    kv_diff = 0.0
+    for step, (a, b) in enumerate(zip(torch_steps.keys, onnx_steps.keys)):
+        for row, n in enumerate(lens):  # only the valid positions of each row
+            kv_diff = max(kv_diff, float(np.abs(a[row, :, :n + step] - b[row, :, :n + step]).max()))
+    report = {
+        "prompts": len(lens), "prompt_lengths": lens, "decode_steps": DECODE_STEPS,
+        "logits_max_abs_diff": max_diff, "logits_max_abs": max_logit,
+        "relative_logits_diff": max_diff / max(1.0, max_logit), "kl_divergence": kl,
+        "greedy_agreement": agree / total, "present_kv_max_abs_diff": kv_diff,
+        "thresholds": {"relative_logits": limits.relative_logits, "kl": limits.kl},
+    }
+    if report["relative_logits_diff"] > limits.relative_logits or kl > limits.kl \
+            or not math.isfinite(kl):
         raise ParityError(
-            f"ONNX vs torch: logits max|diff| {max_diff:.3g} "
-            f"(relative {report['relative_logits_diff']:.3g} > {limits.relative_logits:g}?), "
-            f"KL {report['kl_divergence']:.3g} (limit {limits.kl:g}), present KV max|diff| {kv_diff:.3g}.")
+            f"ONNX vs torch: logits max|diff| {max_diff:.3g} (relative "
+            f"{report['relative_logits_diff']:.3g}, limit {limits.relative_logits:g}), KL {kl:.3g} "
+            f"(limit {limits.kl:g}), present KV max|diff| {kv_diff:.3g}.")
     return report

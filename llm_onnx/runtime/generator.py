@@ -231,7 +231,7 @@ class Model:
             cache = self.engine.new_cache(b, int(lengths.max()) + max_new)
         else:
             cache.grow(int(lengths.max()) + max_new)
-        eos = set(self.eos_token_ids) | set(opts.stop_token_ids)
+        eos = set() if opts.ignore_eos else set(self.eos_token_ids) | set(opts.stop_token_ids)
         rows = [_Row(StreamDecoder(self.tokenizer, p) if self.tokenizer else None,
                      StopMatcher(opts.stop), len(p)) for p in prompts]
         sampler = Sampler(opts, b, self.engine.vocab_size, prompts)

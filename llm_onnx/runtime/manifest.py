@@ -102,6 +102,9 @@ def load_manifest(folder: Path, verify: bool = True) -> Manifest:
             raise _fail(folder, f"{MANIFEST} lists file {name!r} outside the model folder.")
         if not path.is_file():
             raise _fail(folder, f"file {name} listed in {MANIFEST} is missing.")
+        if not path.resolve().is_relative_to(folder.resolve()):
+            raise _fail(folder, f"{name} is a link to {path.resolve()}, outside the model folder; "
+                                "refusing to load it.")
         size = path.stat().st_size
         if size != info["bytes"]:
             raise _fail(folder, f"{name} has {size} bytes, {MANIFEST} says {info['bytes']} "

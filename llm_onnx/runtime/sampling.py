@@ -55,6 +55,7 @@ class GenerationOptions:
         seed: same seed -> same output; None = fresh OS entropy.
         stop: stop strings (not included in the returned text). A single string is accepted.
         stop_token_ids: extra end-of-sequence ids (the caller adds the model's own eos ids).
+        ignore_eos: keep generating past end-of-sequence tokens (benchmarks, exact lengths).
     """
 
     max_new_tokens: int = 256
@@ -68,6 +69,7 @@ class GenerationOptions:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
 
     def validated(self) -> GenerationOptions:
         """A copy with checked values and normalised types (lists -> tuples, numpy scalars -> Python).
@@ -90,7 +92,14 @@ class GenerationOptions:
             seed=None if self.seed is None else _int_option("seed", self.seed, minimum=0, note=" or None"),
             stop=_stop_strings(self.stop),
             stop_token_ids=_stop_token_ids(self.stop_token_ids),
+            ignore_eos=_bool_option("ignore_eos", self.ignore_eos),
         )
+
+
+def _bool_option(name: str, value: object) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise GenerationError(f"{name}={value!r} is not allowed: it must be true or false")
+    return bool(value)
 
 
 def _is_int(value: object) -> bool:

@@ -24,6 +24,7 @@ import onnxruntime as ort
 from llm_onnx.errors import GenerationError, ProviderError
 from llm_onnx.runtime import names
 from llm_onnx.runtime.manifest import Manifest, load_manifest
+from llm_onnx.runtime.onnx_check import check_external_data
 from llm_onnx.runtime.providers import CPU, CUDA, quiet_session_options, resolve_provider
 
 OPTIMIZATION_LEVELS = {
@@ -85,6 +86,7 @@ class KVCache:
         self.lengths = np.zeros(batch, dtype=np.int64)
         shape = (batch, engine.kv_heads, length, engine.head_dim)
         self.values = [engine.new_buffer(shape) for _ in range(2 * engine.num_layers)]
+        self._decode: _DecodeBinding | None = None  # built on the first decode step
 
     def grow(self, length: int) -> None:
         """Reallocate with room for ``length`` positions, keeping the valid rows."""
@@ -96,6 +98,34 @@ class KVCache:
         for dst, src in zip(self.values, old):
             self.engine.copy_prefix(src, dst, old_len)
         self.length = length
+        self._decode = None  # bound to the old buffers
+
+
+class _DecodeBinding:
+    """An IO binding kept for the life of a cache: the KV buffers stay bound as past and present,
+    and the token ids, lengths and logits live in numpy arrays that ORT reads and writes in place.
+    A decode step then fills three small arrays and runs; no per-step binding calls."""
+
+    def __init__(self, engine: Engine, cache: KVCache, session: ort.InferenceSession) -> None:
+        b = cache.batch
+        self.ids = np.zeros((b, 1), dtype=np.int64)
+        self.seqlens = np.zeros(b, dtype=np.int32)
+        self.total = np.zeros((), dtype=np.int32)
+        self.logits = np.empty((b, 1, engine.vocab_size), dtype=np.float32)
+        self.session = session
+        self.binding = session.io_binding()
+        for name, arr in ((names.INPUT_IDS, self.ids), (names.SEQLENS_K, self.seqlens),
+                          (names.TOTAL_SEQUENCE_LENGTH, self.total)):
+            self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
+        engine.bind_cache(self.binding, cache)
+        self.binding.bind_ortvalue_output(names.LOGITS, ort.OrtValue.ortvalue_from_numpy(self.logits))
+
+    def run(self, tokens: np.ndarray, seqlens: np.ndarray, total: int) -> np.ndarray:
+        self.ids[:, 0] = tokens[:, 0]
+        self.seqlens[:] = seqlens
+        self.total[...] = total
+        self.session.run_with_iobinding(self.binding)
+        return self.logits[:, 0]
 
 
 class Engine:
@@ -121,6 +151,7 @@ class Engine:
     # ------------------------------------------------------------------ sessions
 
     def _session(self, path: Path) -> ort.InferenceSession:
+        check_external_data(path)
         so = quiet_session_options()
         so.intra_op_num_threads = self.options.threads or default_threads()
         so.inter_op_num_threads = 1
@@ -196,20 +227,28 @@ class Engine:
             total = int(seqlens.max()) + 1
         if total > cache.length:
             raise GenerationError(f"the KV cache holds {cache.length} positions but {total} are needed.")
-        session = self.prefill if (first or t > 1) else self.decode
-        binding = session.io_binding()
+        if t == 1 and not first:
+            if cache._decode is None:
+                cache._decode = _DecodeBinding(self, cache, self.decode)
+            logits = cache._decode.run(ids, seqlens, total)
+            cache.lengths = new_lengths
+            return logits
+        binding = self.prefill.io_binding()
         binding.bind_cpu_input(names.INPUT_IDS, np.ascontiguousarray(ids, dtype=np.int64))
         binding.bind_cpu_input(names.SEQLENS_K, seqlens.astype(np.int32))
         binding.bind_cpu_input(names.TOTAL_SEQUENCE_LENGTH, np.array(total, dtype=np.int32))
+        self.bind_cache(binding, cache)
+        logits = np.empty((b, 1, self.vocab_size), dtype=np.float32)
+        binding.bind_ortvalue_output(names.LOGITS, ort.OrtValue.ortvalue_from_numpy(logits))
+        self.prefill.run_with_iobinding(binding)
+        cache.lengths = new_lengths
+        return logits[:, 0]
+
+    def bind_cache(self, binding: ort.IOBinding, cache: KVCache) -> None:
+        """Each layer's buffers as both past (input) and present (output): updated in place."""
         for i in range(self.num_layers):
             k, v = cache.values[2 * i], cache.values[2 * i + 1]
             binding.bind_ortvalue_input(names.PAST_KEY.format(i), k)
             binding.bind_ortvalue_input(names.PAST_VALUE.format(i), v)
             binding.bind_ortvalue_output(names.PRESENT_KEY.format(i), k)
             binding.bind_ortvalue_output(names.PRESENT_VALUE.format(i), v)
-        logits = np.empty((b, 1, self.vocab_size), dtype=np.float32)
-        binding.bind_output(names.LOGITS, "cpu", 0, np.float32, list(logits.shape),
-                            logits.ctypes.data)
-        session.run_with_iobinding(binding)
-        cache.lengths = new_lengths
-        return logits[:, 0]

@@ -93,3 +93,19 @@ def test_out_inside_checkpoint_folder_is_refused(tmp_path):
     save_hf_checkpoint(get_config("llama_tiny"), folder)
     with pytest.raises(ExportError, match="inside the checkpoint folder"):
         export_model(open_checkpoint(folder), folder / "onnx", FAST, progress=False)
+
+
+def test_large_models_are_checked_on_a_scratch_export(tmp_path, monkeypatch):
+    """Above the size limit the gate exports the first layer, first vocabulary rows and first
+    experts of the same checkpoint and compares those."""
+    import llm_onnx.export.export as export_module
+
+    monkeypatch.setattr(export_module, "FULL_VALIDATION_PARAMS", 0)
+    monkeypatch.setattr(export_module, "SCRATCH_VOCAB", 100)
+    monkeypatch.setattr(export_module, "SCRATCH_EXPERTS", 2)
+    ckpt = random_checkpoint(get_config("qwen3_moe_tiny"), "moe")
+    out = export_model(ckpt, tmp_path / "m", ExportOptions(precision="fp32", max_seq_len=32),
+                       progress=False)
+    parity = json.loads((out / "manifest.json").read_text())["parity"]
+    assert parity["scope"].startswith("first 1 layer(s), first 100 vocabulary rows, first 2 experts")
+    assert parity["kl_divergence"] < 1e-6 and leftovers(tmp_path) == []
