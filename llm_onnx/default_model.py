@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from llm_onnx.errors import ModelFolderError
@@ -50,10 +51,8 @@ def default_model_folder(progress: bool = True) -> Path:
     if (folder / "manifest.json").is_file():
         return folder
     source = gguf_path()
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(folder.parent / f".{FOLDER_NAME}.lock"):
-        if (folder / "manifest.json").is_file():  # another process finished it meanwhile
-            return folder
+
+    def export(out: Path) -> None:
         try:
             from llm_onnx.build_model import open_checkpoint
             from llm_onnx.export import ExportOptions, export_model
@@ -63,10 +62,23 @@ def default_model_folder(progress: bool = True) -> Path:
                 "`pip install 'llm-onnx[export]'` (or pass --model DIR).") from e
         if progress:
             print(f"First use: exporting the default model (SmolLM2-135M-Instruct, {PRECISION}) "
-                  f"to {folder}", file=sys.stderr)
-        export_model(open_checkpoint(source), folder,
+                  f"to {out}", file=sys.stderr)
+        export_model(open_checkpoint(source), out,
                      ExportOptions(precision=PRECISION, max_seq_len=CONTEXT), force=True,
                      progress=progress)
+
+    return ensure_exported(folder, export)
+
+
+def ensure_exported(folder: Path, export: Callable[[Path], None]) -> Path:
+    """``export(folder)`` unless a finished folder is there, with one exporter at a time across
+    processes: the others wait on the lock, then find the finished folder."""
+    if (folder / "manifest.json").is_file():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(folder.parent / f".{folder.name}.lock"):
+        if not (folder / "manifest.json").is_file():  # nobody finished it meanwhile
+            export(folder)
     return folder
 
 
