@@ -135,7 +135,8 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
                 new: nn.Module = MatMulLinear(module.in_features, module.out_features, bias, dtype)
             else:
                 new = NBitsLinear(module.in_features, module.out_features, bias, dtype, bits,
-                                  options.block_size, options.accuracy_level, options.quant_search,
+                                  options.block_size, options.accuracy_level,
+                                  options.quant_search and bits == 4,  # int8 error is already small
                                   options.asymmetric)
             _set(model, path, new)
         elif isinstance(module, Experts) and bits is not None:
