@@ -82,8 +82,9 @@ def build_graphs(cfg: ModelConfig, options: ExportOptions, max_len: int,
 
 
 def write_folder(checkpoint: Checkpoint, folder: Path, options: ExportOptions, max_len: int,
-                 progress: Progress) -> dict:
-    """Graphs and weights of ``checkpoint`` into ``folder``; returns the stored tensor table."""
+                 progress: Progress) -> WeightFile:
+    """Graphs and weights of ``checkpoint`` into ``folder``; returns the closed weight file (its
+    tensor table and sha256)."""
     cfg = checkpoint.config
     eager, export, graphs = build_graphs(cfg, options, max_len, progress)
     progress.stage("writing weights")
@@ -104,7 +105,7 @@ def write_folder(checkpoint: Checkpoint, folder: Path, options: ExportOptions, m
             ir.save(graph, folder / f"{kind}.onnx")
         except OSError as e:
             raise ExportError(f"{folder / kind}.onnx: cannot write ({e}).") from e
-    return wf.tensors
+    return wf
 
 
 def _tools() -> dict[str, str]:
@@ -168,7 +169,8 @@ def _summarise(entries: list[str]) -> list[str]:
 
 
 def _manifest(checkpoint: Checkpoint, folder: Path, options: ExportOptions, max_len: int,
-              parity: dict, tokenizer_files: list[str]) -> dict:
+              parity: dict, tokenizer_files: list[str], known_sha256: dict[str, str] | None = None,
+              ) -> dict:
     cfg = checkpoint.config
     tok_cfg = {}
     if (folder / "tokenizer_config.json").is_file():
@@ -220,8 +222,9 @@ def _manifest(checkpoint: Checkpoint, folder: Path, options: ExportOptions, max_
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != mf.MANIFEST)
-    data["files"] = {n: {"bytes": (folder / n).stat().st_size, "sha256": mf.sha256_file(folder / n)}
-                     for n in files}
+    known = known_sha256 or {}  # weights.data: hashed while it was written, not read back
+    data["files"] = {n: {"bytes": (folder / n).stat().st_size,
+                         "sha256": known.get(n) or mf.sha256_file(folder / n)} for n in files}
     return data
 
 
@@ -297,7 +300,7 @@ def validate(checkpoint: Checkpoint, folder: Path, options: ExportOptions, max_l
             scratch = Path(tmp)
             small_len = min(max_len, 64)
             small_tensors = write_folder(scratch_ckpt, scratch, options, small_len,
-                                         Progress(enabled=False))
+                                         Progress(enabled=False)).tensors
             _release_memory()
             report = _compare_folder(scratch, small, options, small_len, small_tensors, kv_dtype,
                                      limits)
@@ -384,18 +387,25 @@ def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | Non
     bar = Progress(enabled=progress, total=2 + 1 + 1)
     try:
         with _interrupts_as_exceptions():
-            tensors = write_folder(checkpoint, scratch, options, max_len,
+            weights = write_folder(checkpoint, scratch, options, max_len,
                                    bar.grow(count_weight_modules_for(cfg, options)))
             _release_memory()
             tokenizer_files = checkpoint.write_tokenizer(scratch)
-            parity = (validate(checkpoint, scratch, options, max_len, tensors, bar)
+            parity = (validate(checkpoint, scratch, options, max_len, weights.tensors, bar)
                       if options.validate else {"skipped": True})
             bar.stage("manifest")
-            data = _manifest(checkpoint, scratch, options, max_len, parity, tokenizer_files)
+            data = _manifest(checkpoint, scratch, options, max_len, parity, tokenizer_files,
+                             {mf.WEIGHTS: weights.sha256})
             (scratch / mf.MANIFEST).write_text(json.dumps(data, indent=2, ensure_ascii=False),
                                                encoding="utf-8")
             _replace_folder(scratch, out)
             bar.advance(1)
+    except OSError as e:  # disk full, read-only file system, permissions: one line, no leftovers
+        shutil.rmtree(scratch, ignore_errors=True)
+        if e.filename and not str(e.filename).startswith(str(scratch)):
+            raise ExportError(f"{e.filename}: cannot read ({e.strerror or e}).") from e
+        raise ExportError(f"{out}: cannot write the model folder ({e.strerror or e}); "
+                          "free disk space or choose another --out.") from e
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise

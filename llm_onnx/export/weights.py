@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from llm_onnx.build_model import quant
-from llm_onnx.build_model.decoder import Decoder, Experts, RMSNorm
+from llm_onnx.build_model.decoder import Decoder, Experts, LayerNorm, RMSNorm
 from llm_onnx.build_model.load import param_producers
 from llm_onnx.build_model.rope import rope_cache
 from llm_onnx.build_model.sources import TensorSource
@@ -48,12 +48,16 @@ class WeightFile:
         self.offset = 0
         self._seen: dict[tuple[bytes, int], StoredTensor] = {}
         self.tensors: dict[str, StoredTensor] = {}
+        self._sha = hashlib.sha256()  # of the file as written: the manifest needs no re-read
+        self.sha256: str | None = None
 
     def write(self, name: str, chunks: Iterator[np.ndarray], shape: tuple[int, ...],
               dtype: np.dtype) -> StoredTensor:
+        sha_before = self._sha.copy()  # restored if this tensor turns out to be a duplicate
         pad = (-self.offset) % ALIGN
         if pad:
             self._f.write(b"\0" * pad)
+            self._sha.update(b"\0" * pad)
             self.offset += pad
         start = self.offset
         digest = hashlib.blake2b(digest_size=20)
@@ -61,6 +65,7 @@ class WeightFile:
             data = np.ascontiguousarray(chunk, dtype=dtype)
             view = memoryview(data).cast("B")
             digest.update(view)
+            self._sha.update(view)
             try:
                 self._f.write(view)
             except OSError as e:
@@ -74,9 +79,10 @@ class WeightFile:
         key = (digest.digest(), length)
         stored = self._seen.get(key)
         if stored is not None:  # same bytes already stored (maybe another shape): drop this copy
-            self._f.seek(start)
+            self._f.seek(start - pad)
             self._f.truncate()
-            self.offset = start
+            self.offset = start - pad
+            self._sha = sha_before
             stored = StoredTensor(stored.offset, length, tuple(shape), np.dtype(dtype))
         else:
             stored = StoredTensor(start, length, tuple(shape), np.dtype(dtype))
@@ -85,6 +91,7 @@ class WeightFile:
         return stored
 
     def close(self) -> None:
+        self.sha256 = self._sha.hexdigest()
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
@@ -193,7 +200,7 @@ def write_weights(export_model: Decoder, eager_model: Decoder, source: TensorSou
                 _write_cast(wf, f"{prefix}bias", produce(f"{prefix}bias"), module.bias.dtype)
         elif isinstance(module, QuantExperts):
             _write_experts_quantized(wf, path, module, produce)
-        elif isinstance(module, (nn.Embedding, HeadLinear, RMSNorm, Experts)):
+        elif isinstance(module, (nn.Embedding, HeadLinear, RMSNorm, LayerNorm, Experts)):
             for attr, p in module.named_parameters(recurse=False):
                 name = f"{prefix}{attr}"
                 if id(p) in written:  # a tied head: the embedding's tensor, under both names
@@ -204,13 +211,14 @@ def write_weights(export_model: Decoder, eager_model: Decoder, source: TensorSou
         else:
             continue
         progress(1)
-    cos, sin = rope_cache(cfg, export_model.max_positions, export_model.dtype)
-    _write_cast(wf, "model.rotary.cos_cache", cos, export_model.dtype)
-    _write_cast(wf, "model.rotary.sin_cache", sin, export_model.dtype)
+    if cfg.position_embedding_type == "rope":
+        cos, sin = rope_cache(cfg, export_model.max_positions, export_model.dtype)
+        _write_cast(wf, "model.rotary.cos_cache", cos, export_model.dtype)
+        _write_cast(wf, "model.rotary.sin_cache", sin, export_model.dtype)
 
 
 def count_weight_modules(export_model: Decoder) -> int:
     """How many progress steps write_weights reports."""
     kinds = (MatMulLinear, NBitsLinear, QuantEmbedding, QuantExperts, nn.Embedding, HeadLinear,
-             RMSNorm, Experts)
+             RMSNorm, LayerNorm, Experts)
     return sum(isinstance(m, kinds) for m in export_model.modules())
