@@ -63,6 +63,8 @@ def smollm2_export(smollm2_gguf, default_model_cache, tmp_path_factory):
 
 
 TINY_ARCHS = ["llama_tiny", "qwen3_tiny", "qwen3_moe_tiny"]
+# The field's classic architectures (GitHub issue 7); their checkpoints carry a word tokenizer.
+FAMILY_ARCHS = ["gpt2_tiny", "bloom_tiny", "falcon_tiny", "mistral_tiny"]
 
 
 @pytest.fixture(scope="session")
@@ -76,7 +78,8 @@ def tiny_hf(tmp_path_factory):
     def get(arch: str):
         if arch not in made:
             folder = tmp_path_factory.mktemp(f"hf_{arch}")
-            made[arch] = (save_hf_checkpoint(get_config(arch), folder, seed=7), folder)
+            made[arch] = (save_hf_checkpoint(get_config(arch), folder, seed=7,
+                                             tokenizer=arch in FAMILY_ARCHS), folder)
         return made[arch]
 
     return get

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from click.testing import CliRunner
 
 from llm_onnx.cli import main
+from tests.conftest import FAMILY_ARCHS
 
 
 def run(*args, **kwargs):
@@ -58,3 +61,29 @@ def test_empty_prompt_and_bad_prompt_file(tmp_path):
     bad.write_bytes(b"caf\xe9 au lait")
     result = run("generate", "--prompt-file", str(bad))
     assert result.exit_code == 1 and "not valid UTF-8" in result.output
+
+
+@pytest.mark.parametrize("arch", FAMILY_ARCHS)
+def test_generate_with_each_architecture(arch, tiny_hf, tiny_export):
+    """A text prompt through the tokenizer carried over from the checkpoint folder; the greedy
+    tokens equal transformers'."""
+    from tests.runtime.test_runtime_models import hf_greedy
+
+    result = run("generate", "--model", str(tiny_export(arch, "fp32")), "-q", "--json",
+                 "--temperature", "0", "--max-new-tokens", "6", "t5 t9 t11 t2 t7 t40")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["token_ids"] == hf_greedy(tiny_hf(arch)[0], [5, 9, 11, 2, 7, 40], 6)
+    assert data["text"].split() == [f"t{i}" for i in data["token_ids"]]  # a continuation: " t.."
+
+
+def test_export_command_reads_a_gpt2_checkpoint(tiny_hf, tmp_path):
+    out = tmp_path / "gpt2"
+    result = run("export", "--checkpoint", str(tiny_hf("gpt2_tiny")[1]), "--precision", "fp32",
+                 "--max-seq-len", "64", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["architecture"] == "GPT2LMHeadModel"
+    assert manifest["parity"]["scope"] == "whole model" and "tokenizer.json" in manifest["files"]
+    result = run("generate", "--model", str(out), "-q", "--max-new-tokens", "3", "t1 t2")
+    assert result.exit_code == 0 and len(result.output.split()) == 3, result.output

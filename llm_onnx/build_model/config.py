@@ -37,11 +37,22 @@ class ModelConfig:
             as in Hugging Face config.json.
         head_dim: explicit (Qwen3-0.6B has 128, not hidden_size // heads).
         intermediate_size: width of the dense MLP.
-        hidden_act: "silu" (gated SwiGLU MLP) or a GELU variant ("gelu", "gelu_new",
-            "gelu_pytorch_tanh") for a plain two-matrix MLP unless ``gated_mlp`` says otherwise.
+        hidden_act: "silu" or a GELU variant: "gelu" (exact, erf), "gelu_new",
+            "gelu_pytorch_tanh", "gelu_fast" (the tanh approximation).
+        gated_mlp: down(act(gate(x)) * up(x)) (Llama's SwiGLU) or down(act(up(x))) (GPT-2, BLOOM,
+            Falcon).
         qk_norm: Qwen3's per-head RMSNorm on q and k, before RoPE.
         moe: Qwen3-MoE experts; None for a dense model.
         rope_scaling: Hugging Face's dict ({"rope_type": "llama3", ...}) or None.
+        position_embedding_type: "rope", "learned" (GPT-2's table of absolute positions) or
+            "alibi" (BLOOM's per-head linear attention bias).
+        norm_type: "rms" (eps ``rms_norm_eps``) or "layer" (LayerNorm with bias, eps
+            ``layer_norm_epsilon``).
+        parallel_attn: attention and MLP both read the block's normed input and are added to the
+            residual together (Falcon-7B); ``parallel_attn_shared_norm`` False gives the MLP its
+            own norm (``post_attention_layernorm``) of the same input.
+        sliding_window: Mistral: each query attends to its last ``sliding_window`` keys, itself
+            included.
     """
 
     vocab_size: int
@@ -94,6 +105,12 @@ class ModelConfig:
                             f"{', '.join(sorted(_ACTIVATIONS))}")
         if self.position_embedding_type == "rope" and self.rotary_dim % 2:
             problems.append(f"rotary dimension {self.rotary_dim} must be even")
+        if self.embedding_layernorm and self.position_embedding_type == "learned":
+            problems.append("embedding_layernorm with learned positions is not supported")
+        if self.sliding_window is not None and (
+                not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
+            problems.append(f"sliding_window must be a positive integer or None, got "
+                            f"{self.sliding_window!r}")
         if self.moe is not None and self.moe.num_experts_per_tok > self.moe.num_experts:
             problems.append("moe.num_experts_per_tok exceeds moe.num_experts")
         if problems:
@@ -144,7 +161,8 @@ class ModelConfig:
 _ACTIVATIONS = {"silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"}
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM",
-                           "Qwen3MoeForCausalLM")
+                           "Qwen3MoeForCausalLM", "GPT2LMHeadModel", "BloomForCausalLM",
+                           "FalconForCausalLM")
 
 
 def _require(cfg: dict[str, Any], key: str, source: str) -> Any:
@@ -170,6 +188,80 @@ def _rope_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"rope_theta": float(theta), "rope_scaling": scaling}
 
 
+def _refuse(cfg: dict[str, Any], source: str, arch: str, **unsupported: Any) -> None:
+    """ConfigError if a field has a value whose variant of the architecture we do not build."""
+    for key, value in unsupported.items():
+        if key in cfg and cfg[key] == value:
+            raise ConfigError(f"{source}: {key}={json.dumps(value)} is not supported for {arch}.")
+
+
+def _gpt2_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
+    """GPT-2: learned positions, LayerNorm, GELU MLP, biases everywhere, multi-head attention."""
+    arch = "GPT2LMHeadModel"
+    _refuse(cfg, source, arch, scale_attn_by_inverse_layer_idx=True, add_cross_attention=True,
+            scale_attn_weights=False)
+    hidden = _require(cfg, "n_embd", source)
+    heads = _require(cfg, "n_head", source)
+    return dict(
+        vocab_size=_require(cfg, "vocab_size", source), hidden_size=hidden,
+        num_hidden_layers=_require(cfg, "n_layer", source), num_attention_heads=heads,
+        num_key_value_heads=heads, head_dim=hidden // heads,
+        intermediate_size=cfg.get("n_inner") or 4 * hidden,
+        max_position_embeddings=_require(cfg, "n_positions", source),
+        hidden_act=cfg.get("activation_function", "gelu_new"), gated_mlp=False,
+        position_embedding_type="learned", norm_type="layer",
+        layer_norm_epsilon=float(cfg.get("layer_norm_epsilon", 1e-5)),
+        attention_bias=True, o_proj_bias=True, mlp_bias=True,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+    )
+
+
+def _bloom_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
+    """BLOOM: ALiBi, LayerNorm (also after the embedding), GELU (tanh) MLP, biases, MHA."""
+    _refuse(cfg, source, "BloomForCausalLM", apply_residual_connection_post_layernorm=True)
+    hidden = cfg.get("hidden_size") or _require(cfg, "n_embed", source)
+    heads = _require(cfg, "n_head", source)
+    return dict(
+        vocab_size=_require(cfg, "vocab_size", source), hidden_size=hidden,
+        num_hidden_layers=_require(cfg, "n_layer", source), num_attention_heads=heads,
+        num_key_value_heads=heads, head_dim=hidden // heads, intermediate_size=4 * hidden,
+        # ALiBi has no table of positions; BLOOM was trained on 2048-token sequences.
+        max_position_embeddings=2048,
+        hidden_act="gelu_new",  # BloomGelu is the tanh approximation
+        gated_mlp=False, position_embedding_type="alibi", norm_type="layer",
+        layer_norm_epsilon=float(cfg.get("layer_norm_epsilon", 1e-5)), embedding_layernorm=True,
+        attention_bias=True, o_proj_bias=True, mlp_bias=True,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+    )
+
+
+def _falcon_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
+    """Falcon-7B style: RoPE, multi-query attention, attention and MLP in parallel from one
+    LayerNorm, exact GELU MLP, no biases (``bias``)."""
+    arch = "FalconForCausalLM"
+    _refuse(cfg, source, arch, new_decoder_architecture=True, alibi=True)
+    hidden = cfg.get("hidden_size") or _require(cfg, "n_embed", source)
+    heads = _require(cfg, "num_attention_heads", source)
+    bias = bool(cfg.get("bias", False))
+    return dict(
+        vocab_size=_require(cfg, "vocab_size", source), hidden_size=hidden,
+        num_hidden_layers=_require(cfg, "num_hidden_layers", source), num_attention_heads=heads,
+        num_key_value_heads=1 if cfg.get("multi_query", True) else heads,
+        head_dim=hidden // heads, intermediate_size=cfg.get("ffn_hidden_size") or 4 * hidden,
+        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+        hidden_act=cfg.get("activation", "gelu"), gated_mlp=False, norm_type="layer",
+        layer_norm_epsilon=float(cfg.get("layer_norm_epsilon", 1e-5)),
+        parallel_attn=bool(cfg.get("parallel_attn", True)),
+        attention_bias=bias, o_proj_bias=bias, mlp_bias=bias,
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        **_rope_fields(cfg),
+    )
+
+
+_OLDER_FAMILIES = {"GPT2LMHeadModel": _gpt2_fields, "BloomForCausalLM": _bloom_fields,
+                   "FalconForCausalLM": _falcon_fields}
+
+
 def from_hf_config(cfg: dict[str, Any], source: str = "config.json") -> ModelConfig:
     """Map a Hugging Face config.json dict to a ModelConfig (architectures listed in
     SUPPORTED_ARCHITECTURES); raises ConfigError naming the file and field otherwise."""
@@ -178,6 +270,8 @@ def from_hf_config(cfg: dict[str, Any], source: str = "config.json") -> ModelCon
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ConfigError(f"{source}: architecture {arch!r} is not supported. "
                           f"Supported: {', '.join(SUPPORTED_ARCHITECTURES)}.")
+    if arch in _OLDER_FAMILIES:
+        return _build(dict(architecture=arch, **_OLDER_FAMILIES[arch](cfg, source)), source)
     hidden = _require(cfg, "hidden_size", source)
     heads = _require(cfg, "num_attention_heads", source)
     common = dict(
@@ -218,8 +312,12 @@ def from_hf_config(cfg: dict[str, Any], source: str = "config.json") -> ModelCon
             decoder_sparse_step=cfg.get("decoder_sparse_step", 1) or 1,
             mlp_only_layers=tuple(cfg.get("mlp_only_layers") or ()),
         )
+    return _build(common, source)
+
+
+def _build(fields: dict[str, Any], source: str) -> ModelConfig:
     try:
-        return ModelConfig(**common)
+        return ModelConfig(**fields)
     except TypeError as e:  # a field of the wrong kind
         raise ConfigError(f"{source}: {e}.") from e
 

@@ -1,4 +1,10 @@
-"""The decoder: one configurable module family for Llama/SmolLM, Qwen3 and Qwen3-MoE.
+"""The decoder: one configurable module family for Llama/SmolLM/Mistral, Qwen3, Qwen3-MoE, GPT-2,
+BLOOM and Falcon.
+
+The older families differ from Llama by flags of the config, each one line here: LayerNorm instead
+of RMSNorm, a plain GELU MLP instead of SwiGLU, learned absolute positions (GPT-2) or ALiBi (BLOOM)
+instead of RoPE, a LayerNorm after the embedding (BLOOM), attention and MLP in parallel from one
+norm (Falcon), a sliding attention window (Mistral).
 
 The model is a pure function
 
@@ -69,6 +75,29 @@ class RMSNorm(nn.Module):
         return ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
+class LayerNorm(nn.Module):
+    """LayerNorm with fp32 statistics, weight and bias; ``add`` fuses the residual sum before it."""
+
+    def __init__(self, width: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(width), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.layer_norm(x, self.weight, self.bias, self.eps)
+
+    def add(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """(norm(x + residual), x + residual)."""
+        return ops.add_layer_norm(x, residual, self.weight, self.bias, self.eps)
+
+
+def make_norm(cfg: ModelConfig, width: int) -> RMSNorm | LayerNorm:
+    if cfg.norm_type == "layer":  # GPT-2, BLOOM, Falcon
+        return LayerNorm(width, cfg.layer_norm_epsilon)
+    return RMSNorm(width, cfg.rms_norm_eps)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fused_rotary: bool,
                  fuse_qkv: bool) -> None:
@@ -90,12 +119,16 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.scale = self.head_dim ** -0.5
-        self.window = (cfg.sliding_window - 1) if cfg.sliding_window else -1
-        self.fused_rotary = fused_rotary
+        # Mistral: each query sees its last `sliding_window` keys, itself included, which is what
+        # GroupQueryAttention's local_window_size means (measured: see ops.attention_ref).
+        self.window = cfg.sliding_window or -1
+        self.rope = cfg.position_embedding_type == "rope"
+        self.fused_rotary = fused_rotary and self.rope
 
-    def forward(self, x: Tensor, seqlens_k: Tensor, total: Tensor, cos: Tensor, sin: Tensor,
-                positions: Tensor, past_key: Tensor, past_value: Tensor,
-                ) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(self, x: Tensor, seqlens_k: Tensor, total: Tensor, cos: Tensor | None,
+                sin: Tensor | None, positions: Tensor, past_key: Tensor, past_value: Tensor,
+                bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """bias: ALiBi's (1, H, T, S) attention bias, or None."""
         b, t, _ = x.shape
         k: Tensor | None
         v: Tensor | None
@@ -103,47 +136,57 @@ class Attention(nn.Module):
             q, k, v = self.qkv_proj(x), None, None  # (B, T, H*D + 2*Hkv*D)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, H*D), (B, T, Hkv*D) x2
-        if self.qk_norm or not self.fused_rotary:
+        if self.qk_norm or (self.rope and not self.fused_rotary):
             if k is None:
                 q, k, v = q.split([self.q_width, self.kv_width, self.kv_width], dim=-1)
             if self.qk_norm:
                 q = self.q_norm(q.reshape(b, t, self.num_heads, self.head_dim)).reshape(b, t, -1)
                 k = self.k_norm(k.reshape(b, t, self.kv_heads, self.head_dim)).reshape(b, t, -1)
                 q, k = q.to(x.dtype), k.to(x.dtype)
-        if self.fused_rotary:
-            out, pk, pv = ops.group_query_attention(
-                q, k, v, past_key, past_value, seqlens_k, total, cos, sin,
-                self.num_heads, self.kv_heads, self.scale, self.window, False)
-        else:
-            assert k is not None and v is not None
+        if self.rope and not self.fused_rotary:
+            assert k is not None and v is not None and cos is not None and sin is not None
             q = ops.rotary_embedding(q, positions, cos, sin, self.num_heads, False)
             k = ops.rotary_embedding(k, positions, cos, sin, self.kv_heads, False)
-            out, pk, pv = ops.group_query_attention(
-                q, k, v, past_key, past_value, seqlens_k, total, None, None,
-                self.num_heads, self.kv_heads, self.scale, self.window, False)
+        if not self.fused_rotary:
+            cos = sin = None  # RoPE applied above, or none at all (learned positions, ALiBi)
+        out, pk, pv = ops.group_query_attention(
+            q, k, v, past_key, past_value, seqlens_k, total, cos, sin,
+            self.num_heads, self.kv_heads, self.scale, self.window, False, bias)
         return self.o_proj(out), pk, pv
 
 
+# hidden_act (transformers' names) -> function. The tanh variants are one formula written three
+# ways; BLOOM's BloomGelu is that formula too.
+_ACT = {"silu": F.silu, "gelu": ops.gelu, "gelu_new": ops.fast_gelu,
+        "gelu_pytorch_tanh": ops.fast_gelu, "gelu_fast": ops.fast_gelu}
+
+
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)); gate and up may be one matmul (rows gate, then up)."""
+    """Gated (SwiGLU): down(silu(gate(x)) * up(x)), gate and up possibly one matmul (rows gate,
+    then up). Plain (GPT-2, BLOOM, Falcon): down(gelu(up(x)))."""
 
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fuse_gate_up: bool) -> None:
         super().__init__()
         d, i = cfg.hidden_size, cfg.intermediate_size
-        self.fuse_gate_up = fuse_gate_up
-        if fuse_gate_up:
+        self.gated = cfg.gated_mlp
+        self.fuse_gate_up = fuse_gate_up and cfg.gated_mlp
+        if self.fuse_gate_up:
             self.gate_up_proj = Linear(d, 2 * i, cfg.mlp_bias, dtype)
-        else:
+        elif self.gated:
             self.gate_proj = Linear(d, i, cfg.mlp_bias, dtype)
+        if not self.fuse_gate_up:
             self.up_proj = Linear(d, i, cfg.mlp_bias, dtype)
         self.down_proj = Linear(i, d, cfg.mlp_bias, dtype)
+        self.act = _ACT[cfg.hidden_act]
 
     def forward(self, x: Tensor) -> Tensor:
+        if not self.gated:
+            return self.down_proj(self.act(self.up_proj(x)))
         if self.fuse_gate_up:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
 
 
 class Experts(nn.Module):
@@ -187,22 +230,31 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, index: int, dtype: torch.dtype, fusion: Fusion) -> None:
         super().__init__()
         self.dtype = dtype
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.parallel = cfg.parallel_attn
+        self.shared_norm = cfg.parallel_attn and cfg.parallel_attn_shared_norm
+        self.input_layernorm = make_norm(cfg, cfg.hidden_size)
         self.self_attn = Attention(cfg, dtype, fusion.rotary, fusion.qkv)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if not self.shared_norm:
+            self.post_attention_layernorm = make_norm(cfg, cfg.hidden_size)
         self.mlp = (SparseMoE(cfg, dtype) if cfg.is_moe_layer(index)
                     else MLP(cfg, dtype, fusion.gate_up))
 
     def forward(self, branch: Tensor | None, residual: Tensor, seqlens_k: Tensor, total: Tensor,
-                cos: Tensor, sin: Tensor, positions: Tensor, past_key: Tensor, past_value: Tensor,
+                cos: Tensor | None, sin: Tensor | None, positions: Tensor, past_key: Tensor,
+                past_value: Tensor, bias: Tensor | None = None,
                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """branch: the previous layer's MLP output (None for layer 0); residual: fp32 stream."""
+        """branch: what the previous layer adds to the residual stream (None: nothing);
+        residual: the fp32 stream. Returns (branch, residual, present key, present value)."""
         if branch is None:
             h = self.input_layernorm(residual)
         else:
             h, residual = self.input_layernorm.add(branch.float(), residual)
         attn, pk, pv = self.self_attn(h.to(self.dtype), seqlens_k, total, cos, sin, positions,
-                                      past_key, past_value)
+                                      past_key, past_value, bias)
+        if self.parallel:  # Falcon / GPT-J: x + attn(ln(x)) + mlp(ln(x)), one norm or two
+            if not self.shared_norm:
+                h = self.post_attention_layernorm(residual)
+            return attn.float() + self.mlp(h.to(self.dtype)).float(), residual, pk, pv
         h, residual = self.post_attention_layernorm.add(attn.float(), residual)
         return self.mlp(h.to(self.dtype)), residual, pk, pv
 
@@ -223,10 +275,17 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self.embed_tokens.weight.requires_grad_(False)
-        self.rotary = RotaryCache(cfg, max_positions, dtype)
+        if cfg.position_embedding_type == "rope":
+            self.rotary = RotaryCache(cfg, max_positions, dtype)
+        if cfg.position_embedding_type == "learned":  # GPT-2: a table of absolute positions
+            self.embed_positions = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size,
+                                                dtype=torch.float32)
+            self.embed_positions.weight.requires_grad_(False)
+        if cfg.embedding_layernorm:  # BLOOM
+            self.embed_layernorm = make_norm(cfg, cfg.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, i, dtype, fusion) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = make_norm(cfg, cfg.hidden_size)
 
 
 class Decoder(nn.Module):
@@ -243,20 +302,32 @@ class Decoder(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, dtype)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        self.alibi_slopes = (ops.alibi_slopes(cfg.num_attention_heads)
+                             if cfg.position_embedding_type == "alibi" else [])
 
     def forward(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
                 *past: Tensor, last_only: bool = False) -> tuple[Tensor, ...]:
         """Logits (B, T, V) fp32 (or (B, 1, V) at each row's last new token when ``last_only``)
         and the updated caches, in the order of ``past``."""
+        cfg, m = self.config, self.model
         t = input_ids.shape[1]
         positions = ops.token_positions(seqlens_k, total_sequence_length, t)
-        cos, sin = self.model.rotary.cos_cache, self.model.rotary.sin_cache
-        residual = self.model.embed_tokens(input_ids).float()  # (B, T, D) fp32 residual stream
+        cos = sin = bias = None
+        if cfg.position_embedding_type == "rope":
+            cos, sin = m.rotary.cos_cache, m.rotary.sin_cache
+        residual = m.embed_tokens(input_ids).float()  # (B, T, D) fp32 residual stream
         branch: Tensor | None = None
+        if cfg.position_embedding_type == "learned":  # GPT-2: added by layer 0's fused norm
+            branch = m.embed_positions(positions)
+        if cfg.embedding_layernorm:  # BLOOM
+            residual = m.embed_layernorm(residual)
+        if cfg.position_embedding_type == "alibi":  # BLOOM: one bias for all layers
+            bias = ops.alibi_bias(input_ids, total_sequence_length, self.alibi_slopes).to(self.dtype)
         present: list[Tensor] = []
-        for i, layer in enumerate(self.model.layers):
+        for i, layer in enumerate(m.layers):
             branch, residual, pk, pv = layer(branch, residual, seqlens_k, total_sequence_length,
-                                             cos, sin, positions, past[2 * i], past[2 * i + 1])
+                                             cos, sin, positions, past[2 * i], past[2 * i + 1],
+                                             bias)
             present += [pk, pv]
         assert branch is not None
         h, _ = self.model.norm.add(branch.float(), residual)  # (B, T, D)

@@ -18,6 +18,7 @@ from torch import nn
 
 from llm_onnx.build_model.config import ModelConfig, load_hf_config
 from llm_onnx.build_model.decoder import Decoder, Fusion
+from llm_onnx.build_model.families import family_source
 from llm_onnx.build_model.rope import rope_cache
 from llm_onnx.build_model.shapes import checkpoint_shapes
 from llm_onnx.build_model.sources import GGUFSource, RandomSource, SafetensorsSource, TensorSource
@@ -59,7 +60,7 @@ def open_checkpoint(path: Path) -> Checkpoint:
     if not any(path.iterdir()):
         raise CheckpointError(f"{path}: the checkpoint folder is empty.")
     cfg = load_hf_config(path)
-    source = SafetensorsSource(path)
+    source = family_source(SafetensorsSource(path), cfg)  # GPT-2/BLOOM/Falcon: canonical names
     check_tensors(cfg, source, str(path))
     files = {f: (path / f).read_bytes() for f in TOKENIZER_FILES if (path / f).is_file()}
     eos, bos = _hf_special_ids(path)
@@ -110,9 +111,13 @@ def check_tensors(cfg: ModelConfig, source: TensorSource, where: str) -> None:
     present = set(source.names())
     missing = [n for n in expected if n not in present]
     if missing:
+        example = f"{missing[0]} of shape {list(expected[missing[0]])}"
+        own_name = getattr(source, "checkpoint_name", lambda n: n)(missing[0])  # FamilySource
+        if own_name != missing[0]:
+            example = f"{own_name}, read as {example}"
         raise CheckpointError(
             f"{where}: checkpoint lacks {len(missing)} tensor(s) needed by {cfg.architecture} "
-            f"(e.g. {missing[0]} of shape {list(expected[missing[0]])}).")
+            f"(e.g. {example}).")
     ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
     extra = sorted(n for n in present - set(expected) - ignorable
                    if not n.endswith("rotary_emb.inv_freq"))
@@ -214,9 +219,10 @@ def build_model(cfg: ModelConfig, source: TensorSource | None = None, *,
     with torch.device("meta"):
         model = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_positions)
     # The RoPE tables are computed, not loaded: make them real even on a weightless model.
-    cos, sin = rope_cache(cfg, max_positions, dtype)
-    model.model.rotary.cos_cache = cos
-    model.model.rotary.sin_cache = sin
+    if cfg.position_embedding_type == "rope":
+        cos, sin = rope_cache(cfg, max_positions, dtype)
+        model.model.rotary.cos_cache = cos
+        model.model.rotary.sin_cache = sin
     if source is not None:
         load_weights(model, source)
     return model.eval()

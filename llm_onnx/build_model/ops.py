@@ -6,7 +6,12 @@ the parity tests hold ONNX Runtime to:
 
   llm_onnx::rms_norm              -> SimplifiedLayerNormalization
   llm_onnx::add_rms_norm          -> com.microsoft.SkipSimplifiedLayerNormalization
+  llm_onnx::layer_norm            -> LayerNormalization
+  llm_onnx::add_layer_norm        -> com.microsoft.SkipLayerNormalization
+  llm_onnx::gelu                  -> com.microsoft.Gelu (exact, erf)
+  llm_onnx::fast_gelu             -> com.microsoft.FastGelu (tanh approximation)
   llm_onnx::rotary_embedding      -> com.microsoft.RotaryEmbedding
+  llm_onnx::alibi_bias            -> a few shape ops (Range, Sub, Mul) feeding attention_bias
   llm_onnx::group_query_attention -> com.microsoft.GroupQueryAttention
   llm_onnx::moe                   -> com.microsoft.MoE
 
@@ -18,6 +23,8 @@ new tokens of row b sit at positions seqlens_k[b] + 1 - T ... seqlens_k[b].
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +46,35 @@ def rms_norm_ref(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (y * weight.float()).to(weight.dtype)
+
+
+def layer_norm_ref(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
+    """LayerNorm, statistics in fp32; output in the dtype of ``weight``."""
+    y = F.layer_norm(x.float(), (x.shape[-1],), weight.float(), bias.float(), eps)
+    return y.to(weight.dtype)
+
+
+def gelu_ref(x: Tensor, approximate: str) -> Tensor:
+    """GELU in fp32: "none" is the exact erf form (Falcon's "gelu"), "tanh" the tanh approximation
+    (GPT-2's "gelu_new", BLOOM's BloomGelu)."""
+    return F.gelu(x.float(), approximate=approximate).to(x.dtype)
+
+
+def alibi_slopes(num_heads: int) -> list[float]:
+    """Per-head ALiBi slopes, as transformers' BLOOM computes them (in float32): a geometric series
+    2^(-8/n), 2^(-16/n), ... for the largest power of two n <= H, then every other slope of the
+    series for 2n for the remaining heads."""
+    cpu = torch.device("cpu")  # real numbers even while a meta-device model is built
+    closest = 2 ** math.floor(math.log2(num_heads))
+    base = torch.tensor(2 ** (-(2 ** -(math.log2(closest) - 3))), dtype=torch.float32, device=cpu)
+    slopes = torch.pow(base, torch.arange(1, 1 + closest, dtype=torch.int32, device=cpu))
+    if closest != num_heads:
+        extra = torch.tensor(2 ** (-(2 ** -(math.log2(2 * closest) - 3))), dtype=torch.float32,
+                             device=cpu)
+        remaining = min(closest, num_heads - closest)
+        powers = torch.arange(1, 1 + 2 * remaining, 2, dtype=torch.int32, device=cpu)
+        slopes = torch.cat([slopes, torch.pow(extra, powers)])
+    return slopes.tolist()
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, interleaved: bool) -> Tensor:
@@ -70,7 +106,9 @@ def attention_ref(
 
     query (B, T, H*D), key/value (B, T, Hkv*D), past_key/value (B, Hkv, P, D).
     Returns output (B, T, H*D) and the updated caches (B, Hkv, P, D).
-    ``local_window_size`` w > 0 lets a query at position p see keys at p - w ... p.
+    ``local_window_size`` w > 0 lets a query at position p see the w keys p - w + 1 ... p (itself
+    included; measured against ONNX Runtime's kernel). ``attention_bias`` (B or 1, H or 1, T, S),
+    S = total_sequence_length, is added to the scaled scores of key positions 0 ... S - 1.
     """
     b, t, _ = query.shape
     d = past_key.shape[-1]
@@ -93,14 +131,16 @@ def attention_ref(
     values = present_value.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("bthd,bhpd->bhtp", q.float(), keys) * scale  # (B, H, T, P)
     if attention_bias is not None:
-        scores = scores + attention_bias.float()[..., :p]
+        s = attention_bias.shape[-1]
+        scores = torch.cat([scores[..., :s] + attention_bias.float(), scores[..., s:]], dim=-1)
     kpos = torch.arange(p, device=query.device)
     visible = (kpos[None, None, :] <= pos[:, :, None]) & (
         kpos[None, None, :] <= seqlens_k.to(torch.int64)[:, None, None])  # (B, T, P)
     if local_window_size > 0:
-        visible &= kpos[None, None, :] >= pos[:, :, None] - local_window_size
+        visible &= kpos[None, None, :] > pos[:, :, None] - local_window_size
     scores = scores.masked_fill(~visible[:, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    # A padding query of a short row may see no key at all: zeros, not NaN, for its output.
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
     out = torch.einsum("bhtp,bhpd->bthd", probs, values).reshape(b, t, num_heads * d)
     return out.to(query.dtype), present_key, present_value
 
@@ -155,6 +195,72 @@ def _(x, residual, weight, eps):
     return x.new_empty(x.shape, dtype=weight.dtype), torch.empty_like(x)
 
 
+@torch.library.custom_op("llm_onnx::layer_norm", mutates_args=())
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
+    return layer_norm_ref(x, weight, bias, eps)
+
+
+@layer_norm.register_fake
+def _(x, weight, bias, eps):
+    return x.new_empty(x.shape, dtype=weight.dtype)
+
+
+@torch.library.custom_op("llm_onnx::add_layer_norm", mutates_args=())
+def add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Tensor,
+                   eps: float) -> tuple[Tensor, Tensor]:
+    """(LayerNorm(x + residual), x + residual)."""
+    total = x + residual
+    return layer_norm_ref(total, weight, bias, eps), total
+
+
+@add_layer_norm.register_fake
+def _(x, residual, weight, bias, eps):
+    return x.new_empty(x.shape, dtype=weight.dtype), torch.empty_like(x)
+
+
+@torch.library.custom_op("llm_onnx::gelu", mutates_args=())
+def gelu(x: Tensor) -> Tensor:
+    return gelu_ref(x, "none")
+
+
+@gelu.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("llm_onnx::fast_gelu", mutates_args=())
+def fast_gelu(x: Tensor) -> Tensor:
+    return gelu_ref(x, "tanh")
+
+
+@fast_gelu.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("llm_onnx::alibi_bias", mutates_args=())
+def alibi_bias(input_ids: Tensor, total_sequence_length: Tensor, slopes: list[float]) -> Tensor:
+    """ALiBi as GroupQueryAttention's attention_bias: (1, H, T, S), S = total_sequence_length,
+    slope_h * (key - query) with the T queries at positions S - T ... S - 1.
+
+    Exact when every row ends at S (a first prompt, or batch 1); a shorter row of a ragged decode
+    batch gets its bias shifted by a constant per row, which softmax ignores. BLOOM itself adds
+    slope_h * key, the same up to that constant; relative distances keep the values near the
+    diagonal small, which fp16 needs.
+    """
+    t, s = input_ids.shape[1], int(total_sequence_length)
+    keys = torch.arange(s, dtype=torch.float32)  # (S,)
+    queries = torch.arange(s - t, s, dtype=torch.float32)  # (T,)
+    rel = keys[None, :] - queries[:, None]  # (T, S)
+    return (torch.tensor(slopes, dtype=torch.float32)[:, None, None] * rel)[None]  # (1, H, T, S)
+
+
+@alibi_bias.register_fake
+def _(input_ids, total_sequence_length, slopes):
+    s = torch.library.get_ctx().new_dynamic_size()  # the value of total_sequence_length
+    return input_ids.new_empty((1, len(slopes), input_ids.shape[1], s), dtype=torch.float32)
+
+
 @torch.library.custom_op("llm_onnx::rotary_embedding", mutates_args=())
 def rotary_embedding(x: Tensor, position_ids: Tensor, cos_cache: Tensor, sin_cache: Tensor,
                      num_heads: int, interleaved: bool) -> Tensor:
@@ -175,16 +281,17 @@ def group_query_attention(
     query: Tensor, key: Tensor | None, value: Tensor | None, past_key: Tensor, past_value: Tensor,
     seqlens_k: Tensor, total_sequence_length: Tensor, cos_cache: Tensor | None,
     sin_cache: Tensor | None, num_heads: int, kv_num_heads: int, scale: float,
-    local_window_size: int, rotary_interleaved: bool,
+    local_window_size: int, rotary_interleaved: bool, attention_bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """GroupQueryAttention (see attention_ref). ``key``/``value`` None: ``query`` is packed QKV
-    (B, T, H*D + 2*Hkv*D). ``cos_cache``/``sin_cache`` given: RoPE is applied inside (do_rotary)."""
+    (B, T, H*D + 2*Hkv*D). ``cos_cache``/``sin_cache`` given: RoPE is applied inside (do_rotary).
+    ``attention_bias`` (1, H, T, S): added to the scores (ALiBi)."""
     if key is None or value is None:
         d = past_key.shape[-1]
         query, key, value = query.split([num_heads * d, kv_num_heads * d, kv_num_heads * d], dim=-1)
     return attention_ref(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
                          cos_cache, sin_cache, num_heads, kv_num_heads, scale, local_window_size,
-                         rotary_interleaved)
+                         rotary_interleaved, attention_bias)
 
 
 @group_query_attention.register_fake

@@ -15,8 +15,9 @@ from typing import Optional
 import onnx_ir as ir
 import onnxscript
 import torch
+from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.tensor_typing import TFloat
-from onnxscript.onnx_types import INT32, INT64, UINT8
+from onnxscript.onnx_types import FLOAT, INT32, INT64, UINT8
 
 from llm_onnx.build_model import ops, quant  # noqa: F401  (register torch.ops.llm_onnx.*)
 
@@ -37,6 +38,50 @@ def add_rms_norm(x: TFloat, residual: TFloat, weight: TFloat, eps: float) -> tup
 
 
 @onnxscript.script(opset=_here)
+def layer_norm(x: TFloat, weight: TFloat, bias: TFloat, eps: float) -> TFloat:
+    return op.LayerNormalization(x, weight, bias, axis=-1, epsilon=eps, stash_type=1)
+
+
+@onnxscript.script(opset=_here)
+def add_layer_norm(x: TFloat, residual: TFloat, weight: TFloat, bias: TFloat,
+                   eps: float) -> tuple[TFloat, TFloat]:
+    normed, _mean, _inv_std, total = msft.SkipLayerNormalization(x, residual, weight, bias,
+                                                                 epsilon=eps)
+    return normed, total
+
+
+# ORT folds the bias Add before either into one kernel (BiasGelu, FastGelu with bias).
+@onnxscript.script(opset=_here)
+def gelu(x: TFloat) -> TFloat:
+    return msft.Gelu(x)
+
+
+@onnxscript.script(opset=_here)
+def fast_gelu(x: TFloat) -> TFloat:
+    return msft.FastGelu(x)
+
+
+@onnxscript.script(opset=_here)
+def alibi_bias(input_ids: INT64, total_sequence_length: INT32, slopes: list[float]) -> FLOAT:
+    """(1, H, T, S) = slopes (H, 1, 1) * (key (1, S) - query (T, 1)), queries at S-T ... S-1.
+
+    input_ids --Shape[1]--> T          total --Cast--> S
+                   Range(S - T, S) --> query (T, 1)
+                   Range(0, S) ------> key (1, S)
+    slopes (Constant) * (key - query) --Unsqueeze--> (1, H, T, S)
+    """
+    s = op.Cast(total_sequence_length, to=7)  # int64 scalar
+    t = op.Squeeze(op.Shape(input_ids, start=1, end=2))
+    one = op.Constant(value_int=1)
+    query = op.Cast(op.Range(op.Sub(s, t), s, one), to=1)
+    key = op.Cast(op.Range(op.Constant(value_int=0), s, one), to=1)
+    rel = op.Sub(op.Unsqueeze(key, op.Constant(value_ints=[0])),
+                 op.Unsqueeze(query, op.Constant(value_ints=[1])))  # (T, S)
+    per_head = op.Unsqueeze(op.Constant(value_floats=slopes), op.Constant(value_ints=[1, 2]))
+    return op.Unsqueeze(op.Mul(per_head, rel), op.Constant(value_ints=[0]))
+
+
+@onnxscript.script(opset=_here)
 def rotary_embedding(x: TFloat, position_ids: INT64, cos_cache: TFloat, sin_cache: TFloat,
                      num_heads: int, interleaved: bool) -> TFloat:
     return msft.RotaryEmbedding(x, position_ids, cos_cache, sin_cache, num_heads=num_heads,
@@ -49,11 +94,13 @@ def group_query_attention(
     past_value: TFloat, seqlens_k: INT32, total_sequence_length: INT32,
     cos_cache: Optional[TFloat], sin_cache: Optional[TFloat], num_heads: int, kv_num_heads: int,
     scale: float, local_window_size: int, rotary_interleaved: bool,
+    attention_bias: Optional[TFloat] = None,
 ) -> tuple[TFloat, TFloat, TFloat]:
     out, present_key, present_value = msft.GroupQueryAttention(
         query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
-        cos_cache, sin_cache, num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale,
-        local_window_size=local_window_size, rotary_interleaved=rotary_interleaved, do_rotary=1)
+        cos_cache, sin_cache, None, attention_bias, num_heads=num_heads,
+        kv_num_heads=kv_num_heads, scale=scale, local_window_size=local_window_size,
+        rotary_interleaved=rotary_interleaved, do_rotary=1)
     return out, present_key, present_value
 
 
@@ -63,11 +110,12 @@ def group_query_attention_nope(
     past_value: TFloat, seqlens_k: INT32, total_sequence_length: INT32,
     cos_cache: Optional[TFloat], sin_cache: Optional[TFloat], num_heads: int, kv_num_heads: int,
     scale: float, local_window_size: int, rotary_interleaved: bool,
+    attention_bias: Optional[TFloat] = None,
 ) -> tuple[TFloat, TFloat, TFloat]:
     out, present_key, present_value = msft.GroupQueryAttention(
         query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
-        num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale,
-        local_window_size=local_window_size)
+        None, None, None, attention_bias, num_heads=num_heads, kv_num_heads=kv_num_heads,
+        scale=scale, local_window_size=local_window_size)
     return out, present_key, present_value
 
 
@@ -115,6 +163,11 @@ def translation_table(rotary_fused: bool) -> dict:
     return {
         t.rms_norm.default: rms_norm,
         t.add_rms_norm.default: add_rms_norm,
+        t.layer_norm.default: layer_norm,
+        t.add_layer_norm.default: add_layer_norm,
+        t.gelu.default: gelu,
+        t.fast_gelu.default: fast_gelu,
+        t.alibi_bias.default: alibi_bias,
         t.rotary_embedding.default: rotary_embedding,
         t.group_query_attention.default: (group_query_attention if rotary_fused
                                           else group_query_attention_nope),

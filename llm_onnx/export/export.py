@@ -76,7 +76,7 @@ def build_graphs(cfg: ModelConfig, options: ExportOptions, max_len: int,
     for kind in GRAPHS:
         progress.stage(f"tracing {kind}")
         graphs[kind] = trace_graph(export, kind, all_logits=options.all_logits,
-                                   rotary_fused=options.fuse_rotary)
+                                   rotary_fused=export.model.layers[0].self_attn.fused_rotary)
         progress.advance(1)
     return eager, export, graphs
 
@@ -151,7 +151,9 @@ def _precision_section(cfg: ModelConfig, options: ExportOptions) -> dict:
                        quantized_tensors=len(kinds["quantized"]),
                        quantized=_summarise(kinds["quantized"]),
                        kept_float=["norms", "router (mlp.gate)" if cfg.moe else None,
-                                   None if options.embedding_bits else "embedding and lm_head"])
+                                   None if options.embedding_bits else "embedding and lm_head",
+                                   "position table (model.embed_positions)"
+                                   if cfg.position_embedding_type == "learned" else None])
         section["kept_float"] = [k for k in section["kept_float"] if k]
     return section
 

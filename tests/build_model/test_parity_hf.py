@@ -13,7 +13,8 @@ from llm_onnx.models import get_config
 from tests.hf_models import save_hf_checkpoint
 from tests.tolerances import KV_PATH_FP32, TORCH_VS_HF_FP32
 
-TINY = ["llama_tiny", "smollm2_tiny", "qwen3_tiny", "qwen3_moe_tiny", "qwen3_moe_tiny_unnormalized"]
+TINY = ["llama_tiny", "smollm2_tiny", "qwen3_tiny", "qwen3_moe_tiny", "qwen3_moe_tiny_unnormalized",
+        "gpt2_tiny", "bloom_tiny", "falcon_tiny", "mistral_tiny"]
 
 
 def tiny_config(name: str):
@@ -50,6 +51,7 @@ FUSIONS = [Fusion(), Fusion(rotary=False), Fusion(qkv=True, gate_up=True),
 def test_logits_match_transformers(pair, fusion):
     hf, _, cfg, ckpt = pair
     ours = build_model(cfg, ckpt.source, fusion=fusion)
+    # 11 tokens: longer than mistral_tiny's window of 4, so the window slides.
     ids = torch.randint(0, cfg.vocab_size, (2, 11), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = hf(ids).logits

@@ -13,7 +13,8 @@ from llm_onnx.errors import ConfigError
 from llm_onnx.models import REGISTRY, TINY, get_config
 
 CONFIGS = Path(__file__).parent.parent / "fixtures" / "configs"
-REAL = ["qwen3_8b", "qwen3_30b_a3b", "smollm2_135m", "llama3_8b"]
+REAL = ["qwen3_8b", "qwen3_30b_a3b", "smollm2_135m", "llama3_8b", "mistral_7b", "gpt2", "bloom_560m",
+        "falcon_7b"]
 
 
 @pytest.mark.parametrize("name", REAL)
@@ -34,6 +35,16 @@ def test_vendor_figures_spot_check():
     assert not get_config("llama3_8b").tie_word_embeddings
     assert 8.0e9 < q.num_parameters() < 8.4e9
     assert 30.0e9 < m.num_parameters() < 31.0e9
+    # Parameter counts as the vendors' model cards / transformers report them.
+    assert get_config("gpt2").num_parameters() == 124_439_808
+    assert get_config("bloom_560m").num_parameters() == 559_214_592
+    assert get_config("falcon_7b").num_parameters() == 6_921_720_704
+    assert get_config("mistral_7b").num_parameters() == 7_241_732_096
+    assert get_config("mistral_7b").sliding_window == 4096
+    f = get_config("falcon_7b")
+    assert (f.num_key_value_heads, f.parallel_attn, f.position_embedding_type) == (1, True, "rope")
+    b = get_config("bloom_560m")
+    assert (b.position_embedding_type, b.embedding_layernorm, b.norm_type) == ("alibi", True, "layer")
 
 
 def test_every_family_has_a_tiny_preset():
@@ -42,11 +53,22 @@ def test_every_family_has_a_tiny_preset():
     assert families == tiny_families
 
 
+# transformers fixes head_dim = hidden / heads for these; GPT-2 and BLOOM also kv heads = heads.
+FIXED_HEAD_DIM = {"GPT2LMHeadModel", "BloomForCausalLM", "FalconForCausalLM"}
+MULTI_HEAD_ONLY = {"GPT2LMHeadModel", "BloomForCausalLM"}
+
+
 def test_tiny_presets_expose_layout_bugs():
     for name in TINY:
         cfg = REGISTRY[name]
-        assert cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size, name
-        assert cfg.num_key_value_heads < cfg.num_attention_heads, name
+        if cfg.architecture not in FIXED_HEAD_DIM:
+            assert cfg.head_dim * cfg.num_attention_heads != cfg.hidden_size, name
+        if cfg.architecture not in MULTI_HEAD_ONLY:
+            assert cfg.num_key_value_heads < cfg.num_attention_heads, name
+        assert cfg.head_dim % 8 == 0, name  # GroupQueryAttention needs it
+    mistral = REGISTRY["mistral_tiny"]
+    assert mistral.sliding_window is not None and mistral.sliding_window < 8
+    assert REGISTRY["bloom_tiny"].num_attention_heads & (REGISTRY["bloom_tiny"].num_attention_heads - 1)
     assert any(REGISTRY[n].tie_word_embeddings for n in TINY)
     assert any(not REGISTRY[n].tie_word_embeddings for n in TINY)
 
@@ -68,6 +90,18 @@ def test_manifest_round_trip():
     ({"architectures": ["LlamaForCausalLM"], "hidden_size": 8}, "missing field 'num_attention_heads'"),
     ({"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 8, "num_attention_heads": 2,
       "vocab_size": 4, "num_hidden_layers": 1, "intermediate_size": 4}, "missing field 'num_experts'"),
+    ({"architectures": ["FalconForCausalLM"], "hidden_size": 8, "num_attention_heads": 2,
+      "vocab_size": 4, "num_hidden_layers": 1, "new_decoder_architecture": True},
+     "new_decoder_architecture=true is not supported for FalconForCausalLM"),
+    ({"architectures": ["FalconForCausalLM"], "hidden_size": 8, "num_attention_heads": 2,
+      "vocab_size": 4, "num_hidden_layers": 1, "alibi": True}, "alibi=true is not supported"),
+    ({"architectures": ["BloomForCausalLM"], "hidden_size": 8, "n_head": 2, "vocab_size": 4,
+      "n_layer": 1, "apply_residual_connection_post_layernorm": True},
+     "apply_residual_connection_post_layernorm=true"),
+    ({"architectures": ["GPT2LMHeadModel"], "n_embd": 8, "n_head": 2, "vocab_size": 4,
+      "n_layer": 1, "n_positions": 8, "scale_attn_by_inverse_layer_idx": True},
+     "scale_attn_by_inverse_layer_idx=true"),
+    ({"architectures": ["GPT2LMHeadModel"], "n_embd": 8, "vocab_size": 4}, "missing field 'n_head'"),
 ])
 def test_bad_config_json(bad, fragment):
     with pytest.raises(ConfigError) as e:

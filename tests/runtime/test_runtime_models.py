@@ -11,7 +11,7 @@ import torch
 
 from llm_onnx.runtime import Model
 from llm_onnx.runtime.session import Engine
-from tests.conftest import TINY_ARCHS
+from tests.conftest import FAMILY_ARCHS, TINY_ARCHS
 
 NEW = 16
 
@@ -28,8 +28,9 @@ def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("arch", TINY_ARCHS + FAMILY_ARCHS)
 def test_greedy_batch_equals_transformers(arch, tiny_hf, tiny_export):
+    """mistral_tiny: prompts of 9 and 4 tokens and 16 new ones slide its window of 4."""
     hf, _ = tiny_hf(arch)
     model = Model.load(tiny_export(arch, "fp32"), provider="cpu")
     prompts = prompts_for(hf.config.vocab_size)
