@@ -315,6 +315,9 @@ def bench(model, prompt_len, new_tokens, batch, repeat, threads, provider, promp
             raise GenerationError(f"{prompt_ids}: not a JSON list of token ids ({e}).") from None
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
             raise GenerationError(f"{prompt_ids}: expected a JSON list of integers.")
+    from llm_onnx.runtime import bench as bench_module
+
+    bench_module.rss_before_load_mib = bench_module._peak_rss_mib()
     loaded = Model.load(model, provider=provider, threads=threads)
     result = run_bench(loaded, BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens,
                                            batch=batch, repeat=repeat, prompt_ids=ids))

@@ -103,6 +103,16 @@ def _prompt(model: Model, cfg: BenchConfig) -> list[int]:
     return rng.integers(low, vocab, cfg.prompt_len).tolist()
 
 
+def _peak_rss_mib() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB elsewhere
+
+
+# Set by the CLI before it loads the model: the process's own footprint (Python, ORT, numpy),
+# so "peak RSS above it" can be compared with the weights and KV cache.
+rss_before_load_mib: float | None = None
+
+
 def _stats(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -123,6 +133,7 @@ def run_bench(model: Model, cfg: BenchConfig) -> BenchResult:
         ttft.append(t.ttft_s)
         prefill.append(t.prefill_tok_s * cfg.batch)
         decode.append(t.decode_tok_s * cfg.batch)
+    peak_rss = _peak_rss_mib()  # before the bandwidth probe's 1 GiB buffer
     threads = model.engine.options.threads or default_threads()
     bandwidth = measure_bandwidth(threads)
     per_token = bytes_per_token(model, len(prompt) + cfg.new_tokens // 2, cfg.batch)
@@ -133,8 +144,7 @@ def run_bench(model: Model, cfg: BenchConfig) -> BenchResult:
         "threads": threads, "batch": cfg.batch, "prompt_len": len(prompt),
         "new_tokens": cfg.new_tokens, "repeat": cfg.repeat, "load_s": model.load_s,
         "ttft_s": _stats(ttft), "prefill_tok_s": _stats(prefill), "decode_tok_s": _stats(decode),
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        if sys.platform != "darwin" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "peak_rss_mib": peak_rss, "rss_before_load_mib": rss_before_load_mib,
         "weight_bytes": int(m.data["weights"]["bytes"]),
         "memory_bandwidth_gb_s": bandwidth / 1e9,
         "bytes_per_token": per_token,
