@@ -182,6 +182,8 @@ class MLP(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if not self.gated:
             return self.down_proj(self.act(self.up_proj(x)))
+        if self.fuse_gate_up and self.act is F.silu:
+            return self.down_proj(ops.swiglu(self.gate_up_proj(x)))  # one Split, not a sequence
         if self.fuse_gate_up:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:

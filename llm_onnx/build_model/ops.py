@@ -322,3 +322,15 @@ def matmul_transposed(x: Tensor, weight: Tensor) -> Tensor:
 @matmul_transposed.register_fake
 def _(x, weight):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("llm_onnx::swiglu", mutates_args=())
+def swiglu(gate_up: Tensor) -> Tensor:
+    """silu(gate) * up for a fused projection whose last dimension is [gate | up]."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+@swiglu.register_fake
+def _(gate_up):
+    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))

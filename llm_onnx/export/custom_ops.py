@@ -22,6 +22,7 @@ from onnxscript.onnx_types import FLOAT, INT32, INT64, UINT8
 from llm_onnx.build_model import ops, quant  # noqa: F401  (register torch.ops.llm_onnx.*)
 
 msft = onnxscript.values.Opset("com.microsoft", 1)
+op18 = onnxscript.opset18
 _here = onnxscript.values.Opset("llm_onnx.translations", 1)
 
 
@@ -157,6 +158,12 @@ def qmoe(x: TFloat, router_logits: TFloat, fc1_q: UINT8, fc1_scales: TFloat, fc2
                      expert_weight_bits=bits, block_size=block_size)
 
 
+@onnxscript.script(opset=_here)
+def swiglu(gate_up: TFloat) -> TFloat:
+    gate, up = op18.Split(gate_up, axis=-1, num_outputs=2)
+    return op18.Mul(op18.Mul(gate, op18.Sigmoid(gate)), up)  # ORT fuses x*sigmoid(x): QuickGelu
+
+
 def translation_table(rotary_fused: bool) -> dict:
     """torch op -> ONNX translation, for torch.onnx.export(custom_translation_table=...)."""
     t = torch.ops.llm_onnx
@@ -173,6 +180,7 @@ def translation_table(rotary_fused: bool) -> dict:
                                           else group_query_attention_nope),
         t.moe.default: moe,
         t.matmul_transposed.default: matmul_transposed,
+        t.swiglu.default: swiglu,
         t.matmul_nbits.default: matmul_nbits,
         t.gather_nbits.default: gather_nbits,
         t.qmoe.default: qmoe,
