@@ -1,0 +1,443 @@
+"""One step of benchmarks/compare_peers.py, run as a child process in the environment that has the
+right packages (the project's venv, the onnxruntime-genai venv, the llama-cpp-python venv).
+
+    python benchmarks/peer_worker.py STEP --result OUT.json [options]
+
+Steps that build something write files; steps that measure write their numbers to --result.
+Only the standard library is imported at module level: each step imports what it needs, so the
+same file runs in every venv. Not meant to be used directly (compare_peers.py drives it).
+
+Timing, the same for every system (batch 1, fixed prompt token ids, greedy):
+    t0 ─ prefill (the prompt in one call) ─ t_prefill ─ first token chosen ─ t_first ─
+         N-1 decode steps, each a forward pass of one token and a greedy pick ─ t_end
+    ttft_s = t_first - t0;  prefill_tok_s = P / (t_prefill - t0);
+    decode_tok_s = (N - 1) / (t_end - t_first)
+Each measurement: one warm-up generation, then --passes passes; median, min and max of each figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+# ----------------------------------------------------------------------------- common harness
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def measure(run: Callable[[list[int], int], dict], ids: list[int], new_tokens: int,
+            passes: int) -> dict:
+    """``run(ids, n)`` -> {"t_prefill", "t_first", "t_end" (seconds since its own start),
+    "tokens"}; one warm-up, then ``passes`` timed passes."""
+    run(ids, new_tokens)  # warm-up
+    ttft, prefill, decode, counts = [], [], [], []
+    for _ in range(passes):
+        r = run(ids, new_tokens)
+        ttft.append(r["t_first"])
+        prefill.append(len(ids) / r["t_prefill"])
+        n = len(r["tokens"])
+        counts.append(n)
+        if n > 1:
+            decode.append((n - 1) / (r["t_end"] - r["t_first"]))
+    return {"ttft_s": stats(ttft), "prefill_tok_s": stats(prefill),
+            "decode_tok_s": stats(decode) if decode else None,
+            "generated_tokens": min(counts), "prompt_tokens": len(ids), "passes": passes}
+
+
+def load_prompts(path: str) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def write_result(path: str, data: dict) -> None:
+    data.setdefault("peak_rss_mib", round(peak_rss_mib(), 1))
+    Path(path).write_text(json.dumps(data, indent=1))
+
+
+def speed_and_agreement(args, load: Callable[[], object], timed, greedy) -> dict:
+    """The common body of the run-* steps: load, greedy agreement, speed."""
+    prompts = load_prompts(args.prompts)
+    start = time.perf_counter()
+    handle = load()
+    out = {"load_s": time.perf_counter() - start}
+    if args.agree_tokens:
+        out["greedy"] = [greedy(handle, p["ids"], args.agree_tokens) for p in prompts["agreement"]]
+    if args.passes:
+        out.update(measure(lambda ids, n: timed(handle, ids, n), prompts["speed"]["ids"],
+                           args.new_tokens, args.passes))
+    return out
+
+
+# ----------------------------------------------------------------------------- project venv steps
+
+
+def hf_convert(args) -> None:
+    """The GGUF file -> a Hugging Face folder (fp32 safetensors + tokenizer files)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = Path(args.gguf)
+    out = Path(args.out)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                 dtype=torch.float32)
+    # transformers 5 refuses to save a model loaded from GGUF while its quantizer bookkeeping
+    # is attached; the weights are already dequantized to fp32.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+    write_result(args.result, {"hf_folder": str(out)})
+
+
+AGREEMENT_PROMPTS = [
+    # (name, text, use the chat template)
+    ("factual", "What is the capital of France, and what is the city famous for?", True),
+    ("code", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n', False),
+    ("story", "Once upon a time, in a small village at the edge of a great forest,", False),
+]
+
+SPEED_TEXT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
+    "combined movable metal type, oil-based ink and a wooden screw press into a system that could "
+    "produce books far faster than any scribe. Within a few decades, printing shops had spread "
+    "across Europe, from Venice to London, and the price of books fell sharply. Scholars could now "
+    "compare identical copies of a text, which changed how knowledge was checked and shared. "
+    "Pamphlets carried news and arguments to readers who had never owned a book before, and "
+    "literacy rose in the cities first, then in the countryside. Printers standardised spelling "
+    "and grammar, often without meaning to, simply by choosing one form and repeating it in "
+    "thousands of copies. Maps, scientific tables and musical scores could be reproduced without "
+    "the errors that hand copying introduced, so astronomers and navigators worked from the same "
+    "numbers. Governments and churches soon tried to control what was printed, licensing presses "
+    "and banning books, but the sheer number of presses made censorship difficult. By the end of "
+    "the sixteenth century, millions of volumes were in circulation, and the way people learned, "
+    "argued and remembered had changed for good."
+)
+
+
+def make_prompts(args) -> None:
+    """Token ids of the agreement prompts and of the speed prompt, with the model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.hf)
+    agreement = []
+    for name, text, chat in AGREEMENT_PROMPTS:
+        if chat:
+            ids = tok.apply_chat_template([{"role": "user", "content": text}],
+                                          add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "keys"):
+                ids = ids["input_ids"]
+        else:
+            ids = tok.encode(text, add_special_tokens=False)
+        agreement.append({"name": name, "text": text, "chat_template": chat,
+                          "ids": [int(i) for i in ids]})
+    speed = tok.encode(SPEED_TEXT, add_special_tokens=False)
+    while len(speed) < args.prompt_len:
+        speed = speed + speed
+    speed = [int(i) for i in speed[:args.prompt_len]]
+    data = {"agreement": agreement, "speed": {"text": tok.decode(speed), "ids": speed}}
+    Path(args.result).write_text(json.dumps(data, indent=1))
+
+
+def f32_gguf(args) -> None:
+    """A GGUF with the source's metadata and every tensor dequantized to F32."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(args.src)
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(args.out, arch)
+    skip = {"general.architecture", "general.file_type", "general.quantization_version"}
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name in skip:
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for t in reader.tensors:
+        data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        shape = [int(d) for d in reversed(t.shape.tolist())]  # GGML order -> numpy order
+        writer.add_tensor(t.name, data.reshape(shape))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    write_result(args.result, {"gguf": args.out, "tensors": len(reader.tensors)})
+
+
+def run_transformers(args) -> None:
+    """transformers eager fp32 from the HF folder: the reference of greedy agreement."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(args.threads)
+
+    def load():
+        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32,
+                                                     attn_implementation="eager")
+        return model.eval()
+
+    @torch.inference_mode()
+    def timed(model, ids, n):
+        t0 = time.perf_counter()
+        out = model(input_ids=torch.tensor([ids]), use_cache=True)
+        t_prefill = time.perf_counter() - t0
+        tokens = [int(out.logits[0, -1].argmax())]
+        t_first = time.perf_counter() - t0
+        past = out.past_key_values
+        for _ in range(n - 1):
+            out = model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=past,
+                        use_cache=True)
+            past = out.past_key_values
+            tokens.append(int(out.logits[0, -1].argmax()))
+        return {"t_prefill": t_prefill, "t_first": t_first, "t_end": time.perf_counter() - t0,
+                "tokens": tokens}
+
+    def greedy(model, ids, n):
+        return timed(model, ids, n)["tokens"]
+
+    out = speed_and_agreement(args, load, timed, greedy)
+    out.update(threads=args.threads, torch=torch.__version__)
+    write_result(args.result, out)
+
+
+def run_ours(args) -> None:
+    """Our runtime through its public Python API: greedy tokens (end-of-sequence ignored), then
+    one generation of the speed prompt, so this process's peak RSS is that of loading the model
+    and generating (`llm-onnx bench` also allocates a buffer to measure memory bandwidth)."""
+    from llm_onnx.runtime import Model
+
+    prompts = load_prompts(args.prompts)
+    model = Model.load(args.model)
+    greedy = [list(model.generate(p["ids"], max_new_tokens=args.agree_tokens, temperature=0,
+                                  ignore_eos=True).token_ids)
+              for p in prompts["agreement"]] if args.agree_tokens else []
+    model.generate(prompts["speed"]["ids"], max_new_tokens=args.new_tokens, temperature=0,
+                   ignore_eos=True)
+    write_result(args.result, {"greedy": greedy})
+
+
+def run_ours_speed(args) -> None:
+    """Stand-in for `llm-onnx bench` while that command does not exist: Model.generate's own
+    timings, same prompt ids, one warm-up, --passes passes. Same JSON keys where it can."""
+    from llm_onnx.runtime import Model
+
+    prompts = load_prompts(args.prompts)
+    ids = prompts["speed"]["ids"]
+    start = time.perf_counter()
+    model = Model.load(args.model)
+    load_s = time.perf_counter() - start
+
+    def gen():
+        return model.generate(ids, max_new_tokens=args.new_tokens, temperature=0, ignore_eos=True)
+
+    gen()
+    runs = [gen().timings for _ in range(args.passes)]
+    manifest = json.loads((Path(args.model) / "manifest.json").read_text())
+    threads = getattr(getattr(model.engine, "runtime", None), "threads", None)
+    write_result(args.result, {
+        "source": "fallback: Model.generate timings (llm-onnx bench not available)",
+        "ttft_s": stats([t.ttft_s for t in runs]),
+        "prefill_tok_s": stats([t.prefill_tok_s for t in runs]),
+        "decode_tok_s": stats([t.decode_tok_s for t in runs]),
+        "load_s": load_s, "weight_bytes": manifest["weights"]["bytes"],
+        "decode_ceiling_tok_s": None, "threads": threads,
+    })
+
+
+# ------------------------------------------------------------------------ onnxruntime-genai venv
+
+
+def run_genai(args) -> None:
+    """onnxruntime-genai: og.Model, og.Generator; append_tokens runs the prefill, each
+    generate_next_token picks a token (and, from the second on, first runs the model on the last
+    one)."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    prompts = load_prompts(args.prompts)
+    longest = max([len(prompts["speed"]["ids"]) + args.new_tokens]
+                  + [len(p["ids"]) + args.agree_tokens for p in prompts["agreement"]])
+
+    def generator(model, ids, n, min_length=0):
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(ids) + n, min_length=min_length,
+                                  do_sample=False, batch_size=1)
+        return og.Generator(model, params)
+
+    def timed(model, ids, n):
+        # min_length keeps end-of-sequence from stopping the run early (like ignore_eos)
+        g = generator(model, ids, n, min_length=len(ids) + n)
+        t0 = time.perf_counter()
+        g.append_tokens(np.asarray(ids, dtype=np.int32))
+        t_prefill = time.perf_counter() - t0
+        g.generate_next_token()
+        tokens = [int(g.get_next_tokens()[0])]
+        t_first = time.perf_counter() - t0
+        while len(tokens) < n and not g.is_done():
+            g.generate_next_token()
+            tokens.append(int(g.get_next_tokens()[0]))
+        return {"t_prefill": t_prefill, "t_first": t_first, "t_end": time.perf_counter() - t0,
+                "tokens": tokens}
+
+    def greedy(model, ids, n):
+        # argmax of the logits, fed back with append_tokens: end-of-sequence is just a token
+        g = generator(model, ids, n)
+        g.append_tokens(np.asarray(ids, dtype=np.int32))
+        tokens = []
+        for i in range(n):
+            tokens.append(int(np.argmax(g.get_logits()[0, -1])))
+            if i < n - 1:
+                g.append_tokens(np.asarray([tokens[-1]], dtype=np.int32))
+        return tokens
+
+    out = speed_and_agreement(args, lambda: og.Model(args.model), timed, greedy)
+    cfg = json.loads((Path(args.model) / "genai_config.json").read_text())
+    out.update(threads=cfg["model"]["decoder"].get("session_options", {}).get(
+        "intra_op_num_threads", "default"), onnxruntime_genai=og.__version__, max_length=longest)
+    write_result(args.result, out)
+
+
+# ------------------------------------------------------------------------- llama-cpp-python venv
+
+
+def llama_quantize(args) -> None:
+    """llama.cpp's own quantizer: f32 GGUF -> q8_0 (or another llama_ftype)."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{args.ftype.upper()}")
+    params.nthread = args.threads
+    rc = llama_cpp.llama_model_quantize(args.src.encode(), args.out.encode(),
+                                        ctypes.byref(params))
+    if rc != 0:
+        raise SystemExit(f"llama_model_quantize returned {rc}")
+    write_result(args.result, {"gguf": args.out, "ftype": args.ftype})
+
+
+def run_llama(args) -> None:
+    """llama.cpp through llama-cpp-python: Llama.reset, Llama.eval (prefill / one token),
+    Llama.sample(temp=0) (greedy). Token ids go straight in, so no BOS is added."""
+    import llama_cpp
+
+    prompts = load_prompts(args.prompts)
+    n_ctx = max([len(prompts["speed"]["ids"]) + args.new_tokens]
+                + [len(p["ids"]) + args.agree_tokens for p in prompts["agreement"]])
+
+    def load():
+        return llama_cpp.Llama(model_path=args.model, n_ctx=n_ctx, n_batch=512, n_ubatch=512,
+                               n_threads=args.threads, n_threads_batch=args.threads,
+                               verbose=False)
+
+    def timed(llm, ids, n):
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        t_prefill = time.perf_counter() - t0
+        tokens = [int(llm.sample(temp=0.0, repeat_penalty=1.0))]
+        t_first = time.perf_counter() - t0
+        for _ in range(n - 1):
+            llm.eval([tokens[-1]])
+            tokens.append(int(llm.sample(temp=0.0, repeat_penalty=1.0)))
+        return {"t_prefill": t_prefill, "t_first": t_first, "t_end": time.perf_counter() - t0,
+                "tokens": tokens}
+
+    def greedy(llm, ids, n):
+        return timed(llm, ids, n)["tokens"]
+
+    out = speed_and_agreement(args, load, timed, greedy)
+    out.update(threads=args.threads, llama_cpp_python=llama_cpp.__version__, n_ctx=n_ctx,
+               weight_bytes=os.path.getsize(args.model))
+    write_result(args.result, out)
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def plot(args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+
+    rows = [r for r in json.loads(Path(args.src).read_text())["rows"]
+            if r.get("decode_tok_s") or r.get("prefill_tok_s")]
+    labels = [f"{r['system']} {r['precision']}" + (f" ({r['variant']})" if r.get("variant")
+                                                     else "") for r in rows]
+    colors = {"llm-onnx": "#1f77b4", "onnxruntime-genai": "#ff7f0e", "llama.cpp": "#2ca02c",
+              "transformers": "#7f7f7f"}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 0.45 * len(rows) + 1.8), sharey=True)
+    for ax, key, title in ((axes[0], "decode_tok_s", "decode tok/s (median; bars: min-max)"),
+                           (axes[1], "prefill_tok_s", "prefill tok/s (median; bars: min-max)")):
+        med = [(r.get(key) or {}).get("median", 0) for r in rows]
+        err = [[m - (r.get(key) or {}).get("min", m) for m, r in zip(med, rows)],
+               [(r.get(key) or {}).get("max", m) - m for m, r in zip(med, rows)]]
+        y = range(len(rows))
+        ax.barh(y, med, xerr=err, capsize=2,
+                color=[to_rgba(colors.get(r["system"], "#9467bd"),
+                               0.45 if r.get("variant") == "as built" else 1.0) for r in rows])
+        for i, m in enumerate(med):
+            if m:
+                ax.text(m, i, f" {m:.0f}", va="center", fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(list(range(len(rows))), labels, fontsize=8)
+    axes[0].invert_yaxis()
+    fig.suptitle(args.title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=110)
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="step", required=True)
+
+    def step(name, func, *opts):
+        sp = sub.add_parser(name)
+        sp.set_defaults(func=func)
+        sp.add_argument("--result", required=name not in ("plot",))
+        for opt in opts:
+            kind = int if opt in ("--prompt-len", "--threads", "--passes", "--new-tokens",
+                                  "--agree-tokens") else str
+            sp.add_argument(opt, type=kind, required=opt not in ("--threads", "--title"))
+        return sp
+
+    run_opts = ("--model", "--prompts", "--passes", "--new-tokens", "--agree-tokens", "--threads")
+    step("hf-convert", hf_convert, "--gguf", "--out")
+    step("prompts", make_prompts, "--hf", "--prompt-len")
+    step("f32-gguf", f32_gguf, "--src", "--out")
+    step("run-transformers", run_transformers, *run_opts)
+    step("run-ours", run_ours, "--model", "--prompts", "--agree-tokens", "--new-tokens")
+    step("run-ours-speed", run_ours_speed, "--model", "--prompts", "--passes", "--new-tokens")
+    step("run-genai", run_genai, "--model", "--prompts", "--passes", "--new-tokens",
+         "--agree-tokens")
+    step("llama-quantize", llama_quantize, "--src", "--out", "--ftype", "--threads")
+    step("run-llama", run_llama, *run_opts)
+    step("plot", plot, "--src", "--out", "--title")
+    args = p.parse_args()
+    if getattr(args, "threads", None) is None:
+        args.threads = 2
+    args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
