@@ -85,9 +85,12 @@ def _default_precision() -> str:
               show_default=True, help="Quantization block size (int8/int4).")
 @click.option("--float-embeddings", is_flag=True,
               help="int8/int4: keep the embedding and LM head in float (default: int8).")
-@click.option("--accuracy-level", type=click.IntRange(0, 4), default=4, show_default=True,
-              help="int8/int4: MatMulNBits accuracy level (4 = int8 activations, fastest on CPU; "
-                   "0 = fp32 activations).")
+@click.option("--accuracy-level", type=click.IntRange(0, 4),
+              help="int4: MatMulNBits accuracy level of the projections: 0 = fp32 activations "
+                   "(default; faithful), 4 = int8 activations (faster). int8 always uses 4.")
+@click.option("--quant-scheme", type=click.Choice(["zero_point", "offset", "symmetric"]),
+              help="int8/int4 blocks: uint8 zero points (int8 default), float block minimums "
+                   "(int4 default; exact for Q4_1 GGUF weights) or symmetric.")
 @click.option("--all-logits", is_flag=True,
               help="The prefill graph returns logits for every position (default: last only).")
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs torch parity gate.")
@@ -95,7 +98,7 @@ def _default_precision() -> str:
               "folder is complete).")
 @_handle_errors
 def export(config_name, checkpoint, random_weights, seed, precision, out, max_seq_len, block_size,
-           float_embeddings, accuracy_level, all_logits, no_validate, force) -> None:
+           float_embeddings, accuracy_level, quant_scheme, all_logits, no_validate, force) -> None:
     """Export a model to an ONNX model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
     manifest.json), then check it against torch in ONNX Runtime.
 
@@ -112,7 +115,8 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
     precision = precision or _default_precision()
     options = ExportOptions(precision=precision, block_size=int(block_size),
                             embedding_bits=None if float_embeddings else 8,
-                            accuracy_level=accuracy_level, max_seq_len=max_seq_len,
+                            accuracy_level=accuracy_level, quant_scheme=quant_scheme,
+                            max_seq_len=max_seq_len,
                             all_logits=all_logits, validate=not no_validate)
     out = out or Path("models") / f"{ckpt.name}-{precision}"
     folder = export_model(ckpt, out, options, force=force, progress=True)

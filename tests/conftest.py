@@ -87,19 +87,20 @@ def tiny_hf(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_export(tiny_hf, tmp_path_factory):
-    """``tiny_export(arch, precision, accuracy_level=4)`` -> model folder, exported once."""
+    """``tiny_export(arch, precision, **export_options)`` -> model folder, exported once."""
     from llm_onnx.build_model import open_checkpoint
     from llm_onnx.export import ExportOptions, export_model
 
     made: dict[tuple, Path] = {}
 
-    def get(arch: str, precision: str = "fp32", accuracy_level: int = 4) -> Path:
-        key = (arch, precision, accuracy_level)
+    def get(arch: str, precision: str = "fp32", **options) -> Path:
+        key = (arch, precision, tuple(sorted(options.items())))
         if key not in made:
-            out = tmp_path_factory.mktemp("exports") / f"{arch}-{precision}-{accuracy_level}"
+            name = "-".join([arch, precision] + [f"{k}={v}" for k, v in sorted(options.items())])
+            out = tmp_path_factory.mktemp("exports") / name
             export_model(open_checkpoint(tiny_hf(arch)[1]), out,
-                         ExportOptions(precision=precision, max_seq_len=64,
-                                       accuracy_level=accuracy_level), progress=False)
+                         ExportOptions(precision=precision, max_seq_len=64, **options),
+                         progress=False)
             made[key] = out
         return made[key]
 

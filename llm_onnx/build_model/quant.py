@@ -80,6 +80,25 @@ def quantize(w: Tensor, bits: int, block_size: int, *, asymmetric: bool = False,
     return _pack(codes, bits), scale.contiguous(), None
 
 
+def quantize_offset(w: Tensor, bits: int, block_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Block quantization with a float offset per block (llama.cpp's Q4_1 form):
+    W[n, k] ~= code * scale + minimum, codes in [0, 2^bits - 1].
+
+    Returns (qweight, scales, zero_points, minimums): zero points are all 0 (so MatMulNBits computes
+    code * scale) and the minimums (N, k_blocks) go into a separate term x_blocksum @ minimums^T.
+    A Q4_1 tensor (as a GGUF holds) is reproduced exactly; any tensor loses no code range to a
+    rounded zero point. K must be a multiple of block_size.
+    """
+    blocks = _blocks(w, block_size)  # (N, B, bs)
+    levels = 2 ** bits - 1
+    lo, hi = blocks.amin(-1), blocks.amax(-1)
+    scale = ((hi - lo) / levels).clamp_min(1e-12)
+    codes = torch.clamp(torch.round((blocks - lo[..., None]) / scale[..., None]), 0, levels)
+    zeros = torch.zeros(scale.shape, dtype=torch.uint8)
+    return (_pack(codes.to(torch.uint8), bits), scale.contiguous(), _pack_zero_points(zeros, bits),
+            lo.contiguous())
+
+
 def _pack(codes: Tensor, bits: int) -> Tensor:
     """(..., n) uint8 codes -> bytes, low nibble first for 4 bits."""
     if bits == 4:
@@ -142,6 +161,28 @@ def matmul_nbits(x: Tensor, qweight: Tensor, scales: Tensor, zero_points: Tensor
 @matmul_nbits.register_fake
 def _(x, qweight, scales, zero_points, bias, k, n, bits, block_size, accuracy_level):
     return x.new_empty((*x.shape[:-1], n))
+
+
+@torch.library.custom_op("llm_onnx::matmul_nbits_offset", mutates_args=())
+def matmul_nbits_offset(x: Tensor, qweight: Tensor, scales: Tensor, zero_points: Tensor,
+                        block_ones: Tensor, minimums_t: Tensor, bias: Tensor | None, k: int, n: int,
+                        bits: int, block_size: int, accuracy_level: int) -> Tensor:
+    """x @ (codes * scale + minimum)^T: MatMulNBits plus the offset term (x @ block_ones) @
+    minimums_t, where block_ones (K, k_blocks) sums x over each block and minimums_t is
+    (k_blocks, N)."""
+    y = matmul_nbits(x, qweight, scales, zero_points, bias, k, n, bits, block_size, accuracy_level)
+    return y + (x @ block_ones.to(x.dtype)) @ minimums_t.to(x.dtype)
+
+
+@matmul_nbits_offset.register_fake
+def _(x, qweight, scales, zero_points, block_ones, minimums_t, bias, k, n, bits, block_size,
+      accuracy_level):
+    return x.new_empty((*x.shape[:-1], n))
+
+
+def block_ones(k: int, block_size: int) -> Tensor:
+    """(K, K / block_size) with ones where row k belongs to block b: x @ it sums x per block."""
+    return torch.repeat_interleave(torch.eye(k // block_size), block_size, dim=0)
 
 
 @torch.library.custom_op("llm_onnx::gather_nbits", mutates_args=())

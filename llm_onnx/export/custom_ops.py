@@ -142,6 +142,17 @@ def matmul_nbits(x: TFloat, qweight: UINT8, scales: TFloat, zero_points: Optiona
 
 
 @onnxscript.script(opset=_here)
+def matmul_nbits_offset(x: TFloat, qweight: UINT8, scales: TFloat, zero_points: UINT8,
+                        block_ones: TFloat, minimums_t: TFloat, bias: Optional[TFloat], k: int,
+                        n: int, bits: int, block_size: int, accuracy_level: int) -> TFloat:
+    # x --MatMulNBits(codes * scale)--> y --Add--> out
+    # x --MatMul(block_ones)--> block sums --MatMul(minimums_t)-^
+    y = msft.MatMulNBits(x, qweight, scales, zero_points, None, bias, K=k, N=n, bits=bits,
+                         block_size=block_size, accuracy_level=accuracy_level)
+    return op18.Add(y, op18.MatMul(op18.MatMul(x, block_ones), minimums_t))
+
+
+@onnxscript.script(opset=_here)
 def gather_nbits(qweight: UINT8, ids: INT64, scales: TFloat, k: int, bits: int,
                  block_size: int) -> TFloat:
     return msft.GatherBlockQuantized(qweight, ids, scales, bits=bits, block_size=block_size,
@@ -182,6 +193,7 @@ def translation_table(rotary_fused: bool) -> dict:
         t.matmul_transposed.default: matmul_transposed,
         t.swiglu.default: swiglu,
         t.matmul_nbits.default: matmul_nbits,
+        t.matmul_nbits_offset.default: matmul_nbits_offset,
         t.gather_nbits.default: gather_nbits,
         t.qmoe.default: qmoe,
     }

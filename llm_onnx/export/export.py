@@ -146,7 +146,8 @@ def _precision_section(cfg: ModelConfig, options: ExportOptions) -> dict:
         "residual_stream": "float32",
     }
     if options.quantized:
-        section.update(block_size=options.block_size, accuracy_level=options.accuracy_level,
+        section.update(block_size=options.block_size, accuracy_level=options.activation_level,
+                       scheme=options.scheme,
                        embedding_bits=options.embedding_bits, scale_search=options.quant_search,
                        quantized_tensors=len(kinds["quantized"]),
                        quantized=_summarise(kinds["quantized"]),
@@ -287,8 +288,7 @@ def validate(checkpoint: Checkpoint, folder: Path, options: ExportOptions, max_l
     vocabulary rows, first experts) when the model is too large to run twice in memory."""
     cfg = checkpoint.config
     progress.stage("validating")
-    limits = thresholds(options.precision, options.accuracy_level,
-                        int8_activations_anyway=options.bits == 8 and cfg.moe is not None)
+    limits = thresholds(options.precision, options.int8_activations)
     kv_dtype = np.float16 if options.precision == "fp16" else np.float32
     if cfg.num_parameters() <= FULL_VALIDATION_PARAMS:
         report = _compare_folder(folder, cfg, options, max_len, tensors, kv_dtype, limits)

@@ -48,22 +48,37 @@ class HeadLinear(nn.Module):
 
 
 class NBitsLinear(nn.Module):
-    """Weight-only quantized linear: com.microsoft.MatMulNBits."""
+    """Weight-only quantized linear: com.microsoft.MatMulNBits.
+
+    ``scheme``: "symmetric" (no zero points), "zero_point" (uint8 zero points) or "offset"
+    (float block minimums through a second, tiny term; see quant.quantize_offset).
+    """
 
     def __init__(self, n_in: int, n_out: int, bias: bool, dtype: torch.dtype, bits: int,
-                 block_size: int, accuracy_level: int, search: bool, asymmetric: bool) -> None:
+                 block_size: int, accuracy_level: int, search: bool, scheme: str) -> None:
         super().__init__()
         self.k, self.n, self.bits, self.block_size = n_in, n_out, bits, block_size
-        self.accuracy_level, self.search, self.asymmetric = accuracy_level, search, asymmetric
+        # 8-bit weights have no fast fp32-activation kernel in ONNX Runtime's CPU provider (the
+        # unpacked fallback measured 50x slower), so they always take int8 activations.
+        self.accuracy_level = 4 if bits == 8 else accuracy_level
+        self.search, self.scheme = search, scheme
         k_blocks = math.ceil(n_in / block_size)
         self.register_buffer("qweight", torch.empty(n_out, k_blocks, block_size * bits // 8,
                                                     dtype=torch.uint8))
         self.register_buffer("scales", torch.empty(n_out, k_blocks, dtype=dtype))
         self.register_buffer("zero_points", torch.empty(n_out, math.ceil(k_blocks * bits / 8),
-                                                        dtype=torch.uint8) if asymmetric else None)
+                                                        dtype=torch.uint8)
+                             if scheme != "symmetric" else None)
+        if scheme == "offset":
+            self.register_buffer("block_ones", torch.empty(n_in, k_blocks, dtype=dtype))
+            self.register_buffer("minimums_t", torch.empty(k_blocks, n_out, dtype=dtype))
         self.bias = nn.Parameter(torch.empty(n_out, dtype=dtype), requires_grad=False) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.scheme == "offset":
+            return quant.matmul_nbits_offset(
+                x, self.qweight, self.scales, self.zero_points, self.block_ones, self.minimums_t,
+                self.bias, self.k, self.n, self.bits, self.block_size, self.accuracy_level)
         return quant.matmul_nbits(x, self.qweight, self.scales, self.zero_points, self.bias, self.k,
                                   self.n, self.bits, self.block_size, self.accuracy_level)
 
@@ -134,10 +149,13 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
             if bits is None or path.endswith("mlp.gate"):
                 new: nn.Module = MatMulLinear(module.in_features, module.out_features, bias, dtype)
             else:
+                scheme = options.scheme
+                if scheme == "offset" and module.in_features % options.block_size:
+                    scheme = "zero_point"  # the offset term needs whole blocks along K
                 new = NBitsLinear(module.in_features, module.out_features, bias, dtype, bits,
-                                  options.block_size, options.accuracy_level,
+                                  options.block_size, options.activation_level,
                                   options.quant_search and bits == 4,  # int8 error is already small
-                                  options.asymmetric)
+                                  scheme)
             _set(model, path, new)
         elif isinstance(module, Experts) and bits is not None:
             e, two_i, d = module.gate_up_proj.shape
@@ -154,7 +172,7 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
     else:
         # Symmetric, like the embedding: a tied head then shares the embedding's bytes.
         model.lm_head = NBitsLinear(cfg.hidden_size, cfg.vocab_size, False, model.dtype, emb_bits,
-                                    emb_block, options.accuracy_level, False, False)
+                                    emb_block, options.activation_level, False, "symmetric")
         model.model.embed_tokens = QuantEmbedding(cfg.vocab_size, cfg.hidden_size, model.dtype,
                                                   emb_bits, emb_block)
     return model

@@ -16,13 +16,18 @@ class ExportOptions:
         block_size: quantization block along the input dimension (power of two >= 16).
         embedding_bits: precision of the token embedding and LM head in quantized exports:
             8 (default; tied embeddings then share one int8 table) or None to keep them float.
-        accuracy_level: MatMulNBits accuracy_level (4 = int8 activations, fastest on CPU;
-            0 = keep fp32 activations).
+        accuracy_level: MatMulNBits accuracy_level of 4-bit projections: 4 = int8 activations
+            (fastest on CPU), 0 = fp32 activations. Default: 0 for int4 (with the offset scheme
+            it reproduces a Q4_1 checkpoint's greedy output exactly). 8-bit weights always use
+            4: ONNX Runtime has no fast fp32-activation kernel for them.
         max_seq_len: context length the graphs support (RoPE tables); default: the config's.
         fuse_qkv, fuse_gate_up, fuse_rotary: fused projections and RoPE inside attention.
         all_logits: the prefill graph returns logits for every position, not only the last.
-        asymmetric: quantize projections with a per-block zero point (uses the whole code range
-            for one-sided blocks; the embedding/LM head stay symmetric so a tied pair shares bytes).
+        quant_scheme: how projections are quantized: "zero_point" (per-block uint8 zero points,
+            the whole code range for one-sided blocks), "offset" (a float minimum per block added
+            by a tiny second term: exact for Q4_1 GGUF weights, slower) or "symmetric". Default:
+            zero_point for int8, offset for int4. The embedding/LM head stay symmetric so a tied
+            pair shares its bytes.
         quant_search: per-block search for the scale with the least squared error.
         validate: run the ORT vs torch parity gate after writing.
     """
@@ -30,13 +35,13 @@ class ExportOptions:
     precision: str = "int8"
     block_size: int = 32
     embedding_bits: int | None = 8
-    accuracy_level: int = 4
+    accuracy_level: int | None = None
     max_seq_len: int | None = None
     fuse_qkv: bool = True
     fuse_gate_up: bool = True
     fuse_rotary: bool = True
     all_logits: bool = False
-    asymmetric: bool = True
+    quant_scheme: str | None = None
     quant_search: bool = True
     validate: bool = True
 
@@ -49,14 +54,36 @@ class ExportOptions:
             raise ConfigError(f"block_size {bs} must be a power of two >= 16 (e.g. 32, 64, 128).")
         if self.embedding_bits not in (None, 4, 8):
             raise ConfigError(f"embedding_bits must be 8, 4 or None, got {self.embedding_bits!r}.")
-        if self.accuracy_level not in (0, 1, 2, 3, 4):
+        if self.accuracy_level not in (None, 0, 1, 2, 3, 4):
             raise ConfigError(f"accuracy_level must be 0-4, got {self.accuracy_level}.")
+        if self.quant_scheme not in (None, "symmetric", "zero_point", "offset"):
+            raise ConfigError(f"quant_scheme must be symmetric, zero_point or offset, got "
+                              f"{self.quant_scheme!r}.")
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise ConfigError(f"max_seq_len must be at least 2, got {self.max_seq_len}.")
 
     @property
     def quantized(self) -> bool:
         return self.precision in ("int8", "int4")
+
+    @property
+    def activation_level(self) -> int:
+        """The accuracy_level 4-bit projections get (8-bit ones always get 4)."""
+        if self.accuracy_level is not None:
+            return self.accuracy_level
+        return 0 if self.precision == "int4" else 4
+
+    @property
+    def int8_activations(self) -> bool:
+        """Whether some MatMulNBits quantizes its activations to int8 (adds rounding noise)."""
+        return self.quantized and (self.bits == 8 or self.embedding_bits == 8
+                                   or self.activation_level == 4)
+
+    @property
+    def scheme(self) -> str:
+        if self.quant_scheme is not None:
+            return self.quant_scheme
+        return "offset" if self.precision == "int4" else "zero_point"
 
     @property
     def bits(self) -> int | None:

@@ -40,14 +40,12 @@ QUANT_EXACT = Thresholds(relative_logits=1e-3, kl=1e-5)
 QUANT_INT8_ACTIVATIONS = Thresholds(relative_logits=0.15, kl=0.05)
 
 
-def thresholds(precision: str, accuracy_level: int, int8_activations_anyway: bool) -> Thresholds:
+def thresholds(precision: str, int8_activations: bool) -> Thresholds:
     if precision == "fp32":
         return FP32
     if precision == "fp16":
         return FP16
-    if accuracy_level == 4 or int8_activations_anyway:
-        return QUANT_INT8_ACTIVATIONS
-    return QUANT_EXACT
+    return QUANT_INT8_ACTIVATIONS if int8_activations else QUANT_EXACT
 
 
 def load_stored(model: Decoder, data_file: Path, tensors: dict[str, StoredTensor]) -> Decoder:
@@ -62,10 +60,14 @@ def load_stored(model: Decoder, data_file: Path, tensors: dict[str, StoredTensor
             module._buffers[attr] = t
         else:
             setattr(module, attr, torch.nn.Parameter(t, requires_grad=False))
-    if model.config.tie_word_embeddings and hasattr(model.lm_head, "weight") and \
-            isinstance(model.lm_head.weight, torch.nn.Parameter) and \
-            model.lm_head.weight.is_meta:
-        model.lm_head.weight = model.model.embed_tokens.weight
+    head, embed = model.lm_head, model.model.embed_tokens
+    if model.config.tie_word_embeddings and isinstance(getattr(head, "weight", None), torch.nn.Parameter) \
+            and isinstance(getattr(embed, "weight", None), torch.nn.Parameter):
+        # A tied pair appears in the graph under one of its two names: share whichever was read.
+        if head.weight.is_meta:
+            head.weight = embed.weight
+        elif embed.weight.is_meta:
+            embed.weight = head.weight
     return model
 
 

@@ -121,20 +121,25 @@ def _write_cast(wf: WeightFile, name: str, t: Tensor, dtype: torch.dtype) -> Non
 
 
 def _write_quantized(wf: WeightFile, prefix: str, w: Tensor, bits: int, block_size: int,
-                     scale_dtype: torch.dtype, search: bool, asymmetric: bool, flat: bool) -> None:
-    """qweight streamed in row chunks (quantization is row-local); scales and zero points
-    collected, then written."""
+                     scale_dtype: torch.dtype, search: bool, scheme: str, flat: bool) -> None:
+    """qweight streamed in row chunks (quantization is row-local); scales, zero points and block
+    minimums collected, then written."""
     n, k = w.shape
     k_blocks = -(-k // block_size)
     blob = block_size * bits // 8
     scales: list[Tensor] = []
     zero_points: list[Tensor] = []
+    minimums: list[Tensor] = []
 
     def chunks() -> Iterator[np.ndarray]:
         step = _rows(w)
         for r in range(0, n, step):
-            q, s, z = quant.quantize(w[r:r + step], bits, block_size, asymmetric=asymmetric,
-                                     search=search)
+            if scheme == "offset":
+                q, s, z, lo = quant.quantize_offset(w[r:r + step], bits, block_size)
+                minimums.append(lo)
+            else:
+                q, s, z = quant.quantize(w[r:r + step], bits, block_size,
+                                         asymmetric=scheme == "zero_point", search=search)
             scales.append(s)
             if z is not None:
                 zero_points.append(z)
@@ -145,6 +150,9 @@ def _write_quantized(wf: WeightFile, prefix: str, w: Tensor, bits: int, block_si
     _write_cast(wf, f"{prefix}.scales", torch.cat(scales), scale_dtype)
     if zero_points:
         _write_cast(wf, f"{prefix}.zero_points", torch.cat(zero_points), torch.uint8)
+    if minimums:
+        _write_cast(wf, f"{prefix}.minimums_t", torch.cat(minimums).t(), scale_dtype)
+        _write_cast(wf, f"{prefix}.block_ones", quant.block_ones(k, block_size), scale_dtype)
 
 
 def _write_experts_quantized(wf: WeightFile, prefix: str, module: QuantExperts,
@@ -194,7 +202,7 @@ def write_weights(export_model: Decoder, eager_model: Decoder, source: TensorSou
         elif isinstance(module, (NBitsLinear, QuantEmbedding)):
             w = produce(f"{prefix}weight")
             _write_quantized(wf, path, w, module.bits, module.block_size, module.scales.dtype,
-                             getattr(module, "search", False), getattr(module, "asymmetric", False),
+                             getattr(module, "search", False), getattr(module, "scheme", "symmetric"),
                              isinstance(module, QuantEmbedding))
             if getattr(module, "bias", None) is not None:
                 _write_cast(wf, f"{prefix}bias", produce(f"{prefix}bias"), module.bias.dtype)

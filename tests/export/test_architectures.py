@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from llm_onnx.build_model.ops import attention_ref
+from llm_onnx.export import ExportOptions
 from tests.conftest import FAMILY_ARCHS
 from tests.export.test_export import (PROMPT_LENS, STEPS, rows_for, torch_logits, torch_reference,
                                       transposed_weights)
@@ -41,12 +42,16 @@ def test_fp32_matches_transformers(arch, tiny_hf, tiny_export):
     assert max(np.abs(g - m).max() for g, m in zip(got, moved)) > ORT_FP32
 
 
+EXACT_INT4 = {"accuracy_level": 0, "embedding_bits": None}  # fp32 activations, float LM head
+
+
 @pytest.mark.parametrize("arch", FAMILY_ARCHS)
-def test_int8_matches_torch_with_dequantized_weights(arch, tiny_export):
-    folder = tiny_export(arch, "int8", accuracy_level=0)
+def test_quantized_matches_torch_with_dequantized_weights(arch, tiny_export):
+    folder = tiny_export(arch, "int4", **EXACT_INT4)
     rows = rows_for(arch)
     got = batch_logits(Graphs(folder), rows, PROMPT_LENS, STEPS)
-    want = torch_logits(torch_reference(folder, arch, "int8"), rows)
+    opts = ExportOptions(precision="int4", max_seq_len=64, **EXACT_INT4)
+    want = torch_logits(torch_reference(folder, arch, opts), rows)
     assert max(np.abs(g - w).max() for g, w in zip(got, want)) <= ORT_QUANT
 
 
@@ -70,7 +75,7 @@ FAMILY_OPS = {
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 @pytest.mark.parametrize("arch", FAMILY_ARCHS)
 def test_graphs_use_contrib_ops(arch, precision, tiny_export):
-    folder = tiny_export(arch, precision, accuracy_level=0 if precision == "int8" else 4)
+    folder = tiny_export(arch, precision)
     for graph in ("prefill.onnx", "decode.onnx"):
         found = nodes(folder, graph)
         types = {n.op_type for n in found}

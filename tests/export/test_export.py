@@ -59,28 +59,39 @@ def test_fp16_matches_transformers(arch, hf_models, exports):
     assert max(np.abs(g - w).max() for g, w in zip(got, want)) <= ORT_FP16
 
 
-@pytest.mark.parametrize("precision", ["int8", "int4"])
+QUANTIZED = [
+    # fp32 activations and a float LM head: ORT must compute exactly the dequantized math
+    ("int4", {"accuracy_level": 0, "embedding_bits": None}, ORT_QUANT),
+    # 8-bit weights always run with int8 activations (no fp32-activation kernel): per-block
+    # rounding of the activations, bounded relative to the logits (a layout bug is O(1))
+    ("int8", {}, "5%"),
+    ("int4", {"accuracy_level": 4, "quant_scheme": "zero_point"}, "5%"),
+]
+
+
+@pytest.mark.parametrize("precision, options, tol", QUANTIZED, ids=["int4-exact", "int8", "int4-fast"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_quantized_matches_torch_with_dequantized_weights(arch, precision, exports):
-    """accuracy_level 0 keeps fp32 activations, so ORT must compute exactly the dequantized math
-    (QMoE's 8-bit experts always quantize activations: a looser bound there)."""
-    folder = exports(arch, precision, accuracy_level=0)
+def test_quantized_matches_torch_with_dequantized_weights(arch, precision, options, tol, exports):
+    folder = exports(arch, precision, **options)
     rows = rows_for(arch)
     got = batch_logits(Graphs(folder), rows, PROMPT_LENS, STEPS)
-    reference = torch_reference(folder, arch, precision)
-    want = torch_logits(reference, rows)
-    tol = 2e-2 if (arch == "qwen3_moe_tiny" and precision == "int8") else ORT_QUANT
-    assert max(np.abs(g - w).max() for g, w in zip(got, want)) <= tol
+    want = torch_logits(torch_reference(folder, arch, ExportOptions(precision=precision, max_seq_len=64,
+                                                                   **options)), rows)
+    diff = max(np.abs(g - w).max() for g, w in zip(got, want))
+    if isinstance(tol, str):
+        # MoE: activation noise can flip a near-tied top-k routing decision, a bigger jump
+        share = float(tol.rstrip("%")) / 100 * (3 if get_config(arch).moe else 1)
+        tol = share * max(np.abs(w).max() for w in want)
+    assert diff <= tol
 
 
-def torch_reference(folder: Path, arch: str, precision: str):
+def torch_reference(folder: Path, arch: str, opts: ExportOptions):
     """The export-form torch decoder holding the tensors stored in weights.data."""
     from llm_onnx.build_model.decoder import Decoder, Fusion
     from llm_onnx.export.modules import to_export_form
     from llm_onnx.export.weights import StoredTensor
 
     cfg = get_config(arch)
-    opts = ExportOptions(precision=precision, accuracy_level=0, max_seq_len=64)
     with torch.device("meta"):
         model = Decoder(cfg, fusion=Fusion(qkv=True, gate_up=True), max_positions=64)
     to_export_form(model, opts)
