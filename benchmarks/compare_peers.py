@@ -26,7 +26,9 @@ import hashlib
 import json
 import os
 import platform
+import random
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -50,6 +52,22 @@ OURS, GENAI, LLAMA, HF = "llm-onnx", "onnxruntime-genai", "llama.cpp", "transfor
 
 
 # ----------------------------------------------------------------------------- small helpers
+
+
+def cpu_busy(seconds: float = 1.0) -> float:
+    """Share of the CPU used by anything during ``seconds`` while this script waits (Linux):
+    the 1-minute load average would still count our own previous measurement."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+        return values[3] + values[4], sum(values)  # idle + iowait, total
+    try:
+        idle0, total0 = sample()
+        time.sleep(seconds)
+        idle1, total1 = sample()
+    except OSError:
+        return 0.0
+    return round(1 - (idle1 - idle0) / max(1, total1 - total0), 3)
 
 
 def log(msg: str) -> None:
@@ -316,19 +334,21 @@ def measure_all(args, setup: Setup) -> dict:
     prompt_ids = res_dir / "prompt-ids.json"
     common = {"prompts": prompts, "passes": args.passes, "new_tokens": args.new_tokens,
               "agree_tokens": args.agree_tokens}
-    rows: list[dict] = []
+    rows: list[dict] = []  # build failures, then the merged measurements
 
-    def attempt(row: dict, func) -> dict:
-        """Measure one row; a failure is recorded in the row and the run goes on."""
-        log(f"measure: {row['system']} {row['precision']} {row.get('variant', '')}")
-        row["loadavg_1m_before"] = round(os.getloadavg()[0], 2)
-        try:
-            row.update(func())
-        except (StepFailed, OSError, ValueError, KeyError) as e:
-            row["error"] = str(e).splitlines()[0]
-            log(f"  FAILED: {e}")
-        rows.append(row)
-        return row
+    def attempt_factory(target: list[dict]):
+        def attempt(row: dict, func) -> dict:
+            """Measure one row; a failure is recorded in the row and the run goes on."""
+            log(f"measure: {row['system']} {row['precision']} {row.get('variant', '')}")
+            row["cpu_busy_before"] = cpu_busy()
+            try:
+                row.update(func())
+            except (StepFailed, OSError, ValueError, KeyError) as e:
+                row["error"] = str(e).splitlines()[0]
+                log(f"  FAILED: {e}")
+            target.append(row)
+            return row
+        return attempt
 
     # what needs building, first (so the measurements run back to back)
     genai_py = llama_py = None
@@ -340,6 +360,7 @@ def measure_all(args, setup: Setup) -> dict:
             except StepFailed as e:
                 rows.append({"system": OURS, "precision": p, "error": str(e).splitlines()[0]})
                 log(f"  FAILED: {e}")
+    build_failures = rows
     if "genai" not in args.skip:
         genai_py = setup.venv("genai", GENAI_PACKAGES, "onnxruntime_genai")
         for p in args.precision:
@@ -353,14 +374,39 @@ def measure_all(args, setup: Setup) -> dict:
         llama_files = {q: f for q, f in setup.llama_models(llama_py, gguf).items()
                        if q in {LLAMA_MATCH[p] for p in args.precision}}
 
+    # Measure in rounds (each system once per round, one after the other) and merge: the
+    # machine's speed drifts over minutes, and round-robin spreads that drift over every system
+    # instead of favouring whichever ran in a fast stretch.
+    per_round: list[list[dict]] = []
+    for rnd in range(args.rounds):
+        log(f"round {rnd + 1} of {args.rounds}")
+        rows = []
+        ref = _measure_round(args, setup, rows, attempt_factory, common, hf, prompts, prompt_ids,
+                             ours_dirs, genai_dirs, llama_files, genai_py, llama_py, res_dir, logs)
+        per_round.append(rows)
+    rows = merge_rounds(per_round) + [r for r in build_failures]
+    for row in rows:
+        row["agreement"] = agreement(row.get("greedy"), ref)
+    rows.sort(key=row_order)
+    return {"rows": rows, "prompts": json.loads(prompts.read_text()), "gguf": str(gguf),
+            "hf_folder": str(hf)}
+
+
+def _measure_round(args, setup, rows, attempt_factory, common, hf, prompts, prompt_ids,
+                   ours_dirs, genai_dirs, llama_files, genai_py, llama_py, res_dir, logs):
+    """One round: every system measured once, in a shuffled order (seeded by the round) so no
+    system always runs right after another; returns transformers' greedy tokens."""
+    jobs: list[tuple[dict, object]] = []
+
+    def attempt(row: dict, func) -> None:
+        jobs.append((row, func))
+
     # transformers eager fp32: the reference tokens
-    ref = None
     if "transformers" not in args.skip:
-        row = attempt({"system": HF, "precision": "fp32", "variant": "eager"},
-                      lambda: worker(args.python, "run-transformers", logs / "run-transformers.log",
-                                     res_dir / "transformers.json", model=hf,
-                                     threads=args.threads, **common))
-        ref = row.get("greedy")
+        attempt({"system": HF, "precision": "fp32", "variant": "eager"},
+                lambda: worker(args.python, "run-transformers", logs / "run-transformers.log",
+                               res_dir / "transformers.json", model=hf,
+                               threads=args.threads, **common))
 
     for p, folder in ours_dirs.items():
         def ours(p=p, folder=folder):
@@ -395,11 +441,64 @@ def measure_all(args, setup: Setup) -> dict:
                                               res_dir / f"llama-{q}.json", model=path,
                                               threads=args.threads, **common))
 
-    for row in rows:
-        row["agreement"] = agreement(row.get("greedy"), ref)
-    rows.sort(key=row_order)
-    return {"rows": rows, "prompts": json.loads(prompts.read_text()), "gguf": str(gguf),
-            "hf_folder": str(hf)}
+    random.Random(_round_counter.next()).shuffle(jobs)  # the same orders on every run
+    run_job = attempt_factory(rows)
+    ref = None
+    for row, func in jobs:
+        done = run_job(row, func)
+        if done["system"] == HF:
+            ref = done.get("greedy")
+    return ref
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def next(self) -> int:
+        self.n += 1
+        return self.n
+
+
+_round_counter = _Counter()
+
+
+RATE_KEYS = ("ttft_s", "prefill_tok_s", "decode_tok_s")
+
+
+def merge_rounds(per_round: list[list[dict]]) -> list[dict]:
+    """One row per system: the median of the rounds' medians, the overall min and max; other
+    fields (agreement tokens, RSS, sizes) from the first round that measured it."""
+    merged: dict[tuple, dict] = {}
+    order: list[tuple] = []
+    for rows in per_round:
+        for row in rows:
+            key = (row["system"], row["precision"], row.get("variant"))
+            if key not in merged:
+                merged[key] = dict(row)
+                order.append(key)
+                for k in RATE_KEYS:
+                    if isinstance(row.get(k), dict):
+                        merged[key][k] = {"rounds": [row[k]]}
+                continue
+            m = merged[key]
+            if "error" in m and "error" not in row:
+                merged[key] = dict(row, **{k: {"rounds": [row[k]]} for k in RATE_KEYS
+                                           if isinstance(row.get(k), dict)})
+                continue
+            for k in RATE_KEYS:
+                if isinstance(row.get(k), dict) and isinstance(m.get(k), dict):
+                    m[k]["rounds"].append(row[k])
+            m["peak_rss_mib"] = max(m.get("peak_rss_mib") or 0, row.get("peak_rss_mib") or 0) or None
+    for key in order:
+        m = merged[key]
+        for k in RATE_KEYS:
+            if isinstance(m.get(k), dict) and "rounds" in m[k]:
+                r = m[k]["rounds"]
+                m[k] = {"median": statistics.median(x["median"] for x in r),
+                        "min": min(x["min"] for x in r), "max": max(x["max"] for x in r),
+                        "rounds": len(r)}
+    return [merged[k] for k in order]
 
 
 def row_order(row: dict) -> tuple:
@@ -596,15 +695,16 @@ def report(results: dict, args) -> str:
     results["ratios"], results["checks"] = ratios, checks
     p = results["prompts"]
     lines = [(f"SmolLM2-135M-Instruct, batch 1, {args.prompt_len}-token prompt, "
-              f"{args.new_tokens} new tokens, {args.passes} pass(es) after a warm-up: median "
+              f"{args.new_tokens} new tokens, {args.rounds} round(s) x {args.passes} pass(es) after a "
+              f"warm-up, systems round-robin: median "
               f"(min-max). Agreement: leading greedy tokens equal to transformers fp32's, "
               f"{len(p['agreement'])} prompt(s) ({', '.join(a['name'] for a in p['agreement'])})"
               f" x {args.agree_tokens} tokens."),
              "", table(rows), ""]
-    busy = max((r.get("loadavg_1m_before", 0) for r in rows), default=0)
-    if busy > 0.5:
-        lines.insert(1, f"WARNING: the machine was busy (1-minute load average up to {busy:.1f} "
-                        f"before a measurement): these figures are not fit to compare.")
+    busy = max((r.get("cpu_busy_before", 0) for r in rows), default=0)
+    if busy > 0.10:
+        lines.insert(1, f"WARNING: something else was using the CPU ({busy:.0%} of it just before "
+                        f"a measurement): these figures are not fit to compare.")
     if ratios:
         lines.append("llm-onnx / peer (tok/s: ours / theirs; TTFT: theirs / ours; "
                      "> 1 = ours faster)")
@@ -656,7 +756,9 @@ def main() -> None:
                          "1 prompt x 8 tokens")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--passes", type=int, default=3, help="timed passes after one warm-up")
+    ap.add_argument("--passes", type=int, default=1, help="timed passes per round after one warm-up")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds; each measures every system once, round-robin against drift")
     ap.add_argument("--agree-tokens", type=int, default=32)
     ap.add_argument("--agree-prompts", type=int, default=3, choices=[1, 2, 3])
     ap.add_argument("--threads", type=int, default=2,
@@ -674,7 +776,7 @@ def main() -> None:
                     help="results prefix (default WORK/results/compare-peers-TIMESTAMP)")
     args = ap.parse_args()
     if args.quick:
-        args.prompt_len, args.new_tokens, args.passes = 16, 8, 1
+        args.prompt_len, args.new_tokens, args.passes, args.rounds = 16, 8, 1, 1
         args.agree_tokens, args.agree_prompts = 8, 1
     args.precision = args.precision or PRECISIONS
     args.precision = [p for p in PRECISIONS if p in args.precision]
