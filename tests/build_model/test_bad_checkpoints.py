@@ -133,3 +133,33 @@ def test_truncated_gguf(tmp_path, smollm2_gguf):
     with pytest.raises(CheckpointError) as e:
         open_checkpoint(path)
     assert str(path) in one_line(e)
+
+
+def test_sharded_checkpoint_loads_tensor_by_tensor(tmp_path):
+    """model.safetensors.index.json with several shards: same logits as transformers."""
+    from llm_onnx.build_model import build_model
+    from tests.hf_models import make_hf_model
+
+    cfg = get_config("qwen3_moe_tiny")
+    hf = make_hf_model(cfg, seed=3)
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="50KB")
+    shards = sorted(p.name for p in (tmp_path / "sharded").glob("*.safetensors"))
+    assert len(shards) > 2 and (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    ckpt = open_checkpoint(tmp_path / "sharded")
+    ours = build_model(ckpt.config, ckpt.source)
+    ids = torch.tensor([[3, 14, 15, 92, 65, 35]])
+    with torch.no_grad():
+        want = hf(ids).logits
+        got = ours(ids, torch.tensor([5], dtype=torch.int32), torch.tensor(6, dtype=torch.int32),
+                   *ours.new_cache(1, 6))[0]
+    assert (got - want).abs().max().item() <= 1e-4
+
+
+def test_missing_shard(tmp_path):
+    from tests.hf_models import make_hf_model
+
+    make_hf_model(get_config("qwen3_tiny"), seed=3).save_pretrained(tmp_path / "s", max_shard_size="50KB")
+    victim = sorted((tmp_path / "s").glob("*.safetensors"))[1]
+    victim.unlink()
+    with pytest.raises(CheckpointError, match="shard listed in model.safetensors.index.json is missing"):
+        open_checkpoint(tmp_path / "s")
