@@ -56,14 +56,14 @@ def trace_graph(model: Decoder, kind: str, *, all_logits: bool = False,
         )
     graph_model = program.model
     fix_domains(graph_model)
-    _name_dims(graph_model, model)
-    graph_model.graph.name = f"{kind}"
+    _static_vocab(graph_model, model)
+    graph_model.graph.name = kind
     graph_model.producer_name = "llm-onnx"
     return graph_model
 
 
-def _name_dims(model: ir.Model, decoder: Decoder) -> None:
-    """Readable symbolic dimensions on the graph I/O (batch, sequence, max_len)."""
+def _static_vocab(model: ir.Model, decoder: Decoder) -> None:
+    """The logits output's last dimension is the vocabulary size, not a symbol."""
     cfg = decoder.config
     for value in (*model.graph.inputs, *model.graph.outputs):
         if value.name == names.LOGITS:
