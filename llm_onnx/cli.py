@@ -305,7 +305,8 @@ def bench(model, prompt_len, new_tokens, batch, repeat, threads, provider, promp
 
     from llm_onnx.errors import GenerationError
     from llm_onnx.runtime import Model
-    from llm_onnx.runtime.bench import BenchConfig, decode_curve, plot_curve, run_bench, to_json
+    from llm_onnx.runtime.bench import (BenchConfig, decode_curve, peak_rss_mib, plot_curve,
+                                        run_bench, to_json)
 
     if model is None:
         from llm_onnx.default_model import default_model_folder
@@ -319,12 +320,10 @@ def bench(model, prompt_len, new_tokens, batch, repeat, threads, provider, promp
             raise GenerationError(f"{prompt_ids}: not a JSON list of token ids ({e}).") from None
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
             raise GenerationError(f"{prompt_ids}: expected a JSON list of integers.")
-    from llm_onnx.runtime import bench as bench_module
-
-    bench_module.rss_before_load_mib = bench_module._peak_rss_mib()
+    before_load = peak_rss_mib()
     loaded = Model.load(model, provider=provider, threads=threads)
     result = run_bench(loaded, BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens,
-                                           batch=batch, repeat=repeat, prompt_ids=ids))
+                                           batch=batch, repeat=repeat, prompt_ids=ids), before_load)
     if plot is not None:
         points = decode_curve(loaded, [128, 512, 1024, 2048], [1, 2, 4])
         result.data["decode_curve"] = points

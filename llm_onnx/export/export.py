@@ -64,14 +64,19 @@ def check_supported(cfg: ModelConfig, options: ExportOptions) -> None:
                           "GroupQueryAttention requires.")
 
 
+def meta_decoder(cfg: ModelConfig, options: ExportOptions, max_len: int,
+                 export_form: bool = True) -> Decoder:
+    """A weightless Decoder for these options: eager modules, or swapped to their export forms."""
+    with torch.device("meta"):
+        model = Decoder(cfg, dtype=_dtype(options), fusion=_fusion(options), max_positions=max_len)
+    return to_export_form(model, options) if export_form else model
+
+
 def build_graphs(cfg: ModelConfig, options: ExportOptions, max_len: int,
                  progress: Progress) -> tuple[Decoder, Decoder, dict[str, ir.Model]]:
     """(eager meta model, export-form meta model, traced graphs)."""
-    dtype, fusion = _dtype(options), _fusion(options)
-    with torch.device("meta"):
-        eager = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_len)
-        export = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_len)
-    to_export_form(export, options)
+    eager = meta_decoder(cfg, options, max_len, export_form=False)
+    export = meta_decoder(cfg, options, max_len)
     graphs = {}
     for kind in GRAPHS:
         progress.stage(f"tracing {kind}")
@@ -131,9 +136,7 @@ def _io(graph_file: Path) -> dict:
 def _precision_section(cfg: ModelConfig, options: ExportOptions) -> dict:
     from llm_onnx.export.modules import NBitsLinear, QuantEmbedding, QuantExperts
 
-    with torch.device("meta"):
-        export = to_export_form(Decoder(cfg, dtype=_dtype(options), fusion=_fusion(options),
-                                        max_positions=2), options)
+    export = meta_decoder(cfg, options, 2)
     kinds: dict[str, list[str]] = {"quantized": [], "float": []}
     for path, module in export.named_modules():
         if isinstance(module, (NBitsLinear, QuantEmbedding, QuantExperts)):
@@ -316,9 +319,7 @@ def validate(checkpoint: Checkpoint, folder: Path, options: ExportOptions, max_l
 def _compare_folder(folder: Path, cfg: ModelConfig, options: ExportOptions, max_len: int,
                     tensors: dict, kv_dtype, limits) -> dict:
     """Torch reference first (then freed), then ORT one session at a time."""
-    with torch.device("meta"):
-        reference = Decoder(cfg, dtype=_dtype(options), fusion=_fusion(options), max_positions=max_len)
-    to_export_form(reference, options)
+    reference = meta_decoder(cfg, options, max_len)
     reference = compute_in_float32(load_stored(reference, folder / mf.WEIGHTS, tensors))
     torch_steps, fed = run_reference(reference, cfg.vocab_size)
     del reference
@@ -417,9 +418,7 @@ def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | Non
 
 
 def count_weight_modules_for(cfg: ModelConfig, options: ExportOptions) -> int:
-    with torch.device("meta"):
-        model = Decoder(cfg, dtype=_dtype(options), fusion=_fusion(options), max_positions=2)
-    return count_weight_modules(to_export_form(model, options))
+    return count_weight_modules(meta_decoder(cfg, options, 2))
 
 
 def _replace_folder(scratch: Path, out: Path) -> None:

@@ -103,21 +103,19 @@ def _prompt(model: Model, cfg: BenchConfig) -> list[int]:
     return rng.integers(low, vocab, cfg.prompt_len).tolist()
 
 
-def _peak_rss_mib() -> float:
+def peak_rss_mib() -> float:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB elsewhere
-
-
-# Set by the CLI before it loads the model: the process's own footprint (Python, ORT, numpy),
-# so "peak RSS above it" can be compared with the weights and KV cache.
-rss_before_load_mib: float | None = None
 
 
 def _stats(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def run_bench(model: Model, cfg: BenchConfig) -> BenchResult:
+def run_bench(model: Model, cfg: BenchConfig, rss_before_load_mib: float | None = None,
+              ) -> BenchResult:
+    """``rss_before_load_mib``: the process's own footprint (Python, ORT, numpy), taken by the
+    caller before loading, so peak RSS above it can be compared with weights and KV cache."""
     prompt = _prompt(model, cfg)
     if len(prompt) + cfg.new_tokens > model.context_length:
         raise GenerationError(f"prompt {len(prompt)} + {cfg.new_tokens} new tokens exceed the "
@@ -133,7 +131,7 @@ def run_bench(model: Model, cfg: BenchConfig) -> BenchResult:
         ttft.append(t.ttft_s)
         prefill.append(t.prefill_tok_s * cfg.batch)
         decode.append(t.decode_tok_s * cfg.batch)
-    peak_rss = _peak_rss_mib()  # before the bandwidth probe's 1 GiB buffer
+    peak_rss = peak_rss_mib()  # before the bandwidth probe's 1 GiB buffer
     threads = model.engine.options.threads or default_threads()
     bandwidth = measure_bandwidth(threads)
     per_token = bytes_per_token(model, len(prompt) + cfg.new_tokens // 2, cfg.batch)

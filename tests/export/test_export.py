@@ -87,14 +87,10 @@ def test_quantized_matches_torch_with_dequantized_weights(arch, precision, optio
 
 def torch_reference(folder: Path, arch: str, opts: ExportOptions):
     """The export-form torch decoder holding the tensors stored in weights.data."""
-    from llm_onnx.build_model.decoder import Decoder, Fusion
-    from llm_onnx.export.modules import to_export_form
+    from llm_onnx.export.export import meta_decoder
     from llm_onnx.export.weights import StoredTensor
 
-    cfg = get_config(arch)
-    with torch.device("meta"):
-        model = Decoder(cfg, fusion=Fusion(qkv=True, gate_up=True), max_positions=64)
-    to_export_form(model, opts)
+    model = meta_decoder(get_config(arch), opts, 64)
     tensors = {}
     for path in ("prefill.onnx",):
         proto = onnx.load(str(folder / path), load_external_data=False)
