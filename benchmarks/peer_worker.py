@@ -109,6 +109,25 @@ AGREEMENT_PROMPTS = [
     ("story", "Once upon a time, in a small village at the edge of a great forest,", False),
 ]
 
+# Teacher-forced fidelity (besides the three agreement prompts): plain text openings of varied kinds.
+# Every system is fed transformers fp32's own greedy continuation of each, and at every position
+# its next-token distribution is compared with transformers' (KL divergence, top-1 match): a
+# measure of quantization error that a single near-tie cannot flip, unlike free-running agreement.
+FIDELITY_TEXTS = [
+    "The history of the Roman Empire begins",
+    "Photosynthesis is the process by which",
+    "To install Python on Linux, first",
+    "My favourite recipe for pancakes needs",
+    "In mathematics, a prime number",
+    "The stock market fell sharply today because",
+    "Dear hiring manager, I am writing to",
+    "import numpy as np\n\ndef softmax(x):",
+    "The three laws of motion state that",
+    "Climate change affects coastal cities by",
+    "Once the spaceship landed on Mars,",
+    "A good night's sleep helps the brain",
+]
+
 SPEED_TEXT = (
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
     "combined movable metal type, oil-based ink and a wooden screw press into a system that could "
@@ -147,7 +166,10 @@ def make_prompts(args) -> None:
     while len(speed) < args.prompt_len:
         speed = speed + speed
     speed = [int(i) for i in speed[:args.prompt_len]]
-    data = {"agreement": agreement, "speed": {"text": tok.decode(speed), "ids": speed}}
+    fidelity = [{"name": f"text{i + 1}", "text": t, "ids": tok.encode(t, add_special_tokens=False)}
+                for i, t in enumerate(FIDELITY_TEXTS)]
+    data = {"agreement": agreement, "fidelity": fidelity,
+            "speed": {"text": tok.decode(speed), "ids": speed}}
     Path(args.result).write_text(json.dumps(data, indent=1))
 
 
@@ -311,6 +333,132 @@ def run_genai(args) -> None:
     write_result(args.result, out)
 
 
+# ----------------------------------------------------------------------------- fidelity
+
+
+def fidelity_prompts(prompts: dict) -> list[list[int]]:
+    """The agreement prompts, then the fidelity texts (their token ids)."""
+    return [p["ids"] for p in prompts["agreement"]] + [p["ids"] for p in prompts.get("fidelity", [])]
+
+
+def log_softmax(x):
+    import numpy as np
+
+    x = np.asarray(x, dtype=np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def reference(args) -> None:
+    """transformers eager fp32: the greedy continuation of every fidelity prompt (end-of-sequence
+    ignored) and the log-probabilities at each of its positions, saved to --out (.npz)."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(args.threads)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32,
+                                                 attn_implementation="eager").eval()
+    paths, logprobs = [], []
+    with torch.inference_mode():
+        for ids in fidelity_prompts(load_prompts(args.prompts)):
+            out = model(input_ids=torch.tensor([ids]), use_cache=True)
+            rows, path = [], []
+            for i in range(args.agree_tokens):
+                logits = out.logits[0, -1].float().numpy()
+                rows.append(log_softmax(logits).astype(np.float32))
+                path.append(int(logits.argmax()))
+                if i < args.agree_tokens - 1:
+                    out = model(input_ids=torch.tensor([[path[-1]]]),
+                                past_key_values=out.past_key_values, use_cache=True)
+            paths.append(path)
+            logprobs.append(np.stack(rows))
+    np.savez(args.out, paths=np.array(paths, dtype=np.int64), logprobs=np.stack(logprobs))
+    write_result(args.result, {"prompts": len(paths), "tokens": args.agree_tokens})
+
+
+def forced_fidelity(args, next_logits) -> None:
+    """Feed each prompt, then transformers' path token by token; ``next_logits(prompt_ids, path)``
+    yields the logits before each path token. Writes KL(transformers || system) averaged over the
+    positions and how many positions pick transformers' token (top-1)."""
+    import numpy as np
+
+    ref = np.load(args.reference)
+    prompts = fidelity_prompts(load_prompts(args.prompts))
+    kl, top1, n, per_prompt = 0.0, 0, 0, []
+    for ids, path, ref_lp in zip(prompts, ref["paths"], ref["logprobs"]):
+        path = [int(t) for t in path]
+        matches = 0
+        for i, logits in enumerate(next_logits(ids, path)):
+            lp = log_softmax(logits)
+            p = np.exp(ref_lp[i].astype(np.float64))
+            kl += float((p * (ref_lp[i] - lp)).sum())
+            hit = int(np.argmax(logits)) == path[i]
+            top1 += hit
+            matches += hit
+            n += 1
+        per_prompt.append(matches)
+    write_result(args.result, {"fidelity": {"kl_mean": kl / n, "top1": top1, "positions": n,
+                                            "top1_per_prompt": per_prompt}})
+
+
+def fidelity_ours(args) -> None:
+    import numpy as np
+    from llm_onnx.runtime import Model
+
+    engine = Model.load(args.model).engine
+
+    def next_logits(ids, path):
+        cache = engine.new_cache(1, len(ids) + len(path))
+        logits = engine.step(cache, np.array([ids], dtype=np.int64))
+        for i, tok in enumerate(path):
+            yield logits[0]
+            if i < len(path) - 1:
+                logits = engine.step(cache, np.array([[tok]], dtype=np.int64))
+
+    forced_fidelity(args, next_logits)
+
+
+def fidelity_genai(args) -> None:
+    import numpy as np
+    import onnxruntime_genai as og
+
+    model = og.Model(args.model)
+
+    def next_logits(ids, path):
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(ids) + len(path), do_sample=False, batch_size=1)
+        g = og.Generator(model, params)
+        g.append_tokens(np.asarray(ids, dtype=np.int32))
+        for i, tok in enumerate(path):
+            yield np.array(g.get_logits()[0, -1], dtype=np.float32)
+            if i < len(path) - 1:
+                g.append_tokens(np.asarray([tok], dtype=np.int32))
+
+    forced_fidelity(args, next_logits)
+
+
+def fidelity_llama(args) -> None:
+    import llama_cpp
+    import numpy as np
+
+    prompts = fidelity_prompts(load_prompts(args.prompts))
+    # logits_all: llama-cpp-python only copies logits out (to Llama.scores) with it
+    llm = llama_cpp.Llama(model_path=args.model, n_ctx=max(len(p) for p in prompts) + 64,
+                          n_threads=args.threads, n_threads_batch=args.threads, logits_all=True,
+                          verbose=False)
+
+    def next_logits(ids, path):
+        llm.reset()
+        llm.eval(ids)
+        for i, tok in enumerate(path):
+            yield np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+            if i < len(path) - 1:
+                llm.eval([tok])
+
+    forced_fidelity(args, next_logits)
+
+
 # ------------------------------------------------------------------------- llama-cpp-python venv
 
 
@@ -432,6 +580,11 @@ def main() -> None:
          "--agree-tokens")
     step("llama-quantize", llama_quantize, "--src", "--out", "--ftype", "--threads")
     step("run-llama", run_llama, *run_opts)
+    step("reference", reference, "--model", "--prompts", "--agree-tokens", "--out", "--threads")
+    fid_opts = ("--model", "--prompts", "--reference", "--threads")
+    step("fidelity-ours", fidelity_ours, *fid_opts)
+    step("fidelity-genai", fidelity_genai, *fid_opts)
+    step("fidelity-llama", fidelity_llama, *fid_opts)
     step("plot", plot, "--src", "--out", "--title")
     args = p.parse_args()
     if getattr(args, "threads", None) is None:
