@@ -200,17 +200,22 @@ def f32_gguf(args) -> None:
     write_result(args.result, {"gguf": args.out, "tensors": len(reader.tensors)})
 
 
-def run_transformers(args) -> None:
-    """transformers eager fp32 from the HF folder: the reference of greedy agreement."""
+def hf_eager_fp32(model: str, threads: int):
+    """transformers eager fp32 with ``threads`` torch threads: the reference model."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(threads)
+    return AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32,
+                                                attn_implementation="eager").eval()
+
+
+def run_transformers(args) -> None:
+    """transformers eager fp32 from the HF folder: the reference of greedy agreement."""
+    import torch
 
     def load():
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32,
-                                                     attn_implementation="eager")
-        return model.eval()
+        return hf_eager_fp32(args.model, args.threads)
 
     @torch.inference_mode()
     def timed(model, ids, n):
@@ -283,6 +288,16 @@ def run_ours_speed(args) -> None:
 # ------------------------------------------------------------------------ onnxruntime-genai venv
 
 
+def genai_generator(model, ids: list[int], n: int, min_length: int = 0):
+    """An og.Generator for greedy search over ``ids`` plus ``n`` tokens, batch 1."""
+    import onnxruntime_genai as og
+
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + n, min_length=min_length, do_sample=False,
+                              batch_size=1)
+    return og.Generator(model, params)
+
+
 def run_genai(args) -> None:
     """onnxruntime-genai: og.Model, og.Generator; append_tokens runs the prefill, each
     generate_next_token picks a token (and, from the second on, first runs the model on the last
@@ -294,15 +309,9 @@ def run_genai(args) -> None:
     longest = max([len(prompts["speed"]["ids"]) + args.new_tokens]
                   + [len(p["ids"]) + args.agree_tokens for p in prompts["agreement"]])
 
-    def generator(model, ids, n, min_length=0):
-        params = og.GeneratorParams(model)
-        params.set_search_options(max_length=len(ids) + n, min_length=min_length,
-                                  do_sample=False, batch_size=1)
-        return og.Generator(model, params)
-
     def timed(model, ids, n):
         # min_length keeps end-of-sequence from stopping the run early (like ignore_eos)
-        g = generator(model, ids, n, min_length=len(ids) + n)
+        g = genai_generator(model, ids, n, min_length=len(ids) + n)
         t0 = time.perf_counter()
         g.append_tokens(np.asarray(ids, dtype=np.int32))
         t_prefill = time.perf_counter() - t0
@@ -317,7 +326,7 @@ def run_genai(args) -> None:
 
     def greedy(model, ids, n):
         # argmax of the logits, fed back with append_tokens: end-of-sequence is just a token
-        g = generator(model, ids, n)
+        g = genai_generator(model, ids, n)
         g.append_tokens(np.asarray(ids, dtype=np.int32))
         tokens = []
         for i in range(n):
@@ -354,11 +363,8 @@ def reference(args) -> None:
     ignored) and the log-probabilities at each of its positions, saved to --out (.npz)."""
     import numpy as np
     import torch
-    from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(args.threads)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32,
-                                                 attn_implementation="eager").eval()
+    model = hf_eager_fp32(args.model, args.threads)
     paths, logprobs = [], []
     with torch.inference_mode():
         for ids in fidelity_prompts(load_prompts(args.prompts)):
@@ -426,9 +432,7 @@ def fidelity_genai(args) -> None:
     model = og.Model(args.model)
 
     def next_logits(ids, path):
-        params = og.GeneratorParams(model)
-        params.set_search_options(max_length=len(ids) + len(path), do_sample=False, batch_size=1)
-        g = og.Generator(model, params)
+        g = genai_generator(model, ids, len(path))
         g.append_tokens(np.asarray(ids, dtype=np.int32))
         for i, tok in enumerate(path):
             yield np.array(g.get_logits()[0, -1], dtype=np.float32)
