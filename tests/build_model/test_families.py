@@ -160,37 +160,34 @@ def test_gpt2_checkpoint_without_prefix_and_with_mask_buffers(gpt2_folder, tmp_p
     assert logits_diff(hf, build_model(cfg, ckpt.source), ids_for(cfg)) <= TORCH_VS_HF_FP32
 
 
-def test_wrong_fused_qkv_shape_names_file_and_tensor(gpt2_folder, tmp_path):
-    _, good = gpt2_folder
+def _refused(good, tmp_path, edit) -> tuple[str, object]:
+    """Copy the good checkpoint, apply ``edit`` to its tensors, and return the one-line
+    CheckpointError message open_checkpoint gives (and the folder)."""
     folder = tmp_path / "ckpt"
     shutil.copytree(good, folder)
-    rewrite(folder, lambda t: t.update({"transformer.h.1.attn.c_attn.weight": torch.zeros(64, 190)}))
+    rewrite(folder, edit)
     with pytest.raises(CheckpointError) as e:
         open_checkpoint(folder)
     msg = str(e.value)
-    assert "\n" not in msg and "model.safetensors" in msg
+    assert "\n" not in msg
+    return msg, folder
+
+
+def test_wrong_fused_qkv_shape_names_file_and_tensor(gpt2_folder, tmp_path):
+    msg, _ = _refused(gpt2_folder[1], tmp_path, lambda t: t.update(
+        {"transformer.h.1.attn.c_attn.weight": torch.zeros(64, 190)}))
+    assert "model.safetensors" in msg
     assert "transformer.h.1.attn.c_attn.weight" in msg and "[64, 190]" in msg and "[64, 192]" in msg
 
 
 def test_missing_tensor_is_named_as_the_family_names_it(gpt2_folder, tmp_path):
-    _, good = gpt2_folder
-    folder = tmp_path / "ckpt"
-    shutil.copytree(good, folder)
-    rewrite(folder, lambda t: t.pop("transformer.h.1.ln_2.bias"))
-    with pytest.raises(CheckpointError) as e:
-        open_checkpoint(folder)
-    msg = str(e.value)
-    assert "\n" not in msg and str(folder) in msg and "lacks 1 tensor" in msg
+    msg, folder = _refused(gpt2_folder[1], tmp_path, lambda t: t.pop("transformer.h.1.ln_2.bias"))
+    assert str(folder) in msg and "lacks 1 tensor" in msg
     assert "transformer.h.1.ln_2.bias, read as model.layers.1.post_attention_layernorm.bias" in msg
 
 
 def test_wrong_conv1d_shape_names_the_tensor(gpt2_folder, tmp_path):
-    _, good = gpt2_folder
-    folder = tmp_path / "ckpt"
-    shutil.copytree(good, folder)
-    rewrite(folder, lambda t: t.update({"transformer.h.0.mlp.c_fc.weight": torch.zeros(96, 64)}))
-    with pytest.raises(CheckpointError) as e:
-        open_checkpoint(folder)
-    msg = str(e.value)
-    assert "\n" not in msg and "(tensor transformer.h.0.mlp.c_fc.weight)" in msg
+    msg, _ = _refused(gpt2_folder[1], tmp_path, lambda t: t.update(
+        {"transformer.h.0.mlp.c_fc.weight": torch.zeros(96, 64)}))
+    assert "(tensor transformer.h.0.mlp.c_fc.weight)" in msg
     assert "model.layers.0.mlp.up_proj.weight has shape [64, 96], expected [96, 64]" in msg
