@@ -289,9 +289,12 @@ def chat(system, **kwargs) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--plot", type=click.Path(path_type=Path, dir_okay=False),
               help="Also draw decode tok/s against context length and batch into this PNG.")
+@click.option("--profile", is_flag=True,
+              help="Also show where one prefill and a decode step spend their time, by op type "
+                   "(ONNX Runtime's profiler, in a separate session after the timed runs).")
 @_handle_errors
 def bench(model, prompt_len, new_tokens, batch, repeat, threads, provider, prompt_ids, as_json,
-          plot) -> None:
+          plot, profile) -> None:
     """Measure time to first token, prefill and decode speed, peak memory, and the decode speed
     the machine's memory bandwidth allows.
 
@@ -300,13 +303,15 @@ def bench(model, prompt_len, new_tokens, batch, repeat, threads, provider, promp
       llm-onnx bench
       llm-onnx bench --model models/qwen3-8b-int4 --prompt-len 512 --new-tokens 64 --json
       llm-onnx bench --model models/smollm2-int8 --plot decode.png
+      llm-onnx bench --model models/smollm2-int8 --profile
     """
     import json as _json
 
     from llm_onnx.errors import GenerationError
     from llm_onnx.runtime import Model
-    from llm_onnx.runtime.bench import (BenchConfig, decode_curve, peak_rss_mib, plot_curve,
-                                        run_bench, to_json)
+    from llm_onnx.runtime.bench import (BenchConfig, add_profile, decode_curve, peak_rss_mib,
+                                        plot_curve, profile_model, profile_table, run_bench,
+                                        to_json)
 
     if model is None:
         from llm_onnx.default_model import default_model_folder
@@ -322,13 +327,19 @@ def bench(model, prompt_len, new_tokens, batch, repeat, threads, provider, promp
             raise GenerationError(f"{prompt_ids}: expected a JSON list of integers.")
     before_load = peak_rss_mib()
     loaded = Model.load(model, provider=provider, threads=threads)
-    result = run_bench(loaded, BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens,
-                                           batch=batch, repeat=repeat, prompt_ids=ids), before_load)
+    cfg = BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, repeat=repeat,
+                      prompt_ids=ids)
+    result = run_bench(loaded, cfg, before_load)
     if plot is not None:
         points = decode_curve(loaded, [128, 512, 1024, 2048], [1, 2, 4])
         result.data["decode_curve"] = points
         plot_curve(points, plot, f"{result.data['model']} [{result.data['precision']}]")
-    click.echo(to_json(result) if as_json else result.table())
+    if profile:
+        add_profile(result, profile_model(model, cfg, threads=threads, provider=provider))
+    text = result.table()
+    if profile:
+        text += "\n\n" + profile_table(result.data["profile"], result.data["memory_bandwidth_gb_s"])
+    click.echo(to_json(result) if as_json else text)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ class RuntimeOptions:
         sessions: "single" (prefill.onnx serves both phases; one copy of the weights) or "pair".
         verify: check every file's sha256 against the manifest when loading.
         cuda_device: GPU index for the CUDA provider.
+        profile_dir: write ONNX Runtime's profiler trace (one JSON per session) into this folder
+            (``llm-onnx bench --profile``); every step gets slower while it records.
     """
 
     provider: str = "auto"
@@ -63,6 +65,7 @@ class RuntimeOptions:
     sessions: str = "single"
     verify: bool = True
     cuda_device: int = 0
+    profile_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.optimization not in OPTIMIZATION_LEVELS:
@@ -157,6 +160,9 @@ class Engine:
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = OPTIMIZATION_LEVELS[self.options.optimization]
+        if self.options.profile_dir is not None:
+            so.enable_profiling = True
+            so.profile_file_prefix = str(Path(self.options.profile_dir) / path.stem)
         providers: list = [CPU]
         if self.provider == CUDA:
             providers = [(CUDA, {"device_id": self.options.cuda_device,
@@ -170,6 +176,13 @@ class Engine:
         if self.provider == CUDA and CUDA not in session.get_providers():
             raise ProviderError(f"{path}: the CUDA session fell back to CPU.")
         return session
+
+    def end_profiling(self) -> list[Path]:
+        """Stop the profiler (RuntimeOptions.profile_dir) and return its trace files."""
+        if self.options.profile_dir is None:
+            raise GenerationError("this engine was loaded without RuntimeOptions(profile_dir=...).")
+        sessions = [self.prefill] if self.decode is self.prefill else [self.prefill, self.decode]
+        return [Path(s.end_profiling()) for s in sessions]
 
     def describe(self) -> str:
         threads = self.options.threads or default_threads()

@@ -1,0 +1,120 @@
+"""`llm-onnx bench`: its JSON, the bandwidth ceiling beside each run, and `--profile`, whose
+per-op node counts must equal the graph ONNX Runtime actually runs (its optimized model, saved
+by ONNX Runtime itself) and whose phase split is checked on a hand-made trace."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import onnx
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+
+from llm_onnx.cli import main
+from llm_onnx.errors import GenerationError
+from llm_onnx.runtime.bench import BandwidthProbe, profile_table, summarize_profile
+
+
+def _run(ts, dur):
+    return {"cat": "Session", "name": "model_run", "ts": ts, "dur": dur}
+
+
+def _node(name, op, ts, dur):
+    return {"cat": "Node", "name": f"{name}_kernel_time", "ts": ts, "dur": dur,
+            "args": {"op_name": op}}
+
+
+def test_summarize_profile_splits_prefill_from_decode_steps():
+    events = [
+        _run(0, 1000), _node("old", "MatMulNBits", 10, 900),            # an earlier generation
+        _run(2000, 500),                                                  # prefill
+        _node("a", "MatMulNBits", 2010, 300), _node("b", "GroupQueryAttention", 2320, 100),
+        _node("b_fence", "Add", 2420, 20),
+        {"cat": "Node", "name": "a_fence_before", "ts": 2005, "dur": 1},  # not a kernel event
+        _run(3000, 100),                                                  # decode step 1
+        _node("a", "MatMulNBits", 3005, 40), _node("b", "GroupQueryAttention", 3050, 20),
+        _run(4000, 140),                                                  # decode step 2
+        _node("a", "MatMulNBits", 4005, 60), _node("b", "GroupQueryAttention", 4070, 40),
+    ]
+    p = summarize_profile(events, runs=3)
+    pre, dec = p["prefill"], p["decode"]
+    assert pre["runs"] == 1 and dec["runs"] == 2
+    assert pre["run_ms"] == pytest.approx(0.5) and pre["node_ms"] == pytest.approx(0.42)
+    assert pre["outside_ms"] == pytest.approx(0.08) and pre["weight_ms"] == pytest.approx(0.3)
+    assert [o["op"] for o in pre["ops"]] == ["MatMulNBits", "GroupQueryAttention", "Add"]
+    # decode: per step means over the two steps
+    assert dec["run_ms"] == pytest.approx(0.12)
+    assert dec["weight_ms"] == pytest.approx(0.05)
+    assert dec["outside_ms"] == pytest.approx((240 - 160) / 2 / 1e3)
+    assert {o["op"]: o["nodes"] for o in dec["ops"]} == {"MatMulNBits": 1, "GroupQueryAttention": 1}
+    text = profile_table(p)
+    assert "MatMulNBits" in text and "outside nodes" in text
+    with pytest.raises(GenerationError, match="expected 5"):
+        summarize_profile(events, runs=5)
+
+
+def test_bandwidth_probe_measures_a_plausible_rate():
+    probe = BandwidthProbe(threads=1, total_bytes=64 << 20)
+    try:
+        rate = probe.measure(repeat=4)
+    finally:
+        probe.close()
+    assert 1e8 < rate < 1e12  # bytes/s: between a floppy and ten times any RAM
+
+
+@pytest.fixture(scope="module")
+def bench_json(tiny_export, tmp_path_factory):
+    folder = tiny_export("llama_tiny", "int8")
+    result = CliRunner().invoke(main, ["bench", "--model", str(folder), "--json", "--profile",
+                                       "--prompt-len", "12", "--new-tokens", "6", "--repeat", "2",
+                                       "--provider", "cpu", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    return folder, json.loads(result.output)
+
+
+def test_bench_json_reports_medians_memory_and_the_ceiling(bench_json):
+    folder, d = bench_json
+    for key in ("ttft_s", "prefill_tok_s", "decode_tok_s"):
+        s = d[key]
+        assert 0 < s["min"] <= s["median"] <= s["max"]
+    assert d["prompt_len"] == 12 and d["new_tokens"] == 6 and d["repeat"] == 2
+    assert d["peak_rss_mib"] >= d["rss_before_load_mib"] > 0  # a high-water mark: in pytest, torch set it
+    assert len(d["memory_bandwidth_samples_gb_s"]) == 2  # one probe after each timed run
+    assert d["decode_ceiling_tok_s"] > 0 and 0 < d["decode_ceiling_reached"]
+    # weights (less an untied embedding table, only gathered) + the KV cache at mid-generation
+    kv = json.loads((folder / "manifest.json").read_text())["kv_cache"]
+    kv_bytes = 2 * kv["num_layers"] * kv["num_key_value_heads"] * kv["head_dim"] * (12 + 3) * 4
+    assert kv_bytes < d["bytes_per_token"] <= d["weight_bytes"] + kv_bytes
+
+
+def test_profile_counts_the_nodes_onnx_runtime_runs(bench_json, tmp_path):
+    folder, d = bench_json
+    prof = d["profile"]
+    assert prof["prefill"]["runs"] == 1 and prof["decode"]["runs"] == 5  # 6 tokens, 1 prefill
+    # The reference: the optimized graph ONNX Runtime runs, written by ONNX Runtime itself.
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(folder / "prefill.onnx"), so, providers=["CPUExecutionProvider"])
+    graph_ops = Counter(n.op_type for n in onnx.load(so.optimized_model_filepath,
+                                                       load_external_data=False).graph.node)
+    for phase in ("prefill", "decode"):
+        p = prof[phase]
+        assert {o["op"]: o["nodes"] for o in p["ops"]} == dict(graph_ops), phase
+        assert 0 < p["weight_ms"] <= p["node_ms"] <= p["run_ms"]
+        assert p["outside_ms"] == pytest.approx(p["run_ms"] - p["node_ms"])
+    assert graph_ops["MatMulNBits"] > 0
+    assert prof["decode"]["weight_read_gb_s"] > 0
+
+
+def test_profile_table_is_printed_after_the_timings(tiny_export):
+    folder = tiny_export("llama_tiny", "fp32")
+    result = CliRunner().invoke(main, ["bench", "--model", str(folder), "--profile",
+                                       "--prompt-len", "8", "--new-tokens", "3", "--repeat", "1",
+                                       "--provider", "cpu"])
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert text.index("decode ceiling") < text.index("profile (ONNX Runtime profiler")
+    assert "weight kernels" in text and "whole run" in text
