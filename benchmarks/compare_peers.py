@@ -395,8 +395,48 @@ def measure_all(args, setup: Setup) -> dict:
             if (row["system"], row["precision"]) in fid:
                 row["fidelity"] = fid[(row["system"], row["precision"])]
     rows.sort(key=row_order)
+    profiles = (measure_profiles(args, prompts, prompt_ids, ours_dirs, genai_dirs, genai_py,
+                                 res_dir, logs) if args.profile else {})
     return {"rows": rows, "prompts": json.loads(prompts.read_text()), "gguf": str(gguf),
-            "hf_folder": str(hf)}
+            "hf_folder": str(hf), "profiles": profiles}
+
+
+def measure_profiles(args, prompts, prompt_ids, ours_dirs, genai_dirs, genai_py, res_dir, logs,
+                     ) -> dict[str, dict]:
+    """Where the time goes, after the timed rounds: ONNX Runtime's profiler on our session
+    (`llm-onnx bench --profile`) and on onnxruntime-genai's (2 threads), the same prompt, one
+    prefill and the same number of decode steps, one after the other per precision."""
+    from llm_onnx.runtime.bench import summarize_profile
+
+    steps = max(2, min(PROFILE_STEPS, args.new_tokens))
+    out: dict[str, dict] = {}
+    for p in args.precision:
+        entry: dict = {}
+        if p in ours_dirs:
+            log(f"profile: {OURS} {p}")
+            cmd = [args.python, "-m", "llm_onnx.cli", "bench", "--model", ours_dirs[p], "--json",
+                   "--profile", "--repeat", "1", "--prompt-len", args.prompt_len,
+                   "--new-tokens", args.new_tokens, "--prompt-ids", prompt_ids]
+            try:
+                data = last_json_object(run(cmd, logs / f"profile-ours-{p}.log", capture=True))
+                entry["ours"] = data["profile"]
+            except (StepFailed, ValueError, KeyError) as e:
+                entry["ours"] = {"error": str(e).splitlines()[0]}
+                log(f"  FAILED: {e}")
+        if p in genai_dirs and genai_py:
+            log(f"profile: {GENAI} {p}")
+            try:
+                res = worker(genai_py, "profile-genai", logs / f"profile-genai-{p}.log",
+                             res_dir / f"profile-genai-{p}.json", model=genai_dirs[p][1],
+                             prompts=prompts, new_tokens=steps)
+                trace = Path(res["trace"])
+                entry["genai"] = summarize_profile(json.loads(trace.read_text()), res["runs"])
+                shutil.rmtree(trace.parent, ignore_errors=True)
+            except (StepFailed, ValueError, KeyError, OSError) as e:
+                entry["genai"] = {"error": str(e).splitlines()[0]}
+                log(f"  FAILED: {e}")
+        out[p] = entry
+    return out
 
 
 def measure_fidelity(args, hf, prompts, ours_dirs, genai_dirs, llama_files, genai_py, llama_py,
@@ -503,6 +543,7 @@ _round_counter = _Counter()
 
 
 RATE_KEYS = ("ttft_s", "prefill_tok_s", "decode_tok_s")
+PROFILE_STEPS = 16  # tokens of the profiled generation (`llm-onnx bench --profile`'s default)
 CEILING_KEYS = ("decode_ceiling_tok_s", "decode_ceiling_reached", "memory_bandwidth_gb_s")
 
 
@@ -769,6 +810,37 @@ def ratios_and_checks(rows: list[dict], args) -> tuple[list[dict], list[dict]]:
     return ratios, checks
 
 
+def profile_lines(profiles: dict[str, dict]) -> list[str]:
+    """One line per precision, phase and system: the run split into weight kernels, the other
+    nodes and the time outside nodes."""
+    from llm_onnx.runtime.bench import WEIGHT_OPS
+
+    lines = []
+    for p, entry in profiles.items():
+        for phase in ("decode", "prefill"):
+            parts = []
+            for system in ("ours", "genai"):
+                prof = entry.get(system)
+                if not prof:
+                    continue
+                if "error" in prof:
+                    parts.append(f"{system}: {prof['error']}")
+                    continue
+                ph = prof[phase]
+                weight_nodes = sum(o["nodes"] for o in ph["ops"] if o["op"] in WEIGHT_OPS)
+                other_nodes = sum(o["nodes"] for o in ph["ops"] if o["op"] not in WEIGHT_OPS)
+                other_ms = ph["node_ms"] - ph["weight_ms"]
+                gbs = ph.get("weight_read_gb_s")
+                parts.append(f"{system} {ph['run_ms']:.2f} ms = weights {ph['weight_ms']:.2f} "
+                             f"({weight_nodes:.0f} nodes{f', {gbs:.1f} GB/s' if gbs else ''}) "
+                             f"+ other {other_ms:.2f} ({other_nodes:.0f} nodes) "
+                             f"+ outside nodes {ph['outside_ms']:.2f}")
+            if parts:
+                step = "decode step" if phase == "decode" else "prefill"
+                lines.append(f"  {p:5} {step:11} " + " | ".join(parts))
+    return lines
+
+
 def report(results: dict, args) -> str:
     rows = results["rows"]
     ratios, checks = ratios_and_checks(rows, args)
@@ -801,6 +873,12 @@ def report(results: dict, args) -> str:
         lines.append("")
     lines.append("Targets (issue 5):")
     lines += [f"  {c['status']:4}  {c['check']}: {c['detail']}" for c in checks]
+    prof = profile_lines(results.get("profiles") or {})
+    if prof:
+        lines += ["", f"Where the time goes (ONNX Runtime's profiler, which slows every node a "
+                      f"little; one prefill and the mean decode step of a "
+                      f"{max(2, min(PROFILE_STEPS, args.new_tokens))}-token "
+                      f"generation; ours vs {GENAI}'s graph at {args.threads} threads):"] + prof
     return "\n".join(lines)
 
 
@@ -850,6 +928,8 @@ def main() -> None:
                          "agreement prompts (0-12)")
     ap.add_argument("--no-fidelity", dest="fidelity", action="store_false",
                     help="skip the teacher-forced fidelity measure")
+    ap.add_argument("--no-profile", dest="profile", action="store_false",
+                    help="skip the ONNX Runtime profile of our and onnxruntime-genai's sessions")
     ap.add_argument("--threads", type=int, default=2,
                     help="threads for llama.cpp, transformers and the tuned onnxruntime-genai run")
     ap.add_argument("--no-genai-default-threads", dest="genai_default_threads",

@@ -345,6 +345,46 @@ def run_genai(args) -> None:
 # ----------------------------------------------------------------------------- fidelity
 
 
+def profile_genai(args) -> None:
+    """ONNX Runtime's profiler on onnxruntime-genai's session (its genai_config.json
+    ``session_options.enable_profiling``, set in a folder of links to the model): one warm-up
+    generation of 2 tokens, then one of ``--new-tokens`` (a prefill and the decode steps), the
+    same runs as `llm-onnx bench --profile`. The trace is written when the model is released;
+    compare_peers summarises it."""
+    import glob
+    import tempfile
+
+    import numpy as np
+    import onnxruntime_genai as og
+
+    ids = load_prompts(args.prompts)["speed"]["ids"]
+    src = Path(args.model)
+    work = Path(tempfile.mkdtemp(prefix="genai-profile-"))
+    linked = work / "model"
+    linked.mkdir()
+    for f in src.iterdir():
+        if f.name != "genai_config.json":
+            (linked / f.name).symlink_to(f.resolve())
+    config = json.loads((src / "genai_config.json").read_text())
+    prefix = work / "trace"
+    config["model"]["decoder"]["session_options"]["enable_profiling"] = str(prefix)
+    (linked / "genai_config.json").write_text(json.dumps(config, indent=1))
+    model = og.Model(str(linked))
+    for n in (2, args.new_tokens):
+        g = genai_generator(model, ids, n, min_length=len(ids) + n)
+        g.append_tokens(np.asarray(ids, dtype=np.int32))
+        for _ in range(n):
+            if g.is_done():
+                break
+            g.generate_next_token()
+        del g
+    del model
+    traces = sorted(glob.glob(f"{prefix}*.json"))
+    if not traces:
+        raise SystemExit(f"onnxruntime-genai wrote no profile under {work}")
+    write_result(args.result, {"trace": traces[-1], "runs": args.new_tokens})
+
+
 def fidelity_prompts(prompts: dict) -> list[list[int]]:
     """The agreement prompts, then the fidelity texts (their token ids)."""
     return [p["ids"] for p in prompts["agreement"]] + [p["ids"] for p in prompts.get("fidelity", [])]
@@ -589,6 +629,7 @@ def main() -> None:
     step("fidelity-ours", fidelity_ours, *fid_opts)
     step("fidelity-genai", fidelity_genai, *fid_opts)
     step("fidelity-llama", fidelity_llama, *fid_opts)
+    step("profile-genai", profile_genai, "--model", "--prompts", "--new-tokens")
     step("plot", plot, "--src", "--out", "--title")
     args = p.parse_args()
     if getattr(args, "threads", None) is None:
