@@ -405,36 +405,50 @@ def measure_profiles(args, prompts, prompt_ids, ours_dirs, genai_dirs, genai_py,
                      ) -> dict[str, dict]:
     """Where the time goes, after the timed rounds: ONNX Runtime's profiler on our session
     (`llm-onnx bench --profile`) and on onnxruntime-genai's (2 threads), the same prompt, one
-    prefill and the same number of decode steps, one after the other per precision."""
+    prefill and the same number of decode steps; the two alternate ``--profile-repeats`` times
+    per precision and each keeps the profile with its median decode step (a real sample, so its
+    parts add up, from the middle of this VM's drift)."""
     from llm_onnx.runtime.bench import summarize_profile
 
     steps = max(2, min(PROFILE_STEPS, args.new_tokens))
+
+    def ours(p: str) -> dict:
+        cmd = [args.python, "-m", "llm_onnx.cli", "bench", "--model", ours_dirs[p], "--json",
+               "--profile", "--repeat", "1", "--prompt-len", args.prompt_len,
+               "--new-tokens", args.new_tokens, "--prompt-ids", prompt_ids]
+        return last_json_object(run(cmd, logs / f"profile-ours-{p}.log", capture=True))["profile"]
+
+    def genai(p: str) -> dict:
+        res = worker(genai_py, "profile-genai", logs / f"profile-genai-{p}.log",
+                     res_dir / f"profile-genai-{p}.json", model=genai_dirs[p][1],
+                     prompts=prompts, new_tokens=steps)
+        trace = Path(res["trace"])
+        try:
+            return summarize_profile(json.loads(trace.read_text()), res["runs"])
+        finally:
+            shutil.rmtree(trace.parent, ignore_errors=True)
+
     out: dict[str, dict] = {}
     for p in args.precision:
+        systems = [(name, func) for name, func, ok in (
+            ("ours", ours, p in ours_dirs), ("genai", genai, p in genai_dirs and genai_py)) if ok]
+        samples: dict[str, list[dict]] = {name: [] for name, _ in systems}
         entry: dict = {}
-        if p in ours_dirs:
-            log(f"profile: {OURS} {p}")
-            cmd = [args.python, "-m", "llm_onnx.cli", "bench", "--model", ours_dirs[p], "--json",
-                   "--profile", "--repeat", "1", "--prompt-len", args.prompt_len,
-                   "--new-tokens", args.new_tokens, "--prompt-ids", prompt_ids]
-            try:
-                data = last_json_object(run(cmd, logs / f"profile-ours-{p}.log", capture=True))
-                entry["ours"] = data["profile"]
-            except (StepFailed, ValueError, KeyError) as e:
-                entry["ours"] = {"error": str(e).splitlines()[0]}
-                log(f"  FAILED: {e}")
-        if p in genai_dirs and genai_py:
-            log(f"profile: {GENAI} {p}")
-            try:
-                res = worker(genai_py, "profile-genai", logs / f"profile-genai-{p}.log",
-                             res_dir / f"profile-genai-{p}.json", model=genai_dirs[p][1],
-                             prompts=prompts, new_tokens=steps)
-                trace = Path(res["trace"])
-                entry["genai"] = summarize_profile(json.loads(trace.read_text()), res["runs"])
-                shutil.rmtree(trace.parent, ignore_errors=True)
-            except (StepFailed, ValueError, KeyError, OSError) as e:
-                entry["genai"] = {"error": str(e).splitlines()[0]}
-                log(f"  FAILED: {e}")
+        for i in range(args.profile_repeats):
+            for name, func in systems:
+                if name in entry:  # failed before
+                    continue
+                log(f"profile: {name} {p} ({i + 1} of {args.profile_repeats})")
+                try:
+                    samples[name].append(func(p))
+                except (StepFailed, ValueError, KeyError, OSError) as e:
+                    entry[name] = {"error": str(e).splitlines()[0]}
+                    log(f"  FAILED: {e}")
+        for name, got in samples.items():
+            if name not in entry and got:
+                got.sort(key=lambda prof: prof["decode"]["run_ms"])
+                entry[name] = dict(got[len(got) // 2],
+                                   decode_step_ms_samples=[g["decode"]["run_ms"] for g in got])
         out[p] = entry
     return out
 
@@ -584,7 +598,7 @@ def merge_rounds(per_round: list[list[dict]]) -> list[dict]:
                 r = m[k]["rounds"]
                 m[k] = {"median": statistics.median(x["median"] for x in r),
                         "min": min(x["min"] for x in r), "max": max(x["max"] for x in r),
-                        "rounds": len(r)}
+                        "rounds": len(r), "round_medians": [x["median"] for x in r]}
         for k, values in samples.get(key, {}).items():
             m[k] = statistics.median(values)
     return [merged[k] for k in order]
@@ -930,6 +944,9 @@ def main() -> None:
                     help="skip the teacher-forced fidelity measure")
     ap.add_argument("--no-profile", dest="profile", action="store_false",
                     help="skip the ONNX Runtime profile of our and onnxruntime-genai's sessions")
+    ap.add_argument("--profile-repeats", type=int, default=3,
+                    help="profiles per system and precision, alternating; the median decode "
+                         "step's is reported (default %(default)s)")
     ap.add_argument("--threads", type=int, default=2,
                     help="threads for llama.cpp, transformers and the tuned onnxruntime-genai run")
     ap.add_argument("--no-genai-default-threads", dest="genai_default_threads",
@@ -947,6 +964,7 @@ def main() -> None:
     if args.quick:
         args.prompt_len, args.new_tokens, args.passes, args.rounds = 16, 8, 1, 1
         args.agree_tokens, args.agree_prompts, args.fidelity_prompts = 8, 1, 1
+        args.profile_repeats = 1
     args.precision = args.precision or PRECISIONS
     args.precision = [p for p in PRECISIONS if p in args.precision]
     args.work = args.work.expanduser().resolve()
