@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 from llm_onnx.cli import main
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.bench import BandwidthProbe, profile_table, summarize_profile
+from llm_onnx.runtime.bench import (BandwidthProbe, DeviceBandwidthProbe, profile_table,
+                                    summarize_profile)
 
 
 def _run(ts, dur):
@@ -64,6 +65,18 @@ def test_bandwidth_probe_measures_a_plausible_rate():
     assert 1e8 < rate < 1e12  # bytes/s: between a floppy and ten times any RAM
 
 
+def test_device_probe_reads_its_whole_buffer_through_onnx_runtime():
+    """The GPU probe's code path, on the CPU provider: its ReduceSum must really read the buffer
+    (the sum of 2**22 ones), and its rate must be plausible."""
+    probe = DeviceBandwidthProbe("CPUExecutionProvider", total_bytes=16 << 20)
+    try:
+        probe.session.run_with_iobinding(probe.binding)
+        assert probe.y.numpy() == pytest.approx(float(1 << 22))
+        assert 1e8 < probe.measure(repeat=3) < 1e12
+    finally:
+        probe.close()
+
+
 @pytest.fixture(scope="module")
 def bench_json(tiny_export, tmp_path_factory):
     folder = tiny_export("llama_tiny", "int8")
@@ -82,6 +95,7 @@ def test_bench_json_reports_medians_memory_and_the_ceiling(bench_json):
     assert d["prompt_len"] == 12 and d["new_tokens"] == 6 and d["repeat"] == 2
     assert d["peak_rss_mib"] >= d["rss_before_load_mib"] > 0  # a high-water mark: in pytest, torch set it
     assert len(d["memory_bandwidth_samples_gb_s"]) == 2  # one probe after each timed run
+    assert "host memory, 1 threads" in d["bandwidth_probe"]
     assert d["decode_ceiling_tok_s"] > 0 and 0 < d["decode_ceiling_reached"]
     # weights (less an untied embedding table, only gathered) + the KV cache at mid-generation
     kv = json.loads((folder / "manifest.json").read_text())["kv_cache"]
