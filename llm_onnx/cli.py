@@ -309,14 +309,12 @@ def bench(model, prompt_len, new_tokens, batch, repeat, threads, provider, promp
 
     from llm_onnx.errors import GenerationError
     from llm_onnx.runtime import Model
-    from llm_onnx.runtime.bench import (BenchConfig, add_profile, decode_curve, peak_rss_mib,
-                                        plot_curve, profile_model, profile_table, run_bench,
-                                        to_json)
+    from llm_onnx.runtime.bench import (CURVE_BATCHES, BenchConfig, add_profile, curve_contexts,
+                                        decode_curve, peak_rss_mib, plot_curve, profile_model,
+                                        profile_table, pyplot, run_bench, to_json)
 
-    if model is None:
-        from llm_onnx.default_model import default_model_folder
-
-        model = default_model_folder(progress=True)
+    if plot is not None:
+        pyplot()  # bad options are reported now, not after the export or the measuring
     ids = None
     if prompt_ids is not None:
         try:
@@ -325,13 +323,17 @@ def bench(model, prompt_len, new_tokens, batch, repeat, threads, provider, promp
             raise GenerationError(f"{prompt_ids}: not a JSON list of token ids ({e}).") from None
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
             raise GenerationError(f"{prompt_ids}: expected a JSON list of integers.")
+    if model is None:
+        from llm_onnx.default_model import default_model_folder
+
+        model = default_model_folder(progress=True)
     before_load = peak_rss_mib()
     loaded = Model.load(model, provider=provider, threads=threads)
     cfg = BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, repeat=repeat,
                       prompt_ids=ids)
     result = run_bench(loaded, cfg, before_load)
     if plot is not None:
-        points = decode_curve(loaded, [128, 512, 1024, 2048], [1, 2, 4])
+        points = decode_curve(loaded, curve_contexts(loaded.context_length), list(CURVE_BATCHES))
         result.data["decode_curve"] = points
         plot_curve(points, plot, f"{result.data['model']} [{result.data['precision']}]")
     if profile:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import resource
 import statistics
 import sys
@@ -251,6 +252,18 @@ def run_bench(model: Model, cfg: BenchConfig, rss_before_load_mib: float | None 
     })
 
 
+CURVE_CONTEXTS = (128, 512, 1024, 2048)
+CURVE_BATCHES = (1, 2, 4)
+
+
+def curve_contexts(context_length: int, tokens: int = 32) -> list[int]:
+    """The context lengths ``--plot`` measures: CURVE_CONTEXTS that fit with ``tokens`` more,
+    or, for a model with a shorter context, a quarter, half and all of what fits."""
+    room = context_length - tokens
+    fits = [c for c in CURVE_CONTEXTS if c <= room]
+    return fits or sorted({c for c in (room // 4, room // 2, room) if c >= 1})
+
+
 def decode_curve(model: Model, contexts: list[int], batches: list[int], tokens: int = 32,
                  ) -> list[dict[str, float]]:
     """Decode tok/s for each (context length, batch): the data behind ``--plot``."""
@@ -267,7 +280,8 @@ def decode_curve(model: Model, contexts: list[int], batches: list[int], tokens: 
     return out
 
 
-def plot_curve(points: list[dict[str, float]], path: Path, title: str) -> None:
+def pyplot() -> Any:
+    """matplotlib's pyplot (headless), or the one-line error: asked for before any measuring."""
     try:
         import matplotlib
 
@@ -275,6 +289,14 @@ def plot_curve(points: list[dict[str, float]], path: Path, title: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise GenerationError("--plot needs matplotlib: pip install 'llm-onnx[bench]'.") from e
+    return plt
+
+
+def plot_curve(points: list[dict[str, float]], path: Path, title: str) -> None:
+    """Draw the curve into ``path`` through a temporary file beside it: no half-written PNG."""
+    if not points:
+        raise GenerationError("--plot: no context length fits this model's context.")
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for batch in sorted({p["batch"] for p in points}):
         xs = [p["context"] for p in points if p["batch"] == batch]
@@ -286,7 +308,14 @@ def plot_curve(points: list[dict[str, float]], path: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.partial")
+    try:
+        fig.savefig(tmp, dpi=120, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
 
 
 # Ops that read the model's weights (their kernel time over the bytes read per token is the

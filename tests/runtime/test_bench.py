@@ -132,3 +132,32 @@ def test_profile_table_is_printed_after_the_timings(tiny_export):
     text = result.output
     assert text.index("decode ceiling") < text.index("profile (ONNX Runtime profiler")
     assert "weight kernels" in text and "whole run" in text
+
+
+def test_plot_without_matplotlib_fails_at_once_and_writes_nothing(tiny_export, tmp_path,
+                                                                 monkeypatch):
+    import sys
+
+    import llm_onnx.runtime.bench as bench
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    loads = []
+    monkeypatch.setattr(bench.Model, "load", classmethod(lambda cls, *a, **k: loads.append(a)))
+    out = tmp_path / "curve.png"
+    result = CliRunner().invoke(main, ["bench", "--model", str(tiny_export("llama_tiny")),
+                                       "--plot", str(out)])
+    assert result.exit_code == 1
+    assert "--plot needs matplotlib: pip install 'llm-onnx[bench]'." in result.output
+    assert loads == [] and list(tmp_path.iterdir()) == []  # before loading, nothing on disk
+
+
+def test_decode_curve_measures_every_context_and_batch_that_fits(tiny_export):
+    from llm_onnx.runtime import Model
+    from llm_onnx.runtime.bench import curve_contexts, decode_curve
+
+    model = Model.load(tiny_export("llama_tiny"), provider="cpu", threads=1)
+    contexts = curve_contexts(model.context_length, tokens=4)  # max_seq_len 64: 15, 30, 60
+    assert contexts == [15, 30, 60] and curve_contexts(8192) == [128, 512, 1024, 2048]
+    points = decode_curve(model, contexts + [61], [1, 2], tokens=4)  # 61 + 4 > 64: skipped
+    assert [(p["batch"], p["context"]) for p in points] == [(b, c) for b in (1, 2) for c in contexts]
+    assert all(p["decode_tok_s"] > 0 for p in points)
