@@ -77,7 +77,7 @@ class BandwidthProbe:
     release the GIL) over a buffer far beyond any cache, ``repeat`` passes alternating sum and
     max; the median pass of the faster reduction. Not the best pass: on a VM single passes burst
     to 1.5x what the memory sustains for the seconds a decode runs (measured here: 35-60 GB/s
-    passes, 31 GB/s read by fp32 decode's weight kernels). The buffer is allocated once, so
+    passes, 29-39 GB/s read by fp32 decode's weight kernels). The buffer is allocated once, so
     the probe can run between timed generations: this machine's bandwidth drifts over seconds
     (a VM shares it with its neighbours), and a ceiling measured beside each run tracks that."""
 
@@ -149,15 +149,6 @@ def bandwidth_probe(model: Model, threads: int) -> BandwidthProbe | DeviceBandwi
     if engine.device == "cuda":
         return DeviceBandwidthProbe(CUDA, engine.options.cuda_device)
     return BandwidthProbe(threads)
-
-
-def measure_bandwidth(threads: int, total_bytes: int = BANDWIDTH_BYTES, repeat: int = 8) -> float:
-    """One probe of the read bandwidth in bytes/s (see BandwidthProbe)."""
-    probe = BandwidthProbe(threads, total_bytes)
-    try:
-        return probe.measure(repeat)
-    finally:
-        probe.close()
 
 
 def bytes_per_token(model: Model, context: int, batch: int) -> int:
@@ -246,6 +237,7 @@ def run_bench(model: Model, cfg: BenchConfig, rss_before_load_mib: float | None 
                             f"numpy sum/max over 1 GiB of host memory, {threads} threads"),
         "memory_bandwidth_samples_gb_s": [bw / 1e9 for bw in bandwidth],
         "bytes_per_token": per_token,
+        "weight_bytes_per_token": bytes_per_token(model, 0, 1),  # without the KV cache
         "decode_ceiling_tok_s": statistics.median(ceilings),
         # each run against the ceiling measured right after it, then the median
         "decode_ceiling_reached": statistics.median(d / c for d, c in zip(decode, ceilings)),
@@ -381,11 +373,13 @@ def summarize_profile(events: list[dict[str, Any]], runs: int) -> dict[str, Any]
 
 def add_profile(result: BenchResult, profile: dict[str, Any]) -> None:
     """Attach a profile to a bench result, with the bandwidth the weight kernels reach in a
-    decode step (bytes read per token / their kernel time) beside the machine's."""
+    decode step (weight bytes read per token / their kernel time) beside the machine's. Not on
+    CUDA: there the profiler's node times are kernel launches on the host, not the kernels."""
     d = result.data
     weight_ms = profile["decode"]["weight_ms"]
-    if weight_ms > 0:
-        profile["decode"]["weight_read_gb_s"] = d["bytes_per_token"] / (weight_ms / 1e3) / 1e9
+    if weight_ms > 0 and profile.get("provider") != CUDA:
+        profile["decode"]["weight_read_gb_s"] = (d["weight_bytes_per_token"] / (weight_ms / 1e3)
+                                                 / 1e9)
     d["profile"] = profile
 
 

@@ -101,6 +101,7 @@ def test_bench_json_reports_medians_memory_and_the_ceiling(bench_json):
     kv = json.loads((folder / "manifest.json").read_text())["kv_cache"]
     kv_bytes = 2 * kv["num_layers"] * kv["num_key_value_heads"] * kv["head_dim"] * (12 + 3) * 4
     assert kv_bytes < d["bytes_per_token"] <= d["weight_bytes"] + kv_bytes
+    assert d["weight_bytes_per_token"] == d["bytes_per_token"] - kv_bytes
 
 
 def test_profile_counts_the_nodes_onnx_runtime_runs(bench_json, tmp_path):
@@ -120,7 +121,9 @@ def test_profile_counts_the_nodes_onnx_runtime_runs(bench_json, tmp_path):
         assert 0 < p["weight_ms"] <= p["node_ms"] <= p["run_ms"]
         assert p["outside_ms"] == pytest.approx(p["run_ms"] - p["node_ms"])
     assert graph_ops["MatMulNBits"] > 0
-    assert prof["decode"]["weight_read_gb_s"] > 0
+    dec = prof["decode"]
+    assert dec["weight_read_gb_s"] == pytest.approx(d["weight_bytes_per_token"] / dec["weight_ms"]
+                                                    / 1e6)
 
 
 def test_profile_table_is_printed_after_the_timings(tiny_export):
