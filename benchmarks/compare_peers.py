@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+from peer_worker import linked_genai_folder  # beside this script, whose folder is on sys.path
+
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "peer_worker.py"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -282,14 +284,7 @@ class Setup:
             self.timed(f"genai build {precision}", build)
         # the twin: same files (symlinks), genai_config.json with intra_op_num_threads
         shutil.rmtree(twin, ignore_errors=True)
-        twin.mkdir(parents=True)
-        for f in out.iterdir():
-            if f.name not in ("genai_config.json", ".bench-stamp.json"):
-                (twin / f.name).symlink_to(f.resolve())
-        cfg = json.loads((out / "genai_config.json").read_text())
-        cfg["model"]["decoder"].setdefault("session_options", {})[
-            "intra_op_num_threads"] = self.args.threads
-        (twin / "genai_config.json").write_text(json.dumps(cfg, indent=4))
+        linked_genai_folder(out, twin, intra_op_num_threads=self.args.threads)
         return out, twin
 
     def llama_models(self, python: Path, gguf: Path) -> dict[str, Path]:

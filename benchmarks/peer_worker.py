@@ -288,6 +288,20 @@ def run_ours_speed(args) -> None:
 # ------------------------------------------------------------------------ onnxruntime-genai venv
 
 
+def linked_genai_folder(src: Path, dst: Path, **session_options) -> Path:
+    """``dst``: the files of onnxruntime-genai's folder ``src`` as symlinks, and a copy of its
+    genai_config.json with ``session_options`` set (threads, profiling). Standard library only:
+    compare_peers imports it too."""
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.name not in ("genai_config.json", ".bench-stamp.json"):
+            (dst / f.name).symlink_to(f.resolve())
+    cfg = json.loads((src / "genai_config.json").read_text())
+    cfg["model"]["decoder"].setdefault("session_options", {}).update(session_options)
+    (dst / "genai_config.json").write_text(json.dumps(cfg, indent=4))
+    return dst
+
+
 def genai_generator(model, ids: list[int], n: int, min_length: int = 0):
     """An og.Generator for greedy search over ``ids`` plus ``n`` tokens, batch 1."""
     import onnxruntime_genai as og
@@ -342,9 +356,6 @@ def run_genai(args) -> None:
     write_result(args.result, out)
 
 
-# ----------------------------------------------------------------------------- fidelity
-
-
 def profile_genai(args) -> None:
     """ONNX Runtime's profiler on onnxruntime-genai's session (its genai_config.json
     ``session_options.enable_profiling``, set in a folder of links to the model): one warm-up
@@ -358,17 +369,9 @@ def profile_genai(args) -> None:
     import onnxruntime_genai as og
 
     ids = load_prompts(args.prompts)["speed"]["ids"]
-    src = Path(args.model)
     work = Path(tempfile.mkdtemp(prefix="genai-profile-"))
-    linked = work / "model"
-    linked.mkdir()
-    for f in src.iterdir():
-        if f.name != "genai_config.json":
-            (linked / f.name).symlink_to(f.resolve())
-    config = json.loads((src / "genai_config.json").read_text())
     prefix = work / "trace"
-    config["model"]["decoder"]["session_options"]["enable_profiling"] = str(prefix)
-    (linked / "genai_config.json").write_text(json.dumps(config, indent=1))
+    linked = linked_genai_folder(Path(args.model), work / "model", enable_profiling=str(prefix))
     model = og.Model(str(linked))
     for n in (2, args.new_tokens):
         g = genai_generator(model, ids, n, min_length=len(ids) + n)
@@ -383,6 +386,9 @@ def profile_genai(args) -> None:
     if not traces:
         raise SystemExit(f"onnxruntime-genai wrote no profile under {work}")
     write_result(args.result, {"trace": traces[-1], "runs": args.new_tokens})
+
+
+# ----------------------------------------------------------------------------- fidelity
 
 
 def fidelity_prompts(prompts: dict) -> list[list[int]]:
