@@ -336,10 +336,9 @@ def bench(model, prompt_len, new_tokens, batch, repeat, threads, provider, promp
         points = decode_curve(loaded, curve_contexts(loaded.context_length), list(CURVE_BATCHES))
         result.data["decode_curve"] = points
         plot_curve(points, plot, f"{result.data['model']} [{result.data['precision']}]")
-    if profile:
-        add_profile(result, profile_model(model, cfg, threads=threads, provider=provider))
     text = result.table()
     if profile:
+        add_profile(result, profile_model(model, cfg, threads=threads, provider=provider))
         text += "\n\n" + profile_table(result.data["profile"], result.data["memory_bandwidth_gb_s"])
     click.echo(to_json(result) if as_json else text)
 
