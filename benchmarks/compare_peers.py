@@ -759,10 +759,8 @@ def ratios_and_checks(rows: list[dict], args) -> tuple[list[dict], list[dict]]:
             # each run against the bandwidth measured right after it (bench), median of rounds
             check(name, reached >= 0.85, f"{reached:.0%} (median ceiling {ceil:.1f} tok/s, "
                                          f"decode {d:.1f} tok/s)")
-        elif d and ceil:
-            check(name, d >= 0.85 * ceil, f"{d / ceil:.0%} ({d:.1f} of {ceil:.1f} tok/s)")
         else:
-            check(name, None, "no decode_ceiling_tok_s in the bench JSON")
+            check(name, None, "no decode_ceiling_reached in the bench JSON")
     if "int8" in args.precision:
         vs("int8", GENAI, "int8", "decode_tok_s", 1.2, g)
         vs("int8", LLAMA, "q8_0", "decode_tok_s", 1.2)
