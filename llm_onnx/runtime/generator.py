@@ -144,6 +144,11 @@ class Model:
         if not isinstance(text, str):
             raise GenerationError(f"a prompt must be a string or a list of token ids, got "
                                   f"{type(text).__name__}.")
+        try:
+            text.encode("utf-8")  # the tokenizer takes only encodable text (TypeError otherwise)
+        except UnicodeEncodeError as e:
+            raise GenerationError(f"the prompt is not valid Unicode: {text[e.start]!r} at "
+                                  f"character {e.start} is a lone surrogate.") from None
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

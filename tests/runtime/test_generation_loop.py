@@ -111,6 +111,14 @@ def test_bad_prompts(prompt):
         model([7]).generate(prompt)
 
 
+def test_a_lone_surrogate_in_a_prompt_is_a_one_line_error():
+    """Python strings may hold lone surrogates (e.g. from surrogateescape); the tokenizer raised
+    a TypeError on them (found by the hypothesis test in tests/security)."""
+    with pytest.raises(GenerationError, match=r"character 2 is a lone surrogate") as e:
+        model([7]).generate("ab\ud800c")
+    assert "\n" not in str(e.value)
+
+
 def test_options_object_and_overrides():
     opts = GenerationOptions(max_new_tokens=2)
     assert len(model([7]).generate([1], opts).token_ids) == 2
