@@ -462,11 +462,11 @@ def fidelity_ours(args) -> None:
 
     def next_logits(ids, path):
         cache = engine.new_cache(1, len(ids) + len(path))
-        logits = engine.step(cache, np.array([ids], dtype=np.int64))
+        logits = engine.prefill(cache, 0, ids)
         for i, tok in enumerate(path):
-            yield logits[0]
+            yield logits
             if i < len(path) - 1:
-                logits = engine.step(cache, np.array([[tok]], dtype=np.int64))
+                logits = engine.decode(cache, np.array([tok]))[0]
 
     forced_fidelity(args, next_logits)
 

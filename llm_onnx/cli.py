@@ -219,14 +219,18 @@ def generate(prompt, prompt_file, raw, system, as_json, **kwargs) -> None:
     if not raw and model.chat_template:
         messages = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": text}]
-        ids = model.encode(model.render_chat(messages), add_special_tokens=False)
+        if as_json:
+            result = model.chat(messages, **overrides)
+        else:
+            pieces = model.stream_chat(messages, **overrides)
+    elif as_json:
+        result = model.generate(text, **overrides)
     else:
-        ids = model.encode(text)
+        pieces = model.stream(text, **overrides)
     if as_json:
-        result = model.generate(ids, **overrides)
         click.echo(_json.dumps(result.to_dict(), ensure_ascii=False))
         return
-    for piece in model.stream(ids, **overrides):
+    for piece in pieces:
         click.echo(piece, nl=False)
     click.echo()
 

@@ -4,10 +4,18 @@
     model = Model.load("models/smollm2-int8")
     result = model.chat([{"role": "user", "content": "What is the capital of France?"}])
     print(result.text, result.finish_reason, result.timings.decode_tok_s)
+
+Layers, each a client of the one below: ``Engine`` (ONNX Runtime sessions, KV cache bound in
+place) -> ``Generator`` (step-wise generation of one or several sequences) -> ``Model``
+(generate, stream, chat) and ``Scheduler`` (continuous batching of concurrent requests).
 """
 
-from llm_onnx.runtime.generator import ChatSession, Model, Result, Timings
+from llm_onnx.runtime.engine import Engine, EngineProtocol, RuntimeOptions
+from llm_onnx.runtime.generator import Generator
+from llm_onnx.runtime.kv_cache import KVCache
+from llm_onnx.runtime.model import ChatSession, Model
 from llm_onnx.runtime.sampling import GenerationOptions
-from llm_onnx.runtime.session import RuntimeOptions
+from llm_onnx.runtime.sequence import Result, Timings, TokenEvent, TokenLogprob
 
-__all__ = ["ChatSession", "GenerationOptions", "Model", "Result", "RuntimeOptions", "Timings"]
+__all__ = ["ChatSession", "Engine", "EngineProtocol", "GenerationOptions", "Generator", "KVCache",
+           "Model", "Result", "RuntimeOptions", "Timings", "TokenEvent", "TokenLogprob"]

@@ -361,6 +361,7 @@ class Sampler:
         options: generation options (validated here).
         batch_size, vocab_size: the shape of the logits passed to ``__call__``.
         prompt_ids: one list of prompt token ids per row (for the repetition penalty).
+        rng: the random generator to draw from (default: a new one from ``options.seed``).
 
     Use: ``ids = sampler(logits)`` then ``sampler.observe(ids)`` once the tokens are accepted.
     Penalty bookkeeping is incremental: per row, a seen-mask and a count array over the vocabulary
@@ -368,14 +369,15 @@ class Sampler:
     """
 
     def __init__(
-        self, options: GenerationOptions, batch_size: int, vocab_size: int, prompt_ids: Sequence[Sequence[int]]
+        self, options: GenerationOptions, batch_size: int, vocab_size: int, prompt_ids: Sequence[Sequence[int]],
+        rng: np.random.Generator | None = None,
     ) -> None:
         self.options = options.validated()
         self.batch_size = batch_size
         self.vocab_size = vocab_size
         if len(prompt_ids) != batch_size:
             raise ValueError(f"prompt_ids has {len(prompt_ids)} rows, batch_size is {batch_size}")
-        self._rng = np.random.default_rng(self.options.seed)
+        self.rng = rng if rng is not None else np.random.default_rng(self.options.seed)
         self._scratch = _Scratch(vocab_size) if self.options.temperature > 0 else None
         self._repetition = self.options.repetition_penalty != 1.0
         self._presence = self.options.presence_penalty != 0.0 or self.options.frequency_penalty != 0.0
@@ -479,7 +481,7 @@ class Sampler:
         else:
             candidates = np.flatnonzero(np.greater_equal(z, t, out=scratch.mask))
             weights = np.exp(z[candidates])
-        pos = _inverse_cdf(weights, self._rng.random())
+        pos = _inverse_cdf(weights, self.rng.random())
         return pos if candidates is None else int(candidates[pos])
 
     def _fallback(self, raw: np.ndarray, row: int) -> int:

@@ -1,7 +1,15 @@
-"""A fake engine with scripted logits and a tiny word-piece tokenizer: the generation loop without
-any ONNX file."""
+"""Fake engines (EngineProtocol without any ONNX file) and a tiny word-piece tokenizer.
+
+- ``FakeEngine``: scripted logits, the k-th of each row from script entry k.
+- ``HistoryEngine``: logits that are a fixed function of every token in a row's cache, so any
+  mistake in what a row holds (a wrong reused prefix, a ride-along token counted as valid, a
+  truncation that lost a position) changes the tokens picked.
+Both keep the tokens of each cache position, like a real cache keeps their keys and values.
+"""
 
 from __future__ import annotations
+
+import zlib
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models
@@ -10,6 +18,7 @@ from llm_onnx.errors import GenerationError
 
 VOCAB = ["<eos>", "Hel", "lo", " wor", "ld", "</s", "top>", "x", "é", "!"]
 EOS = 0
+RIDE_ALONG = -1  # what a decode step writes into rows that are not decoding
 
 
 def tokenizer() -> Tokenizer:
@@ -20,44 +29,108 @@ def tokenizer() -> Tokenizer:
 
 
 class FakeCache:
+    """Rows of token ids standing in for keys and values (CacheProtocol)."""
+
     def __init__(self, batch: int, length: int) -> None:
         self.batch, self.length = batch, length
+        self.positions = np.full((batch, length), -2, dtype=np.int64)  # -2: never written
         self.lengths = np.zeros(batch, dtype=np.int64)
 
+    def length_of(self, row: int) -> int:
+        return int(self.lengths[row])
+
+    def truncate(self, row: int, length: int) -> None:
+        self.lengths[row] = min(self.lengths[row], length)
+
     def grow(self, length: int) -> None:
-        self.length = max(self.length, length)
+        if length > self.length:
+            grown = np.full((self.batch, length), -2, dtype=np.int64)
+            grown[:, :self.length] = self.positions
+            self.positions, self.length = grown, length
+
+    def held(self, row: int) -> list[int]:
+        return self.positions[row, :self.lengths[row]].tolist()
 
 
-class FakeEngine:
-    """step() returns the next scripted (B, V) logits; a script row may be a token id (that token
-    gets the top logit) or a logits vector."""
-
+class _Engine:
     vocab_size = len(VOCAB)
 
-    def __init__(self, script: list, context_length: int = 64) -> None:
-        self.script = script
+    def __init__(self, context_length: int = 64) -> None:
         self.context_length = context_length
-        self.calls: list[tuple[tuple[int, ...], list[int]]] = []
+        self.calls: list[tuple] = []  # ("prefill", row, ids) or ("decode", rows, active rows)
+        self.caches: list[FakeCache] = []
 
     def new_cache(self, batch: int, length: int) -> FakeCache:
         if length > self.context_length:
             raise GenerationError("too long")
-        return FakeCache(batch, length)
+        cache = FakeCache(batch, length)
+        self.caches.append(cache)
+        return cache
 
-    def step(self, cache: FakeCache, ids: np.ndarray, prompt_lengths=None) -> np.ndarray:
-        b, t = ids.shape
-        if not cache.lengths.any():
-            cache.lengths = np.asarray(prompt_lengths if prompt_lengths is not None else [t] * b)
-        else:
-            cache.lengths = cache.lengths + t
-        assert int(cache.lengths.max()) <= cache.length
-        self.calls.append((ids.shape, ids[:, -1].tolist()))
-        entry = self.script[min(len(self.calls) - 1, len(self.script) - 1)]
-        out = np.zeros((b, self.vocab_size), np.float32)
-        for row in range(b):
-            item = entry[row] if isinstance(entry, list) else entry
-            if isinstance(item, (int, np.integer)):
-                out[row, item] = 10.0
-            else:
-                out[row] = item
+    def prefill(self, cache: FakeCache, row: int, ids) -> np.ndarray:
+        ids = [int(i) for i in ids]
+        start = cache.length_of(row)
+        assert ids and start + len(ids) <= cache.length
+        cache.positions[row, start:start + len(ids)] = ids
+        cache.lengths[row] += len(ids)
+        self.calls.append(("prefill", row, ids))
+        return self.logits(cache, row)
+
+    def decode(self, cache: FakeCache, tokens, active=None) -> np.ndarray:
+        tokens = np.asarray(tokens, dtype=np.int64)
+        n = tokens.shape[0]
+        active = np.ones(n, bool) if active is None else np.asarray(active, bool)
+        assert 1 <= n <= cache.batch
+        out = np.zeros((n, self.vocab_size), np.float32)
+        for row in range(n):
+            pos = min(cache.length_of(row), cache.length - 1)
+            if active[row]:
+                assert cache.length_of(row) < cache.length
+                cache.positions[row, pos] = tokens[row]
+                cache.lengths[row] += 1
+                out[row] = self.logits(cache, row)
+            else:  # written past the valid length, like the real engine's ride-along rows
+                cache.truncate(row, cache.length - 1)
+                cache.positions[row, pos] = RIDE_ALONG
+        self.calls.append(("decode", n, np.flatnonzero(active).tolist()))
         return out
+
+    def logits(self, cache: FakeCache, row: int) -> np.ndarray:
+        raise NotImplementedError
+
+
+class FakeEngine(_Engine):
+    """The k-th logits of a row come from script entry k (the last entry repeats). An entry is a
+    token id (that token gets the top logit), a logits vector, or a list of those, one per row."""
+
+    def __init__(self, script: list, context_length: int = 64) -> None:
+        super().__init__(context_length)
+        self.script = script
+        self._served: dict[tuple[int, int], int] = {}
+
+    def logits(self, cache: FakeCache, row: int) -> np.ndarray:
+        key = (id(cache), row)
+        k = self._served.get(key, 0)
+        self._served[key] = k + 1
+        entry = self.script[min(k, len(self.script) - 1)]
+        item = entry[row] if isinstance(entry, list) else entry
+        out = np.zeros(self.vocab_size, np.float32)
+        if isinstance(item, (int, np.integer)):
+            out[item] = 10.0
+        else:
+            out[:] = item
+        return out
+
+
+class HistoryEngine(_Engine):
+    """Logits drawn from a generator seeded by every token the row's cache holds."""
+
+    def __init__(self, vocab_size: int = 50, context_length: int = 128) -> None:
+        super().__init__(context_length)
+        self.vocab_size = vocab_size
+
+    def logits(self, cache: FakeCache, row: int) -> np.ndarray:
+        held = cache.held(row)
+        assert RIDE_ALONG not in held and -2 not in held, f"row {row} reads an invalid position"
+        seed = zlib.crc32(np.asarray(held, dtype=np.int64).tobytes())
+        return np.random.default_rng(seed).standard_normal(self.vocab_size).astype(np.float32) * 3

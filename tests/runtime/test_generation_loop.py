@@ -74,10 +74,13 @@ def test_batch_rows_finish_independently():
 
 
 def test_prefill_then_one_token_per_step():
+    """A prompt of several tokens runs alone over its row; a one-token prompt joins the batched
+    decode at once; from then on one run per step decodes every row."""
     engine = FakeEngine([7])
     Model.from_parts(engine, tokenizer()).generate([[1, 2, 3], [4]], max_new_tokens=4)
-    shapes = [c[0] for c in engine.calls]
-    assert shapes == [(2, 3), (2, 1), (2, 1), (2, 1)]
+    assert engine.calls == [("prefill", 0, [1, 2, 3]),
+                            ("decode", 2, [0, 1]), ("decode", 2, [0, 1]), ("decode", 2, [0, 1]),
+                            ("decode", 2, [1])]
 
 
 def test_prompt_longer_than_context_names_the_limit():

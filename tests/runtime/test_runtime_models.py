@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from llm_onnx.runtime import Model
-from llm_onnx.runtime.session import Engine
+from llm_onnx.runtime import Engine
 from tests.conftest import FAMILY_ARCHS, TINY_ARCHS
 
 NEW = 16
@@ -43,13 +43,15 @@ def test_greedy_batch_equals_transformers(arch, tiny_hf, tiny_export):
 def test_kv_cache_is_updated_in_place(tiny_export):
     engine = Engine(tiny_export("llama_tiny", "fp32"))
     cache = engine.new_cache(1, 16)
-    views = [v.numpy() for v in cache.values]
+    n = 2 * engine.layout.num_layers
+    views = [cache.host_view(i) for i in range(n)]
     pointers = [v.ctypes.data for v in views]
-    engine.step(cache, np.array([[1, 2, 3]]), np.array([3]))
-    engine.step(cache, np.array([[4]]))
-    assert [v.numpy().ctypes.data for v in cache.values] == pointers
+    engine.prefill(cache, 0, [1, 2, 3])
+    engine.decode(cache, np.array([4]))
+    assert [cache.host_view(i).ctypes.data for i in range(n)] == pointers
     assert all(np.abs(v[:, :, :4]).sum() > 0 for v in views)  # rows written through the binding
     assert all(not v[:, :, 4:].any() for v in views)  # rows past the valid length untouched
+    assert cache.length_of(0) == 4
 
 
 def test_cache_is_sized_to_the_request_not_the_context(tiny_export, monkeypatch):

@@ -1,0 +1,172 @@
+"""The KV cache: per layer one (batch, Hkv, length, D) buffer of keys and one of values, a row per
+sequence (a "slot"), each row with its own valid length.
+
+GroupQueryAttention reads row b's first ``seqlens_k[b] + 1`` positions and writes the new tokens'
+keys and values right after the row's past, so a buffer bound as both ``past_key_values.N`` and
+``present.N`` is updated in place. Rows [start, stop) of a C-contiguous buffer are one contiguous
+(stop - start, Hkv, length, D) block at ``base + start * row_bytes``: one row is prefilled alone
+(batch 1) over that block and then decoded with the rows beside it (batch n), with no copy. The
+binding takes a device pointer, so the same code serves host buffers (CPU) and device buffers
+(CUDA).
+
+    rows of one buffer          a prefill chunk of row 2         a decode step of rows 0..3
+    ┌──────────────────┐        binds rows [2, 3)                binds rows [0, 4)
+    │ 0 ████████░░░░░░ │                                         (rows not decoding this step
+    │ 1 ██████████████ │        ┌──────────────────┐              get a dummy token written past
+    │ 2 ████░░░░░░░░░░ │  ───▶  │ 2 ████████░░░░░░ │              their valid length, which they
+    │ 3 ██████░░░░░░░░ │        └──────────────────┘              ignore: see Engine.decode)
+    └──────────────────┘
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+
+from llm_onnx.errors import GenerationError
+from llm_onnx.runtime import names
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Shape and place of a model's cache: what the manifest's ``kv_cache`` section says, plus
+    the device the engine runs on."""
+
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: type  # np.float32 or np.float16
+    device: str = "cpu"  # "cpu" or "cuda"
+    device_id: int = 0
+
+    def row_shape(self, length: int) -> tuple[int, int, int]:
+        return (self.kv_heads, length, self.head_dim)
+
+
+class KVCache:
+    """Cache buffers for ``batch`` rows of ``length`` positions each.
+
+    ``length_of(row)`` counts the valid positions of a row; the engine advances it when it runs
+    tokens through the row, ``truncate`` drops positions from the end (rewinding a sequence, or
+    keeping a prefix for the next request in this slot). Buffers are OrtValues (on the GPU with
+    CUDA) that the graphs update in place.
+    """
+
+    def __init__(self, layout: KVLayout, batch: int, length: int) -> None:
+        if batch < 1 or length < 1:
+            raise GenerationError(f"a KV cache needs at least one row and one position, got "
+                                  f"{batch} x {length}.")
+        self.layout, self.batch, self.length = layout, batch, length
+        self._lengths = np.zeros(batch, dtype=np.int64)
+        self._buffers = [self._new_buffer(length) for _ in range(2 * layout.num_layers)]
+        self._decode: dict[tuple[int, int], _DecodeBinding] = {}
+
+    # ------------------------------------------------------------------ lengths
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Valid positions of every row (a read-only view)."""
+        view = self._lengths.view()
+        view.flags.writeable = False
+        return view
+
+    def length_of(self, row: int) -> int:
+        return int(self._lengths[row])
+
+    def truncate(self, row: int, length: int) -> None:
+        """Keep at most the first ``length`` positions of ``row`` (later ones become stale and are
+        overwritten by the next tokens run through the row)."""
+        if length < 0:
+            raise GenerationError(f"cannot truncate a cache row to {length} positions.")
+        self._lengths[row] = min(int(self._lengths[row]), length)
+
+    def advance(self, rows: slice | np.ndarray | int, count: int | np.ndarray) -> None:
+        """Record that ``count`` positions were written after the valid ones of ``rows``."""
+        self._lengths[rows] += count
+
+    def clear(self) -> None:
+        self._lengths[:] = 0
+
+    # ------------------------------------------------------------------ buffers
+
+    def _new_buffer(self, length: int) -> ort.OrtValue:
+        shape = (self.batch, *self.layout.row_shape(length))
+        if self.layout.device == "cuda":
+            return ort.OrtValue.ortvalue_from_shape_and_type(shape, self.layout.dtype, "cuda",
+                                                             self.layout.device_id)
+        # np.zeros maps untouched pages lazily: a long, wide cache costs memory as it fills.
+        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=self.layout.dtype))
+
+    def host_view(self, index: int) -> np.ndarray:
+        """Buffer ``index`` (2 * layer for keys, 2 * layer + 1 for values) as numpy: the buffer
+        itself on the CPU, a copy on CUDA."""
+        return self._buffers[index].numpy()
+
+    def grow(self, length: int) -> None:
+        """Reallocate with room for ``length`` positions per row, keeping every row's valid ones."""
+        if length <= self.length:
+            return
+        keep = int(self._lengths.max())
+        old = self._buffers
+        self._buffers = [self._new_buffer(length) for _ in old]
+        for src, dst in zip(old, self._buffers):
+            host = dst.numpy()  # a view on the CPU; a host copy on CUDA, written back below
+            host[:, :, :keep] = src.numpy()[:, :, :keep]
+            if self.layout.device == "cuda":  # only when a conversation outgrows its cache
+                dst.update_inplace(host)
+        self.length = length
+        self._decode.clear()  # bound to the old buffers
+
+    def bind(self, binding: ort.IOBinding, start: int, stop: int) -> None:
+        """Bind rows [start, stop) of every layer's buffers as both past (input) and present
+        (output) of ``binding``: GroupQueryAttention then updates them in place."""
+        lay = self.layout
+        shape = [stop - start, *lay.row_shape(self.length)]
+        row_bytes = int(np.prod(lay.row_shape(self.length))) * np.dtype(lay.dtype).itemsize
+        for i in range(lay.num_layers):
+            for buffer, past, present in ((self._buffers[2 * i], names.PAST_KEY, names.PRESENT_KEY),
+                                          (self._buffers[2 * i + 1], names.PAST_VALUE,
+                                           names.PRESENT_VALUE)):
+                ptr = buffer.data_ptr() + start * row_bytes
+                binding.bind_input(past.format(i), lay.device, lay.device_id, lay.dtype, shape, ptr)
+                binding.bind_output(present.format(i), lay.device, lay.device_id, lay.dtype, shape,
+                                    ptr)
+
+    def decode_binding(self, session: ort.InferenceSession, rows: int, vocab_size: int,
+                       ) -> _DecodeBinding:
+        """The binding that decodes rows [0, rows) with ``session``, made once per row count and
+        kept until the buffers change."""
+        key = (id(session), rows)
+        binding = self._decode.get(key)
+        if binding is None:
+            binding = self._decode[key] = _DecodeBinding(self, session, rows, vocab_size)
+        return binding
+
+
+class _DecodeBinding:
+    """An IO binding kept for the life of a cache's buffers: rows [0, n) bound as past and
+    present, and the token ids, lengths and logits in numpy arrays that ORT reads and writes in
+    place. A decode step fills three small arrays and runs; no per-step binding calls."""
+
+    def __init__(self, cache: KVCache, session: ort.InferenceSession, rows: int,
+                 vocab_size: int) -> None:
+        self.ids = np.zeros((rows, 1), dtype=np.int64)
+        self.seqlens = np.zeros(rows, dtype=np.int32)
+        self.total = np.zeros((), dtype=np.int32)
+        self.logits = np.empty((rows, 1, vocab_size), dtype=np.float32)
+        self.session = session
+        self.binding = session.io_binding()
+        for name, arr in ((names.INPUT_IDS, self.ids), (names.SEQLENS_K, self.seqlens),
+                          (names.TOTAL_SEQUENCE_LENGTH, self.total)):
+            self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
+        cache.bind(self.binding, 0, rows)
+        self.binding.bind_ortvalue_output(names.LOGITS, ort.OrtValue.ortvalue_from_numpy(self.logits))
+
+    def run(self, tokens: np.ndarray, seqlens: np.ndarray, total: int) -> np.ndarray:
+        self.ids[:, 0] = tokens
+        self.seqlens[:] = seqlens
+        self.total[...] = total
+        self.session.run_with_iobinding(self.binding)
+        return self.logits[:, 0]

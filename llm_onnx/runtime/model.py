@@ -1,0 +1,265 @@
+"""The embeddable API: load a model folder once, then generate, stream and chat.
+
+    from llm_onnx.runtime import Model
+    model = Model.load("models/smollm2-int8")
+    print(model.chat([{"role": "user", "content": "What is the capital of France?"}]).text)
+    for piece in model.stream("Once upon a time", max_new_tokens=64, temperature=0.8, seed=1):
+        print(piece, end="", flush=True)
+
+Every method is a short loop over a Generator (``model.generator()`` for step-by-step control).
+A Model is safe to share between threads: sessions are shared, every call has its own KV cache,
+samplers and detokenizers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tokenizers
+
+from llm_onnx.errors import GenerationError
+from llm_onnx.runtime.chat import Message, render_chat
+from llm_onnx.runtime.engine import Engine, RuntimeOptions
+from llm_onnx.runtime.generator import Generator, row_options
+from llm_onnx.runtime.sampling import GenerationOptions
+from llm_onnx.runtime.sequence import Result
+
+Prompt = str | Sequence[int]
+
+
+class Model:
+    """A loaded model folder.
+
+    Args:
+        folder: a model folder written by ``llm-onnx export``.
+        runtime: provider, threads, optimization level (see RuntimeOptions).
+    """
+
+    def __init__(self, folder: Path | str, runtime: RuntimeOptions | None = None) -> None:
+        start = time.perf_counter()
+        engine = Engine(folder, runtime)
+        m = engine.manifest
+        tok_file = m.folder / "tokenizer.json"
+        tokenizer = tokenizers.Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
+        self._setup(engine, tokenizer,
+                    m.tokenizer.get("eos_token_ids") or (), m.tokenizer.get("chat_template"),
+                    _special_tokens(m.folder / "tokenizer_config.json"), m.data.get("generation", {}))
+        self.load_s = time.perf_counter() - start
+
+    @classmethod
+    def load(cls, folder: Path | str, **runtime: Any) -> Model:
+        """``Model.load(folder, provider="cpu", threads=2)``; keywords are RuntimeOptions fields."""
+        return cls(folder, RuntimeOptions(**runtime))
+
+    @classmethod
+    def from_parts(cls, engine: Any, tokenizer: tokenizers.Tokenizer | None, eos_token_ids: Sequence[int] = (),
+                   chat_template: str | None = None, special_tokens: dict[str, str] | None = None,
+                   ) -> Model:
+        """A Model over any engine implementing ``EngineProtocol`` (llm_onnx.runtime.engine):
+        how tests drive the generator with scripted logits."""
+        model = cls.__new__(cls)
+        model._setup(engine, tokenizer, eos_token_ids, chat_template, special_tokens or {}, {})
+        model.load_s = 0.0
+        return model
+
+    def _setup(self, engine: Any, tokenizer: tokenizers.Tokenizer | None, eos: Sequence[int],
+               chat_template: str | None, special_tokens: dict[str, str],
+               generation: dict[str, Any]) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(int(i) for i in eos)
+        self.chat_template = chat_template
+        self.special_tokens = special_tokens
+        sampling = generation.get("do_sample", True)
+        self.defaults = GenerationOptions(**{k: v for k, v in generation.items() if sampling and k in (
+            "temperature", "top_p", "top_k", "repetition_penalty")})
+
+    @property
+    def context_length(self) -> int:
+        return self.engine.context_length
+
+    # ------------------------------------------------------------------ text <-> ids
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if self.tokenizer is None:
+            raise GenerationError("this model folder has no tokenizer.json: give token ids.")
+        if not isinstance(text, str):
+            raise GenerationError(f"a prompt must be a string or a list of token ids, got "
+                                  f"{type(text).__name__}.")
+        try:
+            text.encode("utf-8")  # the tokenizer takes only encodable text (TypeError otherwise)
+        except UnicodeEncodeError as e:
+            raise GenerationError(f"the prompt is not valid Unicode: {text[e.start]!r} at "
+                                  f"character {e.start} is a lone surrogate.") from None
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        if self.tokenizer is None:
+            raise GenerationError("this model folder has no tokenizer.json.")
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            raise GenerationError("this model has no chat template; use generate() with a raw prompt.")
+        return render_chat(self.chat_template, messages, self.special_tokens, add_generation_prompt)
+
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise GenerationError("the prompt is empty.")
+            ids = self.encode(prompt)
+        else:
+            ids = [int(i) for i in prompt]
+            bad = [i for i in ids if not 0 <= i < self.engine.vocab_size]
+            if bad:
+                raise GenerationError(f"token id {bad[0]} is outside the vocabulary "
+                                      f"(0..{self.engine.vocab_size - 1}).")
+        if not ids:
+            raise GenerationError("the prompt has no tokens.")
+        if len(ids) >= self.context_length:
+            raise GenerationError(f"the prompt has {len(ids)} tokens but the model's context is "
+                                  f"{self.context_length} tokens (prompt and answer together).")
+        return ids
+
+    def options(self, options: GenerationOptions | None = None, overrides: dict[str, Any] | None = None,
+                ) -> GenerationOptions:
+        """``options`` (or the model's defaults) with ``overrides`` applied, validated."""
+        base = options or self.defaults
+        try:
+            return dataclasses.replace(base, **(overrides or {})).validated()
+        except TypeError as e:
+            raise GenerationError(f"unknown generation option: {e}") from e
+
+    # ------------------------------------------------------------------ public API
+
+    def generator(self, options: GenerationOptions | None = None, *, batch: int = 1,
+                  max_length: int | None = None, prefill_chunk: int | None = None,
+                  **overrides: Any) -> Generator:
+        """A step-wise Generator over this model (see llm_onnx.runtime.generator)."""
+        return Generator(self, options, batch=batch, max_length=max_length,
+                         prefill_chunk=prefill_chunk, **overrides)
+
+    def generate(self, prompt: Prompt | Sequence[Prompt], options: GenerationOptions | None = None,
+                 **overrides: Any) -> Result | list[Result]:
+        """Generate for one prompt (text or token ids) or a batch of them (a list of prompts,
+        any lengths, decoded together). Keywords override fields of ``options``. Row i of a batch
+        samples with ``seed + i``."""
+        opts = self.options(options, overrides)
+        batch = _is_batch(prompt)
+        prompts = [self._prompt_ids(p) for p in (prompt if batch else [prompt])]  # type: ignore[union-attr]
+        gen = self._start(prompts, opts)
+        for _ in gen.events():
+            pass
+        results = [gen.result(row) for row in range(len(prompts))]
+        return results if batch else results[0]
+
+    def stream(self, prompt: Prompt, options: GenerationOptions | None = None,
+               **overrides: Any) -> Iterator[str]:
+        """Text pieces of one prompt's answer as they become valid UTF-8."""
+        opts = self.options(options, overrides)
+        return _text(self._start([self._prompt_ids(prompt)], opts))
+
+    def chat(self, messages: Sequence[Message], options: GenerationOptions | None = None,
+             **overrides: Any) -> Result:
+        """One answer to a conversation, with the model's own chat template."""
+        return self.generate(self.chat_prompt(messages), options, **overrides)  # type: ignore[return-value]
+
+    def stream_chat(self, messages: Sequence[Message], options: GenerationOptions | None = None,
+                    **overrides: Any) -> Iterator[str]:
+        """``chat``, streamed: text pieces as they become valid UTF-8."""
+        return self.stream(self.chat_prompt(messages), options, **overrides)
+
+    def chat_prompt(self, messages: Sequence[Message]) -> list[int]:
+        """The token ids of ``messages`` rendered with the model's chat template, ready for the
+        assistant's answer (the template writes any BOS token itself)."""
+        return self.encode(self.render_chat(messages), add_special_tokens=False)
+
+    def chat_session(self, system: str | None = None) -> ChatSession:
+        """A multi-turn conversation that keeps earlier turns in the KV cache."""
+        return ChatSession(self, system)
+
+    def _start(self, prompts: list[list[int]], opts: GenerationOptions) -> Generator:
+        """A generator with one row per prompt, every prompt in place. One prompt: the cache is
+        sized to it and its answer; several: to the longest and its answer, once."""
+        longest = max(len(p) for p in prompts)
+        gen = self.generator(opts, batch=len(prompts),
+                             max_length=None if len(prompts) == 1 else longest + opts.max_new_tokens)
+        for row, ids in enumerate(prompts):
+            gen.append_tokens(ids, row=row, options=row_options(opts, row))
+        return gen
+
+
+class ChatSession:
+    """A conversation whose earlier turns stay in the KV cache: each turn's prompt is the whole
+    conversation, and the generator runs only the tokens its cache does not already hold."""
+
+    def __init__(self, model: Model, system: str | None = None) -> None:
+        self.model = model
+        self.system = system
+        self._generator = model.generator()
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages: list[Message] = ([{"role": "system", "content": self.system}]
+                                        if self.system else [])
+        self._generator.clear()
+        self.last: Result | None = None
+
+    def stream(self, text: str, options: GenerationOptions | None = None,
+               **overrides: Any) -> Iterator[str]:
+        """The answer to ``text`` as streamed pieces; the turn is recorded when the stream ends."""
+        model = self.model
+        opts = model.options(options, overrides)
+        if not isinstance(text, str) or not text.strip():
+            raise GenerationError("the message is empty.")
+        messages = self.messages + [{"role": "user", "content": text}]
+        ids = model._prompt_ids(model.chat_prompt(messages))
+        gen = self._generator
+        gen.release()  # the previous turn's keys and values stay: the new prompt starts with them
+        gen.append_tokens(ids, options=opts)
+        yield from _text(gen)
+        result = gen.result()
+        self.messages = messages + [{"role": "assistant", "content": result.text}]
+        self.last = result
+
+    def send(self, text: str, options: GenerationOptions | None = None, **overrides: Any) -> Result:
+        for _ in self.stream(text, options, **overrides):
+            pass
+        assert self.last is not None
+        return self.last
+
+
+def _text(gen: Generator) -> Iterator[str]:
+    """Row 0's text pieces as the generator picks its tokens."""
+    for event in gen.events():
+        if event.text and event.row == 0:
+            yield event.text
+
+
+def _special_tokens(tokenizer_config: Path) -> dict[str, str]:
+    """bos_token, eos_token, ... as strings, for chat templates."""
+    out: dict[str, str] = {}
+    if tokenizer_config.is_file():
+        cfg = json.loads(tokenizer_config.read_text(encoding="utf-8"))
+        for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+            value = cfg.get(key)
+            if isinstance(value, dict):
+                value = value.get("content")
+            if isinstance(value, str):
+                out[key] = value
+    return out
+
+
+
+def _is_batch(prompt: Any) -> bool:
+    if isinstance(prompt, str):
+        return False
+    items = list(prompt)
+    return bool(items) and all(isinstance(p, str) or not isinstance(p, (int, np.integer))
+                               for p in items)

@@ -1,0 +1,268 @@
+"""One sequence being generated: its tokens, sampler, detokenizer, stop rules, limits and timings.
+
+Pure bookkeeping, no model: the Generator runs the model and hands each sequence the logits of its
+next token (``accept``), which picks the token, turns it into text and decides whether the
+sequence is finished. The same object serves a lone ``Model.generate`` and a row of the batching
+scheduler, which is why a request's tokens do not depend on what else runs beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tokenizers
+
+from llm_onnx.runtime.sampling import GenerationOptions, Sampler
+from llm_onnx.runtime.textstream import StopMatcher, StreamDecoder
+
+# Why a sequence ended: an end-of-sequence token, a stop string, its token limit, or it was
+# cancelled (a scheduler request whose caller went away).
+FINISH_REASONS = ("stop", "stop_string", "length", "cancelled")
+
+
+@dataclass
+class Timings:
+    """Seconds and token counts of one request."""
+
+    ttft_s: float = 0.0  # request start to the first generated token
+    prefill_s: float = 0.0
+    prefill_tokens: int = 0
+    decode_s: float = 0.0
+    decode_tokens: int = 0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prefill_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+    def to_dict(self) -> dict[str, float]:
+        d = dataclasses.asdict(self)
+        d.update(prefill_tok_s=self.prefill_tok_s, decode_tok_s=self.decode_tok_s)
+        return d
+
+
+@dataclass
+class Result:
+    """One generated sequence.
+
+    ``token_ids`` are every generated token, including a final end-of-sequence token;
+    ``finish_reason`` is "stop" (an end-of-sequence token), "stop_string", "length" or
+    "cancelled"; ``logprobs`` (when asked for) holds one TokenLogprob per generated token.
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    timings: Timings = field(default_factory=Timings)
+    logprobs: list[TokenLogprob] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
+             "prompt_tokens": self.prompt_tokens, "timings": self.timings.to_dict()}
+        if self.logprobs is not None:
+            d["logprobs"] = [dataclasses.asdict(lp) for lp in self.logprobs]
+        return d
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """log P(token) under the model's raw next-token distribution (log-softmax of its logits,
+    before penalties, temperature or truncation), and the ``top`` most likely alternatives as
+    (token id, logprob), most likely first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """What one step produced for one sequence.
+
+    ``text`` is the text that became final with this token: "" while a character is still
+    incomplete or a stop string might be starting, and on the last event also whatever was held
+    back. ``finish_reason`` is set on a sequence's last event only.
+    """
+
+    row: int
+    token_id: int
+    text: str
+    logprob: TokenLogprob | None = None
+    finish_reason: str | None = None
+
+
+def token_logprob(logits: np.ndarray, token_id: int, top: int) -> TokenLogprob:
+    """Log-softmax of (V,) logits at ``token_id`` and the ``top`` largest (ties: lower id first);
+    NaN logits count as -inf. Accumulates in float64."""
+    x = np.asarray(logits, dtype=np.float64)
+    if np.isnan(x).any():
+        x = np.where(np.isnan(x), -np.inf, x)
+    m = x.max()
+    if not math.isfinite(m):  # +inf shares all the mass; all -inf means nothing is possible
+        lse = m
+    else:
+        lse = m + math.log(float(np.exp(x - m).sum()))
+    alternatives: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        k = min(top, x.shape[0])
+        idx = np.argpartition(-x, k - 1)[:k]
+        idx = idx[np.lexsort((idx, -x[idx]))]
+        alternatives = tuple((int(i), _logprob(x[i], lse)) for i in idx)
+    return TokenLogprob(int(token_id), _logprob(x[token_id], lse), alternatives)
+
+
+def _logprob(value: float, lse: float) -> float:
+    if value == lse:  # also inf - inf
+        return 0.0
+    return float(value - lse)
+
+
+class Sequence:
+    """The state of one sequence (see the module docstring).
+
+    Args:
+        prompt: token ids the model reads before generating.
+        options: validated generation options.
+        vocab_size: the logits' width.
+        tokenizer: for text (None: token ids only, no stop strings).
+        eos_token_ids: the model's end-of-sequence ids (``options.stop_token_ids`` are added;
+            ``options.ignore_eos`` drops both).
+        limit: most tokens to generate (``options.max_new_tokens`` cut to the room left).
+        logprobs: None = off; k >= 0 = the chosen token's logprob and k alternatives.
+        rng: the sampler's random generator (default: from ``options.seed``).
+    """
+
+    def __init__(self, prompt: Seq[int], options: GenerationOptions, *, vocab_size: int,
+                 tokenizer: tokenizers.Tokenizer | None, eos_token_ids: Seq[int], limit: int,
+                 logprobs: int | None = None, rng: np.random.Generator | None = None) -> None:
+        self.options = options
+        self.vocab_size = vocab_size
+        self.tokenizer = tokenizer
+        self.eos = frozenset() if options.ignore_eos else \
+            frozenset(eos_token_ids) | frozenset(options.stop_token_ids)
+        self.limit = limit
+        self.logprobs_top = logprobs
+        self.tokens: list[int] = [int(t) for t in prompt]
+        self.prompt_len = len(self.tokens)
+        self.finish_reason: str | None = None
+        self.prefill_tokens = 0  # set by the generator: prompt tokens not found in the cache
+        self.started = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.ended_at: float | None = None
+        self._sampler = Sampler(options, 1, vocab_size, [self.tokens], rng=rng)
+        self._restart_text()
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_len:]
+
+    @property
+    def rng(self) -> np.random.Generator:
+        return self._sampler.rng
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def text(self) -> str:
+        return "".join(self._pieces)
+
+    def accept(self, logits: np.ndarray, row: int = 0) -> TokenEvent:
+        """Pick the next token from its (V,) logits and record it."""
+        token = int(self._sampler(logits[None])[0])
+        now = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.tokens.append(token)
+        self._sampler.observe(np.array([token]))
+        lp = None
+        if self.logprobs_top is not None:
+            lp = token_logprob(logits, token, self.logprobs_top)
+            self._logprobs.append(lp)
+        text, finish = "", None
+        if token in self.eos:
+            finish = "stop"
+        else:
+            text, stopped = self._push_text(token)
+            if stopped:
+                finish = "stop_string"
+            elif len(self.tokens) - self.prompt_len >= self.limit:
+                finish = "length"
+        if finish is not None:
+            text += self._finish(finish, now)
+        return TokenEvent(row, token, text, lp, finish)
+
+    def cancel(self) -> bool:
+        """End the sequence now (finish_reason "cancelled"); False if it had already ended."""
+        if self.done:
+            return False
+        self._finish("cancelled", time.perf_counter())
+        return True
+
+    def rewind(self, n: int) -> None:
+        """Drop the last ``n`` tokens (generated first, then prompt tokens). Penalty counts and
+        text are rebuilt from what remains; the random generator keeps its state."""
+        keep = len(self.tokens) - n
+        self.tokens = self.tokens[:keep]
+        self.prompt_len = min(self.prompt_len, keep)
+        self.finish_reason, self.ended_at = None, None
+        if not self.generated:
+            self.first_token_at = None
+        self._sampler = Sampler(self.options, 1, self.vocab_size, [self.tokens[:self.prompt_len]],
+                                rng=self._sampler.rng)
+        generated = self.generated
+        for token in generated:
+            self._sampler.observe(np.array([token]))
+        logprobs = self._logprobs[:len(generated)]
+        self._restart_text()
+        self._logprobs = logprobs
+        for token in generated:
+            if token not in self.eos:
+                self._push_text(token)
+
+    def result(self) -> Result:
+        end = self.ended_at or time.perf_counter()
+        first = self.first_token_at or end
+        t = Timings(ttft_s=first - self.started, prefill_s=first - self.started,
+                    prefill_tokens=self.prefill_tokens, decode_s=end - first,
+                    decode_tokens=max(0, len(self.generated) - 1))
+        return Result(self.text, self.generated, self.finish_reason or "length", self.prompt_len,
+                      t, list(self._logprobs) if self.logprobs_top is not None else None)
+
+    # ------------------------------------------------------------------ text
+
+    def _restart_text(self) -> None:
+        prompt = self.tokens[:self.prompt_len]
+        self._decoder = StreamDecoder(self.tokenizer, prompt) if self.tokenizer else None
+        self._stops = StopMatcher(self.options.stop)
+        self._pieces: list[str] = []
+        self._logprobs: list[TokenLogprob] = []
+
+    def _push_text(self, token: int) -> tuple[str, bool]:
+        if self._decoder is None:
+            return "", False
+        piece, stopped = self._stops.push(self._decoder.push(token))
+        if piece:
+            self._pieces.append(piece)
+        return piece, stopped
+
+    def _finish(self, reason: str, now: float) -> str:
+        """Mark the end; returns the text held back until now (none after a stop string)."""
+        self.finish_reason, self.ended_at = reason, now
+        if reason in ("stop_string", "cancelled") or self._decoder is None:
+            return ""
+        tail = self._stops.push(self._decoder.flush())[0] + self._stops.flush()
+        if tail:
+            self._pieces.append(tail)
+        return tail
