@@ -113,7 +113,7 @@ class Generator:
                                   f"{self.max_length} tokens (prompt and answer together).")
         limit = min(opts.max_new_tokens, self.max_length - len(prompt))
         cache = self._reserve(len(prompt) + limit)
-        reuse = min(_common_prefix(self._held_tokens(row), prompt), len(prompt) - 1)
+        reuse = min(_common_prefix(self._held_tokens(row), prompt), _last_run_start(len(prompt)))
         cache.truncate(row, reuse)
         seq = Sequence(prompt, opts, vocab_size=vocab, tokenizer=self.model.tokenizer,
                        eos_token_ids=self.model.eos_token_ids, limit=limit, logprobs=logprobs,
@@ -157,8 +157,10 @@ class Generator:
             raise GenerationError(f"cannot rewind {n} tokens of a sequence of {len(seq.tokens)}.")
         seq.rewind(n)
         assert self._cache is not None
-        # At least the last remaining token runs again: its logits were the ones dropped.
-        self._cache.truncate(row, max(0, len(seq.tokens) - 1))
+        # The last remaining token runs again (its logits were the ones dropped): one decode
+        # step after a generated token, a prompt's last run (see _last_run_start) otherwise.
+        length = len(seq.tokens)
+        self._cache.truncate(row, length - 1 if seq.generated else _last_run_start(length))
 
     def cached_prefix(self, row: int, ids: Seq[int]) -> int:
         """How many leading tokens of ``ids`` row ``row``'s cache already holds."""
@@ -233,7 +235,10 @@ class Generator:
             seq = self._seqs[row]
             assert seq is not None
             start = cache.length_of(row)
-            n = int(min(len(seq.tokens) - start, left))
+            waiting = len(seq.tokens) - start
+            n = int(min(waiting, left))
+            if waiting - n == 1:  # never leave a prompt's last token alone (see _last_run_start)
+                n = n - 1 if n > 1 else n + 1
             logits = self.engine.prefill(cache, row, seq.tokens[start:start + n])
             left -= n
             if start + n == len(seq.tokens):
@@ -300,6 +305,18 @@ def row_options(options: GenerationOptions, index: int) -> GenerationOptions:
     if index == 0 or options.seed is None:
         return options
     return dataclasses.replace(options, seed=options.seed + index)
+
+
+def _last_run_start(prompt_length: int) -> int:
+    """Where the last run of a prompt starts at the latest: two tokens before its end (a
+    one-token prompt: at 0).
+
+    A prompt's first token is picked from the logits of a prefill run of at least two tokens,
+    never from a one-token (decode) run, however the prompt was chunked or reused. ONNX Runtime's
+    8-bit MatMulNBits rounds a (B, 1, K) input differently from a (1, T >= 2, K) one (measured on
+    SmolLM2 int8: up to 0.9 apart in the logits; fp32 agrees to 2e-5), so this keeps a request's
+    tokens the same alone and in a batch, and a reused prefix costs at most one extra token."""
+    return max(0, prompt_length - 2)
 
 
 def _common_prefix(a: Seq[int], b: Seq[int]) -> int:

@@ -57,14 +57,14 @@ def test_rewind_into_the_prompt_and_branch():
     gen.append_tokens([3, 4, 5, 6])
     while not gen.is_done():
         gen.generate_next_token()
-    gen.rewind(4 + 2)  # every generated token and two prompt tokens
-    assert gen.tokens() == [3, 4]
+    gen.rewind(4 + 1)  # every generated token and one prompt token
+    assert gen.tokens() == [3, 4, 5]
     gen.append_tokens([9, 9])
     while not gen.is_done():
         gen.generate_next_token()
     prefills = [c for c in model.engine.calls if c[0] == "prefill"]
-    assert prefills[-1] == ("prefill", 0, [4, 9, 9])  # 3 was kept in the cache
-    assert gen.tokens()[4:] == model.generate([3, 4, 9, 9], greedy(4)).token_ids
+    assert prefills[-1] == ("prefill", 0, [4, 5, 9, 9])  # 3 was kept in the cache
+    assert gen.tokens()[5:] == model.generate([3, 4, 5, 9, 9], greedy(4)).token_ids
 
 
 def test_appending_continues_the_sequence():

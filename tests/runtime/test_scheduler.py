@@ -126,10 +126,13 @@ def test_several_short_prompts_share_one_step_budget():
     newcomers = [scheduler.submit([5 + i, 6, 7], greedy(2)) for i in range(3)]
     scheduler.step()
     prefills = [c for c in engine.calls if c[0] == "prefill"]
-    assert [len(c[2]) for c in prefills] == [3, 3, 2]  # 8 tokens: the third is cut short
-    # ... and its last prompt token runs in the same step's batched decode, beside the others'.
-    assert [c for c in engine.calls if c[0] == "decode"] == [("decode", 4, [0, 1, 2, 3])]
-    assert all(r.first_token_at is not None for r in newcomers)
+    # 8 tokens: the third prompt is cut short, and never so that one token is left alone
+    assert [len(c[2]) for c in prefills] == [3, 3, 1]
+    assert [r.first_token_at is not None for r in newcomers] == [True, True, False]
+    engine.calls.clear()
+    scheduler.step()
+    assert engine.calls[0] == ("prefill", 3, [6, 7])  # its last two tokens, then it decodes
+    assert newcomers[2].first_token_at is not None
     drain(scheduler)
     for i, r in enumerate(newcomers):
         assert r.result().token_ids == solo(model, [5 + i, 6, 7], greedy(2))
@@ -298,3 +301,36 @@ def test_text_events_and_logprobs_are_per_request():
     assert top.token_id == 1 and top.logprob == pytest.approx(expected[1])
     assert [t for t, _ in top.top] == [1, 0] and top.top[1][1] == pytest.approx(expected[0])
     assert rb.logprobs[0].top == ()
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 8])
+def test_a_prompts_last_run_is_never_a_lone_token(chunk):
+    """Whatever the chunk size and the reused prefix, a prompt of two or more tokens gets its
+    first token from a prefill run of at least two (the int8 kernels round one-token runs
+    differently, see generator._last_run_start)."""
+    model = history_model()
+    engine = model.engine
+    scheduler = Scheduler(model, max_batch=3, prefill_chunk=chunk)
+    lone: list[list[int]] = []
+    decode = engine.decode
+
+    def checked_decode(cache, tokens, active=None):
+        for row in np.flatnonzero(active):
+            request = scheduler._running[int(row)]
+            if request.first_token_at is None and len(request.prompt) > 1:
+                lone.append(request.prompt)  # its first token would come from this run
+        return decode(cache, tokens, active)
+
+    engine.decode = checked_decode
+    rng = np.random.default_rng(chunk)
+    base = rng.integers(1, 50, 12).tolist()
+    requests = []
+    for _ in range(12):  # prompts sharing prefixes of every length with earlier ones
+        prompt = base[:int(rng.integers(0, 12))] + rng.integers(1, 50, int(rng.integers(1, 6))).tolist()
+        requests.append(scheduler.submit(prompt, greedy(3)))
+        scheduler.step()
+    drain(scheduler)
+    assert lone == []
+    engine.decode = decode
+    for r in requests:
+        assert r.result().token_ids == solo(model, r.prompt, greedy(3))
