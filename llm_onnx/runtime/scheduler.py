@@ -351,11 +351,11 @@ class Scheduler:
         now = time.perf_counter()
         for event in events:
             request = self._running[event.row]
+            if self.observer is not None:  # sees the previous token's time (inter-token latency)
+                self.observer.token(request, event, now)
             if request.first_token_at is None:
                 request.first_token_at = now
             request.last_token_at = now
-            if self.observer is not None:
-                self.observer.token(request, event, now)
             request._emit(event)
             if event.finish_reason is not None:
                 self._end(event.row, request, self._released(self.generator.release(event.row)))

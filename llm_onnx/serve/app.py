@@ -1,0 +1,338 @@
+"""The OpenAI-compatible HTTP app (FastAPI): the routes over one Service (a model, its batching
+scheduler, metrics, the served name and API key).
+
+    GET  /health                  200 {"status": "ok"}; 503 while shutting down (no key needed)
+    GET  /v1/models               the one model served, OpenAI's list shape
+    POST /v1/completions          prompt(s) -> text; stream: true for server-sent events
+    POST /v1/chat/completions     messages -> the assistant's answer, with the model's template
+    GET  /metrics                 Prometheus text format
+
+``create_app(service)`` is the one app definition: ``llm-onnx serve`` runs it under uvicorn, the
+Ray Serve deployment mounts the same object.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from llm_onnx.errors import GenerationError
+from llm_onnx.runtime.model import Model
+from llm_onnx.runtime.scheduler import QueueFull, Request as Job, Scheduler, SchedulerClosed
+from llm_onnx.runtime.sequence import Result, TokenEvent
+from llm_onnx.serve import protocol as p
+from llm_onnx.serve.metrics import CONTENT_TYPE, Metrics
+
+log = logging.getLogger("llm_onnx.serve")
+
+MAX_BODY_BYTES = 8 << 20
+_DISCONNECT_POLL_S = 0.1
+
+
+class Service:
+    """What the routes serve: one model behind one batching scheduler.
+
+    Args:
+        model: the loaded Model.
+        name: the model id clients send (default: the model folder's name).
+        api_key: when set, every endpoint but /health needs ``Authorization: Bearer <key>``.
+        max_batch, max_queue, prefill_chunk, max_length: the Scheduler's.
+    """
+
+    def __init__(self, model: Model, *, name: str | None = None, api_key: str | None = None,
+                 max_batch: int = 8, max_queue: int | None = 64, prefill_chunk: int = 256,
+                 max_length: int | None = None) -> None:
+        self.model = model
+        manifest = getattr(model.engine, "manifest", None)
+        self.name = name or (manifest.folder.name if manifest is not None else "model")
+        self.api_key = api_key or None
+        self.metrics = Metrics()
+        self.scheduler = Scheduler(model, max_batch=max_batch, max_length=max_length,
+                                   prefill_chunk=prefill_chunk, max_queue=max_queue,
+                                   observer=self.metrics)
+        self.metrics.attach(self.scheduler)
+        self.tokens = p.TokenText(model)
+        self.created = int(time.time())
+        self.draining = False
+        self._closer: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def begin_shutdown(self, grace_s: float) -> None:
+        """Stop taking requests now; running and queued ones get ``grace_s`` seconds to finish,
+        then end with finish_reason "abort". Returns at once (the wait runs on a thread)."""
+        if self.draining:
+            return
+        self.draining = True
+        self._closer = threading.Thread(target=self.scheduler.close, args=(grace_s,),
+                                        name="llm-onnx-drain", daemon=True)
+        self._closer.start()
+
+    def stop(self) -> None:
+        self.begin_shutdown(0.0)
+        if self._closer is not None:
+            self._closer.join()
+
+
+def create_app(service: Service, *, cors_origins: Sequence[str] = ()) -> FastAPI:
+    """The FastAPI app over ``service`` (its scheduler starts and stops with the app)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, service.stop)
+
+    app = FastAPI(title="llm-onnx", summary="OpenAI-compatible API over an llm-onnx model folder",
+                  lifespan=lifespan)
+    app.state.service = service
+    if cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
+                           allow_headers=["*"])
+
+    @app.exception_handler(p.ApiError)
+    async def api_error(request: Request, e: p.ApiError) -> JSONResponse:
+        _count(service, request, e.status)
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        _count(service, request, e.status_code)
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        message = f"{request.method} {request.url.path}: {e.detail}"
+        return JSONResponse(p.ApiError(e.status_code, message, type=kind).body(),
+                            status_code=e.status_code, headers=getattr(e, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, e: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        _count(service, request, 500)
+        return JSONResponse(p.ApiError(500, f"internal error: {type(e).__name__}: {e}",
+                                       type="server_error").body(), status_code=500)
+
+    async def authorized(request: Request) -> None:
+        key = service.api_key
+        if key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if not header:
+            raise p.ApiError(401, "You didn't provide an API key. Send it in the Authorization "
+                                  "header as 'Bearer <key>'.", code="invalid_api_key")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                                 key.encode()):
+            raise p.ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if service.draining:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics", dependencies=[Depends(authorized)])
+    async def metrics() -> Response:
+        return Response(service.metrics.exposition(), media_type=CONTENT_TYPE)
+
+    def model_card() -> dict[str, Any]:
+        return {"id": service.name, "object": "model", "created": service.created,
+                "owned_by": "llm-onnx", "max_model_len": service.scheduler.max_length}
+
+    @app.get("/v1/models", dependencies=[Depends(authorized)])
+    async def models(request: Request) -> JSONResponse:
+        _count(service, request, 200)
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/{name:path}", dependencies=[Depends(authorized)])
+    async def model(name: str, request: Request) -> JSONResponse:
+        if name != service.name:
+            raise p.ApiError(404, f"The model `{name}` does not exist.", param="model",
+                             code="model_not_found")
+        _count(service, request, 200)
+        return JSONResponse(model_card())
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
+    async def chat_completions(request: Request) -> Response:
+        plan = p.chat_plan(await _body(request), service.model, service.name,
+                           service.scheduler.max_length)
+        return await _answer(service, request, plan)
+
+    @app.post("/v1/completions", dependencies=[Depends(authorized)])
+    async def completions(request: Request) -> Response:
+        plan = p.completion_plan(await _body(request), service.model, service.name,
+                                 service.scheduler.max_length)
+        return await _answer(service, request, plan)
+
+    return app
+
+
+_ENDPOINTS = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"}
+
+
+def _count(service: Service, request: Request, status: int | str) -> None:
+    path = request.url.path
+    endpoint = path if path in _ENDPOINTS else \
+        "/v1/models/{name}" if path.startswith("/v1/models/") else "other"
+    service.metrics.requests.labels(endpoint, str(status)).inc()
+
+
+async def _body(request: Request) -> Any:
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
+        raise p.ApiError(413, f"the request body has {size} bytes; the limit is "
+                              f"{MAX_BODY_BYTES}.")
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise p.ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes.")
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise p.bad(None, f"We could not parse the JSON body of your request ({e}). Send a JSON "
+                          "object with Content-Type: application/json.") from None
+
+
+async def _answer(service: Service, request: Request, plan: p.Plan) -> Response:
+    loop = asyncio.get_running_loop()
+    items: asyncio.Queue[tuple[Job, Any]] = asyncio.Queue()
+
+    def listener(job: Job, item: Any) -> None:  # on the scheduler's thread
+        if plan.stream or not isinstance(item, TokenEvent):
+            try:
+                loop.call_soon_threadsafe(items.put_nowait, (job, item))
+            except RuntimeError:  # the event loop has closed: nobody is listening any more
+                job.cancel()
+
+    try:
+        jobs = service.scheduler.submit_many(plan.jobs(), logprobs=plan.logprobs,
+                                             listener=listener)
+    except QueueFull as e:
+        raise p.ApiError(429, str(e), type="rate_limit_error", code="rate_limit_exceeded") from None
+    except SchedulerClosed as e:
+        raise p.ApiError(503, str(e), type="server_error", code="service_unavailable") from None
+    except GenerationError as e:
+        raise p.bad("prompt" if plan.kind == p.COMPLETION else "messages", str(e)) from None
+    if plan.stream:
+        return StreamingResponse(_events(service, request, plan, jobs, items),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    results = await _results(request, jobs, items)
+    if results is None:  # the client went away; its jobs are cancelled
+        _count(service, request, 499)
+        return Response(status_code=499)
+    _count(service, request, 200)
+    return JSONResponse(p.response(plan, results, service.tokens))
+
+
+async def _results(request: Request, jobs: list[Job],
+                   items: asyncio.Queue[tuple[Job, Any]]) -> list[Result] | None:
+    """Every job's Result in order, or None if the client disconnected first."""
+    index = {job.id: i for i, job in enumerate(jobs)}
+    results: list[Result | None] = [None] * len(jobs)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        for _ in jobs:
+            getter = asyncio.ensure_future(items.get())
+            done, _pending = await asyncio.wait({getter, watcher},
+                                                return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+                return None
+            job, item = getter.result()
+            if isinstance(item, BaseException):
+                raise p.ApiError(500, f"generation failed: {item}", type="server_error")
+            results[index[job.id]] = item
+        return results  # type: ignore[return-value]
+    finally:
+        watcher.cancel()
+        for job in jobs:
+            job.cancel()  # no-op for finished jobs; frees the rows of a departed client's
+
+
+async def _disconnected(request: Request) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(_DISCONNECT_POLL_S)
+
+
+async def _events(service: Service, request: Request, plan: p.Plan, jobs: list[Job],
+                  items: asyncio.Queue[tuple[Job, Any]]) -> AsyncIterator[str]:
+    """Server-sent events: a chunk per token (or per first chunk of a choice), a last chunk per
+    choice with its finish_reason, the usage chunk if asked for, then ``data: [DONE]``. A client
+    that disconnects makes the surrounding response cancel this generator: its jobs are
+    cancelled and their rows freed at the scheduler's next step."""
+    index = {job.id: i for i, job in enumerate(jobs)}
+    finished = [False] * len(jobs)
+    offsets = [0] * len(jobs)
+    generated = 0
+    status = "499"
+    chat = plan.kind == p.CHAT
+    try:
+        first = []
+        for i in range(len(jobs)):
+            if chat:
+                first.append({"index": i, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None})
+            elif plan.echo:
+                text = plan.prompt_texts[i // plan.n]
+                offsets[i] = len(text)
+                first.append({"index": i, "text": text, "logprobs": None, "finish_reason": None})
+        if first:
+            yield _sse(p.chunk(plan, first))
+        while not all(finished):
+            job, item = await items.get()
+            i = index[job.id]
+            if isinstance(item, TokenEvent):
+                generated += 1
+                if not item.text and plan.logprobs is None and item.finish_reason is None:
+                    continue
+                choice = _choice(plan, service, i, item, offsets)
+                yield _sse(p.chunk(plan, [choice]))
+            elif isinstance(item, Result):
+                if item.finish_reason == "cancelled" and not finished[i]:
+                    end = {"index": i, "delta": {}} if chat else {"index": i, "text": ""}
+                    end.update(logprobs=None, finish_reason=p.finish_reason(item.finish_reason))
+                    yield _sse(p.chunk(plan, [end]))
+                finished[i] = True
+            else:  # the model failed: tell the client in OpenAI's streamed-error shape
+                yield _sse(p.ApiError(500, f"generation failed: {item}", type="server_error")
+                           .body())
+                finished[i] = True
+        if plan.include_usage:
+            yield _sse(p.chunk(plan, [], p.usage(sum(len(x) for x in plan.prompts), generated)))
+        yield "data: [DONE]\n\n"
+        status = "200"
+    finally:
+        for job in jobs:
+            job.cancel()
+        _count(service, request, status)
+
+
+def _choice(plan: p.Plan, service: Service, i: int, event: TokenEvent,
+            offsets: list[int]) -> dict[str, Any]:
+    reason = None if event.finish_reason is None else p.finish_reason(event.finish_reason)
+    logprobs = None
+    if plan.kind == p.CHAT:
+        if plan.logprobs is not None and event.logprob is not None:
+            logprobs = p.chat_logprobs([event.logprob], service.tokens)
+        delta = {"content": event.text} if event.text else {}
+        return {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+    if plan.logprobs is not None and event.logprob is not None:
+        logprobs = p.completion_logprobs([event.logprob], service.tokens, offsets[i])
+    offsets[i] += len(event.text)
+    return {"index": i, "text": event.text, "logprobs": logprobs, "finish_reason": reason}
+
+
+def _sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"

@@ -1,0 +1,96 @@
+"""Prometheus metrics of a server (``GET /metrics``), fed by the scheduler as it works.
+
+Names follow Prometheus' conventions (``_total`` counters, ``_seconds`` units):
+
+    llm_onnx_requests_total{endpoint, status}      HTTP answers by status code ("499": the client
+                                                    went away before the answer was complete)
+    llm_onnx_request_finish_total{reason}          stop | length | cancelled (by a client or at
+                                                    shutdown) | error
+    llm_onnx_prompt_tokens_total                   prompt tokens of requests that started
+    llm_onnx_prompt_tokens_cached_total            ... of which a row's cache already held
+    llm_onnx_generation_tokens_total               tokens generated
+    llm_onnx_queue_depth                           requests waiting for a row
+    llm_onnx_running_requests                      rows decoding (the running batch size)
+    llm_onnx_batch_rows                            rows the scheduler has (--max-batch)
+    llm_onnx_time_to_first_token_seconds           submit to first token (histogram)
+    llm_onnx_inter_token_latency_seconds           between a request's tokens (histogram)
+    llm_onnx_request_duration_seconds              submit to last token (histogram)
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from llm_onnx.runtime.scheduler import Request, Scheduler
+from llm_onnx.runtime.sequence import Result, TokenEvent
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+_LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
+            10.0)
+_DURATION = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class Metrics:
+    """The server's metrics in a registry of their own (several servers in one process, as in
+    tests, do not mix). Implements the scheduler's Observer protocol."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("llm_onnx_requests", "HTTP answers by endpoint and status code.",
+                                ["endpoint", "status"], registry=r)
+        self.finished = Counter("llm_onnx_request_finish", "Generations ended, by reason.",
+                                ["reason"], registry=r)
+        self.prompt_tokens = Counter("llm_onnx_prompt_tokens", "Prompt tokens of started "
+                                     "requests.", registry=r)
+        self.cached_tokens = Counter("llm_onnx_prompt_tokens_cached", "Prompt tokens a row's "
+                                     "cache already held (not run again).", registry=r)
+        self.generated = Counter("llm_onnx_generation_tokens", "Tokens generated.", registry=r)
+        self.queue_depth = Gauge("llm_onnx_queue_depth", "Requests waiting for a row.",
+                                 registry=r)
+        self.running = Gauge("llm_onnx_running_requests", "Rows decoding: the running batch "
+                             "size.", registry=r)
+        self.rows = Gauge("llm_onnx_batch_rows", "Rows of the scheduler (--max-batch).",
+                          registry=r)
+        self.ttft = Histogram("llm_onnx_time_to_first_token_seconds", "Submit to first token.",
+                              buckets=_LATENCY, registry=r)
+        self.itl = Histogram("llm_onnx_inter_token_latency_seconds", "Time between a request's "
+                             "consecutive tokens.", buckets=_LATENCY, registry=r)
+        self.duration = Histogram("llm_onnx_request_duration_seconds", "Submit to last token.",
+                                  buckets=_DURATION, registry=r)
+
+    def attach(self, scheduler: Scheduler) -> None:
+        self.queue_depth.set_function(lambda: scheduler.queued)
+        self.running.set_function(lambda: scheduler.running)
+        self.rows.set(scheduler.max_batch)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # ------------------------------------------------------------------ Observer
+
+    def request_started(self, request: Request) -> None:
+        self.prompt_tokens.inc(len(request.prompt))
+
+    def token(self, request: Request, event: TokenEvent, now: float) -> None:
+        self.generated.inc()
+        if request.first_token_at is None:
+            self.ttft.observe(now - request.submitted_at)
+        elif request.last_token_at is not None:
+            self.itl.observe(now - request.last_token_at)
+
+    def request_finished(self, request: Request, result: Result | None,
+                         error: BaseException | None) -> None:
+        if error is not None:
+            self.finished.labels("error").inc()
+            return
+        reason = result.finish_reason if result is not None else "cancelled"
+        self.finished.labels("stop" if reason == "stop_string" else reason).inc()
+        if result is not None and request.row is not None:
+            self.cached_tokens.inc(max(0, result.prompt_tokens - result.timings.prefill_tokens))
+        if request.last_token_at is not None:
+            self.duration.observe(request.last_token_at - request.submitted_at)
+
+    def step(self, running: int, queued: int) -> None:
+        pass  # the gauges read the scheduler when scraped

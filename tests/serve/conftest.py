@@ -1,0 +1,127 @@
+"""A real `llm-onnx serve` process over a tiny exported model with a word tokenizer and a chat
+template, for the official `openai` client to talk to."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("openai")
+
+# t1 ... t3 mark the turns; message contents are words t0 ... t255 of the word tokenizer.
+CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}t4{% else %}t1{% endif %} "
+                 "{{ m['content'] }} t2 {% endfor %}{% if add_generation_prompt %}t3{% endif %}")
+
+
+CONTEXT = 4096
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`llm-onnx serve ...` in a subprocess; ``stop()`` sends SIGTERM and waits for the exit."""
+
+    def __init__(self, folder: Path, *args: str, api_key: str | None = None) -> None:
+        self.port = free_port()
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        env = {"LLM_ONNX_API_KEY": api_key} if api_key else {}
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = folder.parent / f"serve-{self.port}.log"
+        cmd = [sys.executable, "-m", "llm_onnx.cli", "serve", "--model", str(folder),
+               "--port", str(self.port), "--threads", "1", "--log-level", "warning", *args]
+        self._log = open(self.log, "w")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **env})
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 90) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited ({self.proc.returncode}): {self.output()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"server did not come up in {timeout} s: {self.output()}")
+
+    def output(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log.read_text(errors="replace")[-3000:]
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def chat_model_folder(tmp_path_factory) -> Path:
+    """llama_tiny (vocab 256) with a 4096-token context, a word tokenizer, a chat template and
+    t2 (its eos id) ending turns, exported fp32. The long context lets a request run for
+    seconds (disconnects, full queues and shutdowns happen while it runs)."""
+    from llm_onnx.build_model import open_checkpoint
+    from llm_onnx.export import ExportOptions, export_model
+    from llm_onnx.models import get_config
+    from tests.hf_models import save_hf_checkpoint
+
+    cfg = get_config("llama_tiny").replace(max_position_embeddings=CONTEXT)
+    ckpt = tmp_path_factory.mktemp("chat-ckpt") / "tiny-chat"
+    save_hf_checkpoint(cfg, ckpt, seed=3, tokenizer=True)
+    (ckpt / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": CHAT_TEMPLATE, "eos_token": "t2", "bos_token": "t1"}))
+    out = tmp_path_factory.mktemp("chat-model") / "tiny-chat"
+    export_model(open_checkpoint(ckpt), out, ExportOptions(precision="fp32", max_seq_len=CONTEXT),
+                 progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(chat_model_folder):
+    """The shared server: 4 rows, 6-token prefill chunks (rows join, chunk and leave)."""
+    proc = ServerProcess(chat_model_folder, "--max-batch", "4", "--prefill-chunk", "6")
+    yield proc
+    assert proc.stop() in (0, -signal.SIGTERM), proc.output()  # uvicorn re-raises the signal
+
+
+@pytest.fixture(scope="module")
+def model(chat_model_folder):
+    from llm_onnx.runtime import Model
+
+    return Model.load(chat_model_folder, provider="cpu", threads=1)
+
+
+@pytest.fixture
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)

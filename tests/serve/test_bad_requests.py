@@ -1,0 +1,202 @@
+"""What bad input and bad clients get: OpenAI's status codes and error bodies naming the field,
+and a server that keeps serving; API keys; a full queue; a client that goes away."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.serve.conftest import ServerProcess
+
+MODEL = "tiny-chat"
+USER = [{"role": "user", "content": "t5 t6"}]
+
+
+def post(server, path: str, body=None, content: bytes | None = None, headers=None):
+    return httpx.post(server.url + path, json=body, content=content, headers=headers, timeout=30)
+
+
+def error_of(response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    return error
+
+
+@pytest.mark.parametrize("path, body, param, fragment", [
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER, "temperature": "hot"},
+     "temperature", "must be a number"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER, "temperature": 3},
+     "temperature", "[0, 2]"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": "5"},
+     "max_tokens", "must be an integer"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": -1},
+     "max_tokens", ">= 1"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": 10**9},
+     "max_tokens", "maximum context length is 4096"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": []}, "messages", "must not be empty"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": "t5"}, "messages", "must be a list"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user"}]},
+     "messages[0].content", "must be a string"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "t1"}]},
+     "messages[0].role", "must be one of"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content[0]",
+     "only text content parts"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER, "n": 0}, "n", "between 1 and"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER, "stop": 5}, "stop", "string"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER, "top_p": 0}, "top_p", "(0, 1]"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER, "stream": "yes"}, "stream",
+     "true or false"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER, "stream_options":
+                              {"include_usage": True}}, "stream_options", "only allowed"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER, "top_logprobs": 2},
+     "top_logprobs", "needs 'logprobs'"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER, "tools": [{"type": "function"}]},
+     "tools", "not supported"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokenz": 5},
+     "max_tokenz", "Unrecognized request argument"),
+    ("/v1/chat/completions", {"messages": USER}, "model", "must provide a model"),
+    ("/v1/completions", {"model": MODEL, "prompt": ""}, "prompt", "empty"),
+    ("/v1/completions", {"model": MODEL, "prompt": [1, 999]}, "prompt", "outside the vocabulary"),
+    ("/v1/completions", {"model": MODEL, "prompt": "t1 " * 5000}, "prompt",
+     "maximum context length is 4096"),
+    ("/v1/completions", {"model": MODEL, "prompt": "t1", "logprobs": 9}, "logprobs",
+     "between 0 and 5"),
+    ("/v1/completions", {"model": MODEL, "prompt": "t1", "seed": 1.5}, "seed", "integer"),
+    ("/v1/completions", {"model": MODEL, "prompt": "t1", "best_of": 3}, "best_of",
+     "not supported"),
+])
+def test_bad_fields_are_400s_naming_the_field(server, path, body, param, fragment):
+    error = error_of(post(server, path, body), 400)
+    assert error["param"] == param and fragment in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+def test_context_overflow_has_openais_code(server):
+    error = error_of(post(server, "/v1/completions", {"model": MODEL, "prompt": "t1 " * 5000}), 400)
+    assert error["code"] == "context_length_exceeded"
+
+
+def test_malformed_json_and_non_object_bodies(server):
+    error = error_of(post(server, "/v1/chat/completions", content=b'{"model": ',
+                          headers={"Content-Type": "application/json"}), 400)
+    assert "could not parse the JSON body" in error["message"]
+    error_of(post(server, "/v1/completions", [1, 2, 3]), 400)
+    error_of(post(server, "/v1/completions", content=b"\xff\xfe",
+                  headers={"Content-Type": "application/json"}), 400)
+
+
+def test_unknown_model_route_and_method(server):
+    error = error_of(post(server, "/v1/chat/completions", {"model": "gpt-4", "messages": USER}),
+                     404)
+    assert error["code"] == "model_not_found" and "tiny-chat" in error["message"]
+    error_of(httpx.get(server.url + "/v1/nothing"), 404)
+    error_of(httpx.get(server.url + "/v1/chat/completions"), 405)
+    error_of(httpx.get(server.url + "/v1/models/gpt-4"), 404)
+
+
+def test_the_server_keeps_serving_after_bad_requests(server, model):
+    for _ in range(3):
+        post(server, "/v1/completions", content=b"nonsense")
+        post(server, "/v1/completions", {"model": MODEL, "prompt": "t1", "max_tokens": -5})
+    r = post(server, "/v1/completions", {"model": MODEL, "prompt": "t9 t8", "max_tokens": 5,
+                                         "temperature": 0})
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["text"] == model.generate("t9 t8", max_new_tokens=5,
+                                                            temperature=0).text
+
+
+def metric(server, name: str) -> float:
+    total = 0.0
+    for line in httpx.get(server.url + "/metrics", headers=server.headers).text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def wait_for(condition, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+LONG = {"model": MODEL, "prompt": "t7 t8 t9", "max_tokens": 4000, "temperature": 0,
+        "ignore_eos": True}
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_row(server):
+    cancelled = metric(server, 'llm_onnx_request_finish_total{reason="cancelled"}')
+    with httpx.stream("POST", server.url + "/v1/completions", json={**LONG, "stream": True},
+                      timeout=30) as response:
+        lines = response.iter_lines()
+        got = [next(lines) for _ in range(6)]
+        assert all(line.startswith("data: ") or line == "" for line in got)
+        assert metric(server, "llm_onnx_running_requests") == 1
+    # the connection is closed: the request is cancelled and its row freed, long before its
+    # 4000 tokens could have been generated
+    wait_for(lambda: metric(server, "llm_onnx_running_requests") == 0, timeout=5)
+    assert metric(server, 'llm_onnx_request_finish_total{reason="cancelled"}') == cancelled + 1
+    assert metric(server, 'llm_onnx_requests_total{endpoint="/v1/completions",status="499"}') >= 1
+
+
+def test_a_client_that_gives_up_on_a_plain_request_frees_its_row(server):
+    cancelled = metric(server, 'llm_onnx_request_finish_total{reason="cancelled"}')
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=LONG, timeout=0.5)
+    wait_for(lambda: metric(server, "llm_onnx_running_requests") == 0, timeout=5)
+    assert metric(server, 'llm_onnx_request_finish_total{reason="cancelled"}') == cancelled + 1
+
+
+@pytest.fixture(scope="module")
+def guarded(chat_model_folder):
+    """One row, a queue of one, and an API key."""
+    proc = ServerProcess(chat_model_folder, "--max-batch", "1", "--max-queue", "1",
+                         api_key="sesame")
+    yield proc
+    proc.stop()
+
+
+def test_api_key_is_required_except_for_health(guarded):
+    from openai import AuthenticationError, OpenAI
+
+    body = {"model": MODEL, "prompt": "t1", "max_tokens": 2}
+    error = error_of(post(guarded, "/v1/completions", body), 401)
+    assert error["code"] == "invalid_api_key" and "didn't provide" in error["message"]
+    error_of(post(guarded, "/v1/completions", body, headers={"Authorization": "Bearer sesam"}),
+             401)
+    error_of(post(guarded, "/v1/completions", body, headers={"Authorization": "sesame"}), 401)
+    error_of(httpx.get(guarded.url + "/metrics"), 401)
+    error_of(httpx.get(guarded.url + "/v1/models"), 401)
+    assert httpx.get(guarded.url + "/health").status_code == 200
+    with pytest.raises(AuthenticationError):
+        OpenAI(base_url=guarded.url + "/v1", api_key="wrong", max_retries=0).models.list()
+    client = OpenAI(base_url=guarded.url + "/v1", api_key="sesame", max_retries=0)
+    assert client.completions.create(**body).choices[0].text is not None
+
+
+def test_a_full_queue_answers_429_at_once(guarded):
+    """One request runs, one waits; a third gets 429 without waiting, and the two finish."""
+    results = {}
+
+    def long_request(name):
+        results[name] = post(guarded, "/v1/completions", {**LONG, "max_tokens": 2500},
+                             headers=guarded.headers)
+
+    threads = [threading.Thread(target=long_request, args=(n,)) for n in ("a", "b")]
+    threads[0].start()
+    wait_for(lambda: metric(guarded, "llm_onnx_running_requests") == 1)
+    threads[1].start()
+    wait_for(lambda: metric(guarded, "llm_onnx_queue_depth") == 1)
+    start = time.monotonic()
+    r = post(guarded, "/v1/completions", {**LONG, "max_tokens": 5}, headers=guarded.headers)
+    assert time.monotonic() - start < 1.0
+    error = error_of(r, 429)
+    assert error["code"] == "rate_limit_exceeded" and "queue is full" in error["message"]
+    for t in threads:
+        t.join(60)
+    assert [results[n].status_code for n in ("a", "b")] == [200, 200]
