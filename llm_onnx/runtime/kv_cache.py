@@ -20,6 +20,7 @@ binding takes a device pointer, so the same code serves host buffers (CPU) and d
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,8 +97,7 @@ class KVCache:
         if self.layout.device == "cuda":
             return ort.OrtValue.ortvalue_from_shape_and_type(shape, self.layout.dtype, "cuda",
                                                              self.layout.device_id)
-        # np.zeros maps untouched pages lazily: a long, wide cache costs memory as it fills.
-        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype=self.layout.dtype))
+        return ort.OrtValue.ortvalue_from_numpy(_lazy_zeros(shape, self.layout.dtype))
 
     def host_view(self, index: int) -> np.ndarray:
         """Buffer ``index`` (2 * layer for keys, 2 * layer + 1 for values) as numpy: the buffer
@@ -143,6 +143,20 @@ class KVCache:
         if binding is None:
             binding = self._decode[key] = _DecodeBinding(self, session, rows, vocab_size)
         return binding
+
+
+def _lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    """A zero array in anonymous memory that the kernel maps 4 KiB page by page as it is first
+    written: a cache for a long context costs memory as it fills.
+
+    Not np.zeros: numpy asks for transparent huge pages on large arrays, and a cache row's first
+    tokens then touch one 2 MiB page per head and layer, each zeroed (and compacted for) on the
+    spot. On SmolLM2 with 8192 positions per row that made a new request's first 32-token
+    prefill take 700-900 ms instead of 50 ms (measured in the server)."""
+    count = int(np.prod(shape))
+    itemsize = np.dtype(dtype).itemsize
+    memory = mmap.mmap(-1, max(count * itemsize, 1))
+    return np.frombuffer(memory, dtype=dtype, count=count).reshape(shape)  # keeps memory alive
 
 
 class _DecodeBinding:
