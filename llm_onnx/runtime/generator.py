@@ -26,7 +26,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import time
 from collections.abc import Iterator, Sequence as Seq
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,6 +40,18 @@ from llm_onnx.runtime.sequence import Result, Sequence, TokenEvent
 
 if TYPE_CHECKING:
     from llm_onnx.runtime.model import Model
+
+
+@dataclass
+class RunStats:
+    """Where a generator's time went: seconds inside the engine's prefill and decode runs, prompt
+    tokens run, decode runs and the rows they decoded (rows / runs = the mean batch)."""
+
+    prefill_s: float = 0.0
+    prefill_tokens: int = 0
+    decode_s: float = 0.0
+    decode_runs: int = 0
+    decode_rows: int = 0
 
 
 class Generator:
@@ -77,6 +91,7 @@ class Generator:
         self._held: list[list[int]] = [[] for _ in range(batch)]  # tokens a free row's cache holds
         self._admitted = [0] * batch  # admission order (oldest prompt chunks run first)
         self._counter = itertools.count()
+        self.stats = RunStats()
 
     # ------------------------------------------------------------------ rows
 
@@ -239,7 +254,10 @@ class Generator:
             n = int(min(waiting, left))
             if waiting - n == 1:  # never leave a prompt's last token alone (see _last_run_start)
                 n = n - 1 if n > 1 else n + 1
+            began = time.perf_counter()
             logits = self.engine.prefill(cache, row, seq.tokens[start:start + n])
+            self.stats.prefill_s += time.perf_counter() - began
+            self.stats.prefill_tokens += n
             left -= n
             if start + n == len(seq.tokens):
                 events.append(seq.accept(logits, row))
@@ -259,7 +277,11 @@ class Generator:
         for r in ready:
             tokens[r] = self._seqs[r].tokens[-1]  # type: ignore[union-attr]
             active[r] = True
+        began = time.perf_counter()
         logits = self.engine.decode(cache, tokens, active)
+        self.stats.decode_s += time.perf_counter() - began
+        self.stats.decode_runs += 1
+        self.stats.decode_rows += len(ready)
         return [self._seqs[r].accept(logits[r], r) for r in ready]  # type: ignore[union-attr]
 
     def events(self) -> Iterator[TokenEvent]:

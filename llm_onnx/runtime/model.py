@@ -127,12 +127,13 @@ class Model:
                                   f"{self.context_length} tokens (prompt and answer together).")
         return ids
 
-    def options(self, options: GenerationOptions | None = None, overrides: dict[str, Any] | None = None,
-                ) -> GenerationOptions:
-        """``options`` (or the model's defaults) with ``overrides`` applied, validated."""
+    def options(self, options: GenerationOptions | None = None,
+                overrides: dict[str, Any] | None = None, **fields: Any) -> GenerationOptions:
+        """``options`` (or the model's defaults) with ``overrides`` and keyword fields applied,
+        validated: ``model.options(max_new_tokens=64, temperature=0.7)``."""
         base = options or self.defaults
         try:
-            return dataclasses.replace(base, **(overrides or {})).validated()
+            return dataclasses.replace(base, **(overrides or {}), **fields).validated()
         except TypeError as e:
             raise GenerationError(f"unknown generation option: {e}") from e
 

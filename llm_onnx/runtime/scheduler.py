@@ -167,6 +167,7 @@ class Scheduler:
         self._running: dict[int, Request] = {}
         self._used_at = [-1] * max_batch  # step a row was last released (LRU choice of rows)
         self._steps = 0
+        self.step_seconds = 0.0  # inside steps that ran something (model runs and host work)
         self._cond = threading.Condition()
         self._closed = False
         self._stopping = False
@@ -282,6 +283,7 @@ class Scheduler:
     def step(self) -> bool:
         """One iteration (see the module docstring); False when there was nothing to do.
         Called by the stepping thread, or directly (tests, a caller's own loop)."""
+        began = time.perf_counter()
         self._steps += 1
         self._settle_cancelled()
         self._admit()
@@ -299,6 +301,7 @@ class Scheduler:
                 gen.release(row)
                 self._end(row, request, error)
             gen.clear()
+        self.step_seconds += time.perf_counter() - began
         if self.observer is not None:
             self.observer.step(len(self._running), len(self._queue))
         return True

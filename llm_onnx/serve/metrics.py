@@ -15,12 +15,23 @@ Names follow Prometheus' conventions (``_total`` counters, ``_seconds`` units):
     llm_onnx_time_to_first_token_seconds           submit to first token (histogram)
     llm_onnx_inter_token_latency_seconds           between a request's tokens (histogram)
     llm_onnx_request_duration_seconds              submit to last token (histogram)
+    llm_onnx_model_run_seconds_total{phase}        inside the model: prefill | decode runs
+    llm_onnx_scheduler_step_seconds_total          inside scheduler steps (model runs plus the
+                                                    host work: sampling, text, delivery)
+    llm_onnx_decode_runs_total, llm_onnx_decode_rows_total
+                                                    batched decode runs and the rows they
+                                                    decoded (rows / runs: the mean batch)
+    llm_onnx_prefill_tokens_total                  prompt tokens run (cached ones are not)
+
+The time counters let a load test say where its wall time went: model runs, host work in the
+scheduler, or idle (waiting for requests).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 from llm_onnx.runtime.scheduler import Request, Scheduler
 from llm_onnx.runtime.sequence import Result, TokenEvent
@@ -64,6 +75,7 @@ class Metrics:
         self.queue_depth.set_function(lambda: scheduler.queued)
         self.running.set_function(lambda: scheduler.running)
         self.rows.set(scheduler.max_batch)
+        self.registry.register(_SchedulerTimes(scheduler))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
@@ -94,3 +106,27 @@ class Metrics:
 
     def step(self, running: int, queued: int) -> None:
         pass  # the gauges read the scheduler when scraped
+
+
+class _SchedulerTimes:
+    """Counters read from the scheduler and its generator when scraped."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        stats = self.scheduler.generator.stats
+        runs = CounterMetricFamily("llm_onnx_model_run_seconds", "Seconds inside the model, by "
+                                   "phase.", labels=["phase"])
+        runs.add_metric(["prefill"], stats.prefill_s)
+        runs.add_metric(["decode"], stats.decode_s)
+        yield runs
+        yield CounterMetricFamily("llm_onnx_scheduler_step_seconds", "Seconds inside scheduler "
+                                  "steps (model runs and host work).",
+                                  value=self.scheduler.step_seconds)
+        yield CounterMetricFamily("llm_onnx_decode_runs", "Batched decode runs.",
+                                  value=stats.decode_runs)
+        yield CounterMetricFamily("llm_onnx_decode_rows", "Rows decoded by those runs.",
+                                  value=stats.decode_rows)
+        yield CounterMetricFamily("llm_onnx_prefill_tokens", "Prompt tokens run through the "
+                                  "model.", value=stats.prefill_tokens)

@@ -196,6 +196,13 @@ def test_metrics_count_what_was_served(server, client):
     assert value(text, "llm_onnx_prompt_tokens_total") - \
         value(before, "llm_onnx_prompt_tokens_total") == 3
     assert 'llm_onnx_requests_total{endpoint="/v1/completions",status="200"}' in text
+    # 3 prompt tokens in one prefill run (the first token), then 4 one-row decode runs
+    for name, delta in (("llm_onnx_prefill_tokens_total", 3), ("llm_onnx_decode_runs_total", 4),
+                        ("llm_onnx_decode_rows_total", 4)):
+        assert value(text, name) - value(before, name) == delta, name
+    assert value(text, 'llm_onnx_model_run_seconds_total{phase="decode"}') > \
+        value(before, 'llm_onnx_model_run_seconds_total{phase="decode"}')
+    assert value(text, "llm_onnx_scheduler_step_seconds_total") > 0
     for name in ("llm_onnx_queue_depth", "llm_onnx_running_requests",
                  "llm_onnx_time_to_first_token_seconds_bucket",
                  "llm_onnx_inter_token_latency_seconds_bucket", "llm_onnx_batch_rows"):
