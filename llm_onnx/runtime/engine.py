@@ -91,6 +91,8 @@ class CacheProtocol(Protocol):
 
     def grow(self, length: int) -> None: ...
 
+    def copy_prefix(self, src: int, dst: int, length: int) -> bool: ...
+
 
 class EngineProtocol(Protocol):
     """What a Generator needs of an engine: Engine runs the ONNX graphs; tests' fakes implement
@@ -109,9 +111,9 @@ class EngineProtocol(Protocol):
         ...
 
     def decode(self, cache: CacheProtocol, tokens: np.ndarray, active: np.ndarray | None = None,
-               ) -> np.ndarray:
-        """One token for each of rows [0, len(tokens)); (n, V) logits; inactive rows ride along
-        without advancing."""
+               first_row: int = 0) -> np.ndarray:
+        """One token for each of rows [first_row, first_row + len(tokens)); (n, V) logits;
+        inactive rows ride along without advancing."""
         ...
 
 
@@ -213,28 +215,31 @@ class Engine:
         return logits[0, 0]
 
     def decode(self, cache: KVCache, tokens: np.ndarray, active: np.ndarray | None = None,
-               ) -> np.ndarray:
-        """One token for each row of [0, n), n = len(tokens), in one batched run; returns (n, V)
-        float32 logits and advances the length of the active rows by one.
+               first_row: int = 0) -> np.ndarray:
+        """One token for each row of [first_row, first_row + n), n = len(tokens), in one batched
+        run; returns (n, V) float32 logits and advances the length of the active rows by one.
 
-        Rows with ``active[r]`` false (free slots, rows between prefill chunks) ride along: their
-        token is written at their first invalid position, which they never read, and their length
-        stays. So idle rows need no compaction, and a free slot keeps its cached prefix for the
-        next request. A full idle row gives up its last position for this.
+        Rows with ``active[i]`` false (free rows, rows between prefill chunks, inside the range)
+        ride along: their token is written at their first invalid position, which they never
+        read, and their length stays, so a free row keeps its cached prefix. A full idle row
+        gives up its last position for this. Riding along costs a row of compute: the generator
+        keeps running rows together at the bottom of the cache.
         """
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         n = tokens.shape[0]
-        if not 1 <= n <= cache.batch:
-            raise GenerationError(f"decode takes 1 to {cache.batch} rows, got {n}.")
+        rows = slice(first_row, first_row + n)
+        if n < 1 or first_row < 0 or first_row + n > cache.batch:
+            raise GenerationError(f"decode of rows [{first_row}, {first_row + n}) does not fit a "
+                                  f"cache of {cache.batch} rows.")
         active = np.ones(n, dtype=bool) if active is None else np.asarray(active, dtype=bool)
-        lengths = cache.lengths[:n]
+        lengths = cache.lengths[rows]
         if (lengths[active] >= cache.length).any():
             raise GenerationError(f"the KV cache holds {cache.length} positions but "
                                   f"{int(lengths[active].max()) + 1} are needed.")
-        for row in np.flatnonzero(~active & (lengths >= cache.length)):
-            cache.truncate(int(row), cache.length - 1)
-        seqlens = cache.lengths[:n]  # the new token's position in each row
-        logits = cache.decode_binding(self.decode_session, n, self.vocab_size).run(
-            tokens, seqlens, int(seqlens.max()) + 1)
-        cache.advance(np.flatnonzero(active), 1)
+        for i in np.flatnonzero(~active & (lengths >= cache.length)):
+            cache.truncate(first_row + int(i), cache.length - 1)
+        seqlens = cache.lengths[rows]  # the new token's position in each row
+        binding = cache.decode_binding(self.decode_session, first_row, n, self.vocab_size)
+        logits = binding.run(tokens, seqlens, int(seqlens.max()) + 1)
+        cache.advance(first_row + np.flatnonzero(active), 1)
         return logits

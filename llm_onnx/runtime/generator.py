@@ -16,9 +16,9 @@ advances every row once:
     decode_step:  every row with exactly one token waiting, in one batched run; each picks its
                   next token
 
-A row keeps its keys and values when its sequence is released, and a new prompt put in that row
-runs only the tokens after the longest prefix it shares with them (a continued conversation, a
-shared system prompt).
+A row keeps its keys and values when its sequence is released; a new prompt runs only the tokens
+after the longest prefix it shares with its row's cache or with a free row's (copied over): a
+continued conversation, a shared system prompt.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ class RunStats:
     decode_s: float = 0.0
     decode_runs: int = 0
     decode_rows: int = 0
+    decode_row_slots: int = 0  # rows in the runs' ranges, those riding along included
+    copied_tokens: int = 0  # cached prefix positions copied from another row
 
 
 class Generator:
@@ -128,7 +130,7 @@ class Generator:
                                   f"{self.max_length} tokens (prompt and answer together).")
         limit = min(opts.max_new_tokens, self.max_length - len(prompt))
         cache = self._reserve(len(prompt) + limit)
-        reuse = min(_common_prefix(self._held_tokens(row), prompt), _last_run_start(len(prompt)))
+        reuse = self._reuse(row, prompt, new_sequence=old is None)
         cache.truncate(row, reuse)
         seq = Sequence(prompt, opts, vocab_size=vocab, tokenizer=self.model.tokenizer,
                        eos_token_ids=self.model.eos_token_ids, limit=limit, logprobs=logprobs,
@@ -176,10 +178,6 @@ class Generator:
         # step after a generated token, a prompt's last run (see _last_run_start) otherwise.
         length = len(seq.tokens)
         self._cache.truncate(row, length - 1 if seq.generated else _last_run_start(length))
-
-    def cached_prefix(self, row: int, ids: Seq[int]) -> int:
-        """How many leading tokens of ``ids`` row ``row``'s cache already holds."""
-        return _common_prefix(self._held_tokens(row), ids)
 
     @property
     def free_rows(self) -> list[int]:
@@ -271,18 +269,20 @@ class Generator:
         ready = self.decoding_rows
         if not ready:
             return []
-        n = ready[-1] + 1
+        first, n = ready[0], ready[-1] + 1 - ready[0]  # rows in between ride along
         tokens = np.zeros(n, dtype=np.int64)
         active = np.zeros(n, dtype=bool)
         for r in ready:
-            tokens[r] = self._seqs[r].tokens[-1]  # type: ignore[union-attr]
-            active[r] = True
+            tokens[r - first] = self._seqs[r].tokens[-1]  # type: ignore[union-attr]
+            active[r - first] = True
         began = time.perf_counter()
-        logits = self.engine.decode(cache, tokens, active)
+        logits = self.engine.decode(cache, tokens, active, first)
         self.stats.decode_s += time.perf_counter() - began
         self.stats.decode_runs += 1
         self.stats.decode_rows += len(ready)
-        return [self._seqs[r].accept(logits[r], r) for r in ready]  # type: ignore[union-attr]
+        self.stats.decode_row_slots += n
+        return [self._seqs[r].accept(logits[r - first], r)  # type: ignore[union-attr]
+                for r in ready]
 
     def events(self) -> Iterator[TokenEvent]:
         """Step until every row has finished, yielding each token as it is picked."""
@@ -301,6 +301,25 @@ class Generator:
         if seq is None:
             raise GenerationError(f"row {row} has no sequence: append_tokens first.")
         return seq
+
+    def _reuse(self, row: int, prompt: list[int], new_sequence: bool) -> int:
+        """How many leading tokens of ``prompt`` row ``row`` keeps in its cache. A new sequence
+        may take a longer prefix from another free row's cache (copied into this row, far
+        cheaper than running it again); every prompt's last run keeps two or more tokens."""
+        limit = _last_run_start(len(prompt))
+        here = min(_common_prefix(self._held_tokens(row), prompt), limit)
+        if not new_sequence or self._cache is None:
+            return here
+        best, source = here, row
+        for other in self.free_rows:
+            if other != row:
+                shared = min(_common_prefix(self._held_tokens(other), prompt), limit)
+                if shared > best:
+                    best, source = shared, other
+        if source != row and self._cache.copy_prefix(source, row, best):
+            self.stats.copied_tokens += best
+            return best
+        return here
 
     def _held_tokens(self, row: int) -> list[int]:
         """The tokens whose keys and values row ``row`` of the cache holds."""
@@ -343,7 +362,7 @@ def _last_run_start(prompt_length: int) -> int:
 
 def _common_prefix(a: Seq[int], b: Seq[int]) -> int:
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if n == 0:
+        return 0
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if differ.shape[0] else n

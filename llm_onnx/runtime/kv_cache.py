@@ -134,15 +134,28 @@ class KVCache:
                 binding.bind_output(present.format(i), lay.device, lay.device_id, lay.dtype, shape,
                                     ptr)
 
-    def decode_binding(self, session: ort.InferenceSession, rows: int, vocab_size: int,
-                       ) -> _DecodeBinding:
-        """The binding that decodes rows [0, rows) with ``session``, made once per row count and
-        kept until the buffers change."""
-        key = (id(session), rows)
+    def decode_binding(self, session: ort.InferenceSession, start: int, rows: int,
+                       vocab_size: int) -> _DecodeBinding:
+        """The binding that decodes rows [start, start + rows) with ``session``, made once per
+        range and kept until the buffers change."""
+        key = (id(session), start, rows)
         binding = self._decode.get(key)
         if binding is None:
-            binding = self._decode[key] = _DecodeBinding(self, session, rows, vocab_size)
+            binding = self._decode[key] = _DecodeBinding(self, session, start, rows, vocab_size)
         return binding
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> bool:
+        """Make row ``dst`` hold row ``src``'s first ``length`` positions (a prompt that starts
+        like a free row's cached one runs only the rest). False where not supported (CUDA:
+        device-to-device copies of a row are not exposed by ONNX Runtime's Python API)."""
+        if self.layout.device != "cpu":
+            return False
+        length = min(length, self.length_of(src))
+        for buffer in self._buffers:
+            view = buffer.numpy()  # the buffer itself on the CPU
+            view[dst, :, :length] = view[src, :, :length]
+        self._lengths[dst] = length
+        return True
 
 
 def _lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
@@ -160,11 +173,11 @@ def _lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
 
 
 class _DecodeBinding:
-    """An IO binding kept for the life of a cache's buffers: rows [0, n) bound as past and
+    """An IO binding kept for the life of a cache's buffers: a range of rows bound as past and
     present, and the token ids, lengths and logits in numpy arrays that ORT reads and writes in
     place. A decode step fills three small arrays and runs; no per-step binding calls."""
 
-    def __init__(self, cache: KVCache, session: ort.InferenceSession, rows: int,
+    def __init__(self, cache: KVCache, session: ort.InferenceSession, start: int, rows: int,
                  vocab_size: int) -> None:
         self.ids = np.zeros((rows, 1), dtype=np.int64)
         self.seqlens = np.zeros(rows, dtype=np.int32)
@@ -175,7 +188,7 @@ class _DecodeBinding:
         for name, arr in ((names.INPUT_IDS, self.ids), (names.SEQLENS_K, self.seqlens),
                           (names.TOTAL_SEQUENCE_LENGTH, self.total)):
             self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
-        cache.bind(self.binding, 0, rows)
+        cache.bind(self.binding, start, start + rows)
         self.binding.bind_ortvalue_output(names.LOGITS, ort.OrtValue.ortvalue_from_numpy(self.logits))
 
     def run(self, tokens: np.ndarray, seqlens: np.ndarray, total: int) -> np.ndarray:

@@ -9,8 +9,9 @@
 One thread owns the generator and loops over steps:
 
     1. drop cancelled requests (a queued one never starts; a running one frees its row now)
-    2. admit queued requests, oldest first, into free rows: the row whose cache already holds the
-       longest prefix of the prompt, else the least recently used row
+    2. admit queued requests, oldest first, into the lowest free rows (running rows stay together
+       at the bottom of the cache, so a decode run has few or no idle rows in its range); a prompt
+       that starts like one a free row's cache holds takes that prefix (copied), runs the rest
     3. prefill: prompt chunks of newcomers, oldest first, at most ``prefill_chunk`` tokens in all
        while other rows are decoding (a long prompt delays them by one chunk per step), a whole
        prompt when nobody waits; first tokens are delivered at once
@@ -165,8 +166,6 @@ class Scheduler:
         self._ids = itertools.count(1)
         self._queue: deque[Request] = deque()
         self._running: dict[int, Request] = {}
-        self._used_at = [-1] * max_batch  # step a row was last released (LRU choice of rows)
-        self._steps = 0
         self.step_seconds = 0.0  # inside steps that ran something (model runs and host work)
         self._cond = threading.Condition()
         self._closed = False
@@ -284,7 +283,6 @@ class Scheduler:
         """One iteration (see the module docstring); False when there was nothing to do.
         Called by the stepping thread, or directly (tests, a caller's own loop)."""
         began = time.perf_counter()
-        self._steps += 1
         self._settle_cancelled()
         self._admit()
         if not self._running:
@@ -327,7 +325,7 @@ class Scheduler:
                 if not free or not self._queue:
                     return
                 request = self._queue.popleft()
-            row = self._choose_row(free, request.prompt)
+            row = free[0]  # the lowest: running rows stay together (see Generator.decode_step)
             try:
                 gen.append_tokens(request.prompt, row=row, options=request.options,
                                   logprobs=request.logprobs)
@@ -340,15 +338,6 @@ class Scheduler:
             self._running[row] = request
             if self.observer is not None:
                 self.observer.request_started(request)
-
-    def _choose_row(self, free: list[int], prompt: list[int]) -> int:
-        """The free row whose cache holds the longest prefix of ``prompt``; with none, the least
-        recently used (never used first, then the lowest index)."""
-        gen = self.generator
-        best = max(free, key=lambda r: (gen.cached_prefix(r, prompt), -self._used_at[r], -r))
-        if gen.cached_prefix(best, prompt) > 0:
-            return best
-        return min(free, key=lambda r: (self._used_at[r], r))
 
     def _deliver(self, events: list[TokenEvent]) -> None:
         now = time.perf_counter()
@@ -365,7 +354,6 @@ class Scheduler:
 
     def _end(self, row: int, request: Request, outcome: Result | BaseException) -> None:
         self._running.pop(row, None)
-        self._used_at[row] = self._steps
         request._emit(outcome)
         if self.observer is not None:
             self.observer.request_finished(

@@ -19,6 +19,7 @@ import json
 import logging
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -204,14 +205,44 @@ async def _body(request: Request) -> Any:
                           "object with Content-Type: application/json.") from None
 
 
+class _Mailbox:
+    """Hands items from the scheduler's thread to an event loop: one wake-up of the loop for all
+    the items of a step (a token for each running request), not one per token."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Queue, Any]] = []
+        self._scheduled = False
+
+    def post(self, queue: asyncio.Queue, item: Any) -> None:  # any thread
+        with self._lock:
+            self._items.append((queue, item))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:  # the loop's thread
+        with self._lock:
+            items, self._items, self._scheduled = self._items, [], False
+        for queue, item in items:
+            queue.put_nowait(item)
+
+
+_MAILBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = \
+    weakref.WeakKeyDictionary()
+
+
 async def _answer(service: Service, request: Request, plan: p.Plan) -> Response:
     loop = asyncio.get_running_loop()
+    mailbox = _MAILBOXES.get(loop) or _MAILBOXES.setdefault(loop, _Mailbox(loop))
     items: asyncio.Queue[tuple[Job, Any]] = asyncio.Queue()
 
     def listener(job: Job, item: Any) -> None:  # on the scheduler's thread
         if plan.stream or not isinstance(item, TokenEvent):
             try:
-                loop.call_soon_threadsafe(items.put_nowait, (job, item))
+                mailbox.post(items, (job, item))
             except RuntimeError:  # the event loop has closed: nobody is listening any more
                 job.cancel()
 

@@ -18,9 +18,11 @@ Names follow Prometheus' conventions (``_total`` counters, ``_seconds`` units):
     llm_onnx_model_run_seconds_total{phase}        inside the model: prefill | decode runs
     llm_onnx_scheduler_step_seconds_total          inside scheduler steps (model runs plus the
                                                     host work: sampling, text, delivery)
-    llm_onnx_decode_runs_total, llm_onnx_decode_rows_total
-                                                    batched decode runs and the rows they
-                                                    decoded (rows / runs: the mean batch)
+    llm_onnx_decode_runs_total, llm_onnx_decode_rows_total, llm_onnx_decode_row_slots_total
+                                                    batched decode runs, the rows they
+                                                    decoded (rows / runs: the mean batch), and
+                                                    the rows in their ranges (idle ones ride
+                                                    along)
     llm_onnx_prefill_tokens_total                  prompt tokens run (cached ones are not)
 
 The time counters let a load test say where its wall time went: model runs, host work in the
@@ -128,5 +130,7 @@ class _SchedulerTimes:
                                   value=stats.decode_runs)
         yield CounterMetricFamily("llm_onnx_decode_rows", "Rows decoded by those runs.",
                                   value=stats.decode_rows)
+        yield CounterMetricFamily("llm_onnx_decode_row_slots", "Rows in those runs' ranges, idle "
+                                  "rows riding along included.", value=stats.decode_row_slots)
         yield CounterMetricFamily("llm_onnx_prefill_tokens", "Prompt tokens run through the "
                                   "model.", value=stats.prefill_tokens)

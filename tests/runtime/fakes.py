@@ -35,6 +35,7 @@ class FakeCache:
         self.batch, self.length = batch, length
         self.positions = np.full((batch, length), -2, dtype=np.int64)  # -2: never written
         self.lengths = np.zeros(batch, dtype=np.int64)
+        self.copies: list[tuple[int, int, int]] = []
 
     def length_of(self, row: int) -> int:
         return int(self.lengths[row])
@@ -47,6 +48,13 @@ class FakeCache:
             grown = np.full((self.batch, length), -2, dtype=np.int64)
             grown[:, :self.length] = self.positions
             self.positions, self.length = grown, length
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> bool:
+        length = min(length, int(self.lengths[src]))
+        self.positions[dst, :length] = self.positions[src, :length]
+        self.lengths[dst] = length
+        self.copies.append((src, dst, length))
+        return True
 
     def held(self, row: int) -> list[int]:
         return self.positions[row, :self.lengths[row]].tolist()
@@ -76,23 +84,24 @@ class _Engine:
         self.calls.append(("prefill", row, ids))
         return self.logits(cache, row)
 
-    def decode(self, cache: FakeCache, tokens, active=None) -> np.ndarray:
+    def decode(self, cache: FakeCache, tokens, active=None, first_row: int = 0) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.int64)
         n = tokens.shape[0]
         active = np.ones(n, bool) if active is None else np.asarray(active, bool)
-        assert 1 <= n <= cache.batch
+        assert 1 <= n and first_row + n <= cache.batch
         out = np.zeros((n, self.vocab_size), np.float32)
-        for row in range(n):
+        for i in range(n):
+            row = first_row + i
             pos = min(cache.length_of(row), cache.length - 1)
-            if active[row]:
+            if active[i]:
                 assert cache.length_of(row) < cache.length
-                cache.positions[row, pos] = tokens[row]
+                cache.positions[row, pos] = tokens[i]
                 cache.lengths[row] += 1
-                out[row] = self.logits(cache, row)
+                out[i] = self.logits(cache, row)
             else:  # written past the valid length, like the real engine's ride-along rows
                 cache.truncate(row, cache.length - 1)
                 cache.positions[row, pos] = RIDE_ALONG
-        self.calls.append(("decode", n, np.flatnonzero(active).tolist()))
+        self.calls.append(("decode", n, (first_row + np.flatnonzero(active)).tolist()))
         return out
 
     def logits(self, cache: FakeCache, row: int) -> np.ndarray:

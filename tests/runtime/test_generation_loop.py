@@ -80,7 +80,7 @@ def test_prefill_then_one_token_per_step():
     Model.from_parts(engine, tokenizer()).generate([[1, 2, 3], [4]], max_new_tokens=4)
     assert engine.calls == [("prefill", 0, [1, 2, 3]),
                             ("decode", 2, [0, 1]), ("decode", 2, [0, 1]), ("decode", 2, [0, 1]),
-                            ("decode", 2, [1])]
+                            ("decode", 1, [1])]  # row 0 has finished: row 1 runs alone
 
 
 def test_prompt_longer_than_context_names_the_limit():

@@ -172,7 +172,9 @@ def test_a_continued_conversation_prefills_only_the_new_tokens():
     engine.calls.clear()
     second = scheduler.submit(follow_up, greedy(5))
     drain(scheduler)
-    assert second.row == first.row != other.row
+    # the lowest free row (the other request's) takes first's cached prefix, copied from its row
+    assert (other.row, first.row, second.row) == (0, 1, 0)
+    assert engine.caches[0].copies == [(1, 0, len(first_prompt) + len(answer) - 1)]
     prefilled = sum(len(c[2]) for c in engine.calls if c[0] == "prefill")
     # The cache holds the prompt and every answer token but the last (never run): 4 to run.
     assert prefilled == 4
@@ -239,11 +241,11 @@ class _Failing(HistoryEngine):
         super().__init__()
         self.fail = False
 
-    def decode(self, cache, tokens, active=None):
+    def decode(self, cache, tokens, active=None, first_row=0):
         if self.fail:
             self.fail = False
             raise RuntimeError("device lost")
-        return super().decode(cache, tokens, active)
+        return super().decode(cache, tokens, active, first_row)
 
 
 def test_a_failed_step_fails_the_running_requests_and_the_scheduler_goes_on():
@@ -314,12 +316,12 @@ def test_a_prompts_last_run_is_never_a_lone_token(chunk):
     lone: list[list[int]] = []
     decode = engine.decode
 
-    def checked_decode(cache, tokens, active=None):
-        for row in np.flatnonzero(active):
+    def checked_decode(cache, tokens, active=None, first_row=0):
+        for row in first_row + np.flatnonzero(active):
             request = scheduler._running[int(row)]
             if request.first_token_at is None and len(request.prompt) > 1:
                 lone.append(request.prompt)  # its first token would come from this run
-        return decode(cache, tokens, active)
+        return decode(cache, tokens, active, first_row)
 
     engine.decode = checked_decode
     rng = np.random.default_rng(chunk)

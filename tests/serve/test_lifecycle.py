@@ -48,24 +48,31 @@ def test_sigterm_ends_streams_cleanly_and_exits_within_seconds(chat_model_folder
     """Two long streams in flight and one request queued behind them; SIGTERM: new requests
     are refused, the streams end after the drain timeout with a last chunk and [DONE], the
     queued request too, and the process exits soon after."""
-    server = ServerProcess(chat_model_folder, "--max-batch", "2", "--drain-timeout", "1")
+    server = ServerProcess(chat_model_folder, "--max-batch", "2", "--drain-timeout", "0.3")
     streams: dict[int, list[str]] = {}
+    started = [threading.Event() for _ in range(3)]
     body = {"model": MODEL, "prompt": "t4 t5", "max_tokens": 4000, "temperature": 0,
             "ignore_eos": True, "stream": True}
 
     def stream(i: int) -> None:
         with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
-            streams[i] = [line for line in r.iter_lines() if line]
+            lines = []
+            for line in r.iter_lines():
+                started[i].set()  # headers and a first chunk (the third: once it runs)
+                if line:
+                    lines.append(line)
+            streams[i] = lines
 
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-        time.sleep(0.2)
     try:
-        time.sleep(0.3)
+        for i, t in enumerate(threads):  # in order: two take the rows, the third waits
+            t.start()
+            if i < 2:
+                assert started[i].wait(30)
+        time.sleep(0.2)  # the third request reaches the queue
         sent = time.monotonic()
         server.signal(signal.SIGTERM)
-        time.sleep(0.2)
+        time.sleep(0.1)
         try:  # refused: the listener is closed, or the app answers 503 while it drains
             late = httpx.post(server.url + "/v1/completions", json={**body, "stream": False},
                               timeout=5).status_code
