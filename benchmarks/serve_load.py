@@ -304,35 +304,73 @@ def measure(args) -> dict:
     per_client = {n: max(args.min_requests, args.requests // n) for n in args.clients}
     prompts = make_prompts(hf, max(n * per_client[n] for n in args.clients) + 1, args.prompt_len)
     results: dict = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()},
-                     "baseline": {}, "runs": []}
-    for precision in args.precision:
-        ours = setup.ours_export(hf, precision)
-        log(f"baseline: llm-onnx bench {precision} (batch 1)")
-        results["baseline"][precision] = baseline(args, ours, logs)
-        for i, n in enumerate(args.clients):
-            order = [OURS, LLAMA] if i % 2 == 0 else [LLAMA, OURS]  # alternate who goes first
-            for system in (s for s in order if s in args.systems):
-                model = ours if system == OURS else llama[MATCH[precision]]
-                name = ours.name if system == OURS else model.stem
-                row = {"system": system, "precision": precision if system == OURS
-                       else MATCH[precision], "clients": n, "requests_per_client": per_client[n],
-                       "cpu_busy_before": cpu_busy()}
-                log(f"run: {system} {row['precision']} x {n} clients")
-                server = start(system, model, n, args, logs, binaries)
-                try:
-                    asyncio.run(warm_up(server.url, name, prompts[-1]))
-                    before = scrape(server.url) if system == OURS else {}
-                    row.update(asyncio.run(load(server.url, name, prompts, n, per_client[n],
-                                                args.new_tokens)))
-                    if system == OURS:
-                        row["profile"] = where_time_went(before, scrape(server.url),
-                                                         row["wall_s"])
-                finally:
-                    server.stop()
-                results["runs"].append(row)
-                log(f"  {row['aggregate_tok_s']:.1f} tok/s, TTFT p99 "
-                    f"{1e3 * (row['ttft_p99_s'] or 0):.0f} ms, errors {row['error_count']}")
+                     "baseline": {}, "rounds": []}
+    baselines: dict[str, list[dict]] = {precision: [] for precision in args.precision}
+    for rnd in range(args.rounds):
+        for precision in args.precision:
+            ours = setup.ours_export(hf, precision)
+            log(f"round {rnd + 1}/{args.rounds}: baseline, llm-onnx bench {precision} (batch 1)")
+            baselines[precision].append(baseline(args, ours, logs))
+            for i, n in enumerate(args.clients):
+                order = [OURS, LLAMA] if (i + rnd) % 2 == 0 else [LLAMA, OURS]  # who goes first
+                for system in (s for s in order if s in args.systems):
+                    model = ours if system == OURS else llama[MATCH[precision]]
+                    row = one_run(args, system, model, ours.name if system == OURS else model.stem,
+                                  precision, n, per_client[n], prompts, logs, binaries)
+                    row["round"] = rnd
+                    results["rounds"].append(row)
+    results["runs"] = medians(results["rounds"])
+    for precision, runs in baselines.items():
+        results["baseline"][precision] = {
+            "decode_tok_s": statistics.median(b["decode_tok_s"] for b in runs),
+            "ttft_s": statistics.median(b["ttft_s"] for b in runs), "rounds": runs}
     return results
+
+
+def one_run(args, system: str, model: Path, name: str, precision: str, clients: int,
+            per_client: int, prompts: list[list[int]], logs: Path, binaries: dict) -> dict:
+    row = {"system": system, "precision": precision if system == OURS else MATCH[precision],
+           "clients": clients, "requests_per_client": per_client, "cpu_busy_before": cpu_busy()}
+    log(f"run: {system} {row['precision']} x {clients} clients")
+    server = start(system, model, clients, args, logs, binaries)
+    try:
+        asyncio.run(warm_up(server.url, name, prompts[-1]))
+        before = scrape(server.url) if system == OURS else {}
+        row.update(asyncio.run(load(server.url, name, prompts, clients, per_client,
+                                    args.new_tokens)))
+        if system == OURS:
+            row["profile"] = where_time_went(before, scrape(server.url), row["wall_s"])
+    finally:
+        server.stop()
+    log(f"  {row['aggregate_tok_s']:.1f} tok/s, TTFT p99 {1e3 * (row['ttft_p99_s'] or 0):.0f} ms, "
+        f"errors {row['error_count']}")
+    return row
+
+
+_MEDIAN_KEYS = ("aggregate_tok_s", "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
+                "per_request_tok_s", "wall_s")
+
+
+def medians(rows: list[dict]) -> list[dict]:
+    """One row per (system, precision, clients): the median over rounds of each figure, the
+    round medians kept, the errors summed, the profile of the median round."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["system"], r["precision"], r["clients"]), []).append(r)
+    out = []
+    for (system, precision, clients), rs in groups.items():
+        row = {"system": system, "precision": precision, "clients": clients,
+               "rounds": len(rs), "error_count": sum(r["error_count"] for r in rs),
+               "errors": [e for r in rs for e in r["errors"]][:3],
+               "aggregate_rounds": [r["aggregate_tok_s"] for r in rs]}
+        for key in _MEDIAN_KEYS:
+            values = [r[key] for r in rs if r.get(key) is not None]
+            row[key] = statistics.median(values) if values else None
+        middle = min(rs, key=lambda r: abs(r["aggregate_tok_s"] - row["aggregate_tok_s"]))
+        if "profile" in middle:
+            row["profile"] = middle["profile"]
+        out.append(row)
+    return out
 
 
 def machine() -> dict:
@@ -352,7 +390,9 @@ def ms(value: float | None) -> str:
 
 
 def table(results: dict) -> str:
-    lines = ["| system | precision | clients | aggregate tok/s | TTFT p50 / p99 ms | "
+    rounds = max((r["rounds"] for r in results["runs"]), default=1)
+    lines = [f"medians over {rounds} round(s) of each run" if rounds > 1 else "one round",
+             "| system | precision | clients | aggregate tok/s | TTFT p50 / p99 ms | "
              "inter-token p50 / p99 ms | per-request tok/s | errors |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results["runs"]:
@@ -448,6 +488,8 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="repeat every run; the report gives medians over the rounds")
     p.add_argument("--reexport", action="store_true", help="re-export our model folders")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: int8, 1 and 2 clients, 32-token prompts, 16 new tokens")
