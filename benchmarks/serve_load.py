@@ -460,6 +460,8 @@ def plot(results: dict, path: Path) -> None:
                    label=f"{system} {precision}")
     for ax, label in ((a, "generated tokens/s, all clients"), (b, "time to first token p99 (ms)")):
         ax.set_xscale("log", base=2)
+        clients = sorted({r["clients"] for r in results["runs"]})
+        ax.set_xticks(clients, [str(c) for c in clients])
         ax.set_xlabel("concurrent streaming clients")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

@@ -53,8 +53,9 @@ class SchedulerClosed(LlmOnnxError):
 
 
 class Observer(Protocol):
-    """What the scheduler reports as it works (the server's Prometheus metrics implement it).
-    Called on the scheduler's thread; implementations must be quick."""
+    """What the scheduler reports as it works (the server's Prometheus metrics implement it;
+    gauges such as the queue depth read ``queued`` / ``running`` when scraped). Called on the
+    scheduler's thread; implementations must be quick."""
 
     def request_started(self, request: Request) -> None: ...
 
@@ -62,8 +63,6 @@ class Observer(Protocol):
 
     def request_finished(self, request: Request, result: Result | None,
                          error: BaseException | None) -> None: ...
-
-    def step(self, running: int, queued: int) -> None: ...
 
 
 Item = TokenEvent | Result | BaseException  # what a request's listener receives
@@ -147,7 +146,7 @@ class Scheduler:
         max_length: positions per row, prompt and answer (default: the model's context).
         prefill_chunk: most prompt tokens run in one step while other rows are decoding.
         max_queue: most requests waiting for a row; more raise QueueFull (None: no limit).
-        observer: told of requests, tokens and steps (metrics).
+        observer: told of requests as they start and end, and of every token (metrics).
     """
 
     def __init__(self, model: Model, *, max_batch: int = 8, max_length: int | None = None,
@@ -300,8 +299,6 @@ class Scheduler:
                 self._end(row, request, error)
             gen.clear()
         self.step_seconds += time.perf_counter() - began
-        if self.observer is not None:
-            self.observer.step(len(self._running), len(self._queue))
         return True
 
     def _settle_cancelled(self) -> None:

@@ -106,9 +106,6 @@ class Metrics:
         if request.last_token_at is not None:
             self.duration.observe(request.last_token_at - request.submitted_at)
 
-    def step(self, running: int, queued: int) -> None:
-        pass  # the gauges read the scheduler when scraped
-
 
 class _SchedulerTimes:
     """Counters read from the scheduler and its generator when scraped."""
