@@ -17,7 +17,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import onnxruntime as ort
@@ -79,6 +79,7 @@ class RuntimeOptions:
             raise ProviderError(f"threads must be at least 1, got {self.threads}.")
 
 
+@runtime_checkable
 class CacheProtocol(Protocol):
     """What a generator reads of a cache (KVCache; the fakes' caches)."""
 
@@ -94,6 +95,7 @@ class CacheProtocol(Protocol):
     def copy_prefix(self, src: int, dst: int, length: int) -> bool: ...
 
 
+@runtime_checkable
 class EngineProtocol(Protocol):
     """What a Generator needs of an engine: Engine runs the ONNX graphs; tests' fakes implement
     the same four members with scripted logits."""

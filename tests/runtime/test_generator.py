@@ -22,6 +22,14 @@ def greedy(n: int) -> GenerationOptions:
     return GenerationOptions(max_new_tokens=n, temperature=0.0)
 
 
+def test_engines_and_caches_implement_the_protocols(tiny_export):
+    from llm_onnx.runtime.engine import CacheProtocol, EngineProtocol
+
+    for engine in (Engine(tiny_export("llama_tiny", "fp32")), FakeEngine([1]), HistoryEngine()):
+        assert isinstance(engine, EngineProtocol)
+        assert isinstance(engine.new_cache(2, 8), CacheProtocol)
+
+
 def test_step_by_step_equals_generate():
     model = Model.from_parts(FakeEngine([1, 2, 3, 4, EOS]), tokenizer(), eos_token_ids=[EOS])
     gen = Generator(model, greedy(10))
