@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -48,7 +49,7 @@ LLAMA_TARGETS = ["llama-server", "llama-quantize"]
 LLAMA_CMAKE = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TESTS=OFF",
                "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_OPENSSL=OFF", "-DGGML_NATIVE=ON",
                "-DBUILD_SHARED_LIBS=OFF"]
-OURS, LLAMA = "llm-onnx", "llama-server"
+OURS, LLAMA, RAY = "llm-onnx", "llama-server", "llm-onnx on Ray"
 MATCH = {"int8": "q8_0", "fp32": "f32"}
 SLOT_POSITIONS = 512  # llama-server's context per slot: prompt 128 + answer 128, with room
 
@@ -167,6 +168,10 @@ def start(system: str, model: Path, clients: int, args, logs: Path, binaries: di
     if system == OURS:
         cmd = [args.python, "-m", "llm_onnx.cli", "serve", "--model", model, "--port", port,
                "--threads", args.threads, "--log-level", "warning"]
+    elif system.startswith(RAY):  # "llm-onnx on Ray, N x 1 thread"
+        replicas = int(system.split(", ")[1].split(" x ")[0])
+        cmd = [args.python, "-m", "llm_onnx.cli", "serve", "--ray", "--replicas", replicas,
+               "--threads", 1, "--model", model, "--port", port]
     else:
         cmd = [binaries["llama-server"], "-m", model, "--host", "127.0.0.1", "--port", port,
                "-np", clients, "-c", SLOT_POSITIONS * clients, "-t", args.threads, "-tb",
@@ -261,7 +266,9 @@ def scrape(url: str) -> dict[str, float]:
     for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
+            # On Ray every sample carries its replica: sum them
+            name = re.sub(r',?replica="[^"]*"', "", name).replace("{}", "").replace("{,", "{")
+            out[name] = out.get(name, 0.0) + float(value)
     return out
 
 
@@ -313,9 +320,11 @@ def measure(args) -> dict:
             baselines[precision].append(baseline(args, ours, logs))
             for i, n in enumerate(args.clients):
                 order = [OURS, LLAMA] if (i + rnd) % 2 == 0 else [LLAMA, OURS]  # who goes first
-                for system in (s for s in order if s in args.systems):
-                    model = ours if system == OURS else llama[MATCH[precision]]
-                    row = one_run(args, system, model, ours.name if system == OURS else model.stem,
+                order = [s for s in order if s in args.systems]
+                order += [f"{RAY}, {r} x 1 thread" for r in args.ray_replicas]
+                for system in order:
+                    model = llama[MATCH[precision]] if system == LLAMA else ours
+                    row = one_run(args, system, model, model.stem if system == LLAMA else ours.name,
                                   precision, n, per_client[n], prompts, logs, binaries)
                     row["round"] = rnd
                     results["rounds"].append(row)
@@ -329,16 +338,17 @@ def measure(args) -> dict:
 
 def one_run(args, system: str, model: Path, name: str, precision: str, clients: int,
             per_client: int, prompts: list[list[int]], logs: Path, binaries: dict) -> dict:
-    row = {"system": system, "precision": precision if system == OURS else MATCH[precision],
+    row = {"system": system, "precision": MATCH[precision] if system == LLAMA else precision,
            "clients": clients, "requests_per_client": per_client, "cpu_busy_before": cpu_busy()}
     log(f"run: {system} {row['precision']} x {clients} clients")
     server = start(system, model, clients, args, logs, binaries)
     try:
         asyncio.run(warm_up(server.url, name, prompts[-1]))
-        before = scrape(server.url) if system == OURS else {}
+        ours = system != LLAMA
+        before = scrape(server.url) if ours else {}
         row.update(asyncio.run(load(server.url, name, prompts, clients, per_client,
                                     args.new_tokens)))
-        if system == OURS:
+        if ours:
             row["profile"] = where_time_went(before, scrape(server.url), row["wall_s"])
     finally:
         server.stop()
@@ -408,7 +418,8 @@ def table(results: dict) -> str:
     for r in results["runs"]:
         p = r.get("profile")
         if p:
-            lines.append(f"  {r['precision']} x {r['clients']}: wall {r['wall_s']:.1f} s = "
+            lines.append(f"  {r['system']} {r['precision']} x {r['clients']}: wall "
+                         f"{r['wall_s']:.1f} s = "
                          f"decode {p['decode_s']:.1f} s ({p['decode_runs']:.0f} runs, mean batch "
                          f"{p['mean_batch']:.1f} of {p['mean_rows_run']:.1f} rows run, "
                          f"{p['decode_step_ms']:.1f} ms each) + prefill "
@@ -449,12 +460,12 @@ def plot(results: dict, path: Path) -> None:
         log("no matplotlib: skipping the chart (pip install 'llm-onnx[bench]')")
         return
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for system in (OURS, LLAMA):
+    for system in dict.fromkeys(r["system"] for r in results["runs"]):
         for precision in {r["precision"] for r in results["runs"] if r["system"] == system}:
             rows = [r for r in results["runs"] if r["system"] == system and
                     r["precision"] == precision]
             xs = [r["clients"] for r in rows]
-            style = "-o" if system == OURS else "--s"
+            style = "--s" if system == LLAMA else "-o"
             a.plot(xs, [r["aggregate_tok_s"] for r in rows], style, label=f"{system} {precision}")
             b.plot(xs, [1e3 * (r["ttft_p99_s"] or 0) for r in rows], style,
                    label=f"{system} {precision}")
@@ -484,6 +495,9 @@ def main() -> None:
     p.add_argument("--precision", nargs="+", choices=list(MATCH), default=["int8", "fp32"])
     p.add_argument("--clients", nargs="+", type=int, default=[1, 2, 4, 8, 16])
     p.add_argument("--systems", nargs="+", choices=[OURS, LLAMA], default=[OURS, LLAMA])
+    p.add_argument("--ray-replicas", nargs="*", type=int, default=[],
+                   help="also run `llm-onnx serve --ray --replicas R --threads 1` for each R "
+                        "(needs llm-onnx[ray])")
     p.add_argument("--requests", type=int, default=8,
                    help="requests per run, split among the clients (at least --min-requests each)")
     p.add_argument("--min-requests", type=int, default=2)

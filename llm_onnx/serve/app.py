@@ -14,9 +14,10 @@ Ray Serve deployment mounts the same object.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
+import os
+import socket
 import threading
 import time
 import weakref
@@ -99,6 +100,7 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = ()) -> FastAPI
     app = FastAPI(title="llm-onnx", summary="OpenAI-compatible API over an llm-onnx model folder",
                   lifespan=lifespan)
     app.state.service = service
+    app.add_middleware(_ReplicaHeader)
     if cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 
@@ -126,17 +128,9 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = ()) -> FastAPI
                                        type="server_error").body(), status_code=500)
 
     async def authorized(request: Request) -> None:
-        key = service.api_key
-        if key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if not header:
-            raise p.ApiError(401, "You didn't provide an API key. Send it in the Authorization "
-                                  "header as 'Bearer <key>'.", code="invalid_api_key")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                                 key.encode()):
-            raise p.ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+        error = p.api_key_error(request.headers.get("authorization", ""), service.api_key)
+        if error is not None:
+            raise error
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -178,6 +172,28 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = ()) -> FastAPI
         return await _answer(service, request, plan)
 
     return app
+
+
+class _ReplicaHeader:
+    """Every response says which process answered (``X-LLM-ONNX-Replica: host:pid``): behind a
+    load balancer or Ray Serve's proxy, which replica served a request."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.value = f"{socket.gethostname()}:{os.getpid()}".encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def tagged(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (b"x-llm-onnx-replica", self.value)]}
+            await send(message)
+
+        await self.app(scope, receive, tagged)
 
 
 _ENDPOINTS = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"}

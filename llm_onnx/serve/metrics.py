@@ -131,3 +131,36 @@ class _SchedulerTimes:
                                   "rows riding along included.", value=stats.decode_row_slots)
         yield CounterMetricFamily("llm_onnx_prefill_tokens", "Prompt tokens run through the "
                                   "model.", value=stats.prefill_tokens)
+
+
+def merge_replicas(parts: list[tuple[str, str]]) -> bytes:
+    """Several replicas' expositions as one, each sample with a ``replica`` label (the Ray
+    deployment's /metrics): the same metric names, summable across replicas in PromQL."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, tuple[str, str, list[str]]] = {}
+    for replica, text in parts:
+        for family in text_string_to_metric_families(text):
+            kind = "untyped" if family.type == "unknown" else family.type
+            entry = families.setdefault(family.name, (family.documentation, kind, []))
+            for sample in family.samples:
+                labels = {**sample.labels, "replica": replica}
+                inside = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+                entry[2].append(f"{sample.name}{{{inside}}} {_number(sample.value)}")
+    lines = []
+    for name, (doc, kind, samples) in families.items():
+        shown = f"{name}_total" if kind == "counter" else name  # as generate_latest writes it
+        lines += [f"# HELP {shown} {doc}", f"# TYPE {shown} {kind}", *samples]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if value == float("inf"):
+        return "+Inf"
+    if value == float("-inf"):
+        return "-Inf"
+    return repr(float(value))

@@ -7,6 +7,7 @@ uses, and a message naming the field and what it accepts. No web framework here.
 
 from __future__ import annotations
 
+import hmac
 import math
 import numbers
 import time
@@ -52,6 +53,20 @@ class ApiError(Exception):
 
 def bad(param: str | None, message: str, code: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
+
+
+def api_key_error(authorization: str, key: str | None) -> ApiError | None:
+    """None if the ``Authorization`` header carries ``Bearer <key>`` (or no key is set), else
+    the 401 to answer. Constant-time comparison."""
+    if key is None:
+        return None
+    if not authorization:
+        return ApiError(401, "You didn't provide an API key. Send it in the Authorization header "
+                             "as 'Bearer <key>'.", code="invalid_api_key")
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        return ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
+    return None
 
 
 @dataclass

@@ -34,7 +34,8 @@ def free_port() -> int:
 class ServerProcess:
     """`llm-onnx serve ...` in a subprocess; ``stop()`` sends SIGTERM and waits for the exit."""
 
-    def __init__(self, folder: Path, *args: str, api_key: str | None = None) -> None:
+    def __init__(self, folder: Path, *args: str, api_key: str | None = None,
+                 timeout: float = 90) -> None:
         self.port = free_port()
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         env = {"LLM_ONNX_API_KEY": api_key} if api_key else {}
@@ -45,7 +46,7 @@ class ServerProcess:
         self._log = open(self.log, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **env})
-        self._wait_ready()
+        self._wait_ready(timeout)
 
     def _wait_ready(self, timeout: float = 90) -> None:
         import httpx

@@ -1,0 +1,200 @@
+"""Ray Serve: `llm-onnx serve --ray --replicas 2` (a local Ray instance on this machine's 2
+CPUs, 2 replicas of a tiny model, 1 thread each) through the official openai client; requests
+spread over the replicas; a replica killed under load; nothing of Ray left after shutdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+
+from tests.serve.conftest import ServerProcess
+
+pytest.importorskip("ray.serve")
+
+MODEL = "tiny-chat"
+
+
+def ray_processes() -> list[str]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and any(
+                    mark in cmd for mark in ("ray::", "raylet", "gcs_server")):
+                found.append(f"{proc.pid} {cmd[:80]}")
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster(chat_model_folder):
+    assert not ray_processes(), "a Ray instance is already running on this machine"
+    server = ServerProcess(chat_model_folder, "--ray", "--replicas", "2", timeout=180)
+    yield server
+    code = server.stop(timeout=60)
+    deadline = time.monotonic() + 30
+    while ray_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert code == 0, server.output()
+    assert not ray_processes(), ray_processes()
+
+
+def replica_of(response) -> str:
+    return response.headers["x-llm-onnx-replica"]
+
+
+def test_answers_equal_the_runtime_streamed_and_not(cluster, model):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=cluster.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    prompt = "t10 t20 t30 t40 t50"
+    expected = model.generate(prompt, max_new_tokens=16, temperature=0).text
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0)
+    assert r.choices[0].text == expected
+    chunks = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0,
+                                       stream=True)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected
+    messages = [{"role": "user", "content": "t7 t8 t9"}]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12,
+                                          temperature=0, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chat) == \
+        model.chat(messages, max_new_tokens=12, temperature=0).text
+
+
+def test_concurrent_requests_spread_over_both_replicas(cluster, model):
+    replicas: list[str] = []
+    texts: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        r = httpx.post(cluster.url + "/v1/completions", timeout=60, json={
+            "model": MODEL, "prompt": [11 + i, 12, 13], "max_tokens": 300, "temperature": 0,
+            "ignore_eos": True})
+        replicas.append(replica_of(r))
+        texts[i] = r.json()["choices"][0]["text"]
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(set(replicas)) == 2, replicas
+    for i in range(8):
+        assert texts[i] == model.generate([11 + i, 12, 13], max_new_tokens=300, temperature=0,
+                                          ignore_eos=True).text
+    metrics = httpx.get(cluster.url + "/metrics", timeout=30).text
+    worked = {line.split('replica="')[1].split('"')[0] for line in metrics.splitlines()
+              if line.startswith("llm_onnx_generation_tokens_total{")
+              and float(line.rsplit(" ", 1)[1]) > 0}
+    assert worked == set(replicas)  # each replica's own counters, labelled with its id
+    health = httpx.get(cluster.url + "/health", timeout=30).json()
+    assert health["status"] == "ok" and len(health["replicas"]) == 2
+
+
+def test_a_killed_replica_is_replaced_and_no_request_hangs(cluster, model):
+    """Under load, one replica's process is killed: every request gets its correct answer (a
+    plain one is retried on the other replica) or, for a stream under way on the dead replica,
+    a last error event and [DONE], within the timeout; Ray starts a new replica and the
+    deployment serves from two replicas again."""
+    seen: set[str] = set()
+    while len(seen) < 2:
+        seen.add(replica_of(httpx.post(cluster.url + "/v1/completions", timeout=30, json={
+            "model": MODEL, "prompt": [1, 2], "max_tokens": 2})))
+    victim = int(sorted(seen)[0].split(":")[1])
+    prompts = [[40 + i, 41, 42] for i in range(8)]
+    outcome: dict[int, tuple] = {}
+
+    def ask(i: int) -> None:
+        body = {"model": MODEL, "prompt": prompts[i], "max_tokens": 3000, "temperature": 0,
+                "ignore_eos": True}
+        try:
+            if i % 2:
+                r = httpx.post(cluster.url + "/v1/completions", json=body, timeout=60)
+                outcome[i] = ("plain", r.status_code, r.json())
+            else:
+                with httpx.stream("POST", cluster.url + "/v1/completions",
+                                  json={**body, "stream": True}, timeout=60) as r:
+                    outcome[i] = ("stream", r.status_code, [x for x in r.iter_lines() if x])
+        except httpx.HTTPError as e:  # a hang or a cut connection fails the test below
+            outcome[i] = ("error", type(e).__name__, str(e))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
+    os.kill(victim, signal.SIGKILL)
+    for t in threads:
+        t.join(90)
+    assert all(not t.is_alive() for t in threads), "a request hung"
+    cut = 0
+    for i, (kind, status, body) in sorted(outcome.items()):
+        assert kind != "error", (i, status, body)
+        expected = model.generate(prompts[i], max_new_tokens=3000, temperature=0,
+                                  ignore_eos=True).text
+        if kind == "plain":
+            assert status in (200, 503), (i, status, body)
+            if status == 200:
+                assert body["choices"][0]["text"] == expected
+            else:
+                assert body["error"]["code"] == "service_unavailable"
+            continue
+        assert status == 200 and body[-1] == "data: [DONE]"
+        last = json.loads(body[-2][len("data: "):])
+        if "error" in last:
+            cut += 1
+            assert last["error"]["code"] == "service_unavailable"
+        else:
+            text = "".join(json.loads(x[len("data: "):])["choices"][0]["text"]
+                           for x in body[:-1])
+            assert text == expected
+    assert cut <= 4  # only streams that were on the killed replica
+    deadline = time.monotonic() + 60
+    after: set[str] = set()
+    while time.monotonic() < deadline and len(after - {f"{sorted(seen)[0]}"}) < 2:
+        r = httpx.post(cluster.url + "/v1/completions", timeout=30, json={
+            "model": MODEL, "prompt": [1, 2], "max_tokens": 2})
+        assert r.status_code == 200
+        after.add(replica_of(r))
+        time.sleep(0.2)
+    assert len(after - {sorted(seen)[0]}) == 2, after  # the survivor and a new replica
+
+
+def test_the_ray_options_are_checked():
+    from llm_onnx.serve import ray_app
+
+    for args, fragment in [({}, "needs model=DIR"), ({"model": "m", "replicas": "0"}, ">= 1"),
+                           ({"model": "m", "replicas": "two"}, "whole number"),
+                           ({"model": "m", "colour": "red"}, "unknown argument 'colour'"),
+                           ({"model": "m", "replicas": "2", "autoscale": "1:3"}, "not both"),
+                           ({"model": "m", "autoscale": "3:1"}, "MIN:MAX")]:
+        with pytest.raises(ray_app.RayConfigError, match=fragment):
+            ray_app.app(args)
+    assert ray_app.parse_autoscale("0:4") == (0, 4)
+    built = ray_app.app({"model": "m", "autoscale": "1:4", "threads": "2", "max_batch": "16"})
+    assert built is not None
+
+
+def test_replica_metrics_merge_with_a_replica_label():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from llm_onnx.serve.metrics import Metrics, merge_replicas
+
+    a, b = Metrics(), Metrics()
+    a.requests.labels("/v1/completions", "200").inc(3)
+    b.requests.labels("/v1/completions", "200").inc(2)
+    b.ttft.observe(0.03)
+    merged = merge_replicas([("h:1", a.exposition().decode()), ("h:2", b.exposition().decode())])
+    families = {f.name: f for f in text_string_to_metric_families(merged.decode())}
+    requests = {s.labels["replica"]: s.value for s in families["llm_onnx_requests"].samples}
+    assert requests == {"h:1": 3.0, "h:2": 2.0}
+    counts = {s.labels["replica"]: s.value
+              for s in families["llm_onnx_time_to_first_token_seconds"].samples
+              if s.name.endswith("_count")}
+    assert counts == {"h:1": 0.0, "h:2": 1.0}
