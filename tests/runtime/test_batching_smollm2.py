@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from llm_onnx.runtime import GenerationOptions, Model
-from llm_onnx.runtime.scheduler import Scheduler
+from tests.runtime.batching import together_and_alone
 
 pytestmark = pytest.mark.slow
 
@@ -22,16 +22,8 @@ def test_batched_answers_equal_solo_runs(smollm2_export, precision):
     prompts = [model.chat_prompt([{"role": "user", "content": q}]) for q in QUESTIONS]
     options = [GenerationOptions(max_new_tokens=24 + 4 * i, temperature=0.0).validated()
                for i in range(len(prompts))]
-    scheduler = Scheduler(model, max_batch=3, max_length=512, prefill_chunk=16)
-    requests = [scheduler.submit(p, o, logprobs=0) for p, o in zip(prompts, options)]
-    while scheduler.step():
-        pass
-    for prompt, opts, request in zip(prompts, options, requests):
-        gen = model.generator(opts)
-        gen.append_tokens(prompt, logprobs=0)
-        while not gen.is_done():
-            gen.generate_next_token()
-        alone, together = gen.result(), request.result()
+    for together, alone in together_and_alone(model, prompts, options, max_batch=3,
+                                              max_length=512, prefill_chunk=16):
         assert together.token_ids == alone.token_ids
         assert together.text == alone.text
         assert [lp.logprob for lp in together.logprobs] == pytest.approx(

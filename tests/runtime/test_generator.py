@@ -9,8 +9,8 @@ import pytest
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime import Engine, GenerationOptions, Generator, Model
-from llm_onnx.runtime.scheduler import Scheduler
 from tests.conftest import FAMILY_ARCHS, TINY_ARCHS
+from tests.runtime.batching import together_and_alone
 from tests.runtime.fakes import EOS, FakeEngine, HistoryEngine, tokenizer
 
 
@@ -158,16 +158,8 @@ def test_rows_decoding_together_equal_solo_runs(arch, tiny_export):
     lengths = [int(n) for n in rng.integers(3, 16, len(prompts))]
     options = [GenerationOptions(max_new_tokens=n, temperature=0.0, ignore_eos=True).validated()
                for n in lengths]
-    scheduler = Scheduler(model, max_batch=3, max_length=48, prefill_chunk=6)
-    requests = [scheduler.submit(p, o, logprobs=0) for p, o in zip(prompts, options)]
-    while scheduler.step():
-        pass
-    for prompt, opts, request in zip(prompts, options, requests):
-        gen = model.generator(opts)
-        gen.append_tokens(prompt, logprobs=0)
-        while not gen.is_done():
-            gen.generate_next_token()
-        alone, together = gen.result(), request.result()
+    for together, alone in together_and_alone(model, prompts, options, max_batch=3,
+                                              max_length=48, prefill_chunk=6):
         assert together.token_ids == alone.token_ids
         assert [lp.logprob for lp in together.logprobs] == pytest.approx(
             [lp.logprob for lp in alone.logprobs], abs=1e-4)
