@@ -363,8 +363,13 @@ def run(config: ReplicaConfig, scaling: Scaling, *, host: str = "127.0.0.1", por
     own = address is None
     previous: dict = {}
     try:
-        ray.init(address=address, include_dashboard=False if own else None,
-                 log_to_driver=False, configure_logging=False)
+        try:
+            ray.init(address=address, include_dashboard=False if own else None,
+                     log_to_driver=False, configure_logging=False)
+        except (ConnectionError, RuntimeError) as e:
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise RayConfigError(f"cannot {'start Ray' if own else f'join the Ray cluster at {address}'}"
+                                 f": {first}") from None
         # after ray.init, which installs handlers of its own that end the process at once
         previous = {sig: signal.signal(sig, lambda *_: stop.set())
                     for sig in (signal.SIGINT, signal.SIGTERM)}
