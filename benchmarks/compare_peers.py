@@ -403,7 +403,7 @@ def measure_profiles(args, prompts, prompt_ids, ours_dirs, genai_dirs, genai_py,
     prefill and the same number of decode steps; the two alternate ``--profile-repeats`` times
     per precision and each keeps the profile with its median decode step (a real sample, so its
     parts add up, from the middle of this VM's drift)."""
-    from llm_onnx.runtime.bench import summarize_profile
+    from llm_onnx.bench import summarize_profile
 
     steps = max(2, min(PROFILE_STEPS, args.new_tokens))
 
@@ -820,7 +820,7 @@ def ratios_and_checks(rows: list[dict], args) -> tuple[list[dict], list[dict]]:
 def profile_lines(profiles: dict[str, dict]) -> list[str]:
     """One line per precision, phase and system: the run split into weight kernels, the other
     nodes and the time outside nodes."""
-    from llm_onnx.runtime.bench import WEIGHT_OPS
+    from llm_onnx.bench import WEIGHT_OPS
 
     lines = []
     for p, entry in profiles.items():

@@ -13,9 +13,8 @@ import click
 
 from llm_onnx import __version__
 from llm_onnx.errors import LlmOnnxError
+from llm_onnx.export.options import PRECISIONS
 from llm_onnx.models import REGISTRY
-
-PRECISIONS = ("fp32", "fp16", "int8", "int4")
 
 
 def _handle_errors(func):
@@ -109,7 +108,6 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
       llm-onnx export --checkpoint ~/ckpt/Qwen3-30B-A3B --precision int4 --out models/q3moe
       llm-onnx export --config qwen3_8b --random-weights --precision fp16
     """
-    from llm_onnx.export.cli_support import resolve_checkpoint
     from llm_onnx.export import ExportOptions, export_model
 
     ckpt = resolve_checkpoint(config_name, checkpoint, random_weights, seed)
@@ -122,6 +120,39 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
     out = out or Path("models") / f"{ckpt.name}-{precision}"
     folder = export_model(ckpt, out, options, force=force, progress=True)
     click.echo(f"Exported {ckpt.name} ({precision}) to {folder}")
+
+
+def resolve_checkpoint(config_name: str | None, checkpoint: Path | None, random_weights: bool,
+                       seed: int = 0):  # -> Checkpoint
+    """--checkpoint PATH | --config NAME --random-weights | --config NAME (local HF cache)."""
+    from llm_onnx.checkpoints.hub_cache import find_cached_checkpoint, hub_cache_dirs
+    from llm_onnx.checkpoints.load import open_checkpoint, random_checkpoint
+    from llm_onnx.errors import ConfigError
+    from llm_onnx.models import HF_REPOS, get_config
+
+    if checkpoint is not None and config_name is not None:
+        raise ConfigError("Give either --checkpoint PATH or --config NAME, not both.")
+    if checkpoint is not None:
+        if random_weights:
+            raise ConfigError("--random-weights goes with --config NAME, not --checkpoint.")
+        return open_checkpoint(checkpoint)
+    if config_name is None:
+        raise ConfigError("Say what to export: --checkpoint PATH (Hugging Face folder or .gguf) "
+                          "or --config NAME.")
+    cfg = get_config(config_name)
+    if random_weights:
+        return random_checkpoint(cfg, config_name, seed)
+    repo = HF_REPOS.get(config_name)
+    found = find_cached_checkpoint(repo) if repo else None
+    if found is None:
+        where = ", ".join(str(d) for d in hub_cache_dirs())
+        raise ConfigError(
+            f"No local weights for {config_name}"
+            + (f" ({repo} is not in the Hugging Face cache: {where})" if repo else "")
+            + ". Pass --checkpoint PATH, or --random-weights for random weights of its shape.")
+    ckpt = open_checkpoint(found)
+    ckpt.name = config_name
+    return ckpt
 
 
 def _sampling_options(func):
@@ -438,7 +469,7 @@ def bench(model, prompt_len, new_tokens, batch, repeat, threads, provider, promp
 
     from llm_onnx.errors import GenerationError
     from llm_onnx.runtime import Model
-    from llm_onnx.runtime.bench import (CURVE_BATCHES, BenchConfig, add_profile, curve_contexts,
+    from llm_onnx.bench import (CURVE_BATCHES, BenchConfig, add_profile, curve_contexts,
                                         decode_curve, peak_rss_mib, plot_curve, profile_model,
                                         profile_table, pyplot, run_bench, to_json)
 

@@ -54,7 +54,7 @@ def default_model_folder(progress: bool = True) -> Path:
 
     def export(out: Path) -> None:
         try:
-            from llm_onnx.build_model import open_checkpoint
+            from llm_onnx.checkpoints import open_checkpoint
             from llm_onnx.export import ExportOptions, export_model
         except ImportError as e:
             raise ModelFolderError(

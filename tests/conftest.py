@@ -43,7 +43,7 @@ def default_model_cache(smollm2_gguf, tmp_path_factory):
 def smollm2_export(smollm2_gguf, default_model_cache, tmp_path_factory):
     """Export the real SmolLM2 once per precision per test session: ``smollm2_export("int8")``.
     fp32 is the default model, exported through the first-use path."""
-    from llm_onnx.build_model import open_checkpoint
+    from llm_onnx.checkpoints import open_checkpoint
     from llm_onnx.default_model import default_model_folder
     from llm_onnx.export import ExportOptions, export_model
 
@@ -88,7 +88,7 @@ def tiny_hf(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_export(tiny_hf, tmp_path_factory):
     """``tiny_export(arch, precision, **export_options)`` -> model folder, exported once."""
-    from llm_onnx.build_model import open_checkpoint
+    from llm_onnx.checkpoints import open_checkpoint
     from llm_onnx.export import ExportOptions, export_model
 
     made: dict[tuple, Path] = {}

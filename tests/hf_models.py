@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from llm_onnx.build_model.config import ModelConfig
+from llm_onnx.model.config import ModelConfig
 
 
 def hf_config_dict(cfg: ModelConfig) -> dict:

@@ -15,7 +15,7 @@ def _modules_after(statement: str) -> set[str]:
 def test_runtime_does_not_import_torch():
     mods = _modules_after("import llm_onnx.runtime")
     assert "torch" not in mods
-    assert not any(m.startswith(("llm_onnx.export", "llm_onnx.build_model.decoder", "transformers"))
+    assert not any(m.startswith(("llm_onnx.export", "llm_onnx.model.decoder", "transformers"))
                    for m in mods)
 
 

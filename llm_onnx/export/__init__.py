@@ -1,6 +1,19 @@
-"""torch -> ONNX: ``export_model(checkpoint, out, ExportOptions(...))``."""
+"""torch -> ONNX: ``export_model(checkpoint, out, ExportOptions(...))``.
 
-from llm_onnx.export.export import export_model
-from llm_onnx.export.options import ExportOptions
+Names are imported lazily, so ``llm_onnx.export.options`` (the CLI's choices) loads without
+torch.
+"""
 
-__all__ = ["ExportOptions", "export_model"]
+import importlib
+
+_EXPORTS = {"export_model": "export", "ExportOptions": "options", "PRECISIONS": "options"}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    if name in ("quant", "custom_ops", "modules", "graphs", "weights", "validate"):
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,10 +27,10 @@ import onnx_ir as ir
 import torch
 
 from llm_onnx import __version__
-from llm_onnx.build_model.config import ModelConfig
-from llm_onnx.build_model.decoder import Decoder, Fusion
-from llm_onnx.build_model.load import Checkpoint
-from llm_onnx.build_model.shapes import Shape
+from llm_onnx.model.config import ModelConfig
+from llm_onnx.model.decoder import Decoder, Fusion
+from llm_onnx.checkpoints.load import Checkpoint
+from llm_onnx.model.shapes import Shape, num_parameters
 from llm_onnx.errors import ExportError
 from llm_onnx.export.graphs import GRAPHS, trace_graph
 from llm_onnx.export.modules import to_export_form
@@ -197,7 +197,7 @@ def _manifest(checkpoint: Checkpoint, folder: Path, options: ExportOptions, max_
         "source": {"kind": checkpoint.kind,
                    "path": str(checkpoint.path) if checkpoint.path else None},
         "config": cfg.to_dict(),
-        "num_parameters": cfg.num_parameters(),
+        "num_parameters": num_parameters(cfg),
         "context_length": max_len,
         "precision": _precision_section(cfg, options),
         "graphs": {
@@ -293,7 +293,7 @@ def validate(checkpoint: Checkpoint, folder: Path, options: ExportOptions, max_l
     progress.stage("validating")
     limits = thresholds(options.precision, options.int8_activations)
     kv_dtype = np.float16 if options.precision == "fp16" else np.float32
-    if cfg.num_parameters() <= FULL_VALIDATION_PARAMS:
+    if num_parameters(cfg) <= FULL_VALIDATION_PARAMS:
         report = _compare_folder(folder, cfg, options, max_len, tensors, kv_dtype, limits)
         report["scope"] = "whole model"
     else:

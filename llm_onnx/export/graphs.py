@@ -15,7 +15,7 @@ import warnings
 import onnx_ir as ir
 import torch
 
-from llm_onnx.build_model.decoder import Decoder
+from llm_onnx.model.decoder import Decoder
 from llm_onnx.export.custom_ops import fix_domains, translation_table
 from llm_onnx.runtime import names
 

@@ -17,8 +17,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from llm_onnx.build_model import ops, quant
-from llm_onnx.build_model.decoder import Decoder, Experts, Linear
+from llm_onnx.model import ops
+from llm_onnx.export import quant
+from llm_onnx.model.decoder import Decoder, Experts, Linear
 from llm_onnx.errors import ExportError
 from llm_onnx.export.options import ExportOptions
 

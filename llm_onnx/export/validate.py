@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from llm_onnx.build_model.decoder import Decoder
+from llm_onnx.model.decoder import Decoder
 from llm_onnx.errors import ParityError
 from llm_onnx.export.weights import StoredTensor
 from llm_onnx.runtime import names

@@ -18,11 +18,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from llm_onnx.build_model import quant
-from llm_onnx.build_model.decoder import Decoder, Experts, LayerNorm, RMSNorm
-from llm_onnx.build_model.load import param_producers
-from llm_onnx.build_model.rope import rope_cache
-from llm_onnx.build_model.sources import TensorSource
+from llm_onnx.export import quant
+from llm_onnx.model.decoder import Decoder, Experts, LayerNorm, RMSNorm
+from llm_onnx.checkpoints.load import param_producers
+from llm_onnx.model.rope import rope_cache
+from llm_onnx.checkpoints.sources import TensorSource
 from llm_onnx.errors import ExportError
 from llm_onnx.export.modules import (HeadLinear, MatMulLinear, NBitsLinear, QuantEmbedding,
                                      QuantExperts)

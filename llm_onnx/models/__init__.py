@@ -1,7 +1,7 @@
 """Named model presets. ``REGISTRY`` maps a name to its ModelConfig; ``get_config`` looks one up
 by exact name and suggests the closest on a typo."""
 
-from llm_onnx.build_model.config import ModelConfig, suggest
+from llm_onnx.model.config import ModelConfig, suggest
 from llm_onnx.errors import ConfigError
 from llm_onnx.models import bloom, falcon, gpt2, llama, mistral, qwen3, qwen3_moe
 

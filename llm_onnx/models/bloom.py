@@ -2,7 +2,7 @@
 the embedding), a plain GELU (tanh) MLP, biases and multi-head attention. Values equal the
 vendor's config.json (see tests/fixtures/configs/)."""
 
-from llm_onnx.build_model.config import ModelConfig
+from llm_onnx.model.config import ModelConfig
 
 BLOOM_560M = ModelConfig(
     architecture="BloomForCausalLM",

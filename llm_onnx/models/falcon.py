@@ -2,7 +2,7 @@
 attention and MLP in parallel from one shared LayerNorm, a plain exact-GELU MLP and no biases.
 Values equal the vendor's config.json (see tests/fixtures/configs/)."""
 
-from llm_onnx.build_model.config import ModelConfig
+from llm_onnx.model.config import ModelConfig
 
 FALCON_7B = ModelConfig(
     architecture="FalconForCausalLM",

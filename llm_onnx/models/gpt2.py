@@ -2,7 +2,7 @@
 (tanh) MLP, biases on every projection and multi-head attention. Values equal the vendor's
 config.json (see tests/fixtures/configs/)."""
 
-from llm_onnx.build_model.config import ModelConfig
+from llm_onnx.model.config import ModelConfig
 
 GPT2 = ModelConfig(
     architecture="GPT2LMHeadModel",

@@ -1,7 +1,7 @@
 """Llama-family presets (Llama 3, SmolLM2). Values equal the vendors' config.json
 (vendored in tests/fixtures/configs/ and compared by tests/build_model/test_presets.py)."""
 
-from llm_onnx.build_model.config import ModelConfig
+from llm_onnx.model.config import ModelConfig
 
 LLAMA3_8B = ModelConfig(
     architecture="LlamaForCausalLM",

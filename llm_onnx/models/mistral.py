@@ -1,7 +1,7 @@
 """Mistral presets. Mistral-7B-v0.1 is Llama with sliding-window attention (each query sees its
 last 4096 keys). Values equal the vendor's config.json (see tests/fixtures/configs/)."""
 
-from llm_onnx.build_model.config import ModelConfig
+from llm_onnx.model.config import ModelConfig
 
 MISTRAL_7B = ModelConfig(
     architecture="MistralForCausalLM",

@@ -1,7 +1,7 @@
 """Qwen3 dense presets. Qwen3 differs from Llama by a per-head RMSNorm on q and k (before RoPE)
 and an explicit head_dim. Values equal the vendor's config.json (see tests/fixtures/configs/)."""
 
-from llm_onnx.build_model.config import ModelConfig
+from llm_onnx.model.config import ModelConfig
 
 QWEN3_8B = ModelConfig(
     architecture="Qwen3ForCausalLM",

@@ -1,7 +1,7 @@
 """Qwen3-MoE presets: Qwen3 attention with a sparse MLP (softmax router over 128 experts, top-8,
 renormalised, SwiGLU experts). Values equal the vendor's config.json (see tests/fixtures/configs/)."""
 
-from llm_onnx.build_model.config import ModelConfig, MoEConfig
+from llm_onnx.model.config import ModelConfig, MoEConfig
 
 QWEN3_30B_A3B = ModelConfig(
     architecture="Qwen3MoeForCausalLM",

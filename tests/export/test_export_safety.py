@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from llm_onnx.build_model import open_checkpoint, random_checkpoint
+from llm_onnx.checkpoints import open_checkpoint, random_checkpoint
 from llm_onnx.errors import ExportError
 from llm_onnx.export import ExportOptions, export_model
 from llm_onnx.export import weights as weights_module

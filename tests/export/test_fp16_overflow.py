@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from llm_onnx.build_model import build_model, random_checkpoint
-from llm_onnx.build_model.sources import RandomSource
+from llm_onnx.checkpoints import build_model, random_checkpoint
+from llm_onnx.checkpoints.sources import RandomSource
 from llm_onnx.export import ExportOptions, export_model
 from llm_onnx.models import get_config
 from tests.ort_helpers import Graphs

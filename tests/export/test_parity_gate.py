@@ -6,7 +6,7 @@ from __future__ import annotations
 import onnxscript
 import pytest
 
-from llm_onnx.build_model import random_checkpoint
+from llm_onnx.checkpoints import random_checkpoint
 from llm_onnx.errors import ParityError
 from llm_onnx.export import ExportOptions, custom_ops, export_model
 from llm_onnx.models import get_config

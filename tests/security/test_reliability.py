@@ -58,7 +58,7 @@ def gguf_with_tensor_dims(path, dims: list[int]) -> None:
 
 @pytest.mark.parametrize("dims", [[1 << 40, 1 << 20], [4096, 151936], [2**63 - 1]])
 def test_gguf_header_claiming_absurd_sizes_is_refused(tmp_path, dims):
-    from llm_onnx.build_model import open_checkpoint
+    from llm_onnx.checkpoints import open_checkpoint
 
     path = tmp_path / "evil.gguf"
     gguf_with_tensor_dims(path, dims)

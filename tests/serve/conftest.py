@@ -90,7 +90,7 @@ def chat_model_folder(tmp_path_factory) -> Path:
     """llama_tiny (vocab 256) with a 4096-token context, a word tokenizer, a chat template and
     t2 (its eos id) ending turns, exported fp32. The long context lets a request run for
     seconds (disconnects, full queues and shutdowns happen while it runs)."""
-    from llm_onnx.build_model import open_checkpoint
+    from llm_onnx.checkpoints import open_checkpoint
     from llm_onnx.export import ExportOptions, export_model
     from llm_onnx.models import get_config
     from tests.hf_models import save_hf_checkpoint

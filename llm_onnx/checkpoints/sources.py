@@ -15,8 +15,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from llm_onnx.build_model.config import ModelConfig
-from llm_onnx.build_model.shapes import Shape, checkpoint_shapes
+from llm_onnx.model.config import ModelConfig
+from llm_onnx.model.shapes import Shape, checkpoint_shapes
 from llm_onnx.errors import CheckpointError
 
 
@@ -227,7 +227,7 @@ def gguf_field(reader, key: str, default=None):
 
 def gguf_config(reader, path: Path) -> ModelConfig:
     """ModelConfig from GGUF metadata (llama, qwen3, qwen3moe architectures)."""
-    from llm_onnx.build_model.config import MoEConfig
+    from llm_onnx.model.config import MoEConfig
 
     arch = gguf_field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:

@@ -145,18 +145,6 @@ class ModelConfig:
             data["moe"] = MoEConfig(**moe)
         return cls(**data)
 
-    def num_parameters(self) -> int:
-        """Parameter count of the checkpoint this config describes (tied weights counted once)."""
-        from llm_onnx.build_model.shapes import checkpoint_shapes  # local: avoids a cycle
-
-        total = 0
-        for shape in checkpoint_shapes(self).values():
-            n = 1
-            for d in shape:
-                n *= d
-            total += n
-        return total
-
 
 _ACTIVATIONS = {"silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"}
 

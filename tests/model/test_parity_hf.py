@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llm_onnx.build_model import build_model, open_checkpoint
-from llm_onnx.build_model.config import MoEConfig
-from llm_onnx.build_model.decoder import Fusion
+from llm_onnx.checkpoints import build_model, open_checkpoint
+from llm_onnx.model.config import MoEConfig
+from llm_onnx.model.decoder import Fusion
 from llm_onnx.models import get_config
 from tests.hf_models import save_hf_checkpoint
 from tests.tolerances import KV_PATH_FP32, TORCH_VS_HF_FP32

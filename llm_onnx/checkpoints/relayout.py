@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from llm_onnx.build_model.config import ModelConfig
-from llm_onnx.build_model.shapes import Shape
-from llm_onnx.build_model.sources import TensorSource
+from llm_onnx.model.config import ModelConfig
+from llm_onnx.model.shapes import Shape
+from llm_onnx.checkpoints.sources import TensorSource
 from llm_onnx.errors import CheckpointError
 
 # A re-layout: (checkpoint tensor, config) -> canonical tensor, and the same on shapes.

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from llm_onnx.build_model import open_checkpoint
+from llm_onnx.checkpoints import open_checkpoint
 from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.models import get_config
 from tests.hf_models import save_hf_checkpoint
@@ -137,7 +137,7 @@ def test_truncated_gguf(tmp_path, smollm2_gguf):
 
 def test_sharded_checkpoint_loads_tensor_by_tensor(tmp_path):
     """model.safetensors.index.json with several shards: same logits as transformers."""
-    from llm_onnx.build_model import build_model
+    from llm_onnx.checkpoints import build_model
     from tests.hf_models import make_hf_model
 
     cfg = get_config("qwen3_moe_tiny")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llm_onnx.build_model import build_model, open_checkpoint
+from llm_onnx.checkpoints import build_model, open_checkpoint
 from tests.tolerances import TORCH_VS_HF_FP32
 
 pytestmark = pytest.mark.slow

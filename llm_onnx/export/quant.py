@@ -206,7 +206,7 @@ def qmoe(x: Tensor, router_logits: Tensor, fc1_q: Tensor, fc1_scales: Tensor, fc
          block_size: int) -> Tensor:
     """MoE with block-quantized experts (ORT's QMoE): fc1_q (E, 2I, D*bits/8) gate/up interleaved,
     fc2_q (E, D, I*bits/8), scales (E, rows, K/block). Reference: dequantize, then moe_ref."""
-    from llm_onnx.build_model.ops import moe_ref
+    from llm_onnx.model.ops import moe_ref
 
     def deq(q: Tensor, s: Tensor) -> Tensor:
         e, rows, _ = q.shape

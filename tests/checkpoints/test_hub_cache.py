@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from llm_onnx.errors import ConfigError
-from llm_onnx.export.cli_support import resolve_checkpoint
+from llm_onnx.cli import resolve_checkpoint
 from llm_onnx.models import get_config
 from tests.hf_models import save_hf_checkpoint
 

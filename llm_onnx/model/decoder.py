@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from llm_onnx.build_model import ops
-from llm_onnx.build_model.config import ModelConfig
-from llm_onnx.build_model.rope import rope_cache
+from llm_onnx.model import ops
+from llm_onnx.model.config import ModelConfig
+from llm_onnx.model.rope import rope_cache
 
 
 class Linear(nn.Module):

@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from llm_onnx.build_model.config import ModelConfig, load_hf_config
-from llm_onnx.build_model.decoder import Decoder, Fusion
-from llm_onnx.build_model.families import family_source
-from llm_onnx.build_model.rope import rope_cache
-from llm_onnx.build_model.shapes import checkpoint_shapes
-from llm_onnx.build_model.sources import GGUFSource, RandomSource, SafetensorsSource, TensorSource
+from llm_onnx.model.config import ModelConfig, load_hf_config
+from llm_onnx.model.decoder import Decoder, Fusion
+from llm_onnx.checkpoints.relayout import family_source
+from llm_onnx.model.rope import rope_cache
+from llm_onnx.model.shapes import checkpoint_shapes
+from llm_onnx.checkpoints.sources import GGUFSource, RandomSource, SafetensorsSource, TensorSource
 from llm_onnx.errors import CheckpointError
 
 # Tokenizer and generation files carried from a Hugging Face folder into a model folder.
@@ -85,7 +85,7 @@ def _hf_special_ids(folder: Path) -> tuple[list[int], int | None]:
 
 
 def _open_gguf(path: Path) -> Checkpoint:
-    from llm_onnx.build_model.gguf_tokenizer import read_gguf_tokenizer
+    from llm_onnx.checkpoints.gguf_tokenizer import read_gguf_tokenizer
 
     source = GGUFSource(path)
     check_tensors(source.cfg, source, str(path))

@@ -7,7 +7,7 @@ Pure Python.
 
 from __future__ import annotations
 
-from llm_onnx.build_model.config import ModelConfig
+from llm_onnx.model.config import ModelConfig
 
 Shape = tuple[int, ...]
 
@@ -69,3 +69,14 @@ def checkpoint_shapes(cfg: ModelConfig) -> dict[str, Shape]:
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
     return out
+
+
+def num_parameters(cfg: ModelConfig) -> int:
+    """Parameter count of the checkpoint ``cfg`` describes (tied weights counted once)."""
+    total = 0
+    for shape in checkpoint_shapes(cfg).values():
+        n = 1
+        for d in shape:
+            n *= d
+        total += n
+    return total

@@ -12,7 +12,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 from tokenizers import Tokenizer  # noqa: E402
 
-from llm_onnx.build_model.gguf_tokenizer import GGUFTokenizer, read_gguf_tokenizer  # noqa: E402
+from llm_onnx.checkpoints.gguf_tokenizer import GGUFTokenizer, read_gguf_tokenizer  # noqa: E402
 from llm_onnx.errors import CheckpointError  # noqa: E402
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6  # gguf.TokenType

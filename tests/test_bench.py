@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from llm_onnx.cli import main
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.bench import (BandwidthProbe, DeviceBandwidthProbe, profile_table,
+from llm_onnx.bench import (BandwidthProbe, DeviceBandwidthProbe, profile_table,
                                     summarize_profile)
 
 
@@ -141,7 +141,7 @@ def test_plot_without_matplotlib_fails_at_once_and_writes_nothing(tiny_export, t
                                                                  monkeypatch):
     import sys
 
-    import llm_onnx.runtime.bench as bench
+    import llm_onnx.bench as bench
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     loads = []
@@ -156,7 +156,7 @@ def test_plot_without_matplotlib_fails_at_once_and_writes_nothing(tiny_export, t
 
 def test_decode_curve_measures_every_context_and_batch_that_fits(tiny_export):
     from llm_onnx.runtime import Model
-    from llm_onnx.runtime.bench import curve_contexts, decode_curve
+    from llm_onnx.bench import curve_contexts, decode_curve
 
     model = Model.load(tiny_export("llama_tiny"), provider="cpu", threads=1)
     contexts = curve_contexts(model.context_length, tokens=4)  # max_seq_len 64: 15, 30, 60

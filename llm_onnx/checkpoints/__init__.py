@@ -1,18 +1,16 @@
-"""The decoder in torch: configs, modules, custom ops and checkpoint loading.
+"""Reading checkpoints, one tensor at a time: Hugging Face safetensors folders, GGUF files and
+seeded random weights, presented under the decoder's names and layouts.
 
-    from llm_onnx.build_model import build_model, open_checkpoint
+    from llm_onnx.checkpoints import build_model, open_checkpoint
     ckpt = open_checkpoint("path/to/hf_folder_or.gguf")
     model = build_model(ckpt.config, ckpt.source)
 
-Names are imported lazily: ``llm_onnx.build_model.config`` (pure Python, used by presets and the
-CLI) must not drag torch in.
+Names are imported lazily (torch is needed only once a checkpoint is read).
 """
 
 import importlib
 
 _EXPORTS = {
-    "ModelConfig": "config", "MoEConfig": "config", "from_hf_config": "config",
-    "load_hf_config": "config",
     "Checkpoint": "load", "build_model": "load", "load_weights": "load",
     "open_checkpoint": "load", "random_checkpoint": "load",
     "GGUFSource": "sources", "RandomSource": "sources", "SafetensorsSource": "sources",
