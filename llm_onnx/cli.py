@@ -14,7 +14,7 @@ import click
 from llm_onnx import __version__
 from llm_onnx.errors import LlmOnnxError
 from llm_onnx.export.options import PRECISIONS
-from llm_onnx.models import REGISTRY
+from llm_onnx.families import PRESETS
 
 
 def _handle_errors(func):
@@ -69,7 +69,7 @@ def _default_precision() -> str:
 
 @main.command()
 @click.option("--config", "config_name", metavar="NAME",
-              help=f"A named preset: {', '.join(sorted(REGISTRY))}.")
+              help=f"A named preset: {', '.join(sorted(PRESETS))}.")
 @click.option("--checkpoint", type=click.Path(path_type=Path),
               help="A Hugging Face checkpoint folder (config.json + safetensors) or a .gguf file.")
 @click.option("--random-weights", is_flag=True,
@@ -128,7 +128,7 @@ def resolve_checkpoint(config_name: str | None, checkpoint: Path | None, random_
     from llm_onnx.checkpoints.hub_cache import find_cached_checkpoint, hub_cache_dirs
     from llm_onnx.checkpoints.load import open_checkpoint, random_checkpoint
     from llm_onnx.errors import ConfigError
-    from llm_onnx.models import HF_REPOS, get_config
+    from llm_onnx.families import HF_REPOS, get_config
 
     if checkpoint is not None and config_name is not None:
         raise ConfigError("Give either --checkpoint PATH or --config NAME, not both.")

@@ -70,7 +70,7 @@ FAMILY_ARCHS = ["gpt2_tiny", "bloom_tiny", "falcon_tiny", "mistral_tiny"]
 @pytest.fixture(scope="session")
 def tiny_hf(tmp_path_factory):
     """``tiny_hf(arch)`` -> (transformers model, checkpoint folder), made once per session."""
-    from llm_onnx.models import get_config
+    from llm_onnx.families import get_config
     from tests.hf_models import save_hf_checkpoint
 
     made: dict[str, tuple] = {}

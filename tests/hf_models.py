@@ -7,60 +7,13 @@ from pathlib import Path
 
 import torch
 
+from llm_onnx.families import family
 from llm_onnx.model.config import ModelConfig
 
 
 def hf_config_dict(cfg: ModelConfig) -> dict:
-    """config.json fields for transformers' class of the same architecture."""
-    older = {"GPT2LMHeadModel": _gpt2, "BloomForCausalLM": _bloom, "FalconForCausalLM": _falcon}
-    if cfg.architecture in older:  # no bos/eos: their defaults lie outside a tiny vocabulary
-        return dict(architectures=[cfg.architecture], bos_token_id=None, eos_token_id=None,
-                    **older[cfg.architecture](cfg))
-    d = dict(
-        architectures=[cfg.architecture], vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-        intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.max_position_embeddings,
-        rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
-        tie_word_embeddings=cfg.tie_word_embeddings, attention_bias=cfg.attention_bias,
-        hidden_act=cfg.hidden_act,
-    )
-    if cfg.moe is not None:
-        d.update(num_experts=cfg.moe.num_experts, num_experts_per_tok=cfg.moe.num_experts_per_tok,
-                 moe_intermediate_size=cfg.moe.moe_intermediate_size,
-                 norm_topk_prob=cfg.moe.norm_topk_prob, decoder_sparse_step=cfg.moe.decoder_sparse_step,
-                 mlp_only_layers=list(cfg.moe.mlp_only_layers))
-    if cfg.sliding_window is not None:
-        d.update(sliding_window=cfg.sliding_window)
-    return d
-
-
-def _gpt2(cfg: ModelConfig) -> dict:
-    return dict(vocab_size=cfg.vocab_size, n_embd=cfg.hidden_size, n_layer=cfg.num_hidden_layers,
-                n_head=cfg.num_attention_heads, n_inner=cfg.intermediate_size,
-                n_positions=cfg.max_position_embeddings, activation_function=cfg.hidden_act,
-                layer_norm_epsilon=cfg.layer_norm_epsilon,
-                tie_word_embeddings=cfg.tie_word_embeddings)
-
-
-def _bloom(cfg: ModelConfig) -> dict:
-    assert cfg.intermediate_size == 4 * cfg.hidden_size  # BLOOM's MLP width is fixed
-    return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-                n_layer=cfg.num_hidden_layers, n_head=cfg.num_attention_heads,
-                layer_norm_epsilon=cfg.layer_norm_epsilon,
-                tie_word_embeddings=cfg.tie_word_embeddings)
-
-
-def _falcon(cfg: ModelConfig) -> dict:
-    return dict(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-                num_hidden_layers=cfg.num_hidden_layers,
-                num_attention_heads=cfg.num_attention_heads,
-                multi_query=cfg.num_key_value_heads == 1, new_decoder_architecture=False,
-                parallel_attn=cfg.parallel_attn, alibi=False, bias=cfg.attention_bias,
-                ffn_hidden_size=cfg.intermediate_size, activation=cfg.hidden_act,
-                max_position_embeddings=cfg.max_position_embeddings, rope_theta=cfg.rope_theta,
-                layer_norm_epsilon=cfg.layer_norm_epsilon,
-                tie_word_embeddings=cfg.tie_word_embeddings)
+    """config.json fields for transformers' class of the same architecture (its family says)."""
+    return family(cfg.architecture).hf_config(cfg)
 
 
 def make_hf_model(cfg: ModelConfig, seed: int = 0):
@@ -68,13 +21,7 @@ def make_hf_model(cfg: ModelConfig, seed: int = 0):
     (norm weights are not all ones, attention is not uniform)."""
     import transformers
 
-    hf_cfg_cls = {"LlamaForCausalLM": transformers.LlamaConfig,
-                  "MistralForCausalLM": transformers.MistralConfig,
-                  "Qwen3ForCausalLM": transformers.Qwen3Config,
-                  "Qwen3MoeForCausalLM": transformers.Qwen3MoeConfig,
-                  "GPT2LMHeadModel": transformers.GPT2Config,
-                  "BloomForCausalLM": transformers.BloomConfig,
-                  "FalconForCausalLM": transformers.FalconConfig}[cfg.architecture]
+    hf_cfg_cls = getattr(transformers, family(cfg.architecture).hf_config_class)
     fields = hf_config_dict(cfg)
     fields.pop("architectures")
     hf_cfg = hf_cfg_cls(**fields)

@@ -20,5 +20,5 @@ def test_runtime_does_not_import_torch():
 
 
 def test_presets_and_cli_help_do_not_import_torch():
-    assert "torch" not in _modules_after("import llm_onnx.models")
+    assert "torch" not in _modules_after("import llm_onnx.families")
     assert "torch" not in _modules_after("import llm_onnx.cli")

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from llm_onnx.model.config import ModelConfig, load_hf_config
+from llm_onnx.families import load_hf_config
+from llm_onnx.model.config import ModelConfig
 from llm_onnx.model.decoder import Decoder, Fusion
 from llm_onnx.checkpoints.relayout import family_source
 from llm_onnx.model.rope import rope_cache

@@ -15,9 +15,10 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from llm_onnx.errors import CheckpointError
+from llm_onnx.families import GGUF_ARCHITECTURES, REGISTRY, Family
 from llm_onnx.model.config import ModelConfig
 from llm_onnx.model.shapes import Shape, checkpoint_shapes
-from llm_onnx.errors import CheckpointError
 
 
 class TensorSource(Protocol):
@@ -162,30 +163,6 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
             .swapaxes(1, 2).reshape(w.shape))
 
 
-# GGUF tensor name (per layer suffix) -> Hugging Face name
-_GGUF_LAYER = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-    "ffn_gate_inp.weight": "mlp.gate.weight",
-}
-_GGUF_EXPERTS = {"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "up_proj",
-                 "ffn_down_exps.weight": "down_proj"}
-_GGUF_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight",
-                "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                      "qwen3moe": "Qwen3MoeForCausalLM"}
 # A header may claim any size; cap what we believe before allocating anything from it.
 MAX_GGUF_ELEMENTS = 1 << 40
 
@@ -225,48 +202,47 @@ def gguf_field(reader, key: str, default=None):
     return value
 
 
-def gguf_config(reader, path: Path) -> ModelConfig:
-    """ModelConfig from GGUF metadata (llama, qwen3, qwen3moe architectures)."""
-    from llm_onnx.model.config import MoEConfig
+class GGUFMeta:
+    """A GGUF file's metadata for its family's ``config_fields``: keys without the ``<arch>.``
+    prefix; errors name the file and the key."""
 
+    def __init__(self, reader, path: Path, arch: str) -> None:
+        self.reader, self.path, self.arch = reader, path, arch
+        self.tensor_names = {t.name for t in reader.tensors}
+
+    def get(self, key: str, default=None):
+        return gguf_field(self.reader, f"{self.arch}.{key}", default)
+
+    def need(self, key: str):
+        value = self.get(key)
+        if value is None:
+            raise CheckpointError(f"{self.path}: GGUF metadata lacks {self.arch}.{key}.")
+        return value
+
+    def vocab_size(self) -> int:
+        tokens = gguf_field(self.reader, "tokenizer.ggml.tokens")
+        vocab = self.get("vocab_size") or (len(tokens) if tokens else None)
+        if vocab is None:
+            raise CheckpointError(f"{self.path}: GGUF metadata lacks {self.arch}.vocab_size and "
+                                  "tokenizer.ggml.tokens.")
+        return int(vocab)
+
+
+def gguf_family(reader, path: Path) -> Family:
+    """The family of a GGUF file (general.architecture), which must declare GGUF names."""
     arch = gguf_field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise CheckpointError(f"{path}: GGUF architecture {arch!r} (general.architecture) is not "
                               f"supported; supported: {', '.join(GGUF_ARCHITECTURES)}.")
+    return REGISTRY[GGUF_ARCHITECTURES[arch]]
 
-    def need(key: str):
-        value = gguf_field(reader, f"{arch}.{key}")
-        if value is None:
-            raise CheckpointError(f"{path}: GGUF metadata lacks {arch}.{key}.")
-        return value
 
-    names = {t.name for t in reader.tensors}
-    tokens = gguf_field(reader, "tokenizer.ggml.tokens")
-    vocab = gguf_field(reader, f"{arch}.vocab_size") or (len(tokens) if tokens else None)
-    if vocab is None:
-        raise CheckpointError(f"{path}: GGUF metadata lacks {arch}.vocab_size and tokenizer.ggml.tokens.")
-    hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
-    head_dim = gguf_field(reader, f"{arch}.attention.key_length") or hidden // heads
-    moe = None
-    if arch == "qwen3moe":
-        moe = MoEConfig(num_experts=int(need("expert_count")),
-                        num_experts_per_tok=int(need("expert_used_count")),
-                        moe_intermediate_size=int(need("expert_feed_forward_length")),
-                        norm_topk_prob=True)
-    return ModelConfig(
-        architecture=GGUF_ARCHITECTURES[arch],
-        vocab_size=int(vocab), hidden_size=hidden, num_hidden_layers=int(need("block_count")),
-        num_attention_heads=heads,
-        num_key_value_heads=int(gguf_field(reader, f"{arch}.attention.head_count_kv") or heads),
-        head_dim=int(head_dim),
-        intermediate_size=int(gguf_field(reader, f"{arch}.feed_forward_length") or 1),
-        max_position_embeddings=int(need("context_length")),
-        rms_norm_eps=float(need("attention.layer_norm_rms_epsilon")),
-        rope_theta=float(gguf_field(reader, f"{arch}.rope.freq_base") or 10_000.0),
-        tie_word_embeddings="output.weight" not in names,
-        qk_norm=arch in ("qwen3", "qwen3moe"),
-        moe=moe,
-    )
+def gguf_config(reader, path: Path) -> ModelConfig:
+    """ModelConfig from GGUF metadata, by the file's family."""
+    fam = gguf_family(reader, path)
+    assert fam.gguf is not None
+    fields = fam.gguf.config_fields(GGUFMeta(reader, path, fam.gguf.arch))
+    return ModelConfig(architecture=fam.architecture, **fields)
 
 
 class GGUFSource:
@@ -275,24 +251,26 @@ class GGUFSource:
     def __init__(self, path: Path, reader=None) -> None:
         self.path = Path(path)
         self.reader = reader if reader is not None else open_gguf(self.path)
-        self.arch = gguf_field(self.reader, "general.architecture")
+        fam = gguf_family(self.reader, self.path)
+        assert fam.gguf is not None
+        self.names_table = names = fam.gguf
         self.cfg = gguf_config(self.reader, self.path)
         self._tensors = {t.name: t for t in self.reader.tensors}
         self._map: dict[str, tuple[str, int | None]] = {}  # hf name -> (gguf name, expert index)
         self._last: tuple[str, np.ndarray] | None = None  # stacked experts are read E times
         for gname, t in self._tensors.items():
-            if gname in _GGUF_GLOBAL:
-                self._map[_GGUF_GLOBAL[gname]] = (gname, None)
+            if gname in names.globals:
+                self._map[names.globals[gname]] = (gname, None)
                 continue
             parts = gname.split(".", 2)
             if parts[0] != "blk" or len(parts) < 3:
                 continue  # e.g. rope_freqs.weight: derived from metadata instead
             prefix = f"model.layers.{parts[1]}"
-            if parts[2] in _GGUF_LAYER:
-                self._map[f"{prefix}.{_GGUF_LAYER[parts[2]]}"] = (gname, None)
-            elif parts[2] in _GGUF_EXPERTS:
+            if parts[2] in names.layer:
+                self._map[f"{prefix}.{names.layer[parts[2]]}"] = (gname, None)
+            elif parts[2] in names.experts:
                 for e in range(int(t.shape[-1])):
-                    self._map[f"{prefix}.mlp.experts.{e}.{_GGUF_EXPERTS[parts[2]]}.weight"] = (gname, e)
+                    self._map[f"{prefix}.mlp.experts.{e}.{names.experts[parts[2]]}.weight"] = (gname, e)
 
     def names(self) -> list[str]:
         return list(self._map)
@@ -322,7 +300,7 @@ class GGUFSource:
         gname, expert = self._map[name]
         arr = self._dequantize(gname)
         w = torch.from_numpy(np.array(arr[expert] if expert is not None else arr))
-        if self.arch == "llama" and gname.endswith(("attn_q.weight", "attn_k.weight")):
+        if self.names_table.unpermute_qk and gname.endswith(("attn_q.weight", "attn_k.weight")):
             heads = (self.cfg.num_attention_heads if gname.endswith("attn_q.weight")
                      else self.cfg.num_key_value_heads)
             w = _unpermute(w, heads)

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from llm_onnx.checkpoints import open_checkpoint
 from llm_onnx.errors import CheckpointError, ConfigError
-from llm_onnx.models import get_config
+from llm_onnx.families import get_config
 from tests.hf_models import save_hf_checkpoint
 
 

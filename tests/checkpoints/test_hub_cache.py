@@ -7,7 +7,7 @@ import pytest
 
 from llm_onnx.errors import ConfigError
 from llm_onnx.cli import resolve_checkpoint
-from llm_onnx.models import get_config
+from llm_onnx.families import get_config
 from tests.hf_models import save_hf_checkpoint
 
 

@@ -15,7 +15,7 @@ import torch
 
 from llm_onnx.export import ExportOptions
 from llm_onnx.export.validate import load_stored
-from llm_onnx.models import get_config
+from llm_onnx.families import get_config
 from tests.ort_helpers import Graphs, batch_logits, hf_logits
 from tests.tolerances import ORT_FP16, ORT_FP32, ORT_QUANT
 

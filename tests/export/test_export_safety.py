@@ -12,7 +12,7 @@ from llm_onnx.checkpoints import open_checkpoint, random_checkpoint
 from llm_onnx.errors import ExportError
 from llm_onnx.export import ExportOptions, export_model
 from llm_onnx.export import weights as weights_module
-from llm_onnx.models import get_config
+from llm_onnx.families import get_config
 from tests.hf_models import save_hf_checkpoint
 
 FAST = ExportOptions(precision="fp32", max_seq_len=32, validate=False)

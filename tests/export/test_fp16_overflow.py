@@ -9,7 +9,7 @@ import torch
 from llm_onnx.checkpoints import build_model, random_checkpoint
 from llm_onnx.checkpoints.sources import RandomSource
 from llm_onnx.export import ExportOptions, export_model
-from llm_onnx.models import get_config
+from llm_onnx.families import get_config
 from tests.ort_helpers import Graphs
 
 

@@ -9,7 +9,7 @@ import pytest
 from llm_onnx.checkpoints import random_checkpoint
 from llm_onnx.errors import ParityError
 from llm_onnx.export import ExportOptions, custom_ops, export_model
-from llm_onnx.models import get_config
+from llm_onnx.families import get_config
 
 _msft = onnxscript.values.Opset("com.microsoft", 1)
 _here = onnxscript.values.Opset("tests.broken", 1)

@@ -9,7 +9,7 @@ import torch
 from llm_onnx.checkpoints import build_model, open_checkpoint
 from llm_onnx.model.config import MoEConfig
 from llm_onnx.model.decoder import Fusion
-from llm_onnx.models import get_config
+from llm_onnx.families import get_config
 from tests.hf_models import save_hf_checkpoint
 from tests.tolerances import KV_PATH_FP32, TORCH_VS_HF_FP32
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from llm_onnx.model.config import ModelConfig, from_hf_config
+from llm_onnx.families import from_hf_config
+from llm_onnx.model.config import ModelConfig
 from llm_onnx.errors import ConfigError
 from llm_onnx.model.shapes import num_parameters
-from llm_onnx.models import REGISTRY, TINY, get_config
+from llm_onnx.families import PRESETS as REGISTRY, TINY, get_config
 
 CONFIGS = Path(__file__).parent.parent / "fixtures" / "configs"
 REAL = ["qwen3_8b", "qwen3_30b_a3b", "smollm2_135m", "llama3_8b", "mistral_7b", "gpt2", "bloom_560m",

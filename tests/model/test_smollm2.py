@@ -33,7 +33,7 @@ def forward(model, ids):
 
 
 def test_config_from_gguf_equals_the_preset(models):
-    from llm_onnx.models import get_config
+    from llm_onnx.families import get_config
 
     ckpt = models[0]
     assert ckpt.config == get_config("smollm2_135m")

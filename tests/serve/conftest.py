@@ -92,7 +92,7 @@ def chat_model_folder(tmp_path_factory) -> Path:
     seconds (disconnects, full queues and shutdowns happen while it runs)."""
     from llm_onnx.checkpoints import open_checkpoint
     from llm_onnx.export import ExportOptions, export_model
-    from llm_onnx.models import get_config
+    from llm_onnx.families import get_config
     from tests.hf_models import save_hf_checkpoint
 
     cfg = get_config("llama_tiny").replace(max_position_embeddings=CONTEXT)

@@ -1,0 +1,95 @@
+"""What family modules use to describe checkpoints whose names or layouts differ from Llama's:
+a canonical tensor read from a checkpoint tensor (``Part``, with an optional re-layout), GGUF
+name tables, and the re-layouts GPT-2, BLOOM and Falcon need. Pure Python: a re-layout is
+called with a torch tensor but imports nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# (checkpoint tensor, config) -> canonical tensor; also applied to meta tensors for shapes
+Relayout = Callable[[Any, Any], Any]
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Part:
+    """A canonical tensor = ``relayout(checkpoint tensor source)``.
+
+    ``fused``: one of q, k, v cut from a tensor holding all three; the reader checks the whole
+    tensor's shape first (``fused_shape(cfg, is_bias)``) so a wrong size is reported as such.
+    """
+
+    source: str
+    relayout: Relayout | None = None
+    fused_shape: Callable[[Any, bool], Shape] | None = None
+
+
+@dataclass(frozen=True)
+class GGUFNames:
+    """How llama.cpp names a family in GGUF files.
+
+    ``layer`` maps a per-block suffix (``attn_q.weight`` of ``blk.N.attn_q.weight``) to the
+    canonical suffix (``self_attn.q_proj.weight`` of ``model.layers.N....``); ``experts`` maps a
+    stacked-experts tensor to the projection of each expert; ``config_fields(meta)`` reads the
+    metadata into ModelConfig fields; ``unpermute_qk``: llama.cpp's converter interleaved the
+    rotary halves of q and k rows (Llama), which the reader undoes.
+    """
+
+    arch: str
+    config_fields: Callable[[Any], dict[str, Any]]
+    layer: dict[str, str]
+    globals: dict[str, str]
+    experts: dict[str, str] = field(default_factory=dict)
+    unpermute_qk: bool = False
+
+
+QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def qkv_widths(cfg: Any) -> tuple[int, int]:
+    return cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+
+
+def fused_qkv_shape(transposed: bool) -> Callable[[Any, bool], Shape]:
+    """The shape of a fused q/k/v tensor: (rows,) for a bias, (rows, hidden) for a weight
+    ((hidden, rows) where the checkpoint stores (in, out), as GPT-2's Conv1D)."""
+
+    def shape(cfg: Any, is_bias: bool) -> Shape:
+        q, kv = qkv_widths(cfg)
+        rows = q + 2 * kv
+        if is_bias:
+            return (rows,)
+        return (cfg.hidden_size, rows) if transposed else (rows, cfg.hidden_size)
+
+    return shape
+
+
+def transpose(t: Any, cfg: Any) -> Any:
+    """GPT-2's Conv1D stores a weight as (in, out)."""
+    return t.t()
+
+
+def concat_part(which: int, transposed: bool) -> Relayout:
+    """q, k or v of a fused tensor whose rows are [q | k | v] (GPT-2's c_attn after the
+    transpose; Falcon's multi-query query_key_value)."""
+
+    def relayout(t: Any, cfg: Any) -> Any:
+        t = t.t() if transposed and t.dim() == 2 else t
+        q, kv = qkv_widths(cfg)
+        return t.split([q, kv, kv], dim=0)[which]
+
+    return relayout
+
+
+def per_head_part(which: int) -> Relayout:
+    """q, k or v of a fused tensor whose rows are (heads, 3, head_dim) (BLOOM; Falcon without
+    multi-query)."""
+
+    def relayout(t: Any, cfg: Any) -> Any:
+        h, d = cfg.num_attention_heads, cfg.head_dim
+        return t.reshape(h, 3, d, *t.shape[1:])[:, which].reshape(h * d, *t.shape[1:])
+
+    return relayout
