@@ -130,11 +130,10 @@ def tree_hash(folder: Path, pattern: str = "*.py", keep=lambda rel: True) -> str
 
 
 def export_relevant(rel: str) -> bool:
-    """llm_onnx sources whose change can change an exported folder: not the runtime (except the
-    manifest and graph names it shares with the exporter), not the CLI."""
-    if rel.startswith("runtime/"):
-        return rel in ("runtime/manifest.py", "runtime/names.py")
-    return rel != "cli.py"
+    """llm_onnx sources whose change can change an exported folder: not the runtime, the
+    server, the benchmark tool, the default-model helper or the CLI."""
+    return (not rel.startswith(("runtime/", "serve/"))
+            and rel not in ("cli.py", "bench.py", "default_model.py"))
 
 
 def find_package_dir(python: str, package: str) -> Path | None:

@@ -159,18 +159,18 @@ def bytes_per_token(model: Model, context: int, batch: int) -> int:
     """Weights read per decode step (all of weights.data, less the embedding rows not gathered)
     plus the KV cache read at ``context`` positions."""
     m = model.engine.manifest
-    weights = int(m.data["weights"]["bytes"])
+    weights = m.weights.bytes
     cfg = m.config
-    kv = m.data["kv_cache"]
-    kv_itemsize = 2 if kv["dtype"] == "float16" else 4
-    kv_bytes = 2 * kv["num_layers"] * kv["num_key_value_heads"] * kv["head_dim"] * context \
+    kv = m.kv_cache
+    kv_itemsize = 2 if kv.dtype == "float16" else 4
+    kv_bytes = 2 * kv.num_layers * kv.num_key_value_heads * kv.head_dim * context \
         * kv_itemsize * batch
-    if not cfg.get("tie_word_embeddings"):
+    if not cfg.tie_word_embeddings:
         # An untied embedding table is only gathered (one row per token), not read whole.
-        prec = m.data["precision"]
-        bits = prec.get("embedding_bits") if prec["precision"] in ("int8", "int4") else None
-        itemsize = {None: 2 if prec["precision"] == "fp16" else 4, 8: 1.0625, 4: 0.5625}[bits]
-        weights -= int(cfg["vocab_size"] * cfg["hidden_size"] * itemsize)
+        quant = m.precision.quantization
+        bits = quant.embedding_bits if quant is not None else None
+        itemsize = {None: 2 if m.precision.precision == "fp16" else 4, 8: 1.0625, 4: 0.5625}[bits]
+        weights -= int(cfg.vocab_size * cfg.hidden_size * itemsize)
     return weights + kv_bytes
 
 
@@ -240,13 +240,13 @@ def run_bench(model: Model, cfg: BenchConfig, rss_before_load_mib: float | None 
     ceilings = [bw / per_token * cfg.batch for bw in bandwidth]
     m = model.engine.manifest
     return BenchResult({
-        "model": m.data.get("name"), "folder": str(m.folder),
-        "precision": m.data["precision"]["precision"], "provider": model.engine.provider,
+        "model": m.name, "folder": str(m.folder),
+        "precision": m.precision.precision, "provider": model.engine.provider,
         "threads": threads, "batch": cfg.batch, "prompt_len": len(prompt),
         "new_tokens": cfg.new_tokens, "repeat": cfg.repeat, "load_s": model.load_s,
         "ttft_s": _stats(ttft), "prefill_tok_s": _stats(prefill), "decode_tok_s": _stats(decode),
         "peak_rss_mib": peak_rss, "rss_before_load_mib": rss_before_load_mib,
-        "weight_bytes": int(m.data["weights"]["bytes"]),
+        "weight_bytes": m.weights.bytes,
         "memory_bandwidth_gb_s": statistics.median(bandwidth) / 1e9,
         "bandwidth_probe": probe.label,  # repeat >= 1: the probe exists (closed, label kept)
         "memory_bandwidth_samples_gb_s": [bw / 1e9 for bw in bandwidth],

@@ -400,7 +400,7 @@ def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_l
     except ImportError as e:
         raise click.ClickException(f"llm-onnx serve --ray needs the ray extra ({e.name} is "
                                    "missing): pip install 'llm-onnx[ray]'.") from None
-    from llm_onnx.runtime.manifest import load_manifest
+    from llm_onnx.model_folder import load_manifest
 
     if replicas and autoscale:
         raise click.UsageError("give --replicas or --autoscale, not both.")

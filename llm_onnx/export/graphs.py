@@ -17,7 +17,7 @@ import torch
 
 from llm_onnx.model.decoder import Decoder
 from llm_onnx.export.custom_ops import fix_domains, translation_table
-from llm_onnx.runtime import names
+from llm_onnx import model_folder as names
 
 GRAPHS = ("prefill", "decode")
 

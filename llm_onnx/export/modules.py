@@ -6,6 +6,9 @@
   lm_head    -> HeadLinear    (float: FusedMatMul with transB, so a tied head reads the embedding)
   Embedding  -> QuantEmbedding (com.microsoft.GatherBlockQuantized)
   Experts    -> QuantExperts   (com.microsoft.QMoE)
+  RotaryCache -> RotaryTables  (the same tables, written rather than read)
+
+Each export form writes its own tensors (``write_tensors``): weights.py only walks the modules.
 
 The router (mlp.gate) stays float: routing decisions are sensitive and the matrix is small.
 """
@@ -18,10 +21,12 @@ import torch
 from torch import Tensor, nn
 
 from llm_onnx.model import ops
-from llm_onnx.export import quant
-from llm_onnx.model.decoder import Decoder, Experts, Linear
 from llm_onnx.errors import ExportError
+from llm_onnx.export import quant
 from llm_onnx.export.options import ExportOptions
+from llm_onnx.export.weights import (Produce, WeightFile, np_dtype, write_cast,
+                                     write_experts_quantized, write_quantized)
+from llm_onnx.model.decoder import Decoder, Experts, Linear, RotaryCache
 
 
 class MatMulLinear(nn.Module):
@@ -35,6 +40,14 @@ class MatMulLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         y = torch.matmul(x, self.weight)
         return y + self.bias if self.bias is not None else y
+
+    def write_tensors(self, prefix: str, produce: Produce, wf: WeightFile,
+                      written: dict[int, str]) -> None:
+        w = produce(f"{prefix}weight")  # (out, in) as checkpoints store it
+        wf.write(f"{prefix}weight", iter([w.t().to(self.weight.dtype).numpy()]),
+                 (w.shape[1], w.shape[0]), np_dtype(self.weight.dtype))
+        if self.bias is not None:
+            write_cast(wf, f"{prefix}bias", produce(f"{prefix}bias"), self.bias.dtype)
 
 
 class HeadLinear(nn.Module):
@@ -83,6 +96,13 @@ class NBitsLinear(nn.Module):
         return quant.matmul_nbits(x, self.qweight, self.scales, self.zero_points, self.bias, self.k,
                                   self.n, self.bits, self.block_size, self.accuracy_level)
 
+    def write_tensors(self, prefix: str, produce: Produce, wf: WeightFile,
+                      written: dict[int, str]) -> None:
+        write_quantized(wf, prefix.rstrip("."), produce(f"{prefix}weight"), self.bits,
+                        self.block_size, self.scales.dtype, self.search, self.scheme, flat=False)
+        if self.bias is not None:
+            write_cast(wf, f"{prefix}bias", produce(f"{prefix}bias"), self.bias.dtype)
+
 
 class QuantEmbedding(nn.Module):
     """Token embedding from a block-quantized table (com.microsoft.GatherBlockQuantized)."""
@@ -97,6 +117,11 @@ class QuantEmbedding(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         return quant.gather_nbits(self.qweight, ids, self.scales, self.dim, self.bits, self.block_size)
+
+    def write_tensors(self, prefix: str, produce: Produce, wf: WeightFile,
+                      written: dict[int, str]) -> None:
+        write_quantized(wf, prefix.rstrip("."), produce(f"{prefix}weight"), self.bits,
+                        self.block_size, self.scales.dtype, False, "symmetric", flat=True)
 
 
 class QuantExperts(nn.Module):
@@ -117,6 +142,21 @@ class QuantExperts(nn.Module):
         return quant.qmoe(x, router_logits, self.gate_up_qweight, self.gate_up_scales,
                           self.down_qweight, self.down_scales, k, normalize, self.bits,
                           self.block_size)
+
+    def write_tensors(self, prefix: str, produce: Produce, wf: WeightFile,
+                      written: dict[int, str]) -> None:
+        write_experts_quantized(wf, prefix.rstrip("."), self, produce)
+
+
+class RotaryTables(RotaryCache):
+    """The RoPE tables in the graphs (model.rotary.cos_cache, sin_cache): computed, not read
+    from the checkpoint."""
+
+    def write_tensors(self, prefix: str, produce: Produce, wf: WeightFile,
+                      written: dict[int, str]) -> None:
+        cos, sin = self.tables()
+        write_cast(wf, f"{prefix}cos_cache", cos, self.table_dtype)
+        write_cast(wf, f"{prefix}sin_cache", sin, self.table_dtype)
 
 
 def fitting_block(dims: tuple[int, ...], block_size: int) -> int | None:
@@ -166,6 +206,8 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
                                   "power-of-two block >= 16; QMoE needs one. Export fp32 or fp16.")
             _set(model, path, QuantExperts(module, bits, block))
     cfg = model.config
+    if cfg.position_embedding_type == "rope":
+        model.model.rotary = RotaryTables(cfg, model.max_positions, model.dtype)
     emb_bits = options.embedding_bits if bits is not None else None
     emb_block = fitting_block((cfg.hidden_size,), options.block_size)
     if emb_bits is None or emb_block is None:

@@ -19,7 +19,7 @@ import torch
 from llm_onnx.model.decoder import Decoder
 from llm_onnx.errors import ParityError
 from llm_onnx.export.weights import StoredTensor
-from llm_onnx.runtime import names
+from llm_onnx import model_folder as names
 
 PROMPT_LENGTHS = (11, 7, 4)
 DECODE_STEPS = 4

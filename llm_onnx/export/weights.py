@@ -18,14 +18,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from llm_onnx.export import quant
-from llm_onnx.model.decoder import Decoder, Experts, LayerNorm, RMSNorm
-from llm_onnx.checkpoints.load import param_producers
-from llm_onnx.model.rope import rope_cache
 from llm_onnx.checkpoints.sources import TensorSource
 from llm_onnx.errors import ExportError
-from llm_onnx.export.modules import (HeadLinear, MatMulLinear, NBitsLinear, QuantEmbedding,
-                                     QuantExperts)
+from llm_onnx.export import quant
+from llm_onnx.model.decoder import Decoder
 
 ALIGN = 64  # bytes; every tensor starts on a 64-byte boundary
 CHUNK_ELEMENTS = 1 << 24  # rows per chunk are chosen so a chunk holds about this many elements
@@ -97,7 +93,7 @@ class WeightFile:
         self._f.close()
 
 
-def _np_dtype(dtype: torch.dtype) -> np.dtype:
+def np_dtype(dtype: torch.dtype) -> np.dtype:
     return {torch.float32: np.dtype(np.float32), torch.float16: np.dtype(np.float16),
             torch.uint8: np.dtype(np.uint8)}[dtype]
 
@@ -116,11 +112,11 @@ def _cast_chunks(t: Tensor, dtype: torch.dtype) -> Iterator[np.ndarray]:
         yield t[r:r + step].to(dtype).numpy()
 
 
-def _write_cast(wf: WeightFile, name: str, t: Tensor, dtype: torch.dtype) -> None:
-    wf.write(name, _cast_chunks(t, dtype), tuple(t.shape), _np_dtype(dtype))
+def write_cast(wf: WeightFile, name: str, t: Tensor, dtype: torch.dtype) -> None:
+    wf.write(name, _cast_chunks(t, dtype), tuple(t.shape), np_dtype(dtype))
 
 
-def _write_quantized(wf: WeightFile, prefix: str, w: Tensor, bits: int, block_size: int,
+def write_quantized(wf: WeightFile, prefix: str, w: Tensor, bits: int, block_size: int,
                      scale_dtype: torch.dtype, search: bool, scheme: str, flat: bool) -> None:
     """qweight streamed in row chunks (quantization is row-local); scales, zero points and block
     minimums collected, then written."""
@@ -147,16 +143,16 @@ def _write_quantized(wf: WeightFile, prefix: str, w: Tensor, bits: int, block_si
 
     shape = (n, k_blocks * blob) if flat else (n, k_blocks, blob)
     wf.write(f"{prefix}.qweight", chunks(), shape, np.dtype(np.uint8))
-    _write_cast(wf, f"{prefix}.scales", torch.cat(scales), scale_dtype)
+    write_cast(wf, f"{prefix}.scales", torch.cat(scales), scale_dtype)
     if zero_points:
-        _write_cast(wf, f"{prefix}.zero_points", torch.cat(zero_points), torch.uint8)
+        write_cast(wf, f"{prefix}.zero_points", torch.cat(zero_points), torch.uint8)
     if minimums:
-        _write_cast(wf, f"{prefix}.minimums_t", torch.cat(minimums).t(), scale_dtype)
-        _write_cast(wf, f"{prefix}.block_ones", quant.block_ones(k, block_size), scale_dtype)
+        write_cast(wf, f"{prefix}.minimums_t", torch.cat(minimums).t(), scale_dtype)
+        write_cast(wf, f"{prefix}.block_ones", quant.block_ones(k, block_size), scale_dtype)
 
 
-def _write_experts_quantized(wf: WeightFile, prefix: str, module: QuantExperts,
-                             produce: Callable[[str], Tensor]) -> None:
+def write_experts_quantized(wf: WeightFile, prefix: str, module: nn.Module,
+                            produce: Callable[[str], Tensor]) -> None:
     for part in ("gate_up", "down"):
         w = produce(f"{prefix}.{part}_proj")  # (E, rows, K)
         scales: list[Tensor] = []
@@ -171,62 +167,47 @@ def _write_experts_quantized(wf: WeightFile, prefix: str, module: QuantExperts,
         wf.write(f"{prefix}.{part}_qweight", chunks(), (e, rows, k * module.bits // 8),
                  np.dtype(np.uint8))
         dtype = getattr(module, f"{part}_scales").dtype
-        _write_cast(wf, f"{prefix}.{part}_scales", torch.stack(scales), dtype)
+        write_cast(wf, f"{prefix}.{part}_scales", torch.stack(scales), dtype)
         del w
 
 
-def write_weights(export_model: Decoder, eager_model: Decoder, source: TensorSource,
-                  wf: WeightFile, progress: Callable[[int], None] = lambda n: None) -> None:
-    """Write every parameter and buffer of ``export_model`` into ``wf``.
+Produce = Callable[[str], Tensor]
 
-    ``eager_model`` is the same Decoder before ``to_export_form``; its parameters say which
-    checkpoint tensors make up each module (fused projections, stacked experts).
-    """
-    producers = dict(param_producers(eager_model))
+
+def write_params(module: nn.Module, prefix: str, produce: Produce, wf: WeightFile,
+                 written: dict[int, str]) -> None:
+    """A module kept as it is (norms, a float embedding or head, float experts): each of its own
+    parameters cast to its dtype. A parameter already written under another name (a tied head)
+    is referenced, not stored twice."""
+    for attr, p in module.named_parameters(recurse=False):
+        name = f"{prefix}{attr}"
+        if id(p) in written:
+            wf.tensors[name] = wf.tensors[written[id(p)]]
+            continue
+        written[id(p)] = name
+        write_cast(wf, name, produce(name), p.dtype)
+
+
+def write_weights(model: Decoder, producers: dict[str, Callable[[TensorSource], Tensor]],
+                  source: TensorSource, wf: WeightFile,
+                  progress: Callable[[int], None] = lambda n: None) -> None:
+    """Write every tensor of the export-form ``model`` into ``wf``: a module with
+    ``write_tensors`` (the export forms: quantized or transposed projections, the RoPE tables)
+    writes its own; any other module with parameters writes them cast (``write_params``).
+    ``producers`` build each parameter from checkpoint tensors (ExportPlan.producers)."""
 
     def produce(name: str) -> Tensor:
         if name not in producers and name == "lm_head.weight":  # tied head
             name = "model.embed_tokens.weight"
         return producers[name](source)
 
-    cfg = export_model.config
     written: dict[int, str] = {}  # id(parameter) -> name it was written under
-    for path, module in export_model.named_modules():
+    for path, module in model.named_modules():
         prefix = f"{path}." if path else ""
-        if isinstance(module, MatMulLinear):
-            w = produce(f"{prefix}weight")
-            wf.write(f"{prefix}weight", iter([w.t().to(module.weight.dtype).numpy()]),
-                     (w.shape[1], w.shape[0]), _np_dtype(module.weight.dtype))
-            if module.bias is not None:
-                _write_cast(wf, f"{prefix}bias", produce(f"{prefix}bias"), module.bias.dtype)
-        elif isinstance(module, (NBitsLinear, QuantEmbedding)):
-            w = produce(f"{prefix}weight")
-            _write_quantized(wf, path, w, module.bits, module.block_size, module.scales.dtype,
-                             getattr(module, "search", False), getattr(module, "scheme", "symmetric"),
-                             isinstance(module, QuantEmbedding))
-            if getattr(module, "bias", None) is not None:
-                _write_cast(wf, f"{prefix}bias", produce(f"{prefix}bias"), module.bias.dtype)
-        elif isinstance(module, QuantExperts):
-            _write_experts_quantized(wf, path, module, produce)
-        elif isinstance(module, (nn.Embedding, HeadLinear, RMSNorm, LayerNorm, Experts)):
-            for attr, p in module.named_parameters(recurse=False):
-                name = f"{prefix}{attr}"
-                if id(p) in written:  # a tied head: the embedding's tensor, under both names
-                    wf.tensors[name] = wf.tensors[written[id(p)]]
-                    continue
-                written[id(p)] = name
-                _write_cast(wf, name, produce(name), p.dtype)
+        if hasattr(module, "write_tensors"):
+            module.write_tensors(prefix, produce, wf, written)
+        elif any(True for _ in module.parameters(recurse=False)):
+            write_params(module, prefix, produce, wf, written)
         else:
             continue
         progress(1)
-    if cfg.position_embedding_type == "rope":
-        cos, sin = rope_cache(cfg, export_model.max_positions, export_model.dtype)
-        _write_cast(wf, "model.rotary.cos_cache", cos, export_model.dtype)
-        _write_cast(wf, "model.rotary.sin_cache", sin, export_model.dtype)
-
-
-def count_weight_modules(export_model: Decoder) -> int:
-    """How many progress steps write_weights reports."""
-    kinds = (MatMulLinear, NBitsLinear, QuantEmbedding, QuantExperts, nn.Embedding, HeadLinear,
-             RMSNorm, LayerNorm, Experts)
-    return sum(isinstance(m, kinds) for m in export_model.modules())

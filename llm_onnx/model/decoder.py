@@ -262,13 +262,23 @@ class DecoderLayer(nn.Module):
 
 
 class RotaryCache(nn.Module):
-    """cos/sin tables shared by all layers: (max_positions, rotary_dim / 2)."""
+    """cos/sin tables shared by all layers: (max_positions, rotary_dim / 2). Computed, never
+    loaded: on the meta device they are placeholders until ``materialize()``."""
 
     def __init__(self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
         super().__init__()
-        cos, sin = rope_cache(cfg, max_positions, dtype)
+        self.cfg, self.max_positions, self.table_dtype = cfg, max_positions, dtype
+        cos, sin = rope_cache(cfg, max_positions, dtype)  # meta tensors under torch.device("meta")
         self.register_buffer("cos_cache", cos, persistent=False)
         self.register_buffer("sin_cache", sin, persistent=False)
+
+    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The real cos and sin tables (on the CPU, whatever device the module is on)."""
+        with torch.device("cpu"):
+            return rope_cache(self.cfg, self.max_positions, self.table_dtype)
+
+    def materialize(self) -> None:
+        self.cos_cache, self.sin_cache = self.tables()
 
 
 class DecoderModel(nn.Module):

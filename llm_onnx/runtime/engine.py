@@ -23,9 +23,9 @@ import numpy as np
 import onnxruntime as ort
 
 from llm_onnx.errors import GenerationError, ProviderError
-from llm_onnx.runtime import names
+from llm_onnx import model_folder as names
 from llm_onnx.runtime.kv_cache import KVCache, KVLayout
-from llm_onnx.runtime.manifest import Manifest, load_manifest
+from llm_onnx.model_folder import Manifest, load_manifest
 from llm_onnx.runtime.onnx_check import check_external_data
 from llm_onnx.runtime.providers import CPU, CUDA, quiet_session_options, resolve_provider
 
@@ -131,10 +131,10 @@ class Engine:
         self.context_length = m.context_length
         self.provider = resolve_provider(self.options.provider)
         self.device = "cuda" if self.provider == CUDA else "cpu"
-        self.layout = KVLayout(num_layers=m.num_layers,
-                               kv_heads=int(m.data["kv_cache"]["num_key_value_heads"]),
-                               head_dim=int(m.data["kv_cache"]["head_dim"]),
-                               dtype=np.float16 if m.kv_dtype == "float16" else np.float32,
+        kv = m.kv_cache
+        self.layout = KVLayout(num_layers=kv.num_layers, kv_heads=kv.num_key_value_heads,
+                               head_dim=kv.head_dim,
+                               dtype=np.float16 if kv.dtype == "float16" else np.float32,
                                device=self.device, device_id=self.options.cuda_device)
         self.prefill_session = self._session(m.path("prefill"))
         self.decode_session = (self.prefill_session if self.options.sessions == "single"
@@ -179,7 +179,7 @@ class Engine:
         threads = self.options.threads or default_threads()
         where = f"CUDA (device {self.options.cuda_device})" if self.provider == CUDA else \
             f"CPU ({threads} thread{'s' if threads > 1 else ''})"
-        return f"{self.manifest.data.get('name', 'model')} [{self.manifest.data['precision']['precision']}] on {where}"
+        return f"{self.manifest.name} [{self.manifest.precision.precision}] on {where}"
 
     # ------------------------------------------------------------------ cache and steps
 

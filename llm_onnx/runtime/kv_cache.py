@@ -27,7 +27,7 @@ import numpy as np
 import onnxruntime as ort
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime import names
+from llm_onnx import model_folder as names
 
 
 @dataclass(frozen=True)

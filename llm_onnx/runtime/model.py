@@ -14,7 +14,6 @@ samplers and detokenizers.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 import tokenizers
 
 from llm_onnx.errors import GenerationError
+from llm_onnx.model_folder import GenerationDefaults
 from llm_onnx.runtime.chat import Message, render_chat
 from llm_onnx.runtime.engine import Engine, RuntimeOptions
 from llm_onnx.runtime.generator import Generator, row_options
@@ -47,9 +47,8 @@ class Model:
         m = engine.manifest
         tok_file = m.folder / "tokenizer.json"
         tokenizer = tokenizers.Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
-        self._setup(engine, tokenizer,
-                    m.tokenizer.get("eos_token_ids") or (), m.tokenizer.get("chat_template"),
-                    _special_tokens(m.folder / "tokenizer_config.json"), m.data.get("generation", {}))
+        self._setup(engine, tokenizer, m.tokenizer.eos_token_ids, m.tokenizer.chat_template,
+                    m.tokenizer.special_tokens, m.generation)
         self.load_s = time.perf_counter() - start
 
     @classmethod
@@ -64,21 +63,26 @@ class Model:
         """A Model over any engine implementing ``EngineProtocol`` (llm_onnx.runtime.engine):
         how tests drive the generator with scripted logits."""
         model = cls.__new__(cls)
-        model._setup(engine, tokenizer, eos_token_ids, chat_template, special_tokens or {}, {})
+        model._setup(engine, tokenizer, eos_token_ids, chat_template, special_tokens or {},
+                     GenerationDefaults())
         model.load_s = 0.0
         return model
 
     def _setup(self, engine: Any, tokenizer: tokenizers.Tokenizer | None, eos: Sequence[int],
                chat_template: str | None, special_tokens: dict[str, str],
-               generation: dict[str, Any]) -> None:
+               generation: GenerationDefaults) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(int(i) for i in eos)
         self.chat_template = chat_template
-        self.special_tokens = special_tokens
-        sampling = generation.get("do_sample", True)
-        self.defaults = GenerationOptions(**{k: v for k, v in generation.items() if sampling and k in (
-            "temperature", "top_p", "top_k", "repetition_penalty")})
+        self.special_tokens = dict(special_tokens)
+        # The checkpoint's sampling defaults, unless it says not to sample.
+        self.defaults = GenerationOptions()
+        if generation.do_sample is not False:
+            self.defaults = GenerationOptions(**{
+                k: getattr(generation, k) for k in ("temperature", "top_p", "top_k",
+                                                    "repetition_penalty")
+                if getattr(generation, k) is not None})
 
     @property
     def context_length(self) -> int:
@@ -241,21 +245,6 @@ def _text(gen: Generator) -> Iterator[str]:
     for event in gen.events():
         if event.text and event.row == 0:
             yield event.text
-
-
-def _special_tokens(tokenizer_config: Path) -> dict[str, str]:
-    """bos_token, eos_token, ... as strings, for chat templates."""
-    out: dict[str, str] = {}
-    if tokenizer_config.is_file():
-        cfg = json.loads(tokenizer_config.read_text(encoding="utf-8"))
-        for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
-            value = cfg.get(key)
-            if isinstance(value, dict):
-                value = value.get("content")
-            if isinstance(value, str):
-                out[key] = value
-    return out
-
 
 
 def _is_batch(prompt: Any) -> bool:

@@ -87,10 +87,10 @@ def test_quantized_matches_torch_with_dequantized_weights(arch, precision, optio
 
 def torch_reference(folder: Path, arch: str, opts: ExportOptions):
     """The export-form torch decoder holding the tensors stored in weights.data."""
-    from llm_onnx.export.export import meta_decoder
+    from llm_onnx.export.plan import ExportPlan
     from llm_onnx.export.weights import StoredTensor
 
-    model = meta_decoder(get_config(arch), opts, 64)
+    model = ExportPlan.build(get_config(arch), opts, 64).model
     tensors = {}
     for path in ("prefill.onnx",):
         proto = onnx.load(str(folder / path), load_external_data=False)
@@ -161,17 +161,35 @@ def test_both_graphs_share_one_data_file(exports):
 def test_manifest_records_the_export(exports):
     import json
 
-    from llm_onnx.runtime.manifest import load_manifest, sha256_file
+    from llm_onnx.model_folder import FORMAT_VERSION, Manifest, load_manifest, sha256_file
 
     folder = exports("qwen3_moe_tiny", "int8")
     m = json.loads((folder / "manifest.json").read_text())
-    assert m["format_version"] == 1 and m["precision"]["precision"] == "int8"
+    assert m["format_version"] == FORMAT_VERSION and m["precision"]["precision"] == "int8"
     assert m["kv_cache"]["num_layers"] == 2 and m["kv_cache"]["shared_buffer"]
     assert m["parity"]["scope"] == "whole model" and m["parity"]["greedy_agreement"] >= 0.9
-    assert any("experts" in q for q in m["precision"]["quantized"])
-    assert "router (mlp.gate)" in m["precision"]["kept_float"]
+    quant = m["precision"]["quantization"]
+    assert any("experts" in q for q in quant["quantized"])
+    assert "router (mlp.gate)" in quant["kept_float"]
+    # what was done, not a fixed phrase: int8 projections use zero points and int8 activations
+    assert quant["scheme"] == "zero_point" and "zero points" in m["precision"]["weights"]
+    assert m["precision"]["activations"] == "int8 per block" and quant["accuracy_level"] == 4
     for name, info in m["files"].items():
         assert sha256_file(folder / name) == info["sha256"]
     assert [i["name"] for i in m["graphs"]["decode"]["inputs"]][:3] == [
         "input_ids", "seqlens_k", "total_sequence_length"]
-    load_manifest(folder)  # the runtime accepts it
+    typed = load_manifest(folder)  # the runtime accepts it
+    assert Manifest.from_json(typed.to_json(), folder) == typed  # and it round-trips
+
+
+def test_an_int4_manifest_states_its_scheme_and_activations(exports):
+    """int4's defaults: float block minimums and float32 activations in the projections, while
+    the 8-bit LM head and embedding take int8 activations: the manifest says exactly that."""
+    from llm_onnx.model_folder import load_manifest
+
+    m = load_manifest(exports("llama_tiny", "int4"))
+    q = m.precision.quantization
+    assert q.bits == 4 and q.scheme == "offset" and "block minimums" in m.precision.weights
+    assert "float32 in model.layers.*" in m.precision.activations
+    assert "int8 per block in lm_head" in m.precision.activations
+    assert any("lm_head (int8 symmetric" in e for e in q.quantized)

@@ -98,7 +98,7 @@ def test_out_inside_checkpoint_folder_is_refused(tmp_path):
 def test_large_models_are_checked_on_a_scratch_export(tmp_path, monkeypatch):
     """Above the size limit the gate exports the first layer, first vocabulary rows and first
     experts of the same checkpoint and compares those."""
-    import llm_onnx.export.export as export_module
+    import llm_onnx.export.parity as export_module
 
     monkeypatch.setattr(export_module, "FULL_VALIDATION_PARAMS", 0)
     monkeypatch.setattr(export_module, "SCRATCH_VOCAB", 100)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from llm_onnx.export.weights import WeightFile
-from llm_onnx.runtime.manifest import sha256_file
+from llm_onnx.model_folder import sha256_file
 
 
 def test_duplicates_are_stored_once_and_the_hash_matches_the_file(tmp_path):

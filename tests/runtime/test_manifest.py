@@ -10,7 +10,7 @@ import pytest
 
 from llm_onnx.errors import ModelFolderError
 from llm_onnx.runtime import Model
-from llm_onnx.runtime.manifest import load_manifest
+from llm_onnx.model_folder import FORMAT_VERSION, load_manifest
 
 
 @pytest.fixture
@@ -38,8 +38,31 @@ def test_missing_file(folder):
 
 def test_unknown_format_version(folder):
     edit_manifest(folder, lambda d: d.update(format_version=99))
-    with pytest.raises(ModelFolderError, match="format_version 99; this llm-onnx reads version 1"):
+    with pytest.raises(ModelFolderError, match=f"format_version 99; this llm-onnx reads version "
+                                               f"{FORMAT_VERSION}. Re-export"):
         Model.load(folder)
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda d: d.pop("kv_cache"), "lacks the 'kv_cache' section"),
+    (lambda d: d["kv_cache"].update(num_layers="two"), "section 'kv_cache'.*expected int"),
+    (lambda d: d["tokenizer"].update(colour="red"), "tokenizer.colour is not a known field"),
+    (lambda d: d["config"].update(hidden_size=-1), "section 'config'"),
+])
+def test_a_malformed_section_is_named(folder, change, fragment):
+    edit_manifest(folder, change)
+    with pytest.raises(ModelFolderError, match=fragment) as e:
+        Model.load(folder)
+    assert "\n" not in str(e.value)
+
+
+def test_the_runtime_reads_special_tokens_from_the_manifest(folder):
+    """The tokenizer section carries what chat templates need; tokenizer_config.json is not
+    read again at load time."""
+    edit_manifest(folder, lambda d: d["tokenizer"].update(special_tokens={"bos_token": "<s>"}))
+    (folder / "tokenizer_config.json").unlink(missing_ok=True)
+    edit_manifest(folder, lambda d: d["files"].pop("tokenizer_config.json", None))
+    assert Model.load(folder).special_tokens == {"bos_token": "<s>"}
 
 
 def test_checksum_mismatch(folder):

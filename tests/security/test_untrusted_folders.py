@@ -80,7 +80,7 @@ def test_model_refuses_a_tampered_folder(tiny_export, tmp_path):
                 entry.value = "../secret.bin"
     onnx.save(proto, str(folder / "prefill.onnx"))
     manifest = json.loads((folder / "manifest.json").read_text())
-    from llm_onnx.runtime.manifest import sha256_file
+    from llm_onnx.model_folder import sha256_file
 
     manifest["files"]["prefill.onnx"] = {"bytes": (folder / "prefill.onnx").stat().st_size,
                                          "sha256": sha256_file(folder / "prefill.onnx")}

@@ -1,0 +1,122 @@
+"""The parity gate's scope: the whole model when torch and ONNX Runtime both fit in memory,
+else a cut-down export of the same checkpoint (first layer, first vocabulary rows, first
+experts), written by the same code. The comparison itself is validate.py's."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from llm_onnx import model_folder as mf
+from llm_onnx.checkpoints.load import Checkpoint
+from llm_onnx.export.folder import release_memory
+from llm_onnx.export.plan import ExportPlan
+from llm_onnx.export.progress import Progress
+from llm_onnx.export.validate import (compare, compute_in_float32, load_stored, run_onnx,
+                                      run_reference, thresholds)
+from llm_onnx.export.weights import StoredTensor
+from llm_onnx.model.config import ModelConfig
+from llm_onnx.model.shapes import Shape, num_parameters
+
+# Validate the whole model when the torch reference and ORT both fit comfortably in memory.
+FULL_VALIDATION_PARAMS = 600_000_000
+# The scratch model of the parity gate for large models: one layer of the real ones (Qwen3-8B's
+# is 218M parameters, whose fp32 copies ORT's CPU kernels make from fp16 weights), 4096
+# vocabulary rows, 8 experts; small enough to keep `export` of an 8B model under 3 GiB.
+SCRATCH_LAYERS, SCRATCH_VOCAB, SCRATCH_EXPERTS = 1, 4096, 8
+
+# (checkpoint, plan, folder, progress) -> the written tensors: how the pipeline writes a folder
+WriteFolder = Callable[[Checkpoint, ExportPlan, Path, Progress], dict[str, StoredTensor]]
+
+
+def validate(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
+             tensors: dict[str, StoredTensor], write_folder: WriteFolder,
+             progress: Progress) -> mf.ParityReport:
+    """The parity report of the folder's graphs, or of a scratch export of the first layer
+    (first vocabulary rows, first experts) when the model is too large to run twice in memory.
+    ``plan.model`` receives the written tensors as the torch reference."""
+    cfg = checkpoint.config
+    progress.stage("validating")
+    if num_parameters(cfg) <= FULL_VALIDATION_PARAMS:
+        report = _compare_folder(plan, folder, tensors)
+        scope = "whole model"
+    else:
+        small = _scratch_config(cfg)
+        experts = small.moe.num_experts if small.moe is not None and cfg.moe is not None else None
+        scratch_ckpt = replace(checkpoint, config=small,
+                               source=_ScratchSource(checkpoint.source, small.vocab_size, experts))
+        small_plan = ExportPlan.build(small, plan.options, min(plan.max_len, 64))
+        with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".llm-onnx-parity-") as tmp:
+            scratch = Path(tmp)
+            small_tensors = write_folder(scratch_ckpt, small_plan, scratch,
+                                         Progress(enabled=False))
+            release_memory()
+            report = _compare_folder(small_plan, scratch, small_tensors)
+        scope = (f"first {small.num_hidden_layers} layer(s), first {small.vocab_size} "
+                 "vocabulary rows" + (f", first {experts} experts" if experts else "")
+                 + "; same weights, same export code")
+    progress.advance(1)
+    return mf.ParityReport(
+        scope=scope, prompts=int(report["prompts"]),
+        prompt_lengths=tuple(int(n) for n in report["prompt_lengths"]),
+        decode_steps=int(report["decode_steps"]),
+        thresholds={k: float(v) for k, v in report["thresholds"].items()},
+        **{k: float(report[k]) for k in ("logits_max_abs_diff", "logits_max_abs",
+                                         "relative_logits_diff", "kl_divergence",
+                                         "greedy_agreement", "present_kv_max_abs_diff")})
+
+
+def _compare_folder(plan: ExportPlan, folder: Path, tensors: dict[str, StoredTensor]) -> dict:
+    """Torch reference first (then freed), then ORT one session at a time."""
+    cfg, options = plan.cfg, plan.options
+    limits = thresholds(options.precision, options.int8_activations)
+    kv_dtype = np.float16 if options.precision == "fp16" else np.float32
+    reference = compute_in_float32(load_stored(plan.model, folder / mf.WEIGHTS, tensors))
+    torch_steps, fed = run_reference(reference, cfg.vocab_size)
+    del reference
+    release_memory()
+    onnx_steps = run_onnx(folder, cfg, kv_dtype, cfg.vocab_size, fed)
+    return compare(torch_steps, onnx_steps, limits)
+
+
+class _ScratchSource:
+    """A large checkpoint cut down for the parity gate: the first rows of the vocabulary and, for
+    MoE, the first experts (router rows included); every other tensor unchanged."""
+
+    def __init__(self, source, vocab: int, experts: int | None) -> None:
+        self.source, self.vocab, self.experts = source, vocab, experts
+
+    def _rows(self, name: str) -> int | None:
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            return self.vocab
+        if self.experts is not None and name.endswith(".mlp.gate.weight"):
+            return self.experts
+        return None
+
+    def names(self):
+        return self.source.names()
+
+    def shape(self, name: str) -> Shape:
+        shape, rows = self.source.shape(name), self._rows(name)
+        return shape if rows is None else (rows, *shape[1:])
+
+    def get(self, name: str):
+        t, rows = self.source.get(name), self._rows(name)
+        return t if rows is None else t[:rows].clone()
+
+    def describe(self, name: str) -> str:
+        return self.source.describe(name)
+
+
+def _scratch_config(cfg: ModelConfig) -> ModelConfig:
+    small = cfg.replace(num_hidden_layers=min(SCRATCH_LAYERS, cfg.num_hidden_layers),
+                        vocab_size=min(SCRATCH_VOCAB, cfg.vocab_size))
+    if cfg.moe is not None and cfg.moe.num_experts > SCRATCH_EXPERTS:
+        small = small.replace(moe=replace(cfg.moe, num_experts=SCRATCH_EXPERTS,
+                                          num_experts_per_tok=min(cfg.moe.num_experts_per_tok,
+                                                                  SCRATCH_EXPERTS // 2)))
+    return small

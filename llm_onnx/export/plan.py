@@ -1,0 +1,143 @@
+"""The export plan: everything decided before a weight is read, made once per export.
+
+    plan = ExportPlan.build(cfg, options, max_len)
+    plan.model        the weightless (meta-device) decoder, its modules swapped to export forms
+    plan.producers    for each parameter, how to build it from checkpoint tensors (fused
+                      projections, stacked experts), taken before the swap
+    plan.trace()      the prefill and decode graphs, traced from plan.model
+    plan.graph_specs  their inputs and outputs, from the traced programs in memory
+    plan.precision    what the export does to the weights, read from the export-form modules
+
+The same ``plan.model`` later receives the written tensors for the parity gate, so one decoder
+serves the whole export (a second, small one for the parity gate's cut-down model of a large
+checkpoint).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import onnx_ir as ir
+import torch
+
+from llm_onnx import model_folder as mf
+from llm_onnx.checkpoints.load import Producer, param_producers
+from llm_onnx.errors import ExportError
+from llm_onnx.export.graphs import GRAPHS, trace_graph
+from llm_onnx.export.modules import NBitsLinear, QuantEmbedding, QuantExperts, to_export_form
+from llm_onnx.export.options import ExportOptions
+from llm_onnx.export.progress import Progress
+from llm_onnx.model.config import ModelConfig
+from llm_onnx.model.decoder import Decoder, Fusion
+
+
+def check_supported(cfg: ModelConfig) -> None:
+    if cfg.head_dim % 8:
+        raise ExportError(f"head_dim {cfg.head_dim} is not a multiple of 8, which ONNX Runtime's "
+                          "GroupQueryAttention requires.")
+
+
+@dataclass
+class ExportPlan:
+    cfg: ModelConfig
+    options: ExportOptions
+    max_len: int
+    model: Decoder
+    producers: dict[str, Producer]
+    graphs: dict[str, ir.Model] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, cfg: ModelConfig, options: ExportOptions, max_len: int) -> ExportPlan:
+        check_supported(cfg)
+        dtype = torch.float16 if options.precision == "fp16" else torch.float32
+        fusion = Fusion(rotary=options.fuse_rotary, qkv=options.fuse_qkv,
+                        gate_up=options.fuse_gate_up)
+        with torch.device("meta"):
+            model = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_len)
+        producers = dict(param_producers(model))  # by the eager modules' names, which stay
+        return cls(cfg, options, max_len, to_export_form(model, options), producers)
+
+    @property
+    def weight_modules(self) -> int:
+        """How many modules write tensors (the progress bar's steps)."""
+        return sum(1 for m in self.model.modules() if _writes(m))
+
+    def trace(self, progress: Progress) -> dict[str, ir.Model]:
+        for kind in GRAPHS:
+            progress.stage(f"tracing {kind}")
+            self.graphs[kind] = trace_graph(
+                self.model, kind, all_logits=self.options.all_logits,
+                rotary_fused=self.model.model.layers[0].self_attn.fused_rotary)
+            progress.advance(1)
+        return self.graphs
+
+    @property
+    def graph_specs(self) -> dict[str, mf.GraphSpec]:
+        """The traced graphs' inputs and outputs as the manifest states them."""
+
+        def specs(values) -> tuple[mf.TensorSpec, ...]:
+            return tuple(mf.TensorSpec(v.name, v.dtype.name.lower() if v.dtype else None,
+                                       tuple(d if isinstance(d, int) else str(d) for d in v.shape))
+                         for v in values)
+
+        return {kind: mf.GraphSpec(f"{kind}.onnx",
+                                   "all" if kind == "decode" or self.options.all_logits else "last",
+                                   specs(graph.graph.inputs), specs(graph.graph.outputs))
+                for kind, graph in self.graphs.items()}
+
+    @property
+    def precision(self) -> mf.Precision:
+        """What the export does, read from the export-form modules themselves."""
+        options, cfg = self.options, self.cfg
+        if not options.quantized:
+            kind = "float16" if options.precision == "fp16" else "float32"
+            return mf.Precision(options.precision, weights=kind, activations=kind)
+        quantized: list[str] = []
+        activations: dict[str, list[str]] = {}
+        for path, module in self.model.named_modules():
+            if isinstance(module, NBitsLinear):
+                act = "int8 per block" if module.accuracy_level == 4 else \
+                    ("float16" if module.scales.dtype == torch.float16 else "float32")
+                quantized.append(f"{path} (int{module.bits} {module.scheme}, block "
+                                 f"{module.block_size}, activations {act})")
+                activations.setdefault(act, []).append(path)
+            elif isinstance(module, (QuantEmbedding, QuantExperts)):
+                quantized.append(f"{path} (int{module.bits} symmetric, block "
+                                 f"{module.block_size})")
+        if len(activations) == 1:
+            acts = next(iter(activations))
+        else:
+            acts = "; ".join(f"{act} in {', '.join(summarise(paths))}"
+                             for act, paths in activations.items())
+        words = {"zero_point": f"uint{options.bits} zero points",
+                 "offset": "float block minimums (Q4_1's form)", "symmetric": "symmetric"}
+        kept = ["norms", "router (mlp.gate)" if cfg.moe else None,
+                None if options.embedding_bits else "embedding and lm_head",
+                "position table (model.embed_positions)"
+                if cfg.position_embedding_type == "learned" else None]
+        return mf.Precision(
+            options.precision,
+            weights=f"int{options.bits} per block of {options.block_size}, "
+                    f"{words[options.scheme]}",
+            activations=acts,
+            quantization=mf.Quantization(
+                bits=options.bits or 0, block_size=options.block_size, scheme=options.scheme,
+                accuracy_level=options.activation_level, embedding_bits=options.embedding_bits,
+                scale_search=options.quant_search, quantized_tensors=len(quantized),
+                quantized=tuple(summarise(quantized)), kept_float=tuple(k for k in kept if k)))
+
+
+def _writes(module: torch.nn.Module) -> bool:
+    """Whether write_weights writes tensors for this module (see weights.py)."""
+    return hasattr(module, "write_tensors") or any(True for _ in module.parameters(recurse=False))
+
+
+def summarise(entries: list[str]) -> list[str]:
+    """Collapse per-layer names: model.layers.N.self_attn.qkv_proj (...) once, as layers.*."""
+    seen: list[str] = []
+    for e in entries:
+        generic = re.sub(r"layers\.\d+\.", "layers.*.", e)
+        if generic not in seen:
+            seen.append(generic)
+    return seen

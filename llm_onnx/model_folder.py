@@ -1,0 +1,391 @@
+"""The model folder contract: what `llm-onnx export` writes and the runtime reads.
+
+A model folder holds prefill.onnx, decode.onnx, weights.data (shared by both graphs), tokenizer
+files and manifest.json, which this module types: frozen dataclasses with ``to_json`` /
+``from_json``, the graphs' input and output names, and the checks the runtime makes before it
+trusts a folder (format version, files present, sizes and sha256). The exporter builds a
+``Manifest``; everyone else reads its attributes. Imports neither torch nor onnxruntime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llm_onnx.errors import ModelFolderError
+from llm_onnx.model.config import ModelConfig
+
+FORMAT = "llm-onnx-model"
+FORMAT_VERSION = 2  # 2: typed sections, the real quantization scheme, special tokens
+MANIFEST = "manifest.json"
+PREFILL, DECODE, WEIGHTS = "prefill.onnx", "decode.onnx", "weights.data"
+
+# ----------------------------------------------------------------------------- graph I/O names
+
+INPUT_IDS = "input_ids"  # (B, T) int64
+SEQLENS_K = "seqlens_k"  # (B,) int32: valid tokens of each row (past + new) minus one
+TOTAL_SEQUENCE_LENGTH = "total_sequence_length"  # () int32: the batch's largest valid length
+PAST_KEY = "past_key_values.{}.key"  # (B, Hkv, max_len, D)
+PAST_VALUE = "past_key_values.{}.value"
+LOGITS = "logits"  # (B, T or 1, V) float32
+PRESENT_KEY = "present.{}.key"  # same buffer as the past when bound in place
+PRESENT_VALUE = "present.{}.value"
+
+
+def input_names(num_layers: int) -> list[str]:
+    names = [INPUT_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH]
+    for i in range(num_layers):
+        names += [PAST_KEY.format(i), PAST_VALUE.format(i)]
+    return names
+
+
+def output_names(num_layers: int) -> list[str]:
+    names = [LOGITS]
+    for i in range(num_layers):
+        names += [PRESENT_KEY.format(i), PRESENT_VALUE.format(i)]
+    return names
+
+
+# ----------------------------------------------------------------------------- sections
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A graph input or output: dims are numbers or symbolic names."""
+
+    name: str
+    dtype: str | None
+    shape: tuple[int | str, ...]
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    file: str
+    logits: str  # "last": each row's last position only; "all": every position
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """What a quantized export did to the weights (MatMulNBits, GatherBlockQuantized, QMoE)."""
+
+    bits: int
+    block_size: int
+    scheme: str  # "zero_point" (uint zero points), "offset" (float block minimums), "symmetric"
+    accuracy_level: int  # MatMulNBits: 0 = float activations, 4 = int8 activations
+    embedding_bits: int | None  # the embedding and LM head; None: kept float
+    scale_search: bool
+    quantized_tensors: int
+    quantized: tuple[str, ...]  # module paths, per-layer ones as layers.*
+    kept_float: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Precision:
+    precision: str  # fp32 | fp16 | int8 | int4
+    weights: str  # what the projections store, in words
+    activations: str  # what the projections compute in
+    residual_stream: str = "float32"
+    quantization: Quantization | None = None
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    num_layers: int
+    num_key_value_heads: int
+    head_dim: int
+    dtype: str  # "float32" | "float16"
+    layout: str = "BNSH"
+    shared_buffer: bool = True  # past and present are bound to one buffer, updated in place
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    files: tuple[str, ...]
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    add_bos_token: bool
+    chat_template: str | None
+    special_tokens: dict[str, str]  # bos_token, eos_token, ... as the chat template sees them
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """The checkpoint's generation_config.json (sampling defaults), where it had one."""
+
+    do_sample: bool | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    """The export's check of ONNX Runtime against torch on the written tensors (or why not)."""
+
+    scope: str  # "whole model", the cut-down model it ran on, or "skipped"
+    prompts: int = 0
+    prompt_lengths: tuple[int, ...] = ()
+    decode_steps: int = 0
+    logits_max_abs_diff: float | None = None
+    logits_max_abs: float | None = None
+    relative_logits_diff: float | None = None
+    kl_divergence: float | None = None
+    greedy_agreement: float | None = None
+    present_kv_max_abs_diff: float | None = None
+    thresholds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    kind: str  # "hf" | "gguf" | "random"
+    path: str | None
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class WeightsSpec:
+    file: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """manifest.json. ``folder`` is where it was read from (not written)."""
+
+    name: str
+    source: SourceSpec
+    config: ModelConfig
+    num_parameters: int
+    context_length: int
+    precision: Precision
+    graphs: dict[str, GraphSpec]
+    weights: WeightsSpec
+    kv_cache: KVCacheSpec
+    tokenizer: TokenizerSpec
+    generation: GenerationDefaults
+    parity: ParityReport
+    tools: dict[str, str]
+    created: str
+    files: dict[str, FileEntry]
+    folder: Path | None = field(default=None, compare=False)
+
+    # -------------------------------------------------------------- reading
+
+    @property
+    def num_layers(self) -> int:
+        return self.kv_cache.num_layers
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def path(self, graph: str) -> Path:
+        assert self.folder is not None
+        return self.folder / self.graphs[graph].file
+
+    # -------------------------------------------------------------- JSON
+
+    def to_json(self) -> str:
+        data = {"format": FORMAT, "format_version": FORMAT_VERSION}
+        for f in dataclasses.fields(self):
+            if f.name != "folder":
+                data[f.name] = _plain(getattr(self, f.name))
+        return json.dumps(data, indent=2, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str, folder: Path | None = None) -> Manifest:
+        """Parse and type-check; ModelFolderError names the section that is wrong."""
+        where = Path(folder) if folder is not None else Path(".")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ModelFolderError(f"{where}: {MANIFEST} is not valid JSON ({e}).") from e
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ModelFolderError(f"{where}: {MANIFEST} is not an llm-onnx manifest.")
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ModelFolderError(f"{where}: {MANIFEST} has format_version {version!r}; this "
+                                   f"llm-onnx reads version {FORMAT_VERSION}. Re-export the "
+                                   "model with this version.")
+        values = {}
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name == "folder":
+                continue
+            if f.name not in data:
+                raise ModelFolderError(f"{where}: {MANIFEST} lacks the '{f.name}' section.")
+            try:
+                values[f.name] = _typed(hints[f.name], data[f.name], f.name)
+            except (TypeError, ValueError, KeyError) as e:
+                raise ModelFolderError(f"{where}: {MANIFEST} section '{f.name}' is not what "
+                                       f"this llm-onnx reads ({e}).") from None
+        return cls(**values, folder=folder)
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses, tuples and paths as JSON values."""
+    if isinstance(value, ModelConfig):
+        return value.to_dict()
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _typed(kind: Any, value: Any, where: str) -> Any:
+    """``value`` (from JSON) as ``kind``: dataclasses, tuple[X, ...], dict[str, X], X | None."""
+    origin = typing.get_origin(kind)
+    if kind is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(kind)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in (o for o in options if o is not type(None)):
+            try:
+                return _typed(option, value, where)
+            except (TypeError, ValueError, KeyError) as e:
+                errors.append(str(e))
+        raise TypeError(f"{where}: {value!r} is none of {kind}")
+    if kind is ModelConfig:
+        if not isinstance(value, dict):
+            raise TypeError(f"{where}: expected an object")
+        try:
+            return ModelConfig.from_dict(value)
+        except Exception as e:  # ConfigError and friends: a bad section
+            raise ValueError(f"{where}: {e}") from None
+    if dataclasses.is_dataclass(kind):
+        if not isinstance(value, dict):
+            raise TypeError(f"{where}: expected an object, got {type(value).__name__}")
+        hints = typing.get_type_hints(kind)
+        known = {f.name for f in dataclasses.fields(kind)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise KeyError(f"{where}.{unknown[0]} is not a known field")
+        return kind(**{k: _typed(hints[k], v, f"{where}.{k}") for k, v in value.items()})
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise TypeError(f"{where}: expected a list")
+        (item, _ellipsis) = typing.get_args(kind)
+        return tuple(_typed(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise TypeError(f"{where}: expected an object")
+        _, item = typing.get_args(kind)
+        return {k: _typed(item, v, f"{where}.{k}") for k, v in value.items()}
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if kind in (int, str, bool):
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise TypeError(f"{where}: expected {kind.__name__}, got {value!r}")
+        return value
+    if kind is Path:
+        return Path(value)
+    raise TypeError(f"{where}: cannot read a {kind}")
+
+
+# ----------------------------------------------------------------------------- reading a folder
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fail(folder: Path, what: str) -> ModelFolderError:
+    return ModelFolderError(f"{folder}: {what}")
+
+
+def read_manifest(folder: Path) -> Manifest:
+    """A folder's manifest, parsed and typed, without checking its files (benchmarks, tools)."""
+    folder = Path(folder)
+    file = folder / MANIFEST
+    if not folder.is_dir():
+        raise _fail(folder, "no such model folder (export one with `llm-onnx export`).")
+    if not file.is_file():
+        raise _fail(folder, f"no {MANIFEST}; this is not a model folder made by `llm-onnx export`.")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise _fail(folder, f"{MANIFEST} is not valid JSON ({e}).") from e
+    return Manifest.from_json(text, folder)
+
+
+def load_manifest(folder: Path, verify: bool = True) -> Manifest:
+    """Read and check a model folder's manifest: every listed file present inside the folder,
+    sizes as listed, and (``verify``) sha256 as listed."""
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    for name, info in manifest.files.items():
+        path = folder / name
+        if Path(name).is_absolute() or ".." in Path(name).parts or "/" in name or "\\" in name:
+            raise _fail(folder, f"{MANIFEST} lists file {name!r} outside the model folder.")
+        if not path.is_file():
+            raise _fail(folder, f"file {name} listed in {MANIFEST} is missing.")
+        if not path.resolve().is_relative_to(folder.resolve()):
+            raise _fail(folder, f"{name} is a link to {path.resolve()}, outside the model folder; "
+                                "refusing to load it.")
+        size = path.stat().st_size
+        if size != info.bytes:
+            raise _fail(folder, f"{name} has {size} bytes, {MANIFEST} says {info.bytes} "
+                                "(truncated or modified; re-export the model).")
+        if verify and _cached_sha256(path) != info.sha256:
+            raise _fail(folder, f"{name} does not match its sha256 in {MANIFEST} "
+                                "(corrupt or modified; re-export the model).")
+    for graph in (PREFILL, DECODE, WEIGHTS):
+        if graph not in manifest.files:
+            raise _fail(folder, f"{MANIFEST} does not list {graph}.")
+    return manifest
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "llm-onnx"
+
+
+def _cached_sha256(path: Path) -> str:
+    """sha256 of a file, remembered by (path, size, mtime, inode) so that loading a multi-GB model
+    a second time does not re-read it. The cache is advisory: when it cannot be written, hashing
+    simply happens every time."""
+    st = path.stat()
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+    store = _cache_dir() / "verified.json"
+    try:
+        known = json.loads(store.read_text()) if store.is_file() else {}
+    except (OSError, ValueError):
+        known = {}
+    if key in known:
+        return known[key]
+    digest = sha256_file(path)
+    if st.st_size >= 64 << 20:  # only worth remembering for big files
+        known[key] = digest
+        try:
+            store.parent.mkdir(parents=True, exist_ok=True)
+            tmp = store.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known))
+            os.replace(tmp, store)
+        except OSError:
+            pass
+    return digest
