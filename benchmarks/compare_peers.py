@@ -507,9 +507,11 @@ def _measure_round(args, setup, rows, attempt_factory, common, hf, prompts, prom
             # counts the buffer of its memory-bandwidth probe)
             out["bench_peak_rss_mib"] = out.get("peak_rss_mib")
             out["peak_rss_mib"] = api["peak_rss_mib"]
-            manifest = json.loads((folder / "manifest.json").read_text())
+            from llm_onnx.model_folder import read_manifest
+
+            manifest = read_manifest(folder)
             out["kv_bytes"] = out.get("kv_bytes") or kv_bytes(manifest, args)
-            out.setdefault("weight_bytes", manifest["weights"]["bytes"])
+            out.setdefault("weight_bytes", manifest.weights.bytes)
             return out
         attempt({"system": OURS, "precision": p}, ours)
 
@@ -636,10 +638,10 @@ def last_json_object(text: str) -> dict:
     raise ValueError(f"no JSON object in the output: {text[-300:]!r}")
 
 
-def kv_bytes(manifest: dict, args) -> int:
-    kv = manifest["kv_cache"]
-    item = {"float32": 4, "float16": 2, "bfloat16": 2}.get(kv.get("dtype", "float32"), 4)
-    return (kv["num_layers"] * 2 * kv["num_key_value_heads"] * kv["head_dim"]
+def kv_bytes(manifest, args) -> int:
+    kv = manifest.kv_cache
+    item = {"float32": 4, "float16": 2, "bfloat16": 2}.get(kv.dtype, 4)
+    return (kv.num_layers * 2 * kv.num_key_value_heads * kv.head_dim
             * (args.prompt_len + args.new_tokens) * item)
 
 

@@ -34,13 +34,15 @@ def run_export(config: str, precision: str, out: Path) -> dict:
         if proc.returncode != 0:
             err.seek(0)
             raise SystemExit(f"export failed ({proc.returncode}):\n{err.read().decode()[-2000:]}")
-    manifest = json.loads((out / "manifest.json").read_text())
+    from llm_onnx.model_folder import read_manifest
+
+    manifest = read_manifest(out)
     return {
         "config": config, "precision": precision, "seconds": round(seconds, 1),
         "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
-        "weights_gib": round(manifest["weights"]["bytes"] / 2**30, 2),
-        "parity_scope": manifest["parity"].get("scope"),
-        "parity_kl": manifest["parity"].get("kl_divergence"),
+        "weights_gib": round(manifest.weights.bytes / 2**30, 2),
+        "parity_scope": manifest.parity.scope,
+        "parity_kl": manifest.parity.kl_divergence,
     }
 
 

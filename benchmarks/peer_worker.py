@@ -273,14 +273,16 @@ def run_ours_speed(args) -> None:
 
     gen()
     runs = [gen().timings for _ in range(args.passes)]
-    manifest = json.loads((Path(args.model) / "manifest.json").read_text())
+    from llm_onnx.model_folder import read_manifest
+
+    manifest = read_manifest(Path(args.model))
     threads = getattr(getattr(model.engine, "runtime", None), "threads", None)
     write_result(args.result, {
         "source": "fallback: Model.generate timings (llm-onnx bench not available)",
         "ttft_s": stats([t.ttft_s for t in runs]),
         "prefill_tok_s": stats([t.prefill_tok_s for t in runs]),
         "decode_tok_s": stats([t.decode_tok_s for t in runs]),
-        "load_s": load_s, "weight_bytes": manifest["weights"]["bytes"],
+        "load_s": load_s, "weight_bytes": manifest.weights.bytes,
         "decode_ceiling_tok_s": None, "threads": threads,
     })
 

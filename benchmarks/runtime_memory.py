@@ -10,7 +10,6 @@ prefill.onnx for both phases (the runtime's default), and a prefill + decode ses
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 
@@ -41,9 +40,11 @@ def main() -> None:
     parser.add_argument("folder")
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
-    manifest = json.load(open(f"{args.folder}/manifest.json"))
-    print(f"{manifest['name']} [{manifest['precision']['precision']}], weights.data "
-          f"{manifest['weights']['bytes'] / 2**20:.0f} MiB")
+    from llm_onnx.model_folder import read_manifest
+
+    manifest = read_manifest(args.folder)
+    print(f"{manifest.name} [{manifest.precision.precision}], weights.data "
+          f"{manifest.weights.bytes / 2**20:.0f} MiB")
     for sessions in ("single", "pair"):
         out = subprocess.run([sys.executable, "-c", CHILD, args.folder, sessions, str(args.tokens)],
                              check=True, capture_output=True, text=True).stdout

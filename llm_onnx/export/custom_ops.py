@@ -19,8 +19,8 @@ from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.tensor_typing import TFloat
 from onnxscript.onnx_types import FLOAT, INT32, INT64, UINT8
 
-from llm_onnx.model import ops
-from llm_onnx.export import quant  # noqa: F401  (register torch.ops.llm_onnx.*)
+from llm_onnx.export import quant  # noqa: F401  (registers torch.ops.llm_onnx.* of quantization)
+from llm_onnx.model import ops  # noqa: F401  (registers torch.ops.llm_onnx.* of the decoder)
 
 msft = onnxscript.values.Opset("com.microsoft", 1)
 op18 = onnxscript.opset18
