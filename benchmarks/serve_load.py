@@ -41,7 +41,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from compare_peers import Setup, cpu_busy, log, run, stamp_ok, worker, write_stamp
+from bench_env import Setup, cpu_busy, log, run, stamp_ok, worker, write_stamp
 from peer_worker import FIDELITY_TEXTS, SPEED_TEXT
 
 LLAMA_SDIST = "llama-cpp-python==0.3.36"

