@@ -1,9 +1,26 @@
-"""The runtime is what other apps embed: importing it must not import torch (or the exporter)."""
+"""The layers and the direction of imports between them:
+
+    families, model.config, model_folder      pure Python (no torch, no onnxruntime)
+    model (the decoder)                       torch; knows nothing of checkpoints or export
+    checkpoints                               reads checkpoints into the model
+    export                                    model + checkpoints -> a model folder; not the runtime
+    runtime                                   onnxruntime + numpy + tokenizers; never torch
+    serve                                     the runtime behind HTTP
+    cli, bench                                on top
+
+and no import cycles among llm_onnx's modules (imports at module level; the lazy imports inside
+functions are how a layer reaches up on purpose, e.g. the CLI importing the exporter)."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
+
+import llm_onnx
+
+PACKAGE = Path(llm_onnx.__file__).parent
 
 
 def _modules_after(statement: str) -> set[str]:
@@ -15,10 +32,81 @@ def _modules_after(statement: str) -> set[str]:
 def test_runtime_does_not_import_torch():
     mods = _modules_after("import llm_onnx.runtime")
     assert "torch" not in mods
-    assert not any(m.startswith(("llm_onnx.export", "llm_onnx.model.decoder", "transformers"))
-                   for m in mods)
+    assert not any(m.startswith(("llm_onnx.export", "llm_onnx.checkpoints", "llm_onnx.model.",
+                                 "transformers")) and m != "llm_onnx.model.config" for m in mods)
+
+
+def test_pure_python_layers_import_neither_torch_nor_onnxruntime():
+    for module in ("llm_onnx.families", "llm_onnx.model.config", "llm_onnx.model_folder"):
+        mods = _modules_after(f"import {module}")
+        assert "torch" not in mods and "onnxruntime" not in mods, module
 
 
 def test_presets_and_cli_help_do_not_import_torch():
     assert "torch" not in _modules_after("import llm_onnx.families")
     assert "torch" not in _modules_after("import llm_onnx.cli")
+
+
+def module_imports() -> dict[str, set[str]]:
+    """Each llm_onnx module -> the llm_onnx modules it imports at module level."""
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        names[".".join(parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        edges = set()
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:  # module level only
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # `from pkg import submodule` needs the submodule; `from mod import name`, mod
+                submodules = [f"{node.module}.{a.name}" for a in node.names
+                              if f"{node.module}.{a.name}" in names]
+                targets = submodules if len(submodules) == len(node.names) else \
+                    submodules + [node.module]
+            else:
+                continue
+            edges.update(t for t in targets if t in names and t != name)
+        graph[name] = edges
+    return graph
+
+
+def test_layers_import_downwards_only():
+    forbidden = {
+        "llm_onnx.model": ("llm_onnx.checkpoints", "llm_onnx.export", "llm_onnx.runtime",
+                           "llm_onnx.serve", "llm_onnx.families"),
+        "llm_onnx.families": ("llm_onnx.checkpoints", "llm_onnx.export", "llm_onnx.runtime",
+                              "llm_onnx.serve", "llm_onnx.model.decoder"),
+        "llm_onnx.checkpoints": ("llm_onnx.export", "llm_onnx.runtime", "llm_onnx.serve"),
+        "llm_onnx.export": ("llm_onnx.runtime", "llm_onnx.serve"),
+        "llm_onnx.runtime": ("llm_onnx.export", "llm_onnx.checkpoints", "llm_onnx.serve",
+                             "llm_onnx.model.decoder", "llm_onnx.families", "llm_onnx.bench"),
+        "llm_onnx.model_folder": ("llm_onnx.export", "llm_onnx.runtime", "llm_onnx.checkpoints"),
+    }
+    bad = [f"{module} imports {target}"
+           for module, targets in module_imports().items()
+           for layer, banned in forbidden.items() if module.startswith(layer)
+           for target in targets if target.startswith(banned)]
+    assert bad == []
+
+
+def test_no_import_cycles():
+    graph = module_imports()
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert cycles == []
