@@ -16,7 +16,8 @@ under --work (default ~/.cache/llm-onnx-bench):
 then runs each system in its own process, one after the other, on the same prompt token ids:
 greedy agreement against transformers eager fp32 (3 prompts x 32 tokens, end-of-sequence ignored)
 and speed (batch 1, 128-token prompt, 128 new tokens, one warm-up, 3 passes, median/min/max).
-It prints the table and target checks of issue 5 and writes a JSON file and a PNG chart.
+It prints the table and the target checks (listed in docs/benchmarks.md) and writes a JSON file
+and a PNG chart.
 """
 
 from __future__ import annotations

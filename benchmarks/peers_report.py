@@ -1,5 +1,5 @@
-"""compare_peers.py's report: the table, the ratios against the issue's targets, the profile
-lines and the chart."""
+"""compare_peers.py's report: the table, the ratios against the speed and fidelity targets, the
+profile lines and the chart."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def ratios_and_checks(rows: list[dict], args) -> tuple[list[dict], list[dict]]:
         name = f"agreement int8 >= {GENAI} int8 (tokens summed over prompts)"
         check(name, None if not (a and b) else sum(a) >= sum(b),
               f"{'/'.join(map(str, a))} vs {'/'.join(map(str, b))}" if a and b else "no data")
-    # Added to the issue's list: the same comparison with teacher forcing, which a near-tie
+    # Beside the greedy agreement: the same comparison with teacher forcing, which a near-tie
     # cannot flip (see docs/benchmarks.md).
     for p in ("int8", "int4"):
         if p not in args.precision:
@@ -246,7 +246,7 @@ def report(results: dict, args) -> str:
             lines.append(f"  {r['precision']:5} vs {r['peer']:{w}}  decode {f(r['decode_tok_s'])}"
                          f"  prefill {f(r['prefill_tok_s'])}  TTFT {f(r['ttft_speedup'])}")
         lines.append("")
-    lines.append("Targets (issue 5):")
+    lines.append("Targets:")
     lines += [f"  {c['status']:4}  {c['check']}: {c['detail']}" for c in checks]
     prof = profile_lines(results.get("profiles") or {})
     if prof:

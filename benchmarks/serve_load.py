@@ -429,7 +429,7 @@ def table(results: dict) -> str:
 
 
 def targets(results: dict, clients: int = 8) -> list[str]:
-    """The serving issue's targets at ``clients`` concurrent clients, int8 against q8_0."""
+    """The serving targets (docs/benchmarks.md) at ``clients`` concurrent clients, int8 against q8_0."""
     def find(system: str, precision: str) -> dict | None:
         return next((r for r in results["runs"] if r["system"] == system and
                      r["precision"] == precision and r["clients"] == clients), None)

@@ -63,7 +63,7 @@ def smollm2_export(smollm2_gguf, default_model_cache, tmp_path_factory):
 
 
 TINY_ARCHS = ["llama_tiny", "qwen3_tiny", "qwen3_moe_tiny"]
-# The field's classic architectures (GitHub issue 7); their checkpoints carry a word tokenizer.
+# The field's classic architectures (GPT-2, BLOOM, Falcon); their checkpoints carry a word tokenizer.
 FAMILY_ARCHS = ["gpt2_tiny", "bloom_tiny", "falcon_tiny", "mistral_tiny"]
 
 

@@ -1,6 +1,6 @@
-"""Tolerances of the parity ladder (STYLE.md §6), in one place."""
+"""Tolerances of the parity ladder (README.md, Tests), in one place."""
 
-# build_model vs transformers, fp32, same weights.
+# our torch decoder vs transformers, fp32, same weights.
 TORCH_VS_HF_FP32 = 1e-4
 # KV path (prefill + single-token steps) vs one full forward, fp32.
 KV_PATH_FP32 = 1e-4

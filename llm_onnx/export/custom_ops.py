@@ -1,6 +1,6 @@
-"""ONNX translations of the decoder's custom ops (llm_onnx/build_model/ops.py): each becomes one
-ONNX Runtime kernel with the same contract, so the eager op is the reference the parity tests
-hold ORT to.
+"""ONNX translations of the custom ops (the decoder's in llm_onnx/model/ops.py, the quantized ones
+in llm_onnx/export/quant.py): each becomes one ONNX Runtime kernel with the same contract, so the
+eager op is the reference the parity tests hold ORT to.
 
 Translations are onnxscript functions (they need return annotations, and contrib ops can only be
 emitted from scripted functions). ONNX Runtime registers SimplifiedLayerNormalization in the

@@ -12,7 +12,8 @@ PRECISIONS = ("fp32", "fp16", "int8", "int4")
 @dataclass(frozen=True, kw_only=True)
 class ExportOptions:
     """Args:
-        precision: fp32 | fp16 | int8 | int4 (int8/int4: weight-only MatMulNBits, fp32 activations).
+        precision: fp32 | fp16 | int8 | int4. int8/int4 quantize the weights (MatMulNBits);
+            the activations are quantized to int8 on the fly where accuracy_level is 4.
         block_size: quantization block along the input dimension (power of two >= 16).
         embedding_bits: precision of the token embedding and LM head in quantized exports:
             8 (default; tied embeddings then share one int8 table) or None to keep them float.

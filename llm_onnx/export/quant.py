@@ -1,15 +1,26 @@
-"""Block-wise weight quantization (int8, int4) and its reference math.
+"""Block-wise weight quantization (int8, int4), its reference math and its custom ops.
 
 Layout is ONNX Runtime's MatMulNBits: a weight W (N, K) in Hugging Face's (out, in) layout is cut
 into blocks of ``block_size`` along K; each block has one scale and is stored as ``bits``-bit
-unsigned codes with the default zero point 2^(bits-1) (symmetric quantization), packed
-little-nibble-first for 4 bits:
+unsigned codes, packed little-nibble-first for 4 bits:
 
     qweight (N, ceil(K / block), block * bits / 8) uint8,  scales (N, ceil(K / block))
-    W[n, k] ~= (code[n, k] - 2^(bits-1)) * scale[n, k // block]
+    W[n, k] ~= (code[n, k] - zero_point[n, k // block]) * scale[n, k // block]
 
-The custom op ``llm_onnx::matmul_nbits`` (exported as com.microsoft.MatMulNBits) computes
-x @ dequantize(W)^T, which is how quantized exports are checked against torch.
+Three schemes (ExportOptions.quant_scheme), each exported with what it needs:
+  symmetric   no zero-point tensor: ORT's default zero point 2^(bits-1)   (``quantize``)
+  zero_point  an integer zero point per block, packed like the codes, so one-sided blocks keep
+              the whole code range                                       (``quantize(asymmetric)``)
+  offset      zero points 0 plus a float minimum per block added by a second small term,
+              W ~= code * scale + minimum (llama.cpp's Q4_1: exact for such GGUF weights)
+                                                                         (``quantize_offset``)
+
+The custom ops, exported-only (a built torch model never holds them):
+  llm_onnx::matmul_nbits         -> com.microsoft.MatMulNBits
+  llm_onnx::matmul_nbits_offset  -> MatMulNBits + MatMul(MatMul(x, block_ones), minimums^T) + Add
+  llm_onnx::gather_nbits         -> com.microsoft.GatherBlockQuantized (the embedding)
+  llm_onnx::qmoe                 -> com.microsoft.QMoE
+Their eager forms compute x @ dequantize(W)^T, which is how quantized exports are checked.
 """
 
 from __future__ import annotations

@@ -10,10 +10,16 @@ the parity tests hold ONNX Runtime to:
   llm_onnx::add_layer_norm        -> com.microsoft.SkipLayerNormalization
   llm_onnx::gelu                  -> com.microsoft.Gelu (exact, erf)
   llm_onnx::fast_gelu             -> com.microsoft.FastGelu (tanh approximation)
-  llm_onnx::rotary_embedding      -> com.microsoft.RotaryEmbedding
+  llm_onnx::rotary_embedding      -> com.microsoft.RotaryEmbedding (unfused RoPE only: by
+                                     default RoPE runs inside GroupQueryAttention, do_rotary=1)
   llm_onnx::alibi_bias            -> a few shape ops (Range, Sub, Mul) feeding attention_bias
   llm_onnx::group_query_attention -> com.microsoft.GroupQueryAttention
-  llm_onnx::moe                   -> com.microsoft.MoE
+  llm_onnx::moe                   -> com.microsoft.MoE (SwiGLU experts)
+  llm_onnx::matmul_transposed     -> com.microsoft.FusedMatMul (transB=1: weights stay (out, in))
+  llm_onnx::swiglu                -> Split, Sigmoid, Mul (ONNX Runtime fuses x*sigmoid(x))
+
+The quantized ops (matmul_nbits -> MatMulNBits, gather_nbits -> GatherBlockQuantized,
+qmoe -> QMoE) exist only in exported graphs and live in ``llm_onnx/export/quant.py``.
 
 Positions and the KV cache follow GroupQueryAttention's conventions: ``seqlens_k[b]`` is the
 number of valid tokens of row b (past + new) minus one, ``total_sequence_length`` is the batch's
