@@ -18,6 +18,7 @@ import torch
 
 from llm_onnx.model.ops import attention_ref
 from llm_onnx.export import ExportOptions
+from llm_onnx.families import get_config
 from tests.conftest import FAMILY_ARCHS
 from tests.export.test_export import (PROMPT_LENS, STEPS, rows_for, torch_logits, torch_reference,
                                       transposed_weights)
@@ -63,36 +64,40 @@ def attribute(node: onnx.NodeProto, name: str):
     return next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
 
 
-# What each family maps to, beyond MatMul/MatMulNBits and GroupQueryAttention.
+# What a family maps to beyond MatMul/MatMulNBits and GroupQueryAttention: RMS-norm families
+# (Llama's kind) map to the simplified norms; the others name theirs.
+RMS_OPS = {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"}
 FAMILY_OPS = {
     "gpt2_tiny": {"SkipLayerNormalization", "FastGelu", "Gather"},
     "bloom_tiny": {"LayerNormalization", "SkipLayerNormalization", "FastGelu", "Range"},
     "falcon_tiny": {"LayerNormalization", "SkipLayerNormalization", "Gelu"},
-    "mistral_tiny": {"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"},
 }
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
 @pytest.mark.parametrize("arch", FAMILY_ARCHS)
 def test_graphs_use_contrib_ops(arch, precision, tiny_export):
+    cfg = get_config(arch)
+    expected = FAMILY_OPS.get(arch, RMS_OPS if cfg.norm_type == "rms" else None)
+    assert expected is not None, f"say in FAMILY_OPS which ONNX Runtime ops {arch} maps to"
     folder = tiny_export(arch, precision)
     for graph in ("prefill.onnx", "decode.onnx"):
         found = nodes(folder, graph)
         types = {n.op_type for n in found}
-        assert FAMILY_OPS[arch] <= types, types
+        assert expected <= types, types
         assert ("MatMulNBits" if precision == "int8" else "MatMul") in types
         assert not transposed_weights(folder, graph)
         gqa = [n for n in found if n.op_type == "GroupQueryAttention"]
-        assert len(gqa) == 2
+        assert len(gqa) == cfg.num_hidden_layers
         for n in gqa:
-            rotary = arch in ("falcon_tiny", "mistral_tiny")
-            assert (attribute(n, "do_rotary") or 0) == int(rotary)
-            assert attribute(n, "local_window_size") == (4 if arch == "mistral_tiny" else -1)
+            # RoPE inside the attention kernel; a sliding window as local_window_size; ALiBi as
+            # the attention_bias input; multi-query as one kv head.
+            assert (attribute(n, "do_rotary") or 0) == int(cfg.position_embedding_type == "rope")
+            assert attribute(n, "local_window_size") == (cfg.sliding_window or -1)
             bias = n.input[10] if len(n.input) > 10 else ""
-            assert bool(bias) == (arch == "bloom_tiny")  # ALiBi as attention_bias
-            if arch == "falcon_tiny":
-                assert attribute(n, "kv_num_heads") == 1  # multi-query
-        if arch == "bloom_tiny":  # one ALiBi bias, shared by all layers
+            assert bool(bias) == (cfg.position_embedding_type == "alibi")
+            assert attribute(n, "kv_num_heads") == cfg.num_key_value_heads
+        if cfg.position_embedding_type == "alibi":  # one ALiBi bias, shared by all layers
             assert len({n.input[10] for n in gqa}) == 1
 
 
