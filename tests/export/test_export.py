@@ -16,10 +16,13 @@ import torch
 from llm_onnx.export import ExportOptions
 from llm_onnx.export.validate import load_stored
 from llm_onnx.families import get_config
+from tests.conftest import FAMILY_ARCHS, TINY_ARCHS
 from tests.ort_helpers import Graphs, batch_logits, hf_logits
 from tests.tolerances import ORT_FP16, ORT_FP32, ORT_QUANT
 
-ARCHS = ["llama_tiny", "qwen3_tiny", "qwen3_moe_tiny"]
+ARCHS = TINY_ARCHS
+# fp16 and the quantized rungs run for every family the registry holds.
+ALL_ARCHS = TINY_ARCHS + FAMILY_ARCHS
 STEPS = 8
 PROMPT_LENS = [9, 5]
 
@@ -50,11 +53,11 @@ def test_fp32_matches_transformers(arch, hf_models, exports):
     assert max(np.abs(w).max() for w in want) > 0.1  # not a trivially small signal
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_fp16_matches_transformers(arch, hf_models, exports):
+@pytest.mark.parametrize("arch", ALL_ARCHS)
+def test_fp16_matches_transformers(arch, tiny_hf, exports):
     rows = rows_for(arch)
     got = batch_logits(Graphs(exports(arch, "fp16")), rows, PROMPT_LENS, STEPS)
-    want = hf_logits(hf_models[arch][0], rows, PROMPT_LENS, STEPS)
+    want = hf_logits(tiny_hf(arch)[0], rows, PROMPT_LENS, STEPS)
     assert all(np.isfinite(g).all() for g in got)
     assert max(np.abs(g - w).max() for g, w in zip(got, want)) <= ORT_FP16
 
@@ -70,7 +73,7 @@ QUANTIZED = [
 
 
 @pytest.mark.parametrize("precision, options, tol", QUANTIZED, ids=["int4-exact", "int8", "int4-fast"])
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_quantized_matches_torch_with_dequantized_weights(arch, precision, options, tol, exports):
     folder = exports(arch, precision, **options)
     rows = rows_for(arch)
