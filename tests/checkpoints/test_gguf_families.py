@@ -1,0 +1,140 @@
+"""GGUF files of every family that declares llama.cpp names (``GGUF`` in its family module).
+
+A tiny random transformers checkpoint is written as llama.cpp's converter writes it: tensor
+names from gguf-py's own name table (``gguf.get_tensor_name_map``, not our family tables), q/k
+rows of Llama-arch files permuted into llama.cpp's interleaved rotary order, experts stacked into
+one tensor per projection, config as GGUF metadata. Read back through our GGUF reader, the config
+equals the family's and the logits equal transformers' on the original weights.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load_file, save_file
+
+from llm_onnx.checkpoints import build_model, open_checkpoint
+from llm_onnx.families import REGISTRY
+from llm_onnx.model.config import ModelConfig
+from tests.checkpoints.test_gguf_tokenizer import _byte_symbols
+from tests.tolerances import TORCH_VS_HF_FP32
+
+# (llama.cpp architecture name, the family's first tiny preset) for every family with GGUF names
+GGUF_TINY = [(fam.gguf.arch, next(n for n in fam.presets if n.endswith("_tiny")))
+             for fam in REGISTRY.values() if fam.gguf is not None]
+
+
+def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """convert_hf_to_gguf's LlamaModel.permute: each head's rotary halves interleaved."""
+    return (w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path) -> Path:
+    """The safetensors checkpoint in ``folder`` as a float32 GGUF of llama.cpp's ``arch``."""
+    tensors = load_file(str(folder / "model.safetensors"))
+    model_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
+    names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
+    experts: dict[str, dict[int, np.ndarray]] = {}
+    out: dict[str, np.ndarray] = {}
+    for name, t in tensors.items():
+        base, suffix = name.rsplit(".", 1)
+        parts = base.split(".")
+        if "experts" in parts:  # model.layers.L.mlp.experts.E.gate_proj -> stacked by projection
+            i = parts.index("experts")
+            stacked = ".".join(parts[:i + 1] + parts[i + 2:])
+            experts.setdefault(f"{stacked}.{suffix}", {})[int(parts[i + 1])] = t
+            continue
+        if arch == "llama" and base.endswith(("q_proj", "k_proj")):
+            heads = cfg.num_attention_heads if base.endswith("q_proj") else cfg.num_key_value_heads
+            t = llama_cpp_permute(t, heads)
+        out[name] = t
+    for name, by_index in experts.items():
+        out[name] = np.stack([by_index[e] for e in range(len(by_index))])
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_key_length(cfg.head_dim)
+    writer.add_value_length(cfg.head_dim)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_freq_base(cfg.rope_theta)
+    writer.add_vocab_size(cfg.vocab_size)
+    # A byte-level tokenizer of as many tokens (a GGUF checkpoint carries its tokenizer).
+    assert cfg.vocab_size == 256
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(_byte_symbols()[:255] + ["Ġt"])
+    writer.add_token_types([1] * 256)
+    writer.add_token_merges(["Ġ t"])
+    if cfg.moe is not None:
+        writer.add_expert_count(cfg.moe.num_experts)
+        writer.add_expert_used_count(cfg.moe.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(cfg.moe.moe_intermediate_size)
+    for name, t in out.items():
+        base, suffix = name.rsplit(".", 1)
+        gname = names.get_name(base)
+        assert gname is not None, f"gguf-py has no {arch} name for {base}"
+        writer.add_tensor(f"{gname}.{suffix}", np.ascontiguousarray(t, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def logits(model, ids: torch.Tensor) -> torch.Tensor:
+    b, t = ids.shape
+    seqlens = torch.full((b,), t - 1, dtype=torch.int32)
+    return model(ids, seqlens, torch.tensor(t, dtype=torch.int32), *model.new_cache(b, t))[0]
+
+
+@pytest.mark.parametrize("arch, preset", GGUF_TINY, ids=[a for a, _ in GGUF_TINY])
+def test_gguf_checkpoint_matches_transformers(arch, preset, tiny_hf, tmp_path):
+    hf, folder = tiny_hf(preset)
+    cfg = REGISTRY[hf.config.architectures[0]].presets[preset]
+    ckpt = open_checkpoint(write_gguf(folder, cfg, arch, tmp_path / f"{preset}.gguf"))
+    assert ckpt.config == cfg  # from the GGUF metadata alone
+    ours = build_model(ckpt.config, ckpt.source)
+    ids = torch.randint(0, cfg.vocab_size, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, got = hf(ids).logits, logits(ours, ids)
+        assert (got - want).abs().max().item() <= TORCH_VS_HF_FP32
+        # The comparison can fail: transformers with one perturbed weight is far outside it.
+        moved = copy.deepcopy(hf)
+        w = next(p for n, p in moved.named_parameters() if ".1." in n and p.dim() == 2)
+        w.add_(0.01 * torch.randn(w.shape, generator=torch.Generator().manual_seed(5)))
+        assert (got - moved(ids).logits).abs().max().item() > TORCH_VS_HF_FP32
+
+
+def test_llama_files_need_the_permutation_undone(tiny_hf, tmp_path):
+    """A Llama-arch file whose q/k rows were not interleaved reads as a different model: the
+    reader's un-permutation is what the round trip above depends on."""
+    hf, folder = tiny_hf("llama_tiny")
+    cfg = REGISTRY["LlamaForCausalLM"].presets["llama_tiny"]
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    tensors = load_file(str(folder / "model.safetensors"))
+    for name in list(tensors):
+        if name.endswith(("q_proj.weight", "k_proj.weight")):  # pre-undo, so the writer's permute
+            heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
+            tensors[name] = _inverse_permute(tensors[name], heads)  # cancels out
+    save_file(tensors, str(plain / "model.safetensors"))
+    ckpt = open_checkpoint(write_gguf(plain, cfg, "llama", tmp_path / "plain.gguf"))
+    ids = torch.randint(0, cfg.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        diff = (logits(build_model(ckpt.config, ckpt.source), ids) - hf(ids).logits).abs().max()
+    assert diff.item() > 100 * TORCH_VS_HF_FP32
+
+
+def _inverse_permute(w: np.ndarray, heads: int) -> np.ndarray:
+    return (w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
