@@ -70,6 +70,7 @@ def test_tiny_presets_expose_layout_bugs():
         if cfg.architecture not in MULTI_HEAD_ONLY:
             assert cfg.num_key_value_heads < cfg.num_attention_heads, name
         assert cfg.head_dim % 8 == 0, name  # GroupQueryAttention needs it
+        assert cfg.vocab_size == 256, name  # the tests' word and byte-level tokenizers
     mistral = REGISTRY["mistral_tiny"]
     assert mistral.sliding_window is not None and mistral.sliding_window < 8
     assert REGISTRY["bloom_tiny"].num_attention_heads & (REGISTRY["bloom_tiny"].num_attention_heads - 1)
