@@ -51,6 +51,17 @@ def replica_of(response) -> str:
     return response.headers["x-llm-onnx-replica"]
 
 
+def live_replicas(url: str, want: int, timeout: float = 60.0) -> dict:
+    """/health once ``want`` replicas answer it (Ray may still be replacing one), or the last
+    answer after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        health = httpx.get(url + "/health", timeout=30).json()
+        if len(health["replicas"]) >= want or time.monotonic() > deadline:
+            return health
+        time.sleep(0.5)
+
+
 def test_answers_equal_the_runtime_streamed_and_not(cluster, model):
     from openai import OpenAI
 
@@ -80,12 +91,14 @@ def test_concurrent_requests_spread_over_both_replicas(cluster, model):
         replicas.append(replica_of(r))
         texts[i] = r.json()["choices"][0]["text"]
 
+    before = live_replicas(cluster.url, 2)
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
-    assert len(set(replicas)) == 2, replicas
+    assert len(set(replicas)) == 2, (replicas, before, httpx.get(cluster.url + "/health").json(),
+                                     cluster.output())
     for i in range(8):
         assert texts[i] == model.generate([11 + i, 12, 13], max_new_tokens=300, temperature=0,
                                           ignore_eos=True).text
