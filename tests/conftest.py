@@ -25,6 +25,19 @@ def smollm2_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_transformers(smollm2_gguf):
+    """transformers' own model and tokenizer of the same GGUF (float32): the reference of every
+    real-weights test, loaded once a session."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"gguf_file": smollm2_gguf.name}
+    hf = AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, torch_dtype=torch.float32,
+                                              **kwargs).eval()
+    return hf, AutoTokenizer.from_pretrained(smollm2_gguf.parent, **kwargs)
+
+
+@pytest.fixture(scope="session")
 def default_model_cache(smollm2_gguf, tmp_path_factory):
     """A private XDG cache in which the default model is exported on first use (once a session)."""
     import os

@@ -77,3 +77,21 @@ def hf_logits(hf_model, rows: list[list[int]], prompt_lens: list[int], steps: in
             for s in range(steps + 1):
                 out[s][i] = full[prompt_lens[i] - 1 + s]
     return out
+
+
+def fidelity(want: list[np.ndarray], got: list[np.ndarray], margin: float) -> dict[str, float]:
+    """How close ``got`` logits are to the reference ``want`` (lists of (B, V) per step): the mean
+    KL(p_want || p_got), and top-1 agreement counted only where the reference's top-2 margin
+    exceeds ``margin`` (a near-tie may flip under any rounding; a clear choice must not)."""
+    kls, clear, agree = [], 0, 0
+    for w, g in zip(want, got):
+        w64, g64 = w.astype(np.float64), g.astype(np.float64)
+        lw = w64 - np.logaddexp.reduce(w64, axis=-1, keepdims=True)
+        lg = g64 - np.logaddexp.reduce(g64, axis=-1, keepdims=True)
+        kls.extend((np.exp(lw) * (lw - lg)).sum(-1).tolist())
+        top2 = np.sort(w64, axis=-1)[:, -2:]
+        sure = top2[:, 1] - top2[:, 0] > margin
+        clear += int(sure.sum())
+        agree += int((sure & (w64.argmax(-1) == g64.argmax(-1))).sum())
+    return {"kl": float(np.mean(kls)), "clear": clear, "agree": agree,
+            "top1_clear": agree / clear if clear else 1.0}

@@ -38,8 +38,16 @@ def test_errors_are_one_line(args, message):
 
 
 def test_debug_shows_the_traceback():
+    """Without --debug the library error becomes a one-line click error (SystemExit 1); with it
+    the library's own exception propagates, traceback and all."""
+    from llm_onnx.errors import ConfigError
+
+    plain = run("export", "--config", "nope", "--random-weights")
+    assert plain.exit_code == 1 and isinstance(plain.exception, SystemExit)
     result = run("--debug", "export", "--config", "nope", "--random-weights")
-    assert result.exit_code != 0 and result.exception is not None
+    assert isinstance(result.exception, ConfigError), result.exception
+    assert "Unknown config 'nope'" in str(result.exception)
+    assert result.exc_info is not None and result.exc_info[2] is not None  # the traceback
 
 
 @pytest.mark.parametrize("args, message", [
@@ -69,11 +77,15 @@ def test_generate_with_each_architecture(arch, tiny_hf, tiny_export):
     tokens equal transformers'."""
     from tests.runtime.test_runtime_models import hf_greedy
 
-    result = run("generate", "--model", str(tiny_export(arch, "fp32")), "-q", "--json",
+    from llm_onnx.model_folder import load_manifest
+
+    folder = tiny_export(arch, "fp32")
+    eos = load_manifest(folder).tokenizer.eos_token_ids
+    result = run("generate", "--model", str(folder), "-q", "--json",
                  "--temperature", "0", "--max-new-tokens", "6", "t5 t9 t11 t2 t7 t40")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    assert data["token_ids"] == hf_greedy(tiny_hf(arch)[0], [5, 9, 11, 2, 7, 40], 6)
+    assert data["token_ids"] == hf_greedy(tiny_hf(arch)[0], [5, 9, 11, 2, 7, 40], 6, eos)
     assert data["text"].split() == [f"t{i}" for i in data["token_ids"]]  # a continuation: " t.."
 
 

@@ -13,15 +13,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def models(smollm2_gguf):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def models(smollm2_gguf, smollm2_transformers):
     ckpt = open_checkpoint(smollm2_gguf)
     ours = build_model(ckpt.config, ckpt.source)
-    kwargs = {"gguf_file": smollm2_gguf.name}
-    hf = AutoModelForCausalLM.from_pretrained(smollm2_gguf.parent, torch_dtype=torch.float32,
-                                              **kwargs).eval()
-    tok = AutoTokenizer.from_pretrained(smollm2_gguf.parent, **kwargs)
+    hf, tok = smollm2_transformers
     return ckpt, ours, hf, tok
 
 

@@ -17,31 +17,51 @@ from llm_onnx.runtime import Model
 from tests.runtime.fakes import FakeEngine
 
 
-def _slow_export(folder_str: str, log_str: str) -> None:
+def _slow_export(folder_str: str, log_str: str, arrived_str: str) -> None:
     from pathlib import Path
 
     from llm_onnx.default_model import ensure_exported
 
     def export(out: Path) -> None:
         with open(log_str, "a") as log:
-            log.write("export\n")
-        time.sleep(1.0)  # long enough for the other process to arrive meanwhile
+            log.write(f"export start {time.time()}\n")
+        # Hold the lock until both processes have asked for the folder (or 30 s pass).
+        deadline = time.monotonic() + 30
+        while len(Path(arrived_str).read_text().split()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)  # the other process is now waiting on the lock, not before it
         out.mkdir()
         (out / "manifest.json").write_text("{}")
+        with open(log_str, "a") as log:
+            log.write(f"export end {time.time()}\n")
 
+    with open(arrived_str, "a") as arrived:
+        arrived.write(f"{time.time()}\n")
     ensure_exported(Path(folder_str), export)
+    with open(log_str, "a") as log:
+        log.write(f"returned {time.time()}\n")
 
 
 def test_two_processes_export_the_default_model_once(tmp_path):
-    folder, log = tmp_path / "models" / "default", tmp_path / "log.txt"
+    """Both processes ask for the default model while one of them is exporting it: the export
+    runs once, and the second process returns only after the first finished it."""
+    folder, log, arrived = tmp_path / "models" / "default", tmp_path / "log.txt", tmp_path / "in"
+    arrived.write_text("")
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_slow_export, args=(str(folder), str(log))) for _ in range(2)]
+    procs = [ctx.Process(target=_slow_export, args=(str(folder), str(log), str(arrived)))
+             for _ in range(2)]
     for p in procs:
         p.start()
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    assert log.read_text().count("export") == 1
+    events = [line.rsplit(" ", 1) for line in log.read_text().splitlines()]
+    times = {kind: [float(t) for k, t in events if k == kind]
+             for kind in ("export start", "export end", "returned")}
+    assert len(times["export start"]) == 1 and len(times["returned"]) == 2
+    asked = sorted(float(t) for t in arrived.read_text().split())
+    # The two overlapped: both had asked before the export ended, and both returned after it.
+    assert asked[1] < times["export end"][0] <= min(times["returned"])
     assert (folder / "manifest.json").is_file()
 
 
@@ -92,13 +112,27 @@ def real_tokenizer_model(smollm2_export):
     st.builds(lambda c, n: c * n, st.characters(), st.integers(1, 2000)),
 ))
 def test_any_prompt_gives_a_result_or_a_clear_error(real_tokenizer_model, text):
+    """Every prompt that tokenizes to something that fits the context gets an answer; the only
+    errors are the empty prompt and the prompt too long for the context, each in one line."""
     model = real_tokenizer_model
-    for call in (lambda: model.generate(text, max_new_tokens=3, temperature=0.7, seed=1),
-                 lambda: model.chat([{"role": "user", "content": text}], max_new_tokens=3)):
+    messages = [{"role": "user", "content": text}]
+    context = model.engine.context_length
+    generate_ids = model.encode(text) if text else []
+    cases = [
+        (lambda: model.generate(text, max_new_tokens=3, temperature=0.7, seed=1),
+         "the prompt is empty." if not text else "tokens do not fit" if len(generate_ids) >= context
+         else None),
+        (lambda: model.chat(messages, max_new_tokens=3),
+         "tokens do not fit" if len(model.chat_prompt(messages)) >= context else None),
+    ]
+    for call, expected_error in cases:
         try:
             result = call()
         except GenerationError as e:
             assert "\n" not in str(e)
+            assert expected_error is not None and expected_error in str(e) or \
+                expected_error == "tokens do not fit" and "context" in str(e), (text, str(e))
             continue
+        assert expected_error is None, (text, expected_error)
         assert result.finish_reason in ("stop", "stop_string", "length")
-        assert isinstance(result.text, str) and len(result.token_ids) <= 3
+        assert isinstance(result.text, str) and 1 <= len(result.token_ids) <= 3

@@ -94,8 +94,8 @@ def test_manifest_file_that_is_a_link_outside(tiny_export, tmp_path):
     shutil.copytree(tiny_export("llama_tiny", "fp32"), folder)
     outside = tmp_path / "tokenizer_config.json"
     target = folder / "generation_config.json"
-    if target.exists():
-        shutil.move(target, outside)
-        os.symlink(outside, target)
-        with pytest.raises(ModelFolderError, match="outside the model folder"):
-            Model.load(folder)
+    assert target.is_file()  # every export writes it; the test must not pass vacuously
+    shutil.move(target, outside)
+    os.symlink(outside, target)
+    with pytest.raises(ModelFolderError, match="outside the model folder"):
+        Model.load(folder)
