@@ -113,15 +113,16 @@ def real_tokenizer_model(smollm2_export):
 ))
 def test_any_prompt_gives_a_result_or_a_clear_error(real_tokenizer_model, text):
     """Every prompt that tokenizes to something that fits the context gets an answer; the only
-    errors are the empty prompt and the prompt too long for the context, each in one line."""
+    errors are the empty prompt, one of no tokens (control characters the tokenizer drops) and
+    one too long for the context, each in one line."""
     model = real_tokenizer_model
     messages = [{"role": "user", "content": text}]
     context = model.engine.context_length
     generate_ids = model.encode(text) if text else []
     cases = [
         (lambda: model.generate(text, max_new_tokens=3, temperature=0.7, seed=1),
-         "the prompt is empty." if not text else "tokens do not fit" if len(generate_ids) >= context
-         else None),
+         "the prompt is empty." if not text else "the prompt has no tokens." if not generate_ids
+         else "tokens do not fit" if len(generate_ids) >= context else None),
         (lambda: model.chat(messages, max_new_tokens=3),
          "tokens do not fit" if len(model.chat_prompt(messages)) >= context else None),
     ]
