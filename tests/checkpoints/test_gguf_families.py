@@ -9,7 +9,6 @@ equals the family's and the logits equal transformers' on the original weights.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import gguf
@@ -22,6 +21,7 @@ from llm_onnx.checkpoints import build_model, open_checkpoint
 from llm_onnx.families import REGISTRY
 from llm_onnx.model.config import ModelConfig
 from tests.checkpoints.test_gguf_tokenizer import _byte_symbols
+from tests.perturb import perturbed
 from tests.tolerances import TORCH_VS_HF_FP32
 
 # (llama.cpp architecture name, the family's first tiny preset) for every family with GGUF names
@@ -109,10 +109,8 @@ def test_gguf_checkpoint_matches_transformers(arch, preset, tiny_hf, tmp_path):
         want, got = hf(ids).logits, logits(ours, ids)
         assert (got - want).abs().max().item() <= TORCH_VS_HF_FP32
         # The comparison can fail: transformers with one perturbed weight is far outside it.
-        moved = copy.deepcopy(hf)
-        w = next(p for n, p in moved.named_parameters() if ".1." in n and p.dim() == 2)
-        w.add_(0.01 * torch.randn(w.shape, generator=torch.Generator().manual_seed(5)))
-        assert (got - moved(ids).logits).abs().max().item() > TORCH_VS_HF_FP32
+        with perturbed(hf) as moved:
+            assert (got - moved(ids).logits).abs().max().item() > TORCH_VS_HF_FP32
 
 
 def test_llama_files_need_the_permutation_undone(tiny_hf, tmp_path):

@@ -9,7 +9,6 @@ A right-padded batch of two prompts (9 and 5 tokens: both longer than mistral_ti
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ from llm_onnx.families import get_config
 from tests.conftest import FAMILY_ARCHS
 from tests.export.test_export import PROMPT_LENS, STEPS, rows_for, transposed_weights
 from tests.ort_helpers import Graphs, batch_logits, hf_logits
+from tests.perturb import perturbed
 from tests.tolerances import OP_FP32, ORT_FP32
 
 
@@ -34,11 +34,8 @@ def test_fp32_matches_transformers(arch, tiny_hf, tiny_export):
     assert max(np.abs(g - w).max() for g, w in zip(got, want)) <= ORT_FP32
     assert max(np.abs(w).max() for w in want) > 0.1  # not a trivially small signal
     # The comparison can fail: transformers with one perturbed weight is far outside it.
-    perturbed = copy.deepcopy(hf)
-    with torch.no_grad():
-        w = next(p for n, p in perturbed.named_parameters() if ".1." in n and p.dim() == 2)
-        w.add_(0.01 * torch.randn(w.shape, generator=torch.Generator().manual_seed(5)))
-    moved = hf_logits(perturbed, rows, PROMPT_LENS, STEPS)
+    with perturbed(hf) as hf_moved:
+        moved = hf_logits(hf_moved, rows, PROMPT_LENS, STEPS)
     assert max(np.abs(g - m).max() for g, m in zip(got, moved)) > ORT_FP32
 
 

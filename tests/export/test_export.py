@@ -18,6 +18,7 @@ from llm_onnx.export.validate import load_stored
 from llm_onnx.families import get_config
 from tests.conftest import FAMILY_ARCHS, TINY_ARCHS
 from tests.ort_helpers import Graphs, batch_logits, hf_logits
+from tests.perturb import perturbed
 from tests.tolerances import ORT_FP16, ORT_FP32, ORT_QUANT
 
 ARCHS = TINY_ARCHS
@@ -51,6 +52,9 @@ def test_fp32_matches_transformers(arch, hf_models, exports):
     diff = max(np.abs(g - w).max() for g, w in zip(got, want))
     assert diff <= ORT_FP32
     assert max(np.abs(w).max() for w in want) > 0.1  # not a trivially small signal
+    with perturbed(hf_models[arch][0]) as hf_moved:
+        moved = hf_logits(hf_moved, rows, PROMPT_LENS, STEPS)
+    assert max(np.abs(g - m).max() for g, m in zip(got, moved)) > ORT_FP32  # the twin
 
 
 @pytest.mark.parametrize("arch", ALL_ARCHS)
@@ -60,6 +64,10 @@ def test_fp16_matches_transformers(arch, tiny_hf, exports):
     want = hf_logits(tiny_hf(arch)[0], rows, PROMPT_LENS, STEPS)
     assert all(np.isfinite(g).all() for g in got)
     assert max(np.abs(g - w).max() for g, w in zip(got, want)) <= ORT_FP16
+    # The twin: fp16's tolerance is wide, so the perturbation is too (still one weight).
+    with perturbed(tiny_hf(arch)[0], scale=0.1) as hf_moved:
+        moved = hf_logits(hf_moved, rows, PROMPT_LENS, STEPS)
+    assert max(np.abs(g - m).max() for g, m in zip(got, moved)) > ORT_FP16
 
 
 QUANTIZED = [
@@ -86,6 +94,13 @@ def test_quantized_matches_torch_with_dequantized_weights(arch, precision, optio
         share = float(tol.rstrip("%")) / 100 * (3 if get_config(arch).moe else 1)
         tol = share * max(np.abs(w).max() for w in want)
     assert diff <= tol
+    # The twin: the reference with one norm weight perturbed (the projections are quantized
+    # buffers; a norm weight is a float parameter in every export form) is outside the tolerance.
+    reference = torch_reference(folder, arch, ExportOptions(precision=precision, max_seq_len=64,
+                                                            **options))
+    with perturbed(reference, scale=0.5, kind="vector") as reference_moved:
+        moved = torch_logits(reference_moved, rows)
+    assert max(np.abs(g - m).max() for g, m in zip(got, moved)) > tol
 
 
 def torch_reference(folder: Path, arch: str, opts: ExportOptions):

@@ -11,6 +11,7 @@ from llm_onnx.model.config import MoEConfig
 from llm_onnx.model.decoder import Fusion
 from llm_onnx.families import TINY as TINY_PRESETS, get_config
 from tests.hf_models import save_hf_checkpoint
+from tests.perturb import perturbed
 from tests.tolerances import KV_PATH_FP32, TORCH_VS_HF_FP32
 
 # Every tiny preset of every family module, and the MoE router without renormalisation.
@@ -79,6 +80,10 @@ def test_kv_path_equals_full_forward(pair):
             cache = list(out[1:])
     incremental = torch.cat(steps, dim=1)
     assert (incremental - full).abs().max().item() <= KV_PATH_FP32
+    # The twin: the full forward of a model with one perturbed weight is outside the tolerance.
+    with torch.no_grad(), perturbed(model) as moved_model:
+        moved = run_full(moved_model, ids)
+    assert (incremental - moved).abs().max().item() > KV_PATH_FP32
 
 
 def test_batch_with_different_lengths(pair):
@@ -112,12 +117,6 @@ def test_perturbed_weight_breaks_parity(pair):
     """The parity test can fail: one perturbed weight moves the logits past the tolerance."""
     hf, ours, cfg, _ = pair
     ids = torch.randint(0, cfg.vocab_size, (1, 8), generator=torch.Generator().manual_seed(4))
-    with torch.no_grad():
-        w = ours.model.layers[1].self_attn.k_proj.weight
-        saved = w.clone()
-        w.add_(0.01 * torch.randn(w.shape, generator=torch.Generator().manual_seed(5)))
-        try:
-            diff = (run_full(ours, ids) - hf(ids).logits).abs().max().item()
-        finally:
-            w.copy_(saved)
+    with torch.no_grad(), perturbed(ours) as moved:
+        diff = (run_full(moved, ids) - hf(ids).logits).abs().max().item()
     assert diff > TORCH_VS_HF_FP32

@@ -14,6 +14,7 @@ from llm_onnx.runtime import Model
 from llm_onnx.runtime import Engine
 from tests.conftest import FAMILY_ARCHS, TINY_ARCHS
 from tests.ort_helpers import Graphs
+from tests.perturb import perturbed
 
 NEW = 16
 
@@ -51,6 +52,10 @@ def test_greedy_batch_equals_transformers(arch, tiny_hf, tiny_export):
     for prompt, result in zip(prompts, results):
         tokens, reason = hf_greedy_run(hf, prompt, NEW, model.eos_token_ids)
         assert (result.token_ids, result.finish_reason) == (tokens, reason)
+    # The twin: greedy tokens of transformers with one perturbed weight differ somewhere.
+    with perturbed(hf, scale=0.3) as moved:
+        assert any(hf_greedy(moved, p, NEW, model.eos_token_ids) != r.token_ids
+                   for p, r in zip(prompts, results))
 
 
 def test_kv_cache_is_updated_in_place(tiny_export):
