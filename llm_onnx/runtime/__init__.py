@@ -14,8 +14,9 @@ from llm_onnx.runtime.engine import Engine, EngineProtocol, RuntimeOptions
 from llm_onnx.runtime.generator import Generator
 from llm_onnx.runtime.kv_cache import KVCache
 from llm_onnx.runtime.model import ChatSession, Model
+from llm_onnx.runtime.reasoning import ChatPiece
 from llm_onnx.runtime.sampling import GenerationOptions
 from llm_onnx.runtime.sequence import Result, Timings, TokenEvent, TokenLogprob
 
-__all__ = ["ChatSession", "Engine", "EngineProtocol", "GenerationOptions", "Generator", "KVCache",
-           "Model", "Result", "RuntimeOptions", "Timings", "TokenEvent", "TokenLogprob"]
+__all__ = ["ChatPiece", "ChatSession", "Engine", "EngineProtocol", "GenerationOptions", "Generator",
+           "KVCache", "Model", "Result", "RuntimeOptions", "Timings", "TokenEvent", "TokenLogprob"]

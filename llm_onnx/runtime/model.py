@@ -3,6 +3,7 @@
     from llm_onnx.runtime import Model
     model = Model.load("models/smollm2-int8")
     print(model.chat([{"role": "user", "content": "What is the capital of France?"}]).text)
+    model.chat(messages, template_vars={"enable_thinking": False})  # the template's switches
     for piece in model.stream("Once upon a time", max_new_tokens=64, temperature=0.8, seed=1):
         print(piece, end="", flush=True)
 
@@ -24,13 +25,15 @@ import tokenizers
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.model_folder import GenerationDefaults
-from llm_onnx.runtime.chat import Message, render_chat
+from llm_onnx.runtime.chat import Message, check_template_vars, render_chat
 from llm_onnx.runtime.engine import Engine, RuntimeOptions
 from llm_onnx.runtime.generator import Generator, row_options
+from llm_onnx.runtime.reasoning import ChatPiece, ReasoningSplitter, has_think_tokens, opens_thought
 from llm_onnx.runtime.sampling import GenerationOptions
 from llm_onnx.runtime.sequence import Result
 
 Prompt = str | Sequence[int]
+Tools = Sequence[dict[str, Any]]
 
 
 class Model:
@@ -76,6 +79,8 @@ class Model:
         self.eos_token_ids = tuple(int(i) for i in eos)
         self.chat_template = chat_template
         self.special_tokens = dict(special_tokens)
+        # <think>...</think> in chat replies is returned apart (Result.reasoning, ChatPiece)
+        self.splits_reasoning = has_think_tokens(tokenizer)
         # The checkpoint's sampling defaults, unless it says not to sample.
         self.defaults = GenerationOptions()
         if generation.do_sample is not False:
@@ -108,10 +113,20 @@ class Model:
             raise GenerationError("this model folder has no tokenizer.json.")
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True, *,
+                    tools: Tools | None = None,
+                    template_vars: dict[str, Any] | None = None) -> str:
+        """The prompt text of ``messages`` with the model's chat template; ``tools`` (OpenAI's
+        function schemas) and ``template_vars`` (``{"enable_thinking": False}``, ...) are passed
+        to the template as transformers' ``apply_chat_template`` passes them."""
         if not self.chat_template:
             raise GenerationError("this model has no chat template; use generate() with a raw prompt.")
-        return render_chat(self.chat_template, messages, self.special_tokens, add_generation_prompt)
+        if tools is not None and (isinstance(tools, (str, bytes, dict)) or not all(
+                isinstance(t, dict) for t in tools)):
+            raise GenerationError("tools must be a list of dicts (OpenAI's {'type': 'function', "
+                                  "'function': {...}} schemas).")
+        return render_chat(self.chat_template, messages, self.special_tokens, add_generation_prompt,
+                           tools=tools, **check_template_vars(template_vars))
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
@@ -170,24 +185,49 @@ class Model:
         opts = self.options(options, overrides)
         return _text(self._start([self._prompt_ids(prompt)], opts))
 
-    def chat(self, messages: Sequence[Message], options: GenerationOptions | None = None,
+    def chat(self, messages: Sequence[Message], options: GenerationOptions | None = None, *,
+             tools: Tools | None = None, template_vars: dict[str, Any] | None = None,
              **overrides: Any) -> Result:
-        """One answer to a conversation, with the model's own chat template."""
-        return self.generate(self.chat_prompt(messages), options, **overrides)  # type: ignore[return-value]
+        """One answer to a conversation, with the model's own chat template (``tools`` and
+        ``template_vars`` go to the template). A reasoning model's ``<think>`` block comes back
+        apart: ``result.reasoning`` is the thinking, ``result.text`` the answer after it."""
+        prompt = self.render_chat(messages, tools=tools, template_vars=template_vars)
+        result = self.generate(self._encode_chat(prompt), options, **overrides)
+        splitter = self._splitter(prompt)
+        if splitter is None:
+            return result  # type: ignore[return-value]
+        splitter.push(result.text)  # type: ignore[union-attr]
+        splitter.flush()
+        return dataclasses.replace(result, text=splitter.answer, reasoning=splitter.reasoning)
 
-    def stream_chat(self, messages: Sequence[Message], options: GenerationOptions | None = None,
-                    **overrides: Any) -> Iterator[str]:
-        """``chat``, streamed: text pieces as they become valid UTF-8."""
-        return self.stream(self.chat_prompt(messages), options, **overrides)
+    def stream_chat(self, messages: Sequence[Message], options: GenerationOptions | None = None, *,
+                    tools: Tools | None = None, template_vars: dict[str, Any] | None = None,
+                    **overrides: Any) -> Iterator[ChatPiece]:
+        """``chat``, streamed: text pieces as they become valid UTF-8, each a ``ChatPiece`` (a
+        str whose ``reasoning`` says whether it is thinking or answer)."""
+        prompt = self.render_chat(messages, tools=tools, template_vars=template_vars)
+        return _chat_pieces(self.stream(self._encode_chat(prompt), options, **overrides),
+                            self._splitter(prompt))
 
-    def chat_prompt(self, messages: Sequence[Message]) -> list[int]:
+    def chat_prompt(self, messages: Sequence[Message], *, tools: Tools | None = None,
+                    template_vars: dict[str, Any] | None = None) -> list[int]:
         """The token ids of ``messages`` rendered with the model's chat template, ready for the
         assistant's answer (the template writes any BOS token itself)."""
-        return self.encode(self.render_chat(messages), add_special_tokens=False)
+        return self._encode_chat(self.render_chat(messages, tools=tools,
+                                                  template_vars=template_vars))
 
-    def chat_session(self, system: str | None = None) -> ChatSession:
+    def chat_session(self, system: str | None = None, *, tools: Tools | None = None,
+                     template_vars: dict[str, Any] | None = None) -> ChatSession:
         """A multi-turn conversation that keeps earlier turns in the KV cache."""
-        return ChatSession(self, system)
+        return ChatSession(self, system, tools=tools, template_vars=template_vars)
+
+    def _encode_chat(self, prompt: str) -> list[int]:
+        return self.encode(prompt, add_special_tokens=False)
+
+    def _splitter(self, prompt: str) -> ReasoningSplitter | None:
+        """A reasoning splitter for the reply to ``prompt`` (None: the model has no think
+        tokens, the reply is all answer)."""
+        return ReasoningSplitter(opens_thought(prompt)) if self.splits_reasoning else None
 
     def _start(self, prompts: list[list[int]], opts: GenerationOptions) -> Generator:
         """A generator with one row per prompt, every prompt in place. One prompt: the cache is
@@ -202,11 +242,24 @@ class Model:
 
 class ChatSession:
     """A conversation whose earlier turns stay in the KV cache: each turn's prompt is the whole
-    conversation, and the generator runs only the tokens its cache does not already hold."""
+    conversation, and the generator runs only the tokens after the longest prefix its cache
+    already holds. That prefix is all of the cache when the template renders earlier turns as
+    they were generated; when it rewrites them (Qwen3 drops an earlier answer's ``<think>``
+    block), the cache is cut back to the tokens the new prompt still starts with and the rest
+    runs again. ``last.timings.prefill_tokens`` counts the tokens run.
 
-    def __init__(self, model: Model, system: str | None = None) -> None:
+    Args:
+        model: the loaded Model.
+        system: a system message opening the conversation.
+        tools, template_vars: passed to the chat template on every turn (see Model.chat).
+    """
+
+    def __init__(self, model: Model, system: str | None = None, *, tools: Tools | None = None,
+                 template_vars: dict[str, Any] | None = None) -> None:
         self.model = model
         self.system = system
+        self.tools = tools
+        self.template_vars = check_template_vars(template_vars)
         self._generator = model.generator()
         self.reset()
 
@@ -217,20 +270,29 @@ class ChatSession:
         self.last: Result | None = None
 
     def stream(self, text: str, options: GenerationOptions | None = None,
-               **overrides: Any) -> Iterator[str]:
-        """The answer to ``text`` as streamed pieces; the turn is recorded when the stream ends."""
+               **overrides: Any) -> Iterator[ChatPiece]:
+        """The answer to ``text`` as streamed pieces; the turn is recorded when the stream ends
+        (the answer as the assistant's content, any thinking as its ``reasoning_content``)."""
         model = self.model
         opts = model.options(options, overrides)
         if not isinstance(text, str) or not text.strip():
             raise GenerationError("the message is empty.")
         messages = self.messages + [{"role": "user", "content": text}]
-        ids = model._prompt_ids(model.chat_prompt(messages))
+        prompt = model.render_chat(messages, tools=self.tools, template_vars=self.template_vars)
+        ids = model._prompt_ids(model._encode_chat(prompt))
         gen = self._generator
         gen.release()  # the previous turn's keys and values stay: the new prompt starts with them
         gen.append_tokens(ids, options=opts)
-        yield from _text(gen)
+        splitter = model._splitter(prompt)
+        yield from _chat_pieces(_text(gen), splitter)
         result = gen.result()
-        self.messages = messages + [{"role": "assistant", "content": result.text}]
+        reply: Message = {"role": "assistant", "content": result.text}
+        if splitter is not None:
+            result = dataclasses.replace(result, text=splitter.answer, reasoning=splitter.reasoning)
+            reply = {"role": "assistant", "content": result.text}
+            if result.reasoning:
+                reply["reasoning_content"] = result.reasoning
+        self.messages = messages + [reply]
         self.last = result
 
     def send(self, text: str, options: GenerationOptions | None = None, **overrides: Any) -> Result:
@@ -245,6 +307,17 @@ def _text(gen: Generator) -> Iterator[str]:
     for event in gen.events():
         if event.text and event.row == 0:
             yield event.text
+
+
+def _chat_pieces(pieces: Iterator[str], splitter: ReasoningSplitter | None) -> Iterator[ChatPiece]:
+    """Text pieces of a chat reply as ChatPieces, split into thinking and answer if ``splitter``."""
+    if splitter is None:
+        for piece in pieces:
+            yield ChatPiece(piece)
+        return
+    for piece in pieces:
+        yield from splitter.push(piece)
+    yield from splitter.flush()
 
 
 def _is_batch(prompt: Any) -> bool:

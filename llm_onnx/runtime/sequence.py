@@ -57,6 +57,8 @@ class Result:
     ``token_ids`` are every generated token, including a final end-of-sequence token;
     ``finish_reason`` is "stop" (an end-of-sequence token), "stop_string", "length" or
     "cancelled"; ``logprobs`` (when asked for) holds one TokenLogprob per generated token.
+    ``reasoning`` is the thinking of a reasoning model's chat reply (its ``<think>`` block; then
+    ``text`` is the answer after it), None otherwise.
     """
 
     text: str
@@ -65,10 +67,14 @@ class Result:
     prompt_tokens: int
     timings: Timings = field(default_factory=Timings)
     logprobs: list[TokenLogprob] | None = None
+    reasoning: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
-             "prompt_tokens": self.prompt_tokens, "timings": self.timings.to_dict()}
+        d: dict[str, Any] = {"text": self.text, "token_ids": self.token_ids,
+                             "finish_reason": self.finish_reason,
+                             "prompt_tokens": self.prompt_tokens, "timings": self.timings.to_dict()}
+        if self.reasoning is not None:
+            d["reasoning"] = self.reasoning
         if self.logprobs is not None:
             d["logprobs"] = [dataclasses.asdict(lp) for lp in self.logprobs]
         return d

@@ -1,0 +1,152 @@
+"""Thinking and answer apart: the ``<think>...</think>`` block of a reasoning model's reply.
+
+Qwen3, QwQ and the DeepSeek-R1 distills write their reasoning first, between ``<think>`` and
+``</think>`` (tokens of their own in the tokenizer), then the answer. Their chat templates either
+let the model open the block itself (Qwen3), open it in the prompt (DeepSeek-R1: the prompt ends
+with ``<think>\\n``), or close an empty one in the prompt when thinking is off (Qwen3 with
+``enable_thinking=False``). So where a reply starts is read off the prompt (``opens_thought``),
+and the reply is then split as it streams:
+
+    prompt leaves a block open:  reasoning ... </think> answer
+    otherwise:                   <think> reasoning </think> answer   (whitespace before <think> ok)
+                                 answer                              (no block: all answer, as is)
+
+Newlines around the reasoning and before the answer are dropped, as the Qwen3 template itself
+drops them when it renders an earlier turn. A block still open at the end (the reply ran out of
+tokens) is all reasoning. Text split into any pieces gives the same two strings.
+"""
+
+from __future__ import annotations
+
+import tokenizers
+
+THINK_START, THINK_END = "<think>", "</think>"
+
+_OPENING, _THINKING, _AFTER, _ANSWER = range(4)
+
+
+class ChatPiece(str):
+    """A piece of a streamed chat reply: a ``str``, and ``reasoning`` is True for thinking text
+    (always False for a model without think tokens)."""
+
+    reasoning: bool
+
+    def __new__(cls, text: str, reasoning: bool = False) -> ChatPiece:
+        piece = super().__new__(cls, text)
+        piece.reasoning = reasoning
+        return piece
+
+
+def has_think_tokens(tokenizer: tokenizers.Tokenizer | None) -> bool:
+    """True if ``<think>`` and ``</think>`` are tokens of their own that decode as text (added
+    tokens not marked special, as in Qwen3 and the DeepSeek-R1 distills)."""
+    if tokenizer is None:
+        return False
+    ids = [tokenizer.token_to_id(tag) for tag in (THINK_START, THINK_END)]
+    if any(i is None for i in ids):
+        return False
+    added = tokenizer.get_added_tokens_decoder()
+    return not any(i in added and added[i].special for i in ids)
+
+
+def opens_thought(prompt: str) -> bool:
+    """True if the prompt text ends inside a ``<think>`` block (the reply starts with reasoning)."""
+    return prompt.rfind(THINK_START) > prompt.rfind(THINK_END)
+
+
+class ReasoningSplitter:
+    """Splits streamed reply text into reasoning and answer pieces (see the module docstring).
+
+    Args:
+        thinking: the prompt left a ``<think>`` block open (``opens_thought``).
+    """
+
+    def __init__(self, thinking: bool = False) -> None:
+        self._state = _THINKING if thinking else _OPENING
+        self._held = ""
+        self.saw_block = thinking  # a think block was opened, by the prompt or the reply
+        self._reasoning: list[str] = []
+        self._answer: list[str] = []
+
+    @property
+    def reasoning(self) -> str | None:
+        """The reasoning so far; None if no think block was opened."""
+        return "".join(self._reasoning) if self.saw_block else None
+
+    @property
+    def answer(self) -> str:
+        return "".join(self._answer)
+
+    def push(self, text: str) -> list[ChatPiece]:
+        """Add reply text; the pieces that became final (reasoning first)."""
+        self._held += text
+        out: list[ChatPiece] = []
+        while self._held:
+            if self._state == _OPENING:
+                rest = self._held.lstrip()
+                if rest.startswith(THINK_START):
+                    self._held = rest[len(THINK_START):]
+                    self._state, self.saw_block = _THINKING, True
+                elif THINK_START.startswith(rest):  # "", "<", "<th", ...: not decided yet
+                    break
+                else:
+                    self._state = _ANSWER
+            elif self._state == _THINKING:
+                if not self._reasoning:  # newlines after <think>
+                    self._held = self._held.lstrip("\n")
+                    if not self._held:
+                        break
+                end = self._held.find(THINK_END)
+                if end >= 0:
+                    self._emit(out, self._held[:end].rstrip("\n"), True)
+                    self._held = self._held[end + len(THINK_END):]
+                    self._state = _AFTER
+                    continue
+                # Hold back what may still turn out to be the end: a tail that starts the closing
+                # tag, and the newlines before it.
+                keep = _tag_prefix_tail(self._held, THINK_END)
+                head = self._held[:len(self._held) - keep]
+                final = head.rstrip("\n")
+                self._emit(out, final, True)
+                self._held = self._held[len(final):]
+                break
+            elif self._state == _AFTER:
+                self._held = self._held.lstrip("\n")
+                if self._held:
+                    self._state = _ANSWER
+            else:
+                self._emit(out, self._held, False)
+                self._held = ""
+        return out
+
+    def flush(self) -> list[ChatPiece]:
+        """The end of the reply: whatever was held back."""
+        out: list[ChatPiece] = []
+        held, self._held = self._held, ""
+        if self._state == _THINKING:  # the block never closed: all reasoning
+            text = held if self._reasoning else held.lstrip("\n")
+            self._emit(out, text.rstrip("\n"), True)
+        elif self._state != _AFTER:
+            self._emit(out, held, False)
+        return out
+
+    def _emit(self, out: list[ChatPiece], text: str, reasoning: bool) -> None:
+        if text:
+            out.append(ChatPiece(text, reasoning))
+            (self._reasoning if reasoning else self._answer).append(text)
+
+
+def split_reasoning(text: str, thinking: bool = False) -> tuple[str | None, str]:
+    """(reasoning or None, answer) of a whole reply."""
+    splitter = ReasoningSplitter(thinking)
+    splitter.push(text)
+    splitter.flush()
+    return splitter.reasoning, splitter.answer
+
+
+def _tag_prefix_tail(text: str, tag: str) -> int:
+    """Length of the longest tail of ``text`` that is a proper prefix of ``tag``."""
+    for size in range(min(len(text), len(tag) - 1), 0, -1):
+        if tag.startswith(text[len(text) - size:]):
+            return size
+    return 0
