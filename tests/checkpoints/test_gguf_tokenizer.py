@@ -7,13 +7,13 @@ import json
 import random
 from pathlib import Path
 
+import gguf
 import pytest
+import transformers
+from tokenizers import Tokenizer
 
-gguf = pytest.importorskip("gguf")
-from tokenizers import Tokenizer  # noqa: E402
-
-from llm_onnx.checkpoints.gguf_tokenizer import GGUFTokenizer, read_gguf_tokenizer  # noqa: E402
-from llm_onnx.errors import CheckpointError  # noqa: E402
+from llm_onnx.checkpoints.gguf_tokenizer import GGUFTokenizer, read_gguf_tokenizer
+from llm_onnx.errors import CheckpointError
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6  # gguf.TokenType
 
@@ -45,7 +45,6 @@ def _read(path: Path) -> GGUFTokenizer:
 
 
 def _transformers_tokenizer(path: Path):
-    transformers = pytest.importorskip("transformers")
     return transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -30,12 +31,26 @@ def logits_diff(hf, ours, ids) -> float:
         return (run_full(ours, ids) - hf(ids).logits).abs().max().item()
 
 
-def test_alibi_slopes_equal_transformers():
-    from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
+def paper_alibi_slopes(heads: int) -> list[float]:
+    """ALiBi's slopes as the paper defines them (Press et al., 2022, section 3 and its code): for
+    n = 2^k heads the geometric series starting at and with ratio 2^(-8/n); otherwise the series
+    for the largest power of two below, then every other slope of the series for twice it."""
+    def series(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
 
+    closest = 2 ** int(np.floor(np.log2(heads)))
+    return series(closest) + series(2 * closest)[0::2][:heads - closest]
+
+
+def test_alibi_slopes_follow_the_paper():
     for heads in range(1, 34):
-        want = _get_alibi_slopes(heads, torch.device("cpu")).tolist()
-        assert ops.alibi_slopes(heads) == want, heads  # bit-identical float32 values
+        want = np.array(paper_alibi_slopes(heads), np.float64)
+        got = np.array(ops.alibi_slopes(heads), np.float64)
+        assert got.shape == want.shape, heads
+        np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=str(heads))  # float32 values
+    # BLOOM-560m's 16 heads: 2^-0.5, 2^-1, ..., 2^-8
+    assert ops.alibi_slopes(16)[::5] == pytest.approx([2 ** -0.5, 2 ** -3, 2 ** -5.5, 2 ** -8])
 
 
 def test_alibi_bias_is_relative_to_the_last_query():

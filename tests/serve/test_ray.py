@@ -16,7 +16,7 @@ import pytest
 
 from tests.serve.conftest import ServerProcess
 
-pytest.importorskip("ray.serve")
+import ray.serve  # noqa: E402,F401  (the [ray] extra is a required test dependency)
 
 MODEL = "tiny-chat"
 
