@@ -185,6 +185,95 @@ def _sampling_options(func):
     return func
 
 
+class _TemplateVar(click.ParamType):
+    """KEY=VALUE: VALUE is read as JSON when it parses (false, 3, "x", [1, 2]), else as text."""
+
+    name = "KEY=VALUE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        import json
+
+        key, sep, raw = str(value).partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            self.fail(f"{value!r} is not KEY=VALUE with a template variable name as KEY "
+                      "(e.g. enable_thinking=false).", param, ctx)
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = raw
+        return key, parsed
+
+
+def _template_options(func):
+    """Chat template variables, shared by `generate` and `chat`."""
+    options = [
+        click.option("--no-think", is_flag=True,
+                     help="Reasoning models: answer without thinking (the template's "
+                          "enable_thinking=false, as in Qwen3)."),
+        click.option("--template-var", "template_var", type=_TemplateVar(), multiple=True,
+                     help="A chat template variable, KEY=VALUE (repeatable); VALUE is JSON when "
+                          "it parses, else text. E.g. --template-var enable_thinking=false."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _template_vars(model, no_think: bool, pairs) -> dict | None:
+    """--no-think and --template-var as template variables, checked against the model's template:
+    a name it never reads is an error, not a silent no-op."""
+    from llm_onnx.errors import GenerationError
+    from llm_onnx.runtime.chat import RESERVED_VARIABLES, check_template_vars, template_variables
+
+    variables = dict(pairs)
+    if no_think:
+        if variables.get("enable_thinking", False) is not False:
+            raise click.BadParameter("--no-think contradicts --template-var enable_thinking=...",
+                                     param_hint="'--no-think'")
+        variables["enable_thinking"] = False
+    if not variables:
+        return None
+    if not model.chat_template:
+        raise GenerationError("--no-think and --template-var set chat template variables, but "
+                              "this model has no chat template.")
+    try:
+        check_template_vars(variables)
+    except GenerationError as e:
+        raise click.BadParameter(str(e), param_hint="'--template-var'") from None
+    reads = template_variables(model.chat_template)
+    unread = [name for name in variables if name not in reads]
+    if no_think and "enable_thinking" in unread:
+        raise GenerationError("--no-think: this model's chat template has no enable_thinking "
+                              "switch (it does not think, or always does).")
+    if unread:
+        names = sorted(reads - RESERVED_VARIABLES - set(model.special_tokens))
+        raise click.BadParameter(f"the model's chat template does not use {unread[0]!r} (it "
+                                 f"reads: {', '.join(names) or 'no other variables'}).",
+                                 param_hint="'--template-var'")
+    return variables
+
+
+def _echo_pieces(pieces) -> None:
+    """Print a reply as it streams: the answer to stdout, a reasoning model's thinking dimmed to
+    stderr (so a pipe gets the answer alone)."""
+    thinking = False
+    for piece in pieces:
+        if getattr(piece, "reasoning", False):
+            click.echo(click.style(piece, dim=True), nl=False, err=True)
+            thinking = True
+            continue
+        if thinking:
+            click.echo(err=True)
+            thinking = False
+        click.echo(piece, nl=False)
+    if thinking:
+        click.echo(err=True)
+    click.echo()
+
+
 _SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
                   "presence_penalty", "frequency_penalty", "seed", "stop", "stop_token_ids")
 
@@ -232,29 +321,39 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 @click.option("--raw", is_flag=True, help="Do not apply the chat template.")
 @click.option("--system", help="System message (chat template only).")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object: text, token_ids, finish_reason, timings.")
+              help="Print one JSON object: text, token_ids, finish_reason, timings (and "
+                   "reasoning, for a reasoning model).")
+@_template_options
 @_sampling_options
 @_handle_errors
-def generate(prompt, prompt_file, raw, system, as_json, **kwargs) -> None:
-    """Generate an answer to PROMPT and stream it to stdout.
+def generate(prompt, prompt_file, raw, system, as_json, no_think, template_var, **kwargs) -> None:
+    """Generate an answer to PROMPT and stream it to stdout (a reasoning model's thinking goes
+    to stderr).
 
     \b
     Examples:
       llm-onnx generate "What is the capital of France?"
       llm-onnx generate --raw "Once upon a time" --temperature 0.8 --seed 1
       llm-onnx generate --model models/qwen3-8b-int4 --json "Hi" | jq .timings
+      llm-onnx generate --model models/qwen3-8b-int4 --no-think "Hi"
     """
     import json as _json
 
+    from llm_onnx.errors import GenerationError
+
     text = _read_prompt(prompt, prompt_file)
     model, overrides = _load_model(kwargs)
+    if raw and (no_think or template_var):
+        raise GenerationError("--no-think and --template-var apply to the chat template, which "
+                              "--raw does not use.")
+    template_vars = _template_vars(model, no_think, template_var)
     if not raw and model.chat_template:
         messages = ([{"role": "system", "content": system}] if system else []) + [
             {"role": "user", "content": text}]
         if as_json:
-            result = model.chat(messages, **overrides)
+            result = model.chat(messages, template_vars=template_vars, **overrides)
         else:
-            pieces = model.stream_chat(messages, **overrides)
+            pieces = model.stream_chat(messages, template_vars=template_vars, **overrides)
     elif as_json:
         result = model.generate(text, **overrides)
     else:
@@ -262,17 +361,17 @@ def generate(prompt, prompt_file, raw, system, as_json, **kwargs) -> None:
     if as_json:
         click.echo(_json.dumps(result.to_dict(), ensure_ascii=False))
         return
-    for piece in pieces:
-        click.echo(piece, nl=False)
-    click.echo()
+    _echo_pieces(pieces)
 
 
 @main.command()
 @click.option("--system", help="System message.")
+@_template_options
 @_sampling_options
 @_handle_errors
-def chat(system, **kwargs) -> None:
-    """Chat with a model; earlier turns stay in the KV cache.
+def chat(system, no_think, template_var, **kwargs) -> None:
+    """Chat with a model; earlier turns stay in the KV cache. A reasoning model's thinking goes
+    to stderr, dimmed.
 
     Type a message and press Enter. /reset starts over, /exit or Ctrl-D leaves.
 
@@ -280,13 +379,15 @@ def chat(system, **kwargs) -> None:
     Examples:
       llm-onnx chat
       llm-onnx chat --model models/qwen3-8b-int4 --temperature 0.7 --seed 1
+      llm-onnx chat --model models/qwen3-8b-int4 --no-think
     """
     from llm_onnx.errors import GenerationError
 
     model, overrides = _load_model(kwargs)
     if not model.chat_template:
         raise GenerationError("this model has no chat template; use `llm-onnx generate --raw`.")
-    session = model.chat_session(system)
+    session = model.chat_session(system, template_vars=_template_vars(model, no_think,
+                                                                      template_var))
     interactive = sys.stdin.isatty()
     while True:
         try:
@@ -304,9 +405,7 @@ def chat(system, **kwargs) -> None:
             session.reset()
             click.echo("(conversation cleared)", err=True)
             continue
-        for piece in session.stream(line, **overrides):
-            click.echo(piece, nl=False)
-        click.echo()
+        _echo_pieces(session.stream(line, **overrides))
 
 
 @main.command()
