@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.model import Model
+from llm_onnx.runtime.reasoning import ChatPiece, ReasoningSplitter
 from llm_onnx.runtime.scheduler import QueueFull, Request as Job, Scheduler, SchedulerClosed
 from llm_onnx.runtime.sequence import Result, TokenEvent
 from llm_onnx.serve import protocol as p
@@ -325,6 +326,9 @@ async def _events(service: Service, request: Request, plan: p.Plan, jobs: list[J
     generated = 0
     status = "499"
     chat = plan.kind == p.CHAT
+    # A reasoning model's reply: each choice's text split into reasoning_content and content.
+    splitters = [ReasoningSplitter(plan.thinking) if chat and plan.thinking is not None else None
+                 for _ in jobs]
     try:
         first = []
         for i in range(len(jobs)):
@@ -342,13 +346,15 @@ async def _events(service: Service, request: Request, plan: p.Plan, jobs: list[J
             i = index[job.id]
             if isinstance(item, TokenEvent):
                 generated += 1
-                if not item.text and plan.logprobs is None and item.finish_reason is None:
+                pieces = _pieces(splitters[i], item.text, item.finish_reason is not None)
+                if not pieces and plan.logprobs is None and item.finish_reason is None:
                     continue
-                choice = _choice(plan, service, i, item, offsets)
+                choice = _choice(plan, service, i, item, pieces, offsets)
                 yield _sse(p.chunk(plan, [choice]))
             elif isinstance(item, Result):
                 if item.finish_reason == "cancelled" and not finished[i]:
-                    end = {"index": i, "delta": {}} if chat else {"index": i, "text": ""}
+                    end = {"index": i, "delta": _delta(_pieces(splitters[i], "", True))} \
+                        if chat else {"index": i, "text": ""}
                     end.update(logprobs=None, finish_reason=p.finish_reason(item.finish_reason))
                     yield _sse(p.chunk(plan, [end]))
                 finished[i] = True
@@ -366,15 +372,33 @@ async def _events(service: Service, request: Request, plan: p.Plan, jobs: list[J
         _count(service, request, status)
 
 
-def _choice(plan: p.Plan, service: Service, i: int, event: TokenEvent,
+def _pieces(splitter: ReasoningSplitter | None, text: str, last: bool) -> list[ChatPiece]:
+    """An event's text as final pieces: as is, or through the choice's reasoning splitter (all
+    that it held back on the last event)."""
+    if splitter is None:
+        return [ChatPiece(text)] if text else []
+    pieces = splitter.push(text)
+    return pieces + splitter.flush() if last else pieces
+
+
+def _delta(pieces: list[ChatPiece]) -> dict[str, str]:
+    """A chat chunk's delta: thinking as ``reasoning_content`` (vLLM's and DeepSeek's field),
+    the answer as ``content``."""
+    delta: dict[str, str] = {}
+    for piece in pieces:
+        key = "reasoning_content" if piece.reasoning else "content"
+        delta[key] = delta.get(key, "") + piece
+    return delta
+
+
+def _choice(plan: p.Plan, service: Service, i: int, event: TokenEvent, pieces: list[ChatPiece],
             offsets: list[int]) -> dict[str, Any]:
     reason = None if event.finish_reason is None else p.finish_reason(event.finish_reason)
     logprobs = None
     if plan.kind == p.CHAT:
         if plan.logprobs is not None and event.logprob is not None:
             logprobs = p.chat_logprobs([event.logprob], service.tokens)
-        delta = {"content": event.text} if event.text else {}
-        return {"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+        return {"index": i, "delta": _delta(pieces), "logprobs": logprobs, "finish_reason": reason}
     if plan.logprobs is not None and event.logprob is not None:
         logprobs = p.completion_logprobs([event.logprob], service.tokens, offsets[i])
     offsets[i] += len(event.text)

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llm_onnx.errors import GenerationError
+from llm_onnx.runtime.chat import check_template_vars, template_variables
 from llm_onnx.runtime.generator import row_options
 from llm_onnx.runtime.model import Model
+from llm_onnx.runtime.reasoning import opens_thought, split_reasoning
 from llm_onnx.runtime.sampling import GenerationOptions
 from llm_onnx.runtime.sequence import Result, TokenLogprob
 
@@ -32,7 +34,9 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream
            # llm-onnx's own options, sent by the openai client as extra_body
            "top_k", "min_p", "repetition_penalty", "ignore_eos"} | _IGNORED
 _CHAT = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
-                   "functions", "function_call", "response_format"}
+                   "functions", "function_call", "response_format",
+                   # vLLM's extra field: variables for the chat template ({"enable_thinking": false})
+                   "chat_template_kwargs"}
 _COMPLETIONS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 MAX_N = 128
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI's legacy completions endpoint
@@ -83,6 +87,9 @@ class Plan:
     logprobs: int | None = None  # None: off; k: the chosen token and k alternatives
     echo: bool = False
     prompt_texts: list[str] = field(default_factory=list)
+    # Chat with a reasoning model: replies are split into reasoning_content and content; True if
+    # the prompt leaves a <think> block open. None: no split (content is the whole reply).
+    thinking: bool | None = None
     id: str = ""
     created: int = 0
 
@@ -257,9 +264,7 @@ def chat_plan(body: Any, model: Model, served: str, context: int) -> Plan:
     body = _object(body)
     _known_fields(body, _CHAT)
     name = _model(body, served)
-    for unsupported in ("tools", "functions"):
-        _unsupported(body, unsupported)
-    _unsupported(body, "tool_choice", "none")
+    _unsupported(body, "functions")
     _unsupported(body, "function_call", "none")
     _unsupported(body, "logit_bias")
     fmt = body.get("response_format")
@@ -268,9 +273,12 @@ def chat_plan(body: Any, model: Model, served: str, context: int) -> Plan:
                                      "'response_format'.")
     if not model.chat_template:
         raise bad("messages", "this model has no chat template; use /v1/completions.")
+    tools = _tools(body, model.chat_template)
+    template_vars = _template_kwargs(body)
     messages = _messages(body.get("messages"))
     try:
-        prompt = model.chat_prompt(messages)
+        text = model.render_chat(messages, tools=tools, template_vars=template_vars)
+        prompt = model.encode(text, add_special_tokens=False)
     except GenerationError as e:
         raise bad("messages", str(e)) from None
     n = _integer(body, "n", 1, MAX_N) or 1
@@ -284,7 +292,59 @@ def chat_plan(body: Any, model: Model, served: str, context: int) -> Plan:
     new = _fit_length(body, ("max_completion_tokens", "max_tokens"), prompt, context, None,
                       "messages")
     return Plan(CHAT, name, [prompt], [replace(options, max_new_tokens=new)], n, stream, usage,
-                logprobs)
+                logprobs, thinking=opens_thought(text) if model.splits_reasoning else None)
+
+
+def _tools(body: dict, template: str) -> list[dict] | None:
+    """The tools to render into the prompt (OpenAI's function schemas, passed to the template as
+    transformers passes them); None without tools or with tool_choice "none". Tool calls in the
+    reply are not parsed: they come back as the text the model wrote."""
+    choice = body.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        raise bad("tool_choice", "'tool_choice' may be \"auto\" or \"none\"; forcing a tool "
+                                 "call is not supported by this server.")
+    tools = body.get("tools")
+    if tools is None or tools == []:
+        return None
+    if "tools" not in template_variables(template):
+        raise bad("tools", "'tools' is not supported by this model's chat template (it does not "
+                           "render tools).")
+    if not isinstance(tools, list):
+        raise bad("tools", "'tools' must be a list of {\"type\": \"function\", \"function\": "
+                           "{...}} objects.")
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise bad(where, f"'{where}' must be an object with \"type\": \"function\".")
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise bad(f"{where}.function", f"'{where}.function' must be an object with a "
+                                           "'name' (and 'description', 'parameters').")
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            raise bad(f"{where}.function.name", f"'{where}.function.name' must be a non-empty "
+                                                "string.")
+        if not isinstance(function.get("description", ""), str):
+            raise bad(f"{where}.function.description",
+                      f"'{where}.function.description' must be a string.")
+        if not isinstance(function.get("parameters", {}), dict):
+            raise bad(f"{where}.function.parameters",
+                      f"'{where}.function.parameters' must be a JSON Schema object.")
+    return None if choice == "none" else tools
+
+
+def _template_kwargs(body: dict) -> dict[str, Any] | None:
+    """vLLM's ``chat_template_kwargs``: variables for the chat template. Names the template does
+    not read are ignored, as transformers and vLLM ignore them."""
+    value = body.get("chat_template_kwargs")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise bad("chat_template_kwargs", "'chat_template_kwargs' must be an object of chat "
+                                          "template variables, like {\"enable_thinking\": false}.")
+    try:
+        return check_template_vars(value)
+    except GenerationError as e:
+        raise bad("chat_template_kwargs", f"'chat_template_kwargs': {e}") from None
 
 
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -319,8 +379,34 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
         if not isinstance(content, str):
             raise bad(f"{where}.content", f"'{where}.content' must be a string or a list of "
                                           "text parts.")
-        out.append({"role": "system" if role == "developer" else role, "content": content})
+        message = {"role": "system" if role == "developer" else role, "content": content}
+        for key in ("name", "tool_call_id", "reasoning_content", "reasoning"):
+            value = m.get(key)
+            if value is not None:
+                if not isinstance(value, str):
+                    raise bad(f"{where}.{key}", f"'{where}.{key}' must be a string.")
+                message[key] = value
+        if m.get("tool_calls") is not None:
+            if role != "assistant":
+                raise bad(f"{where}.tool_calls", "only assistant messages carry 'tool_calls'.")
+            message["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
+        out.append(message)
     return out
+
+
+def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's tool calls: [{"id", "type": "function", "function": {"name",
+    "arguments"}}], arguments a JSON string (OpenAI's form) or an object."""
+    if not isinstance(calls, list):
+        raise bad(where, f"'{where}' must be a list of tool calls.")
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or \
+                not isinstance(function.get("arguments", ""), (str, dict)):
+            raise bad(f"{where}[{j}]", f"'{where}[{j}]' must be {{\"id\": ..., \"type\": "
+                                       "\"function\", \"function\": {\"name\": ..., "
+                                       "\"arguments\": \"<JSON>\"}}.")
+    return calls
 
 
 def completion_plan(body: Any, model: Model, served: str, context: int) -> Plan:
@@ -470,8 +556,11 @@ def response(plan: Plan, results: Sequence[Result], text: TokenText) -> dict[str
     choices = []
     for index, r in enumerate(results):
         if plan.kind == CHAT:
-            choice = {"index": index, "message": {"role": "assistant", "content": r.text,
-                                                  "refusal": None},
+            message: dict[str, Any] = {"role": "assistant", "content": r.text, "refusal": None}
+            if plan.thinking is not None:
+                message["reasoning_content"], message["content"] = \
+                    split_reasoning(r.text, plan.thinking)
+            choice = {"index": index, "message": message,
                       "logprobs": None if plan.logprobs is None or r.logprobs is None
                       else chat_logprobs(r.logprobs, text),
                       "finish_reason": finish_reason(r.finish_reason)}
