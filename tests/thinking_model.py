@@ -12,9 +12,10 @@ The nudge (a scripted chain, so a reply's think block does not depend on chance)
 of ``assistant``, ``<think>`` and ``t20`` are scaled up until they dominate the residual stream at
 their positions, and the LM-head rows of the tokens meant to follow (``<think>``, ``t20``,
 ``</think>``) point along them; the tokens that only templates write (``<|im_start|>``, the
-roles) get zero LM-head rows (logit 0, below the best of the others), so a reply cannot start a second chain. Keys and values are computed from normalised inputs, so every
-other token still depends on the whole context through attention: after ``</think>`` the reply is
-the random model's own (greedy, checked against transformers below).
+roles) get zero LM-head rows (logit 0, below the best of the others), so a reply cannot start a
+second chain. Keys and values are computed from normalised inputs, so every other token still
+depends on the whole context through attention: after ``</think>`` the reply is the random
+model's own (tests/runtime/test_chat_reasoning.py checks it against transformers' greedy).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream
            "top_k", "min_p", "repetition_penalty", "ignore_eos"} | _IGNORED
 _CHAT = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                    "functions", "function_call", "response_format",
-                   # vLLM's extra field: variables for the chat template ({"enable_thinking": false})
+                   # vLLM's extra field: chat template variables ({"enable_thinking": false})
                    "chat_template_kwargs"}
 _COMPLETIONS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 MAX_N = 128

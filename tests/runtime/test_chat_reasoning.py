@@ -84,7 +84,7 @@ def test_any_split_of_the_stream_gives_the_same_reasoning_and_answer(parts, thin
 def test_where_a_reply_starts_is_read_off_the_prompt():
     assert not opens_thought("<|im_start|>assistant\n")
     assert opens_thought("<｜Assistant｜><think>\n")  # DeepSeek-R1
-    assert not opens_thought("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # Qwen3, thinking off
+    assert not opens_thought("<|im_start|>assistant\n<think>\n\n</think>\n\n")  # thinking off
     assert not opens_thought("...<think>a</think>...<|im_start|>assistant\n")
 
 

@@ -36,7 +36,8 @@ TIME = {"type": "function", "function": {"name": "get_time", "description": "Loc
                                          "parameters": {"type": "object", "properties": {}}}}
 
 USER = {"role": "user", "content": "What is the capital of France?"}
-THOUGHT = {"role": "assistant", "content": "<think>\nThe user asks about France.\n</think>\n\nParis."}
+THOUGHT = {"role": "assistant",
+           "content": "<think>\nThe user asks about France.\n</think>\n\nParis."}
 CONVERSATIONS = {
     "user": [USER],
     "system": [{"role": "system", "content": "Be brief."}, USER],
