@@ -17,11 +17,11 @@ import datetime
 from pathlib import Path
 
 import pytest
+import transformers
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.chat import render_chat, template_variables
 
-transformers = pytest.importorskip("transformers")
 
 QWEN3 = (Path(__file__).parents[1] / "fixtures" / "chat_templates" / "qwen3.jinja").read_text(
     encoding="utf-8")
