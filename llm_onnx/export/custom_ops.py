@@ -85,9 +85,9 @@ def alibi_bias(input_ids: INT64, total_sequence_length: INT32, slopes: list[floa
 
 @onnxscript.script(opset=_here)
 def rotary_embedding(x: TFloat, position_ids: INT64, cos_cache: TFloat, sin_cache: TFloat,
-                     num_heads: int, interleaved: bool) -> TFloat:
+                     num_heads: int, interleaved: bool, rotary_dim: int) -> TFloat:
     return msft.RotaryEmbedding(x, position_ids, cos_cache, sin_cache, num_heads=num_heads,
-                                interleaved=interleaved)
+                                interleaved=interleaved, rotary_embedding_dim=rotary_dim)
 
 
 @onnxscript.script(opset=_here)

@@ -267,18 +267,26 @@ def _(input_ids, total_sequence_length, slopes):
     return input_ids.new_empty((1, len(slopes), input_ids.shape[1], s), dtype=torch.float32)
 
 
-@torch.library.custom_op("llm_onnx::rotary_embedding", mutates_args=())
 def rotary_embedding(x: Tensor, position_ids: Tensor, cos_cache: Tensor, sin_cache: Tensor,
                      num_heads: int, interleaved: bool) -> Tensor:
-    """RoPE on x (B, T, N*D) at position_ids (B, T)."""
+    """RoPE on x (B, T, N*D) at position_ids (B, T), rotating the first R = 2 * cos_cache's
+    width dimensions of each head (R < D: partial rotary, Phi-4-mini), which the ONNX op is told
+    (``rotary_embedding_dim``; without it ONNX Runtime expects R = D)."""
+    return _rotary_embedding(x, position_ids, cos_cache, sin_cache, num_heads, interleaved,
+                             2 * cos_cache.shape[-1])
+
+
+@torch.library.custom_op("llm_onnx::rotary_embedding", mutates_args=())
+def _rotary_embedding(x: Tensor, position_ids: Tensor, cos_cache: Tensor, sin_cache: Tensor,
+                      num_heads: int, interleaved: bool, rotary_dim: int) -> Tensor:
     b, t, width = x.shape
     y = rotate(x.reshape(b, t, num_heads, width // num_heads), cos_cache, sin_cache,
                position_ids, interleaved)
     return y.reshape(b, t, width)
 
 
-@rotary_embedding.register_fake
-def _(x, position_ids, cos_cache, sin_cache, num_heads, interleaved):
+@_rotary_embedding.register_fake
+def _(x, position_ids, cos_cache, sin_cache, num_heads, interleaved, rotary_dim):
     return torch.empty_like(x)
 
 
