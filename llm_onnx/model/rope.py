@@ -1,7 +1,15 @@
-"""Rotary position embedding tables (cos/sin caches), including Llama 3's frequency scaling.
+"""Rotary position embedding tables (cos/sin caches), including Llama 3's frequency scaling and
+Phi-3's LongRoPE.
 
 The rotation itself is ``ops.rotate``; these caches are what ORT's RotaryEmbedding and
 GroupQueryAttention take: (max_positions, rotary_dim / 2).
+
+LongRoPE (Phi-3, Phi-4-mini) divides each inverse frequency by its own factor, from one of two
+lists: ``short_factor`` for sequences within ``original_max_position_embeddings``,
+``long_factor`` beyond. transformers picks the list on every forward by the current length; a
+table cannot follow that, so the rule here is by the table's length: tables longer than the
+original context use the long factors at every position, others the short ones
+(docs/architectures.md). Both lists come with an attention factor that scales cos and sin.
 """
 
 from __future__ import annotations
@@ -13,12 +21,37 @@ import torch
 from llm_onnx.model.config import ModelConfig
 
 
-def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
-    """(rotary_dim / 2,) float64 inverse frequencies, scaled as rope_scaling says."""
+def _scaling(cfg: ModelConfig) -> tuple[str, dict]:
+    scaling = cfg.rope_scaling or {}
+    return scaling.get("rope_type", scaling.get("type", "default")), scaling
+
+
+def uses_long_factors(cfg: ModelConfig, max_positions: int) -> bool:
+    """LongRoPE: whether tables of ``max_positions`` rows take the long factors."""
+    kind, scaling = _scaling(cfg)
+    return kind == "longrope" and max_positions > int(scaling["original_max_position_embeddings"])
+
+
+def attention_factor(cfg: ModelConfig) -> float:
+    """What cos and sin are multiplied by: LongRoPE's ``attention_factor``, else
+    sqrt(1 + ln(factor) / ln(original context)) with ``factor`` = max_position_embeddings /
+    original (transformers' default); 1 for every other kind of RoPE."""
+    kind, scaling = _scaling(cfg)
+    if kind != "longrope":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    original = int(scaling["original_max_position_embeddings"])
+    factor = float(scaling.get("factor") or cfg.max_position_embeddings / original)
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+
+
+def inverse_frequencies(cfg: ModelConfig, max_positions: int | None = None) -> torch.Tensor:
+    """(rotary_dim / 2,) float64 inverse frequencies, scaled as rope_scaling says (LongRoPE's
+    factors chosen for tables of ``max_positions`` rows, default the config's context)."""
     dim = cfg.rotary_dim
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    scaling = cfg.rope_scaling or {}
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    kind, scaling = _scaling(cfg)
     if kind == "linear":
         inv = inv / float(scaling["factor"])
     elif kind == "llama3":
@@ -31,12 +64,19 @@ def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
         scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
         mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
         inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    elif kind == "longrope":
+        # Phi-3: one factor per frequency, from the short or the long list (module docstring).
+        long = uses_long_factors(cfg, max_positions or cfg.max_position_embeddings)
+        factors = scaling["long_factor" if long else "short_factor"]
+        inv = inv / torch.tensor(factors, dtype=torch.float64)
     return inv
 
 
 def rope_cache(cfg: ModelConfig, max_positions: int, dtype: torch.dtype = torch.float32,
                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin caches of shape (max_positions, rotary_dim / 2), computed in float64."""
-    inv = inverse_frequencies(cfg)
+    """cos and sin caches of shape (max_positions, rotary_dim / 2), computed in float64 (times
+    LongRoPE's attention factor, which transformers applies to cos and sin too)."""
+    inv = inverse_frequencies(cfg, max_positions)
     angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv[None, :]
-    return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)
+    scale = attention_factor(cfg)
+    return (torch.cos(angles) * scale).to(dtype), (torch.sin(angles) * scale).to(dtype)
