@@ -12,6 +12,7 @@ own names, so the canonical check still reports them, naming the file and tensor
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import torch
 
@@ -35,8 +36,7 @@ class FamilySource:
         table = {name: Part(src) for name, src in fam.checkpoint_globals.items()}
         for i in range(cfg.num_hidden_layers):
             table.update(fam.checkpoint_layer(cfg, i))
-        table = {name: Part(prefix + part.source, part.relayout, part.fused_shape)
-                 for name, part in table.items()}
+        table = {name: replace(part, source=prefix + part.source) for name, part in table.items()}
         self._checkpoint_names = {name: part.source for name, part in table.items()}
         self._parts = {name: part for name, part in table.items() if part.source in present}
         if "lm_head.weight" in present:
@@ -63,7 +63,7 @@ class FamilySource:
             want = part.fused_shape(self.cfg, part.source.endswith(".bias"))
             if got != want:
                 raise CheckpointError(f"{self.inner.describe(part.source)}: tensor {part.source} "
-                                      f"(q, k and v fused) has shape {list(got)}, expected "
+                                      f"({part.fused} fused) has shape {list(got)}, expected "
                                       f"{list(want)} for this config.")
         if part.relayout is None:
             return got

@@ -18,13 +18,15 @@ Shape = tuple[int, ...]
 class Part:
     """A canonical tensor = ``relayout(checkpoint tensor source)``.
 
-    ``fused``: one of q, k, v cut from a tensor holding all three; the reader checks the whole
-    tensor's shape first (``fused_shape(cfg, is_bias)``) so a wrong size is reported as such.
+    ``fused_shape``: the part is cut from a tensor holding several (q, k and v; Phi-3's gate and
+    up, named by ``fused``); the reader checks the whole tensor's shape first
+    (``fused_shape(cfg, is_bias)``) so a wrong size is reported as such.
     """
 
     source: str
     relayout: Relayout | None = None
     fused_shape: Callable[[Any, bool], Shape] | None = None
+    fused: str = "q, k and v"
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,21 @@ def concat_part(which: int, transposed: bool) -> Relayout:
         t = t.t() if transposed and t.dim() == 2 else t
         q, kv = qkv_widths(cfg)
         return t.split([q, kv, kv], dim=0)[which]
+
+    return relayout
+
+
+def fused_gate_up_shape(cfg: Any, is_bias: bool) -> Shape:
+    """The shape of a fused gate/up tensor: rows [gate | up], each intermediate_size wide."""
+    rows = 2 * cfg.intermediate_size
+    return (rows,) if is_bias else (rows, cfg.hidden_size)
+
+
+def halves_part(which: int) -> Relayout:
+    """gate (0) or up (1) of a fused tensor whose rows are [gate | up] (Phi-3's gate_up_proj)."""
+
+    def relayout(t: Any, cfg: Any) -> Any:
+        return t.split([cfg.intermediate_size, cfg.intermediate_size], dim=0)[which]
 
     return relayout
 
