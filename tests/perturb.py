@@ -8,6 +8,7 @@ things that are always equal, or a tolerance wider than any bug, passes its twin
 
 from __future__ import annotations
 
+import re
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -17,16 +18,24 @@ import torch
 LAYER = ".1."
 
 
+# The attention output projection of a layer under each family's transformers name: it writes
+# into the residual stream directly, so perturbing it moves the logits in every family.
+ATTENTION_OUTPUT = re.compile(r"(o_proj|attn\.c_proj|self_attention\.dense|out_proj)\.weight$")
+
+
 @contextmanager
 def perturbed(model: torch.nn.Module, scale: float = 0.01, seed: int = 5,
-              kind: str = "matrix") -> Iterator[torch.nn.Module]:
-    """``model`` (transformers' or ours) with its first float parameter of layer 1 moved by
+              kind: str = "matrix", pattern: re.Pattern | None = None,
+              ) -> Iterator[torch.nn.Module]:
+    """``model`` (transformers' or ours) with the first float parameter of layer 1 moved by
     ``scale`` × standard-normal noise, restored when the block ends. ``kind``: ``"matrix"`` (a
-    2-D projection weight) or ``"vector"`` (a 1-D norm weight, present in every export form,
-    quantized or not)."""
+    2-D projection weight, the query or key projection in most families) or ``"vector"`` (a 1-D
+    norm weight, present in every export form, quantized or not); ``pattern``: the first one
+    whose name matches instead (e.g. ATTENTION_OUTPUT)."""
     dims = 2 if kind == "matrix" else 1
     weight = next(p for n, p in model.named_parameters()
-                  if LAYER in n and p.dim() == dims and p.is_floating_point())
+                  if LAYER in n and p.dim() == dims and p.is_floating_point()
+                  and (pattern is None or pattern.search(n)))
     saved = weight.detach().clone()
     noise = torch.randn(weight.shape, generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():

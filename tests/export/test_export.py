@@ -18,7 +18,7 @@ from llm_onnx.export.validate import load_stored
 from llm_onnx.families import get_config
 from tests.conftest import FAMILY_ARCHS, TINY_ARCHS
 from tests.ort_helpers import Graphs, batch_logits, fidelity, hf_logits
-from tests.perturb import perturbed
+from tests.perturb import ATTENTION_OUTPUT, perturbed
 from tests.tolerances import ORT_FP16, ORT_FP32, ORT_QUANT
 
 ARCHS = TINY_ARCHS
@@ -274,7 +274,8 @@ def test_quantized_fidelity_to_the_float_model(arch, precision, options, bar, ti
     f = fidelity(want, got, margin=bar["margin"])
     assert f["kl"] <= bar["kl"] and f["top1_clear"] >= bar["top1"] and f["clear"] >= bar["clear"], f
     assert max(np.abs(g - w).max() for g, w in zip(got, want)) <= bar["error"]
-    # The twin: the same measure against the float model with one perturbed weight fails.
-    with perturbed(tiny_hf(arch)[0], scale=0.3) as hf_moved:
+    # The twin: the same measure against the float model with one perturbed weight fails (the
+    # int4 bar is loose: layer 1's attention output projection, noise 0.3 against weights 0.08).
+    with perturbed(tiny_hf(arch)[0], scale=0.3, pattern=ATTENTION_OUTPUT) as hf_moved:
         moved = hf_logits(hf_moved, rows, PROMPT_LENS, STEPS)
     assert fidelity(moved, got, margin=bar["margin"])["kl"] > bar["kl"]
