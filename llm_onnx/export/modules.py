@@ -209,13 +209,14 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
     if cfg.position_embedding_type == "rope":
         model.model.rotary = RotaryTables(cfg, model.max_positions, model.dtype)
     emb_bits = options.embedding_bits if bits is not None else None
-    emb_block = fitting_block((cfg.hidden_size,), options.block_size)
+    width = cfg.embed_width  # OPT-350m's embeddings are narrower than its layers
+    emb_block = fitting_block((width,), options.block_size)
     if emb_bits is None or emb_block is None:
         model.lm_head = HeadLinear(model.lm_head.weight)  # tied: the embedding's own Parameter
     else:
         # Symmetric, like the embedding: a tied head then shares the embedding's bytes.
-        model.lm_head = NBitsLinear(cfg.hidden_size, cfg.vocab_size, False, model.dtype, emb_bits,
+        model.lm_head = NBitsLinear(width, cfg.vocab_size, False, model.dtype, emb_bits,
                                     emb_block, options.activation_level, False, "symmetric")
-        model.model.embed_tokens = QuantEmbedding(cfg.vocab_size, cfg.hidden_size, model.dtype,
+        model.model.embed_tokens = QuantEmbedding(cfg.vocab_size, width, model.dtype,
                                                   emb_bits, emb_block)
     return model

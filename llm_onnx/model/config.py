@@ -35,7 +35,7 @@ class ModelConfig:
             as in Hugging Face config.json.
         head_dim: explicit (Qwen3-0.6B has 128, not hidden_size // heads).
         intermediate_size: width of the dense MLP.
-        hidden_act: "silu" or a GELU variant: "gelu" (exact, erf), "gelu_new",
+        hidden_act: "silu", "relu" (OPT) or a GELU variant: "gelu" (exact, erf), "gelu_new",
             "gelu_pytorch_tanh", "gelu_fast" (the tanh approximation).
         gated_mlp: down(act(gate(x)) * up(x)) (Llama's SwiGLU) or down(act(up(x))) (GPT-2, BLOOM,
             Falcon).
@@ -51,6 +51,12 @@ class ModelConfig:
             own norm (``post_attention_layernorm``) of the same input.
         sliding_window: Mistral: each query attends to its last ``sliding_window`` keys, itself
             included.
+        position_offset: OPT: the learned position table has this many leading rows that no
+            position uses (position p reads row p + offset).
+        post_layernorm: OPT-350m (``do_layer_norm_before=False``): each sub-block's output is
+            normalized after the residual sum, x = norm(x + f(x)), and there is no final norm.
+        embed_dim: OPT-350m (``word_embed_proj_dim``): the embedding and LM head width when it is
+            not ``hidden_size``; ``project_in`` / ``project_out`` map between the two.
     """
 
     vocab_size: int
@@ -81,6 +87,9 @@ class ModelConfig:
     parallel_attn: bool = False  # GPT-J / Falcon: attention and MLP read the same normed input
     parallel_attn_shared_norm: bool = True  # Falcon-7B: one norm feeds both branches
     sliding_window: int | None = None  # Mistral: attend to at most this many keys
+    position_offset: int = 0  # OPT: position p reads row p + 2 of the learned table
+    post_layernorm: bool = False  # OPT-350m: x = norm(x + f(x)), no final norm
+    embed_dim: int | None = None  # OPT-350m: embedding / head width, projected to hidden_size
     architecture: str = "LlamaForCausalLM"  # the Hugging Face class this config mirrors
 
     def __post_init__(self) -> None:
@@ -109,10 +118,22 @@ class ModelConfig:
                 not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
             problems.append(f"sliding_window must be a positive integer or None, got "
                             f"{self.sliding_window!r}")
+        if self.position_offset and self.position_embedding_type != "learned":
+            problems.append("position_offset needs learned positions")
+        if self.post_layernorm and (self.parallel_attn or self.embedding_layernorm):
+            problems.append("post_layernorm with parallel attention or an embedding norm is not "
+                            "supported")
+        if self.embed_dim is not None and (not isinstance(self.embed_dim, int) or self.embed_dim <= 0):
+            problems.append(f"embed_dim must be a positive integer or None, got {self.embed_dim!r}")
         if self.moe is not None and self.moe.num_experts_per_tok > self.moe.num_experts:
             problems.append("moe.num_experts_per_tok exceeds moe.num_experts")
         if problems:
             raise ConfigError("Invalid model config: " + "; ".join(problems) + ".")
+
+    @property
+    def embed_width(self) -> int:
+        """Width of the token embedding and the LM head (OPT-350m's 512; else hidden_size)."""
+        return self.embed_dim or self.hidden_size
 
     @property
     def rotary_dim(self) -> int:
@@ -144,4 +165,4 @@ class ModelConfig:
         return cls(**data)
 
 
-_ACTIVATIONS = {"silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast"}
+_ACTIVATIONS = {"silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu"}

@@ -1,10 +1,10 @@
-"""The decoder: one configurable module family for Llama/SmolLM/Mistral, Qwen3, Qwen3-MoE, GPT-2,
-BLOOM and Falcon.
+"""The decoder: one configurable module family for every supported family (llm_onnx/families/).
 
 The older families differ from Llama by flags of the config, each one line here: LayerNorm instead
-of RMSNorm, a plain GELU MLP instead of SwiGLU, learned absolute positions (GPT-2) or ALiBi (BLOOM)
-instead of RoPE, a LayerNorm after the embedding (BLOOM), attention and MLP in parallel from one
-norm (Falcon), a sliding attention window (Mistral).
+of RMSNorm, a plain GELU or ReLU MLP instead of SwiGLU, learned absolute positions (GPT-2, OPT with
+its offset) or ALiBi (BLOOM) instead of RoPE, a LayerNorm after the embedding (BLOOM), attention
+and MLP in parallel from one norm (Falcon), a sliding attention window (Mistral), post-LN layers
+and embeddings narrower than the layers (OPT-350m).
 
 The model is a pure function
 
@@ -158,7 +158,7 @@ class Attention(nn.Module):
 # hidden_act (transformers' names) -> function. The tanh variants are one formula written three
 # ways; BLOOM's BloomGelu is that formula too.
 _ACT = {"silu": F.silu, "gelu": ops.gelu, "gelu_new": ops.fast_gelu,
-        "gelu_pytorch_tanh": ops.fast_gelu, "gelu_fast": ops.fast_gelu}
+        "gelu_pytorch_tanh": ops.fast_gelu, "gelu_fast": ops.fast_gelu, "relu": F.relu}
 
 
 class MLP(nn.Module):
@@ -234,6 +234,7 @@ class DecoderLayer(nn.Module):
         self.dtype = dtype
         self.parallel = cfg.parallel_attn
         self.shared_norm = cfg.parallel_attn and cfg.parallel_attn_shared_norm
+        self.post_norm = cfg.post_layernorm
         self.input_layernorm = make_norm(cfg, cfg.hidden_size)
         self.self_attn = Attention(cfg, dtype, fusion.rotary, fusion.qkv)
         if not self.shared_norm:
@@ -247,6 +248,14 @@ class DecoderLayer(nn.Module):
                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """branch: what the previous layer adds to the residual stream (None: nothing);
         residual: the fp32 stream. Returns (branch, residual, present key, present value)."""
+        if self.post_norm:  # OPT-350m: x = norm(x + attn(x)); x = norm(x + mlp(x))
+            if branch is not None:  # layer 0: the position embeddings
+                residual = residual + branch.float()
+            attn, pk, pv = self.self_attn(residual.to(self.dtype), seqlens_k, total, cos, sin,
+                                          positions, past_key, past_value, bias)
+            h, _ = self.input_layernorm.add(attn.float(), residual)
+            out, _ = self.post_attention_layernorm.add(self.mlp(h.to(self.dtype)).float(), h)
+            return None, out, pk, pv
         if branch is None:
             h = self.input_layernorm(residual)
         else:
@@ -285,19 +294,23 @@ class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fusion: Fusion,
                  max_positions: int) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.embed_width, dtype=dtype)
         self.embed_tokens.weight.requires_grad_(False)
+        if cfg.embed_dim is not None:  # OPT-350m: embeddings narrower than the layers
+            self.project_in = Linear(cfg.embed_dim, cfg.hidden_size, False, dtype)
+            self.project_out = Linear(cfg.hidden_size, cfg.embed_dim, False, dtype)
         if cfg.position_embedding_type == "rope":
             self.rotary = RotaryCache(cfg, max_positions, dtype)
-        if cfg.position_embedding_type == "learned":  # GPT-2: a table of absolute positions
-            self.embed_positions = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size,
-                                                dtype=torch.float32)
+        if cfg.position_embedding_type == "learned":  # GPT-2, OPT: a table of absolute positions
+            self.embed_positions = nn.Embedding(cfg.max_position_embeddings + cfg.position_offset,
+                                                cfg.hidden_size, dtype=torch.float32)
             self.embed_positions.weight.requires_grad_(False)
         if cfg.embedding_layernorm:  # BLOOM
             self.embed_layernorm = make_norm(cfg, cfg.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, i, dtype, fusion) for i in range(cfg.num_hidden_layers))
-        self.norm = make_norm(cfg, cfg.hidden_size)
+        if not cfg.post_layernorm:
+            self.norm = make_norm(cfg, cfg.hidden_size)
 
 
 class Decoder(nn.Module):
@@ -311,7 +324,7 @@ class Decoder(nn.Module):
         self.fusion = fusion or Fusion()
         self.max_positions = max_positions or cfg.max_position_embeddings
         self.model = DecoderModel(cfg, dtype, self.fusion, self.max_positions)
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, False, dtype)
+        self.lm_head = Linear(cfg.embed_width, cfg.vocab_size, False, dtype)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.alibi_slopes = (ops.alibi_slopes(cfg.num_attention_heads)
@@ -328,9 +341,12 @@ class Decoder(nn.Module):
         if cfg.position_embedding_type == "rope":
             cos, sin = m.rotary.cos_cache, m.rotary.sin_cache
         residual = m.embed_tokens(input_ids).float()  # (B, T, D) fp32 residual stream
+        if cfg.embed_dim is not None:  # OPT-350m
+            residual = m.project_in(residual.to(self.dtype)).float()
         branch: Tensor | None = None
-        if cfg.position_embedding_type == "learned":  # GPT-2: added by layer 0's fused norm
-            branch = m.embed_positions(positions)
+        if cfg.position_embedding_type == "learned":  # GPT-2, OPT: added by layer 0
+            branch = m.embed_positions(positions + cfg.position_offset if cfg.position_offset
+                                       else positions)
         if cfg.embedding_layernorm:  # BLOOM
             residual = m.embed_layernorm(residual)
         if cfg.position_embedding_type == "alibi":  # BLOOM: one bias for all layers
@@ -341,12 +357,17 @@ class Decoder(nn.Module):
                                              cos, sin, positions, past[2 * i], past[2 * i + 1],
                                              bias)
             present += [pk, pv]
-        assert branch is not None
-        h, _ = self.model.norm.add(branch.float(), residual)  # (B, T, D)
+        if cfg.post_layernorm:  # the last layer's output is already normalized
+            h = residual
+        else:
+            assert branch is not None
+            h, _ = self.model.norm.add(branch.float(), residual)  # (B, T, D)
         if last_only:
             # Row b's last new token: index seqlens_k[b] - (total - T), clamped for padded decode rows.
             idx = (seqlens_k.to(torch.int64) - total_sequence_length.to(torch.int64) + t).clamp(0, t - 1)
             h = h.gather(1, idx[:, None, None].expand(-1, 1, h.shape[-1]))  # (B, 1, D)
+        if cfg.embed_dim is not None:
+            h = m.project_out(h.to(self.dtype))
         logits = self.lm_head(h.to(self.dtype)).float()
         return (logits, *present)
 

@@ -38,7 +38,7 @@ def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape]:
     if cfg.qk_norm:
         out[f"{p}.self_attn.q_norm.weight"] = (hd,)
         out[f"{p}.self_attn.k_norm.weight"] = (hd,)
-    if not (cfg.parallel_attn and cfg.parallel_attn_shared_norm):
+    if not (cfg.parallel_attn and cfg.parallel_attn_shared_norm):  # (OPT post-LN: after the MLP)
         _norm(out, f"{p}.post_attention_layernorm", cfg, d)
     if cfg.is_moe_layer(i):
         moe = cfg.moe
@@ -58,16 +58,22 @@ def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape]:
 
 def checkpoint_shapes(cfg: ModelConfig) -> dict[str, Shape]:
     """All tensors of a checkpoint, in a stable order (embeddings, layers, final norm, head)."""
-    out: dict[str, Shape] = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size)}
+    out: dict[str, Shape] = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.embed_width)}
+    if cfg.embed_dim is not None:  # OPT-350m
+        out["model.project_in.weight"] = (cfg.hidden_size, cfg.embed_dim)
     if cfg.position_embedding_type == "learned":
-        out["model.embed_positions.weight"] = (cfg.max_position_embeddings, cfg.hidden_size)
+        out["model.embed_positions.weight"] = (cfg.max_position_embeddings + cfg.position_offset,
+                                               cfg.hidden_size)
     if cfg.embedding_layernorm:
         _norm(out, "model.embed_layernorm", cfg, cfg.hidden_size)
     for i in range(cfg.num_hidden_layers):
         out.update(layer_shapes(cfg, i))
-    _norm(out, "model.norm", cfg, cfg.hidden_size)
+    if not cfg.post_layernorm:  # post-LN layers end normalized: no final norm
+        _norm(out, "model.norm", cfg, cfg.hidden_size)
+    if cfg.embed_dim is not None:
+        out["model.project_out.weight"] = (cfg.embed_dim, cfg.hidden_size)
     if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
+        out["lm_head.weight"] = (cfg.vocab_size, cfg.embed_width)
     return out
 
 

@@ -54,6 +54,8 @@ FAMILY_OPS = {
     "gpt2_tiny": {"SkipLayerNormalization", "FastGelu", "Gather"},
     "bloom_tiny": {"LayerNormalization", "SkipLayerNormalization", "FastGelu", "Range"},
     "falcon_tiny": {"LayerNormalization", "SkipLayerNormalization", "Gelu"},
+    # post-LN: every norm follows a residual sum, so all are SkipLayerNormalization
+    "opt_350m_tiny": {"SkipLayerNormalization", "Relu", "Gather"},
 }
 
 

@@ -44,6 +44,8 @@ def test_vendor_figures_spot_check():
     assert num_parameters(get_config("bloom_560m")) == 559_214_592
     assert num_parameters(get_config("falcon_7b")) == 6_921_720_704
     assert num_parameters(get_config("mistral_7b")) == 7_241_732_096
+    assert num_parameters(get_config("opt_125m")) == 125_239_296
+    assert num_parameters(get_config("opt_350m")) == 331_196_416
     assert get_config("mistral_7b").sliding_window == 4096
     f = get_config("falcon_7b")
     assert (f.num_key_value_heads, f.parallel_attn, f.position_embedding_type) == (1, True, "rope")
@@ -58,8 +60,8 @@ def test_every_family_has_a_tiny_preset():
 
 
 # transformers fixes head_dim = hidden / heads for these; GPT-2 and BLOOM also kv heads = heads.
-FIXED_HEAD_DIM = {"GPT2LMHeadModel", "BloomForCausalLM", "FalconForCausalLM"}
-MULTI_HEAD_ONLY = {"GPT2LMHeadModel", "BloomForCausalLM"}
+FIXED_HEAD_DIM = {"GPT2LMHeadModel", "BloomForCausalLM", "FalconForCausalLM", "OPTForCausalLM"}
+MULTI_HEAD_ONLY = {"GPT2LMHeadModel", "BloomForCausalLM", "OPTForCausalLM"}
 
 
 def test_tiny_presets_expose_layout_bugs():
