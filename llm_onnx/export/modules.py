@@ -26,7 +26,8 @@ from llm_onnx.export import quant
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.weights import (Produce, WeightFile, np_dtype, write_cast,
                                      write_experts_quantized, write_quantized)
-from llm_onnx.model.decoder import Decoder, Experts, Linear, RotaryCache
+from llm_onnx.model.decoder import (Decoder, Experts, Linear, RotaryCache,
+                                    SinusoidalPositions)
 
 
 class MatMulLinear(nn.Module):
@@ -148,6 +149,15 @@ class QuantExperts(nn.Module):
         write_experts_quantized(wf, prefix.rstrip("."), self, produce)
 
 
+class SinusoidalTable(SinusoidalPositions):
+    """XGLM's position table in the graphs (model.embed_positions.weight): computed, not read
+    from the checkpoint."""
+
+    def write_tensors(self, prefix: str, produce: Produce, wf: WeightFile,
+                      written: dict[int, str]) -> None:
+        write_cast(wf, f"{prefix}weight", self.table(), torch.float32)
+
+
 class RotaryTables(RotaryCache):
     """The RoPE tables in the graphs (model.rotary.cos_cache, sin_cache): computed, not read
     from the checkpoint."""
@@ -208,6 +218,9 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
     cfg = model.config
     if cfg.position_embedding_type == "rope":
         model.model.rotary = RotaryTables(cfg, model.max_positions, model.dtype)
+    if cfg.position_embedding_type == "sinusoidal":
+        table = model.model.embed_positions
+        model.model.embed_positions = SinusoidalTable(table.rows, table.dim)
     emb_bits = options.embedding_bits if bits is not None else None
     width = cfg.embed_width  # OPT-350m's embeddings are narrower than its layers
     emb_block = fitting_block((width,), options.block_size)

@@ -42,8 +42,9 @@ class ModelConfig:
         qk_norm: Qwen3's per-head RMSNorm on q and k, before RoPE.
         moe: Qwen3-MoE experts; None for a dense model.
         rope_scaling: Hugging Face's dict ({"rope_type": "llama3", ...}) or None.
-        position_embedding_type: "rope", "learned" (GPT-2's table of absolute positions) or
-            "alibi" (BLOOM's per-head linear attention bias).
+        position_embedding_type: "rope", "learned" (GPT-2's table of absolute positions),
+            "alibi" (BLOOM's per-head linear attention bias) or "sinusoidal" (XGLM's fixed table,
+            computed, not loaded).
         norm_type: "rms" (eps ``rms_norm_eps``) or "layer" (LayerNorm with bias, eps
             ``layer_norm_epsilon``).
         parallel_attn: attention and MLP both read the block's normed input and are added to the
@@ -51,8 +52,9 @@ class ModelConfig:
             own norm (``post_attention_layernorm``) of the same input.
         sliding_window: Mistral: each query attends to its last ``sliding_window`` keys, itself
             included.
-        position_offset: OPT: the learned position table has this many leading rows that no
+        position_offset: OPT, XGLM: the position table has this many leading rows that no
             position uses (position p reads row p + offset).
+        embedding_multiplier: XGLM (sqrt(d_model)): the token embeddings are scaled by it.
         post_layernorm: OPT-350m (``do_layer_norm_before=False``): each sub-block's output is
             normalized after the residual sum, x = norm(x + f(x)), and there is no final norm.
         embed_dim: OPT-350m (``word_embed_proj_dim``): the embedding and LM head width when it is
@@ -80,14 +82,15 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     moe: MoEConfig | None = None
     # Choices of older architectures (GPT-2, BLOOM, Falcon, Mistral); defaults are Llama's.
-    position_embedding_type: str = "rope"  # "rope" | "learned" | "alibi"
+    position_embedding_type: str = "rope"  # "rope" | "learned" | "alibi" | "sinusoidal"
     norm_type: str = "rms"  # "rms" | "layer"
     layer_norm_epsilon: float = 1e-5  # used when norm_type == "layer"
     embedding_layernorm: bool = False  # BLOOM: LayerNorm right after the embedding
     parallel_attn: bool = False  # GPT-J / Falcon: attention and MLP read the same normed input
     parallel_attn_shared_norm: bool = True  # Falcon-7B: one norm feeds both branches
     sliding_window: int | None = None  # Mistral: attend to at most this many keys
-    position_offset: int = 0  # OPT: position p reads row p + 2 of the learned table
+    position_offset: int = 0  # OPT, XGLM: position p reads row p + 2 of the position table
+    embedding_multiplier: float = 1.0  # XGLM: token embeddings times sqrt(d_model)
     post_layernorm: bool = False  # OPT-350m: x = norm(x + f(x)), no final norm
     embed_dim: int | None = None  # OPT-350m: embedding / head width, projected to hidden_size
     architecture: str = "LlamaForCausalLM"  # the Hugging Face class this config mirrors
@@ -102,9 +105,9 @@ class ModelConfig:
         if not problems and self.num_attention_heads % self.num_key_value_heads:
             problems.append(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                             f"num_key_value_heads ({self.num_key_value_heads})")
-        if self.position_embedding_type not in ("rope", "learned", "alibi"):
-            problems.append(f"position_embedding_type must be rope, learned or alibi, got "
-                            f"{self.position_embedding_type!r}")
+        if self.position_embedding_type not in ("rope", "learned", "alibi", "sinusoidal"):
+            problems.append(f"position_embedding_type must be rope, learned, alibi or "
+                            f"sinusoidal, got {self.position_embedding_type!r}")
         if self.norm_type not in ("rms", "layer"):
             problems.append(f"norm_type must be 'rms' or 'layer', got {self.norm_type!r}")
         if self.hidden_act not in _ACTIVATIONS:
@@ -118,8 +121,8 @@ class ModelConfig:
                 not isinstance(self.sliding_window, int) or self.sliding_window <= 0):
             problems.append(f"sliding_window must be a positive integer or None, got "
                             f"{self.sliding_window!r}")
-        if self.position_offset and self.position_embedding_type != "learned":
-            problems.append("position_offset needs learned positions")
+        if self.position_offset and self.position_embedding_type not in ("learned", "sinusoidal"):
+            problems.append("position_offset needs a table of positions (learned or sinusoidal)")
         if self.post_layernorm and (self.parallel_attn or self.embedding_layernorm):
             problems.append("post_layernorm with parallel attention or an embedding norm is not "
                             "supported")

@@ -2,7 +2,7 @@
 
 The older families differ from Llama by flags of the config, each one line here: LayerNorm instead
 of RMSNorm, a plain GELU or ReLU MLP instead of SwiGLU, learned absolute positions (GPT-2, OPT with
-its offset) or ALiBi (BLOOM) instead of RoPE, a LayerNorm after the embedding (BLOOM), attention
+its offset), a fixed sinusoidal table (XGLM) or ALiBi (BLOOM) instead of RoPE, a LayerNorm after the embedding (BLOOM), attention
 and MLP in parallel from one norm (Falcon), a sliding attention window (Mistral), post-LN layers
 and embeddings narrower than the layers (OPT-350m).
 
@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from llm_onnx.model import ops
 from llm_onnx.model.config import ModelConfig
-from llm_onnx.model.rope import rope_cache
+from llm_onnx.model.rope import rope_cache, sinusoidal_table
 
 
 class Linear(nn.Module):
@@ -290,6 +290,26 @@ class RotaryCache(nn.Module):
         self.cos_cache, self.sin_cache = self.tables()
 
 
+class SinusoidalPositions(nn.Module):
+    """XGLM's fixed position table, read like a learned one; computed, never loaded (on the meta
+    device a placeholder until ``materialize()``)."""
+
+    def __init__(self, rows: int, dim: int) -> None:
+        super().__init__()
+        self.rows, self.dim = rows, dim
+        self.register_buffer("weight", sinusoidal_table(rows, dim), persistent=False)
+
+    def table(self) -> Tensor:
+        with torch.device("cpu"):
+            return sinusoidal_table(self.rows, self.dim)
+
+    def materialize(self) -> None:
+        self.weight = self.table()
+
+    def forward(self, positions: Tensor) -> Tensor:
+        return F.embedding(positions, self.weight)
+
+
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fusion: Fusion,
                  max_positions: int) -> None:
@@ -305,6 +325,9 @@ class DecoderModel(nn.Module):
             self.embed_positions = nn.Embedding(cfg.max_position_embeddings + cfg.position_offset,
                                                 cfg.hidden_size, dtype=torch.float32)
             self.embed_positions.weight.requires_grad_(False)
+        if cfg.position_embedding_type == "sinusoidal":  # XGLM
+            self.embed_positions = SinusoidalPositions(
+                cfg.max_position_embeddings + cfg.position_offset, cfg.hidden_size)
         if cfg.embedding_layernorm:  # BLOOM
             self.embed_layernorm = make_norm(cfg, cfg.hidden_size)
         self.layers = nn.ModuleList(
@@ -341,10 +364,12 @@ class Decoder(nn.Module):
         if cfg.position_embedding_type == "rope":
             cos, sin = m.rotary.cos_cache, m.rotary.sin_cache
         residual = m.embed_tokens(input_ids).float()  # (B, T, D) fp32 residual stream
+        if cfg.embedding_multiplier != 1.0:  # XGLM: sqrt(d_model)
+            residual = residual * cfg.embedding_multiplier
         if cfg.embed_dim is not None:  # OPT-350m
             residual = m.project_in(residual.to(self.dtype)).float()
         branch: Tensor | None = None
-        if cfg.position_embedding_type == "learned":  # GPT-2, OPT: added by layer 0
+        if cfg.position_embedding_type in ("learned", "sinusoidal"):  # added by layer 0
             branch = m.embed_positions(positions + cfg.position_offset if cfg.position_offset
                                        else positions)
         if cfg.embedding_layernorm:  # BLOOM

@@ -80,3 +80,16 @@ def rope_cache(cfg: ModelConfig, max_positions: int, dtype: torch.dtype = torch.
     angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv[None, :]
     scale = attention_factor(cfg)
     return (torch.cos(angles) * scale).to(dtype), (torch.sin(angles) * scale).to(dtype)
+
+
+def sinusoidal_table(rows: int, dim: int) -> torch.Tensor:
+    """Fixed sinusoidal position embeddings (rows, dim), float32, in tensor2tensor's layout as
+    fairseq and XGLM use it: row n = [sin(n f_0), ..., sin(n f_{h-1}), cos(n f_0), ...] with
+    f_i = 10000^(-i / (h - 1)), h = dim / 2 (an odd dim gets a zero last column)."""
+    half = dim // 2
+    freqs = torch.exp(torch.arange(half, dtype=torch.float64) * -(math.log(10000.0) / (half - 1)))
+    angles = torch.arange(rows, dtype=torch.float64)[:, None] * freqs[None, :]
+    table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+    if dim % 2:
+        table = torch.cat([table, torch.zeros(rows, 1, dtype=torch.float64)], dim=1)
+    return table.float()

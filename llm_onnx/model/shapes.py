@@ -61,7 +61,7 @@ def checkpoint_shapes(cfg: ModelConfig) -> dict[str, Shape]:
     out: dict[str, Shape] = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.embed_width)}
     if cfg.embed_dim is not None:  # OPT-350m
         out["model.project_in.weight"] = (cfg.hidden_size, cfg.embed_dim)
-    if cfg.position_embedding_type == "learned":
+    if cfg.position_embedding_type == "learned":  # (a sinusoidal table is computed, not stored)
         out["model.embed_positions.weight"] = (cfg.max_position_embeddings + cfg.position_offset,
                                                cfg.hidden_size)
     if cfg.embedding_layernorm:

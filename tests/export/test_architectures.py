@@ -56,6 +56,7 @@ FAMILY_OPS = {
     "falcon_tiny": {"LayerNormalization", "SkipLayerNormalization", "Gelu"},
     # post-LN: every norm follows a residual sum, so all are SkipLayerNormalization
     "opt_350m_tiny": {"SkipLayerNormalization", "Relu", "Gather"},
+    "xglm_tiny": {"SkipLayerNormalization", "Gelu", "Gather", "Mul"},  # Mul: sqrt(d) scale
 }
 
 

@@ -207,3 +207,17 @@ def test_wrong_conv1d_shape_names_the_tensor(gpt2_folder, tmp_path):
         {"transformer.h.0.mlp.c_fc.weight": torch.zeros(96, 64)}))
     assert "(tensor transformer.h.0.mlp.c_fc.weight)" in msg
     assert "model.layers.0.mlp.up_proj.weight has shape [64, 96], expected [96, 64]" in msg
+
+
+@pytest.mark.parametrize("dim", [64, 63, 2048])
+def test_sinusoidal_table_equals_xglms(dim):
+    """XGLM's fixed positions, computed by us (float64, then float32) and by transformers."""
+    from transformers.models.xglm.modeling_xglm import XGLMSinusoidalPositionalEmbedding
+
+    from llm_onnx.model.rope import sinusoidal_table
+
+    want = XGLMSinusoidalPositionalEmbedding.get_embedding(130, dim, None)
+    got = sinusoidal_table(130, dim)
+    assert got.shape == want.shape
+    assert (got - want).abs().max().item() <= 1e-4  # theirs is computed in float32
+    assert got[:, : dim // 2].abs().max() > 0.9  # sines and cosines, not a constant

@@ -60,8 +60,9 @@ def test_every_family_has_a_tiny_preset():
 
 
 # transformers fixes head_dim = hidden / heads for these; GPT-2 and BLOOM also kv heads = heads.
-FIXED_HEAD_DIM = {"GPT2LMHeadModel", "BloomForCausalLM", "FalconForCausalLM", "OPTForCausalLM"}
-MULTI_HEAD_ONLY = {"GPT2LMHeadModel", "BloomForCausalLM", "OPTForCausalLM"}
+FIXED_HEAD_DIM = {"GPT2LMHeadModel", "BloomForCausalLM", "FalconForCausalLM", "OPTForCausalLM",
+                  "XGLMForCausalLM"}
+MULTI_HEAD_ONLY = {"GPT2LMHeadModel", "BloomForCausalLM", "OPTForCausalLM", "XGLMForCausalLM"}
 
 
 def test_tiny_presets_expose_layout_bugs():

@@ -1,0 +1,80 @@
+"""XGLM: fixed sinusoidal positions (tensor2tensor's [sin | cos] table, read at position + 2, as
+fairseq did), token embeddings scaled by sqrt(d_model), pre-LN LayerNorm with a final norm, a
+plain GELU MLP, biases on every projection, multi-head attention, tied embeddings. The family
+this project carries for sinusoidal positions: the classic choice teaching material compares
+with learned (GPT-2, OPT) and rotary ones."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from llm_onnx.families.layouts import Part
+from llm_onnx.model.config import ModelConfig
+
+ARCHITECTURE = "XGLMForCausalLM"
+HF_CONFIG_CLASS = "XGLMConfig"
+
+XGLM_1_7B = ModelConfig(
+    architecture=ARCHITECTURE,
+    vocab_size=256_008, hidden_size=2048, num_hidden_layers=24, num_attention_heads=16,
+    num_key_value_heads=16, head_dim=128, intermediate_size=8192, max_position_embeddings=2048,
+    hidden_act="gelu", gated_mlp=False, position_embedding_type="sinusoidal", position_offset=2,
+    embedding_multiplier=math.sqrt(2048), norm_type="layer", layer_norm_epsilon=1e-5,
+    attention_bias=True, o_proj_bias=True, mlp_bias=True, tie_word_embeddings=True,
+)
+XGLM_TINY = XGLM_1_7B.replace(
+    vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=4, head_dim=16, intermediate_size=96, max_position_embeddings=128,
+    embedding_multiplier=math.sqrt(64),
+)
+PRESETS = {"xglm_1_7b": XGLM_1_7B, "xglm_tiny": XGLM_TINY}
+HF_REPOS = {"xglm_1_7b": "facebook/xglm-1.7B"}
+
+
+def config_fields(hf: Any) -> dict[str, Any]:
+    hf.refuse(add_cross_attention=True)
+    hidden = hf.require("d_model")
+    heads = hf.require("attention_heads")
+    return dict(
+        vocab_size=hf.require("vocab_size"), hidden_size=hidden,
+        num_hidden_layers=hf.require("num_layers"), num_attention_heads=heads,
+        num_key_value_heads=heads, head_dim=hidden // heads,
+        intermediate_size=hf.require("ffn_dim"),
+        max_position_embeddings=hf.get("max_position_embeddings", 2048),
+        hidden_act=hf.get("activation_function", "gelu"), gated_mlp=False,
+        position_embedding_type="sinusoidal", position_offset=2,
+        embedding_multiplier=math.sqrt(hidden) if hf.get("scale_embedding", True) else 1.0,
+        norm_type="layer", layer_norm_epsilon=1e-5,  # nn.LayerNorm's default; no config field
+        attention_bias=True, o_proj_bias=True, mlp_bias=True,
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
+    )
+
+
+def hf_config(cfg: ModelConfig) -> dict[str, Any]:
+    return dict(architectures=[cfg.architecture], bos_token_id=None, eos_token_id=None,
+                pad_token_id=1, vocab_size=cfg.vocab_size, d_model=cfg.hidden_size,
+                num_layers=cfg.num_hidden_layers, attention_heads=cfg.num_attention_heads,
+                ffn_dim=cfg.intermediate_size, max_position_embeddings=cfg.max_position_embeddings,
+                activation_function=cfg.hidden_act,
+                scale_embedding=cfg.embedding_multiplier != 1.0,
+                tie_word_embeddings=cfg.tie_word_embeddings)
+
+
+CHECKPOINT_GLOBALS = {"model.embed_tokens.weight": "model.embed_tokens.weight",
+                      "model.norm.weight": "model.layer_norm.weight",
+                      "model.norm.bias": "model.layer_norm.bias"}
+
+
+def checkpoint_layer(cfg: ModelConfig, i: int) -> dict[str, Part]:
+    p = f"model.layers.{i}"
+    out = {}
+    for kind in ("weight", "bias"):
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            out[f"{p}.self_attn.{proj}.{kind}"] = Part(f"{p}.self_attn.{proj}.{kind}")
+        out[f"{p}.self_attn.o_proj.{kind}"] = Part(f"{p}.self_attn.out_proj.{kind}")
+        out[f"{p}.mlp.up_proj.{kind}"] = Part(f"{p}.fc1.{kind}")
+        out[f"{p}.mlp.down_proj.{kind}"] = Part(f"{p}.fc2.{kind}")
+        out[f"{p}.input_layernorm.{kind}"] = Part(f"{p}.self_attn_layer_norm.{kind}")
+        out[f"{p}.post_attention_layernorm.{kind}"] = Part(f"{p}.final_layer_norm.{kind}")
+    return out
