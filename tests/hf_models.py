@@ -29,10 +29,11 @@ def make_hf_model(cfg: ModelConfig, seed: int = 0):
     torch.manual_seed(seed)
     model = getattr(transformers, cfg.architecture)(hf_cfg).eval()
     gen = torch.Generator().manual_seed(seed + 1)
+    offset = family(cfg.architecture).norm_weight_offset  # Gemma: (1 + w) norms
     with torch.no_grad():
         for name, p in model.named_parameters():
             if ("norm" in name or ".ln_" in name) and name.endswith(".weight"):
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+                p.copy_(1.0 - offset + 0.2 * torch.randn(p.shape, generator=gen))
             else:
                 p.copy_(0.08 * torch.randn(p.shape, generator=gen))
     return model

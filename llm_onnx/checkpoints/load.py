@@ -221,6 +221,8 @@ def build_model(cfg: ModelConfig, source: TensorSource | None = None, *,
     # The RoPE tables are computed, not loaded: make them real even on a weightless model.
     if cfg.position_embedding_type == "rope":
         model.model.rotary.materialize()
+        if cfg.rope_local_theta is not None:
+            model.model.rotary_local.materialize()
     if cfg.position_embedding_type == "sinusoidal":
         model.model.embed_positions.materialize()
     if source is not None:

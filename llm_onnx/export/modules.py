@@ -27,7 +27,7 @@ from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.weights import (Produce, WeightFile, np_dtype, write_cast,
                                      write_experts_quantized, write_quantized)
 from llm_onnx.model.decoder import (Decoder, Experts, Linear, RotaryCache,
-                                    SinusoidalPositions)
+                                    SinusoidalPositions, local_rope)
 
 
 class MatMulLinear(nn.Module):
@@ -218,6 +218,9 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
     cfg = model.config
     if cfg.position_embedding_type == "rope":
         model.model.rotary = RotaryTables(cfg, model.max_positions, model.dtype)
+        if cfg.rope_local_theta is not None:  # Gemma 3's sliding layers
+            model.model.rotary_local = RotaryTables(local_rope(cfg), model.max_positions,
+                                                    model.dtype)
     if cfg.position_embedding_type == "sinusoidal":
         table = model.model.embed_positions
         model.model.embed_positions = SinusoidalTable(table.rows, table.dim)

@@ -10,6 +10,8 @@ from Llama, in one place:
     checkpoint     tensor names and layouts when they are not Llama's (GPT-2, BLOOM, Falcon)
     GGUF           llama.cpp's architecture name and tensor names, when GGUF files are read
     hf_config      the transformers config.json of a ModelConfig (the tests' reference twin)
+    NORM_WEIGHT_OFFSET  Gemma: norms multiply by (1 + stored weight), so the twin's random norm
+                   weights are drawn around 0 rather than 1
 
     from llm_onnx import families
     families.get_config("qwen3_8b")                 # a preset, or a ConfigError naming close ones
@@ -81,6 +83,7 @@ class Family:
     checkpoint_skip: str | None = None  # regex of checkpoint tensors that are not weights
     gguf: GGUFNames | None = None
     summary: str = ""
+    norm_weight_offset: float = 0.0  # Gemma: its norms multiply by (offset + stored weight)
 
     def config(self, hf: HFConfig) -> ModelConfig:
         fields = dict(self.config_fields(hf), architecture=self.architecture)
@@ -108,7 +111,8 @@ def _load() -> dict[str, Family]:
             checkpoint_globals=getattr(module, "CHECKPOINT_GLOBALS", None),
             checkpoint_layer=getattr(module, "checkpoint_layer", None),
             checkpoint_skip=getattr(module, "CHECKPOINT_SKIP", None),
-            gguf=getattr(module, "GGUF", None), summary=(module.__doc__ or "").strip())
+            gguf=getattr(module, "GGUF", None), summary=(module.__doc__ or "").strip(),
+            norm_weight_offset=getattr(module, "NORM_WEIGHT_OFFSET", 0.0))
         registry[fam.architecture] = fam
     return registry
 

@@ -54,7 +54,16 @@ class ModelConfig:
             included.
         position_offset: OPT, XGLM: the position table has this many leading rows that no
             position uses (position p reads row p + offset).
-        embedding_multiplier: XGLM (sqrt(d_model)): the token embeddings are scaled by it.
+        embedding_multiplier: XGLM, Gemma 3 (sqrt of the width): the token embeddings are scaled
+            by it.
+        layer_types: Gemma 3: "sliding_attention" or "full_attention" per layer; sliding layers
+            attend to their last ``sliding_window`` keys and take RoPE base
+            ``rope_local_theta`` (unscaled), full layers ``rope_theta`` and ``rope_scaling``.
+        attention_scale: the attention's score scale when it is not head_dim ** -0.5 (Gemma 3:
+            query_pre_attn_scalar ** -0.5).
+        sandwich_norm: Gemma 3: four norms per layer, on the attention's output and on the MLP's
+            output too, before each residual sum.
+        final_logit_softcapping: logits = c * tanh(logits / c) (Gemma), or None.
         post_layernorm: OPT-350m (``do_layer_norm_before=False``): each sub-block's output is
             normalized after the residual sum, x = norm(x + f(x)), and there is no final norm.
         embed_dim: OPT-350m (``word_embed_proj_dim``): the embedding and LM head width when it is
@@ -90,7 +99,12 @@ class ModelConfig:
     parallel_attn_shared_norm: bool = True  # Falcon-7B: one norm feeds both branches
     sliding_window: int | None = None  # Mistral: attend to at most this many keys
     position_offset: int = 0  # OPT, XGLM: position p reads row p + 2 of the position table
-    embedding_multiplier: float = 1.0  # XGLM: token embeddings times sqrt(d_model)
+    embedding_multiplier: float = 1.0  # XGLM, Gemma 3: token embeddings times sqrt(width)
+    layer_types: tuple[str, ...] | None = None  # Gemma 3: sliding / full attention per layer
+    rope_local_theta: float | None = None  # Gemma 3: RoPE base of the sliding layers
+    attention_scale: float | None = None  # None: head_dim ** -0.5
+    sandwich_norm: bool = False  # Gemma 3: norms after attention and MLP as well as before
+    final_logit_softcapping: float | None = None  # Gemma: c * tanh(logits / c)
     post_layernorm: bool = False  # OPT-350m: x = norm(x + f(x)), no final norm
     embed_dim: int | None = None  # OPT-350m: embedding / head width, projected to hidden_size
     architecture: str = "LlamaForCausalLM"  # the Hugging Face class this config mirrors
@@ -128,10 +142,26 @@ class ModelConfig:
                             "supported")
         if self.embed_dim is not None and (not isinstance(self.embed_dim, int) or self.embed_dim <= 0):
             problems.append(f"embed_dim must be a positive integer or None, got {self.embed_dim!r}")
+        if self.layer_types is not None and (
+                len(self.layer_types) != self.num_hidden_layers
+                or set(self.layer_types) - {"sliding_attention", "full_attention"}):
+            problems.append("layer_types must name sliding_attention or full_attention for each "
+                            "layer")
         if self.moe is not None and self.moe.num_experts_per_tok > self.moe.num_experts:
             problems.append("moe.num_experts_per_tok exceeds moe.num_experts")
         if problems:
             raise ConfigError("Invalid model config: " + "; ".join(problems) + ".")
+
+    def layer_window(self, layer: int) -> int | None:
+        """The attention window of ``layer`` (None: the whole context)."""
+        if self.layer_types is not None and self.layer_types[layer] == "full_attention":
+            return None
+        return self.sliding_window
+
+    def layer_is_local(self, layer: int) -> bool:
+        """Whether ``layer`` takes the local RoPE tables (Gemma 3's sliding layers)."""
+        return (self.rope_local_theta is not None and self.layer_types is not None
+                and self.layer_types[layer] == "sliding_attention")
 
     @property
     def embed_width(self) -> int:
@@ -161,6 +191,8 @@ class ModelConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"Unknown model config fields: {', '.join(unknown)}.")
+        if data.get("layer_types") is not None:
+            data["layer_types"] = tuple(data["layer_types"])
         if data.get("moe") is not None:
             moe = dict(data["moe"])
             moe["mlp_only_layers"] = tuple(moe.get("mlp_only_layers", ()))

@@ -100,7 +100,7 @@ def make_norm(cfg: ModelConfig, width: int) -> RMSNorm | LayerNorm:
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fused_rotary: bool,
-                 fuse_qkv: bool) -> None:
+                 fuse_qkv: bool, layer: int = 0) -> None:
         super().__init__()
         self.num_heads, self.kv_heads, self.head_dim = (
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
@@ -118,10 +118,11 @@ class Attention(nn.Module):
         if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.scale = self.head_dim ** -0.5
+        self.scale = cfg.attention_scale or self.head_dim ** -0.5
         # Mistral: each query sees its last `sliding_window` keys, itself included, which is what
         # GroupQueryAttention's local_window_size means (measured: see ops.attention_ref).
-        self.window = cfg.sliding_window or -1
+        # Gemma 3: only its sliding layers.
+        self.window = cfg.layer_window(layer) or -1
         self.rope = cfg.position_embedding_type == "rope"
         self.fused_rotary = fused_rotary and self.rope
 
@@ -235,10 +236,14 @@ class DecoderLayer(nn.Module):
         self.parallel = cfg.parallel_attn
         self.shared_norm = cfg.parallel_attn and cfg.parallel_attn_shared_norm
         self.post_norm = cfg.post_layernorm
+        self.sandwich = cfg.sandwich_norm
         self.input_layernorm = make_norm(cfg, cfg.hidden_size)
-        self.self_attn = Attention(cfg, dtype, fusion.rotary, fusion.qkv)
+        self.self_attn = Attention(cfg, dtype, fusion.rotary, fusion.qkv, index)
         if not self.shared_norm:
             self.post_attention_layernorm = make_norm(cfg, cfg.hidden_size)
+        if self.sandwich:  # Gemma 3
+            self.pre_feedforward_layernorm = make_norm(cfg, cfg.hidden_size)
+            self.post_feedforward_layernorm = make_norm(cfg, cfg.hidden_size)
         self.mlp = (SparseMoE(cfg, dtype) if cfg.is_moe_layer(index)
                     else MLP(cfg, dtype, fusion.gate_up))
 
@@ -262,12 +267,22 @@ class DecoderLayer(nn.Module):
             h, residual = self.input_layernorm.add(branch.float(), residual)
         attn, pk, pv = self.self_attn(h.to(self.dtype), seqlens_k, total, cos, sin, positions,
                                       past_key, past_value, bias)
+        if self.sandwich:  # Gemma 3: x += norm(attn(norm(x))); x += norm(mlp(norm(x)))
+            h, residual = self.pre_feedforward_layernorm.add(
+                self.post_attention_layernorm(attn.float()), residual)
+            return self.post_feedforward_layernorm(self.mlp(h.to(self.dtype)).float()), residual, pk, pv
         if self.parallel:  # Falcon / GPT-J: x + attn(ln(x)) + mlp(ln(x)), one norm or two
             if not self.shared_norm:
                 h = self.post_attention_layernorm(residual)
             return attn.float() + self.mlp(h.to(self.dtype)).float(), residual, pk, pv
         h, residual = self.post_attention_layernorm.add(attn.float(), residual)
         return self.mlp(h.to(self.dtype)), residual, pk, pv
+
+
+def local_rope(cfg: ModelConfig) -> ModelConfig:
+    """The config whose RoPE tables Gemma 3's sliding layers take: the local base, unscaled."""
+    assert cfg.rope_local_theta is not None
+    return cfg.replace(rope_theta=cfg.rope_local_theta, rope_scaling=None)
 
 
 class RotaryCache(nn.Module):
@@ -321,6 +336,8 @@ class DecoderModel(nn.Module):
             self.project_out = Linear(cfg.hidden_size, cfg.embed_dim, False, dtype)
         if cfg.position_embedding_type == "rope":
             self.rotary = RotaryCache(cfg, max_positions, dtype)
+            if cfg.rope_local_theta is not None:  # Gemma 3's sliding layers
+                self.rotary_local = RotaryCache(local_rope(cfg), max_positions, dtype)
         if cfg.position_embedding_type == "learned":  # GPT-2, OPT: a table of absolute positions
             self.embed_positions = nn.Embedding(cfg.max_position_embeddings + cfg.position_offset,
                                                 cfg.hidden_size, dtype=torch.float32)
@@ -361,8 +378,11 @@ class Decoder(nn.Module):
         t = input_ids.shape[1]
         positions = ops.token_positions(seqlens_k, total_sequence_length, t)
         cos = sin = bias = None
+        local: tuple[Tensor | None, Tensor | None] = (None, None)
         if cfg.position_embedding_type == "rope":
             cos, sin = m.rotary.cos_cache, m.rotary.sin_cache
+            if cfg.rope_local_theta is not None:
+                local = (m.rotary_local.cos_cache, m.rotary_local.sin_cache)
         residual = m.embed_tokens(input_ids).float()  # (B, T, D) fp32 residual stream
         if cfg.embedding_multiplier != 1.0:  # XGLM: sqrt(d_model)
             residual = residual * cfg.embedding_multiplier
@@ -378,9 +398,9 @@ class Decoder(nn.Module):
             bias = ops.alibi_bias(input_ids, total_sequence_length, self.alibi_slopes).to(self.dtype)
         present: list[Tensor] = []
         for i, layer in enumerate(m.layers):
+            c, s = local if cfg.layer_is_local(i) else (cos, sin)
             branch, residual, pk, pv = layer(branch, residual, seqlens_k, total_sequence_length,
-                                             cos, sin, positions, past[2 * i], past[2 * i + 1],
-                                             bias)
+                                             c, s, positions, past[2 * i], past[2 * i + 1], bias)
             present += [pk, pv]
         if cfg.post_layernorm:  # the last layer's output is already normalized
             h = residual
@@ -394,6 +414,9 @@ class Decoder(nn.Module):
         if cfg.embed_dim is not None:
             h = m.project_out(h.to(self.dtype))
         logits = self.lm_head(h.to(self.dtype)).float()
+        if cfg.final_logit_softcapping is not None:  # Gemma
+            cap = cfg.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
         return (logits, *present)
 
     def new_cache(self, batch: int, length: int) -> list[Tensor]:

@@ -39,7 +39,10 @@ def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape]:
         out[f"{p}.self_attn.q_norm.weight"] = (hd,)
         out[f"{p}.self_attn.k_norm.weight"] = (hd,)
     if not (cfg.parallel_attn and cfg.parallel_attn_shared_norm):  # (OPT post-LN: after the MLP)
-        _norm(out, f"{p}.post_attention_layernorm", cfg, d)
+        _norm(out, f"{p}.post_attention_layernorm", cfg, d)  # (Gemma 3: on attention's output)
+    if cfg.sandwich_norm:
+        _norm(out, f"{p}.pre_feedforward_layernorm", cfg, d)
+        _norm(out, f"{p}.post_feedforward_layernorm", cfg, d)
     if cfg.is_moe_layer(i):
         moe = cfg.moe
         assert moe is not None

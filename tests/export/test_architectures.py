@@ -57,6 +57,9 @@ FAMILY_OPS = {
     # post-LN: every norm follows a residual sum, so all are SkipLayerNormalization
     "opt_350m_tiny": {"SkipLayerNormalization", "Relu", "Gather"},
     "xglm_tiny": {"SkipLayerNormalization", "Gelu", "Gather", "Mul"},  # Mul: sqrt(d) scale
+    # Gemma 3: the norms on the attention's and the MLP's outputs are plain
+    # SimplifiedLayerNormalization; the soft cap is Tanh
+    "gemma3_tiny": RMS_OPS | {"FastGelu", "Tanh", "Mul"},
 }
 
 
@@ -75,11 +78,12 @@ def test_graphs_use_contrib_ops(arch, precision, tiny_export):
         assert not transposed_weights(folder, graph)
         gqa = [n for n in found if n.op_type == "GroupQueryAttention"]
         assert len(gqa) == cfg.num_hidden_layers
-        for n in gqa:
-            # RoPE inside the attention kernel; a sliding window as local_window_size; ALiBi as
-            # the attention_bias input; multi-query as one kv head.
+        for layer, n in enumerate(gqa):  # one node per layer, in order
+            # RoPE inside the attention kernel; a sliding window as local_window_size (Gemma 3:
+            # on its sliding layers only); ALiBi as the attention_bias input; multi-query as one
+            # kv head.
             assert (attribute(n, "do_rotary") or 0) == int(cfg.position_embedding_type == "rope")
-            assert attribute(n, "local_window_size") == (cfg.sliding_window or -1)
+            assert attribute(n, "local_window_size") == (cfg.layer_window(layer) or -1)
             bias = n.input[10] if len(n.input) > 10 else ""
             assert bool(bias) == (cfg.position_embedding_type == "alibi")
             assert attribute(n, "kv_num_heads") == cfg.num_key_value_heads

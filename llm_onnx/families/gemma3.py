@@ -1,0 +1,138 @@
+"""Gemma 3 (text, ``Gemma3ForCausalLM``): RMSNorm scaled by (1 + weight), read as the plain
+RMSNorm of (1 + weight); embeddings times sqrt(hidden_size); four norms per layer (before and
+after attention, before and after the MLP); a GeGLU MLP (tanh GELU); q/k RMSNorm; attention
+scaled by query_pre_attn_scalar ** -0.5; sliding-window layers with their own RoPE base
+(``rope_local_base_freq``, unscaled) interleaved with full layers (``rope_theta`` and its
+scaling) by ``layer_types`` or ``sliding_window_pattern``; final logit soft-capping where the
+config sets it. Attention-logit soft-capping (Gemma 2's) is refused."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from llm_onnx.errors import ConfigError
+from llm_onnx.families.layouts import Part
+from llm_onnx.families.llama import base_hf_config
+from llm_onnx.model.config import ModelConfig
+
+ARCHITECTURE = "Gemma3ForCausalLM"
+HF_CONFIG_CLASS = "Gemma3TextConfig"
+NORM_WEIGHT_OFFSET = 1.0  # its norms multiply by (1 + the stored weight)
+
+
+def pattern_layers(layers: int, pattern: int) -> tuple[str, ...]:
+    """Gemma 3's interleaving: every ``pattern``-th layer full, the others sliding."""
+    return tuple("sliding_attention" if (i + 1) % pattern else "full_attention"
+                 for i in range(layers))
+
+
+GEMMA3_1B = ModelConfig(
+    architecture=ARCHITECTURE,
+    vocab_size=262_144, hidden_size=1152, num_hidden_layers=26, num_attention_heads=4,
+    num_key_value_heads=1, head_dim=256, intermediate_size=6912, max_position_embeddings=32_768,
+    rms_norm_eps=1e-6, rope_theta=1_000_000.0, rope_local_theta=10_000.0,
+    hidden_act="gelu_pytorch_tanh", qk_norm=True, tie_word_embeddings=True,
+    embedding_multiplier=math.sqrt(1152), attention_scale=256 ** -0.5, sandwich_norm=True,
+    sliding_window=512, layer_types=pattern_layers(26, 6),
+)
+# Three layers (sliding, sliding, full with pattern 3), a window of 4, a query_pre_attn_scalar
+# that is not head_dim, a full-layer RoPE scaling and a soft cap: every mechanism in play.
+GEMMA3_TINY = GEMMA3_1B.replace(
+    vocab_size=256, hidden_size=48, num_hidden_layers=3, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, intermediate_size=96, max_position_embeddings=256,
+    embedding_multiplier=math.sqrt(48), attention_scale=24 ** -0.5, sliding_window=4,
+    layer_types=pattern_layers(3, 3), rope_scaling={"rope_type": "linear", "factor": 4.0},
+    final_logit_softcapping=3.0,
+)
+PRESETS = {"gemma3_1b": GEMMA3_1B, "gemma3_tiny": GEMMA3_TINY}
+HF_REPOS = {"gemma3_1b": "google/gemma-3-1b-it"}
+
+
+def _rope(hf: Any) -> tuple[float, float, dict | None]:
+    """(global base, local base, global scaling) from the classic fields or transformers 5's
+    per-layer-type rope_parameters."""
+    params = hf.get("rope_parameters") or {}
+    full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+    theta = float(hf.get("rope_theta", full.get("rope_theta", 1_000_000.0)))
+    local_theta = float(hf.get("rope_local_base_freq", local.get("rope_theta", 10_000.0)))
+    scaling = hf.get("rope_scaling")
+    if scaling is None and full.get("rope_type", "default") != "default":
+        scaling = {k: v for k, v in full.items() if k != "rope_theta"}
+    if scaling is not None:
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind == "default":
+            scaling = None
+        elif kind != "linear":
+            raise ConfigError(f"{hf.source}: rope_scaling type '{kind}' is not supported for "
+                              f"{hf.architecture}; supported: linear.")
+    return theta, local_theta, scaling
+
+
+def config_fields(hf: Any) -> dict[str, Any]:
+    if hf.get("attn_logit_softcapping") is not None:
+        raise ConfigError(f"{hf.source}: attn_logit_softcapping is not supported for "
+                          f"{hf.architecture} (Gemma 3 checkpoints do not set it).")
+    hf.refuse(use_bidirectional_attention=True)
+    hidden = hf.require("hidden_size")
+    heads = hf.require("num_attention_heads")
+    layers = hf.require("num_hidden_layers")
+    types = hf.get("layer_types")
+    theta, local_theta, scaling = _rope(hf)
+    bias = bool(hf.get("attention_bias", False))
+    return dict(
+        vocab_size=hf.require("vocab_size"), hidden_size=hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hidden // heads,
+        intermediate_size=hf.require("intermediate_size"),
+        max_position_embeddings=hf.get("max_position_embeddings", 131_072),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta, rope_local_theta=local_theta, rope_scaling=scaling,
+        hidden_act=hf.get("hidden_activation", "gelu_pytorch_tanh"), qk_norm=True,
+        attention_bias=bias, o_proj_bias=bias,
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
+        embedding_multiplier=math.sqrt(hidden),
+        attention_scale=float(hf.get("query_pre_attn_scalar", 256)) ** -0.5,
+        sandwich_norm=True, sliding_window=hf.get("sliding_window", 4096),
+        layer_types=(tuple(types) if types else
+                     pattern_layers(layers, hf.get("sliding_window_pattern", 6))),
+        final_logit_softcapping=hf.get("final_logit_softcapping"),
+    )
+
+
+def hf_config(cfg: ModelConfig) -> dict[str, Any]:
+    fields = base_hf_config(cfg)
+    fields.pop("hidden_act")
+    fields.pop("rope_theta")
+    return dict(fields, hidden_activation=cfg.hidden_act, bos_token_id=None, eos_token_id=None,
+                pad_token_id=None, rope_theta=cfg.rope_theta,
+                rope_local_base_freq=cfg.rope_local_theta, rope_scaling=cfg.rope_scaling,
+                query_pre_attn_scalar=round(cfg.attention_scale ** -2) if cfg.attention_scale else None,
+                sliding_window=cfg.sliding_window, layer_types=list(cfg.layer_types or ()),
+                final_logit_softcapping=cfg.final_logit_softcapping,
+                attn_logit_softcapping=None)
+
+
+def plus_one(t: Any, cfg: ModelConfig) -> Any:
+    """Gemma's RMSNorm multiplies by (1 + weight): the plain RMSNorm of (1 + weight) is the same
+    function, and what ONNX Runtime's SimplifiedLayerNormalization computes."""
+    return t.float() + 1.0
+
+
+NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+         "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm")
+CHECKPOINT_GLOBALS = {"model.embed_tokens.weight": "model.embed_tokens.weight",
+                      "model.norm.weight": "model.norm.weight"}
+
+
+def checkpoint_layer(cfg: ModelConfig, i: int) -> dict[str, Part]:
+    p = f"model.layers.{i}"
+    out = {f"{p}.{n}.weight": Part(f"{p}.{n}.weight", plus_one) for n in NORMS}
+    if i == 0:  # the final norm too (CHECKPOINT_GLOBALS only renames; this entry overrides it)
+        out["model.norm.weight"] = Part("model.norm.weight", plus_one)
+    for proj in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+        out[f"{p}.{proj}.weight"] = Part(f"{p}.{proj}.weight")
+        if cfg.attention_bias and proj.startswith("self_attn"):
+            out[f"{p}.{proj}.bias"] = Part(f"{p}.{proj}.bias")
+    return out
