@@ -87,8 +87,9 @@ def test_quantized_matches_torch_with_dequantized_weights(arch, precision, optio
     folder = exports(arch, precision, **options)
     rows = rows_for(arch)
     got = batch_logits(Graphs(folder), rows, PROMPT_LENS, STEPS)
-    want = torch_logits(torch_reference(folder, arch, ExportOptions(precision=precision, max_seq_len=64,
-                                                                   **options)), rows)
+    reference = torch_reference(folder, arch, ExportOptions(precision=precision, max_seq_len=64,
+                                                            **options))
+    want = torch_logits(reference, rows)
     diff = max(np.abs(g - w).max() for g, w in zip(got, want))
     if isinstance(tol, str):
         tol = float(tol.rstrip("%")) / 100 * max(np.abs(w).max() for w in want)
@@ -98,8 +99,6 @@ def test_quantized_matches_torch_with_dequantized_weights(arch, precision, optio
         # are nearly tied, the routing may flip, a jump no tolerance should absorb. Compare each
         # row only up to its first near-tie (later positions attend to it), and check enough is
         # left to compare.
-        reference = torch_reference(folder, arch, ExportOptions(precision=precision, max_seq_len=64,
-                                                                **options))
         clear = clear_routing_prefix(reference, rows, moe.num_experts_per_tok)
         kept = [[s for s in range(STEPS + 1) if PROMPT_LENS[i] - 1 + s < clear[i]]
                 for i in range(len(rows))]
@@ -109,8 +108,6 @@ def test_quantized_matches_torch_with_dequantized_weights(arch, precision, optio
     assert diff <= tol
     # The twin: the reference with one norm weight perturbed (the projections are quantized
     # buffers; a norm weight is a float parameter in every export form) is outside the tolerance.
-    reference = torch_reference(folder, arch, ExportOptions(precision=precision, max_seq_len=64,
-                                                            **options))
     with perturbed(reference, scale=0.5, kind="vector") as reference_moved:
         moved = torch_logits(reference_moved, rows)
     assert max(np.abs(g - m).max() for g, m in zip(got, moved)) > tol
