@@ -33,7 +33,8 @@ class FamilySource:
         # Checkpoints saved from the bare model (GPT-2's and BLOOM's own files) have no prefix;
         # those saved from the *ForCausalLM class have "transformer.".
         prefix = "transformer." if any(n.startswith("transformer.") for n in present) else ""
-        table = {name: Part(src) for name, src in fam.checkpoint_globals.items()}
+        table = {name: Part(src) if isinstance(src, str) else src
+                 for name, src in fam.checkpoint_globals.items()}
         for i in range(cfg.num_hidden_layers):
             table.update(fam.checkpoint_layer(cfg, i))
         table = {name: replace(part, source=prefix + part.source) for name, part in table.items()}

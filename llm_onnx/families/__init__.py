@@ -78,7 +78,8 @@ class Family:
     hf_config: Callable[[ModelConfig], dict[str, Any]]
     hf_config_class: str  # transformers' config class (LlamaConfig, ...), for the tests' twin
     hf_repos: dict[str, str] = field(default_factory=dict)
-    checkpoint_globals: dict[str, str] | None = None  # None: Llama's names, nothing to rename
+    # canonical name -> the checkpoint's name (or a Part, to re-lay it out); None: Llama's names
+    checkpoint_globals: dict[str, str | Part] | None = None
     checkpoint_layer: Callable[[ModelConfig, int], dict[str, Part]] | None = None
     checkpoint_skip: str | None = None  # regex of checkpoint tensors that are not weights
     gguf: GGUFNames | None = None

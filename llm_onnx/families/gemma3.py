@@ -122,14 +122,12 @@ def plus_one(t: Any, cfg: ModelConfig) -> Any:
 NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
          "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm")
 CHECKPOINT_GLOBALS = {"model.embed_tokens.weight": "model.embed_tokens.weight",
-                      "model.norm.weight": "model.norm.weight"}
+                      "model.norm.weight": Part("model.norm.weight", plus_one)}
 
 
 def checkpoint_layer(cfg: ModelConfig, i: int) -> dict[str, Part]:
     p = f"model.layers.{i}"
     out = {f"{p}.{n}.weight": Part(f"{p}.{n}.weight", plus_one) for n in NORMS}
-    if i == 0:  # the final norm too (CHECKPOINT_GLOBALS only renames; this entry overrides it)
-        out["model.norm.weight"] = Part("model.norm.weight", plus_one)
     for proj in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
         out[f"{p}.{proj}.weight"] = Part(f"{p}.{proj}.weight")
