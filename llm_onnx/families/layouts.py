@@ -110,3 +110,16 @@ def per_head_part(which: int) -> Relayout:
         return t.reshape(h, 3, d, *t.shape[1:])[:, which].reshape(h * d, *t.shape[1:])
 
     return relayout
+
+
+def fairseq_layer(source: str, target: str) -> dict[str, Part]:
+    """The layer tensors of fairseq-born decoders (OPT, XGLM) under the canonical names:
+    ``out_proj``, ``fc1``/``fc2``, ``self_attn_layer_norm`` (before attention; OPT-350m's comes
+    after it) and ``final_layer_norm`` (the layer's second norm), each weight and bias."""
+    names = {"self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self_attn.k_proj",
+             "self_attn.v_proj": "self_attn.v_proj", "self_attn.o_proj": "self_attn.out_proj",
+             "mlp.up_proj": "fc1", "mlp.down_proj": "fc2",
+             "input_layernorm": "self_attn_layer_norm",
+             "post_attention_layernorm": "final_layer_norm"}
+    return {f"{target}.{ours}.{kind}": Part(f"{source}.{theirs}.{kind}")
+            for ours, theirs in names.items() for kind in ("weight", "bias")}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llm_onnx.families.layouts import Part
+from llm_onnx.families.layouts import Part, fairseq_layer
 from llm_onnx.model.config import ModelConfig
 
 ARCHITECTURE = "OPTForCausalLM"
@@ -89,15 +89,5 @@ CHECKPOINT_GLOBALS = {"model.embed_tokens.weight": "model.decoder.embed_tokens.w
 
 
 def checkpoint_layer(cfg: ModelConfig, i: int) -> dict[str, Part]:
-    h, p = f"model.decoder.layers.{i}", f"model.layers.{i}"
-    out = {}
-    for kind in ("weight", "bias"):
-        for proj in ("q_proj", "k_proj", "v_proj"):
-            out[f"{p}.self_attn.{proj}.{kind}"] = Part(f"{h}.self_attn.{proj}.{kind}")
-        out[f"{p}.self_attn.o_proj.{kind}"] = Part(f"{h}.self_attn.out_proj.{kind}")
-        out[f"{p}.mlp.up_proj.{kind}"] = Part(f"{h}.fc1.{kind}")
-        out[f"{p}.mlp.down_proj.{kind}"] = Part(f"{h}.fc2.{kind}")
-        # Pre-LN: before attention and before the MLP; post-LN: after each, the same tensors.
-        out[f"{p}.input_layernorm.{kind}"] = Part(f"{h}.self_attn_layer_norm.{kind}")
-        out[f"{p}.post_attention_layernorm.{kind}"] = Part(f"{h}.final_layer_norm.{kind}")
-    return out
+    # Pre-LN: the two norms come before attention and before the MLP; post-LN: after each.
+    return fairseq_layer(f"model.decoder.layers.{i}", f"model.layers.{i}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from llm_onnx.families.layouts import Part
+from llm_onnx.families.layouts import Part, fairseq_layer
 from llm_onnx.model.config import ModelConfig
 
 ARCHITECTURE = "XGLMForCausalLM"
@@ -67,14 +67,4 @@ CHECKPOINT_GLOBALS = {"model.embed_tokens.weight": "model.embed_tokens.weight",
 
 
 def checkpoint_layer(cfg: ModelConfig, i: int) -> dict[str, Part]:
-    p = f"model.layers.{i}"
-    out = {}
-    for kind in ("weight", "bias"):
-        for proj in ("q_proj", "k_proj", "v_proj"):
-            out[f"{p}.self_attn.{proj}.{kind}"] = Part(f"{p}.self_attn.{proj}.{kind}")
-        out[f"{p}.self_attn.o_proj.{kind}"] = Part(f"{p}.self_attn.out_proj.{kind}")
-        out[f"{p}.mlp.up_proj.{kind}"] = Part(f"{p}.fc1.{kind}")
-        out[f"{p}.mlp.down_proj.{kind}"] = Part(f"{p}.fc2.{kind}")
-        out[f"{p}.input_layernorm.{kind}"] = Part(f"{p}.self_attn_layer_norm.{kind}")
-        out[f"{p}.post_attention_layernorm.{kind}"] = Part(f"{p}.final_layer_norm.{kind}")
-    return out
+    return fairseq_layer(f"model.layers.{i}", f"model.layers.{i}")
