@@ -86,16 +86,18 @@ def smollm2_export(smollm2_gguf, default_model_cache, tmp_path_factory):
     return get
 
 
+def tiny_preset(fam) -> str:
+    """The tiny preset a family's tests use: the first ``*_tiny`` its module declares."""
+    tiny = [name for name in fam.presets if name.endswith("_tiny")]
+    assert tiny, f"the {fam.architecture} family module declares no *_tiny preset for the tests"
+    return tiny[0]
+
+
 def _family_tiny_presets() -> list[str]:
-    """One tiny preset per registered family (the first ``*_tiny`` its module declares)."""
+    """One tiny preset per registered family."""
     from llm_onnx.families import REGISTRY
 
-    found = []
-    for arch, fam in REGISTRY.items():
-        tiny = [name for name in fam.presets if name.endswith("_tiny")]
-        assert tiny, f"the {arch} family module declares no *_tiny preset for the tests"
-        found.append(tiny[0])
-    return found
+    return [tiny_preset(fam) for fam in REGISTRY.values()]
 
 
 # The ladder's first three families, exercised rung by rung in tests/export/test_export.py.

@@ -21,12 +21,12 @@ from llm_onnx.checkpoints import build_model, open_checkpoint
 from llm_onnx.families import REGISTRY
 from llm_onnx.model.config import ModelConfig
 from tests.checkpoints.test_gguf_tokenizer import _byte_symbols
+from tests.conftest import tiny_preset
 from tests.perturb import perturbed
 from tests.tolerances import TORCH_VS_HF_FP32
 
 # (llama.cpp architecture name, the family's first tiny preset) for every family with GGUF names
-GGUF_TINY = [(fam.gguf.arch, next(n for n in fam.presets if n.endswith("_tiny")))
-             for fam in REGISTRY.values() if fam.gguf is not None]
+GGUF_TINY = [(fam.gguf.arch, tiny_preset(fam)) for fam in REGISTRY.values() if fam.gguf is not None]
 
 
 def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
