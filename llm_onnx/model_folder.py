@@ -94,6 +94,9 @@ class Precision:
     activations: str  # what the projections compute in
     residual_stream: str = "float32"
     quantization: Quantization | None = None
+    # The execution provider the graphs were built for: "cuda" folders have a CUDA kernel for
+    # every compute node (float16 attention, float16 activations for quantized weights).
+    target: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,10 @@ class ParityReport:
     greedy_agreement: float | None = None
     present_kv_max_abs_diff: float | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
+    # The same prompts through the runtime on CUDA (exports for a GPU, made where one is usable).
+    cuda_relative_logits_diff: float | None = None
+    cuda_kl_divergence: float | None = None
+    cuda_greedy_agreement: float | None = None
 
 
 @dataclass(frozen=True)
@@ -193,6 +200,10 @@ class Manifest:
     def vocab_size(self) -> int:
         return self.config.vocab_size
 
+    def cuda_blockers(self) -> list[str]:
+        """Why this folder cannot run wholly on CUDA (empty when it can); see cuda_blockers."""
+        return cuda_blockers(self.config, self.kv_cache.dtype == "float16")
+
     def path(self, graph: str) -> Path:
         assert self.folder is not None
         return self.folder / self.graphs[graph].file
@@ -234,6 +245,20 @@ class Manifest:
                 raise ModelFolderError(f"{where}: {MANIFEST} section '{f.name}' is not what "
                                        f"this llm-onnx reads ({e}).") from None
         return cls(**values, folder=folder)
+
+
+def cuda_blockers(config: ModelConfig, float16: bool) -> list[str]:
+    """What keeps a model's graphs from running wholly on ONNX Runtime's CUDA provider, read
+    from its kernels (onnxruntime-gpu 1.31): GroupQueryAttention and QMoE/MoE have float16 and
+    bfloat16 CUDA kernels only, and the CUDA GroupQueryAttention refuses an attention_bias."""
+    reasons = []
+    if not float16:
+        reasons.append("its attention runs in float32 and ONNX Runtime's GroupQueryAttention has "
+                       "float16/bfloat16 CUDA kernels only (every step would copy the KV cache "
+                       "to the CPU and back)")
+    if config.position_embedding_type == "alibi":
+        reasons.append("ALiBi's attention bias is refused by the CUDA GroupQueryAttention kernel")
+    return reasons
 
 
 def _plain(value: Any) -> Any:

@@ -121,12 +121,16 @@ def group_query_attention_nope(
     return out, present_key, present_value
 
 
+# MoE/QMoE attributes are all set: some onnxruntime-gpu releases default to GPT-OSS's clamped
+# SwiGLU (alpha 1.702, beta 1, limit 7) and newer CUDA QMoE reads a missing weights_prepacked
+# as "already in the CUTLASS layout". swiglu_limit 1e999 is +inf (no clamp); weights_prepacked=0
+# says the weights are plain block-quantized rows that the kernel packs itself at load.
 @onnxscript.script(opset=_here)
 def moe(x: TFloat, router_logits: TFloat, fc1: TFloat, fc2: TFloat, k: int,
         normalize_routing_weights: bool) -> TFloat:
     return msft.MoE(x, router_logits, fc1, None, fc2, k=k, activation_type="swiglu",
                     swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0,
-                    normalize_routing_weights=normalize_routing_weights)
+                    swiglu_limit=1e999, normalize_routing_weights=normalize_routing_weights)
 
 
 @onnxscript.script(opset=_here)
@@ -166,8 +170,9 @@ def qmoe(x: TFloat, router_logits: TFloat, fc1_q: UINT8, fc1_scales: TFloat, fc2
          block_size: int) -> TFloat:
     return msft.QMoE(x, router_logits, fc1_q, fc1_scales, None, fc2_q, fc2_scales, k=k,
                      activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0,
-                     activation_beta=0.0, normalize_routing_weights=normalize_routing_weights,
-                     expert_weight_bits=bits, block_size=block_size)
+                     activation_beta=0.0, swiglu_limit=1e999,
+                     normalize_routing_weights=normalize_routing_weights,
+                     expert_weight_bits=bits, block_size=block_size, weights_prepacked=0)
 
 
 @onnxscript.script(opset=_here)

@@ -109,7 +109,7 @@ def build_manifest(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
         kv_cache=mf.KVCacheSpec(num_layers=cfg.num_hidden_layers,
                                 num_key_value_heads=cfg.num_key_value_heads,
                                 head_dim=cfg.head_dim,
-                                dtype="float16" if options.precision == "fp16" else "float32"),
+                                dtype="float16" if options.float16 else "float32"),
         tokenizer=mf.TokenizerSpec(
             files=tuple(tokenizer_files), bos_token_id=checkpoint.bos_token_id,
             eos_token_ids=tuple(checkpoint.eos_token_ids),
@@ -121,6 +121,27 @@ def build_manifest(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
         files={n: mf.FileEntry((folder / n).stat().st_size,
                                known_sha256.get(n) or mf.sha256_file(folder / n))
                for n in files})
+
+
+def resolve_target(options: ExportOptions, cfg) -> ExportOptions:
+    """``options`` with its target decided: the one asked for (checked against the model), else
+    "cuda" when a usable CUDA GPU is present and the model can run wholly on it, else "cpu"."""
+    from dataclasses import replace
+
+    float16 = options.precision != "fp32"  # what a CUDA target makes of it
+    if options.target == "cuda":
+        blockers = mf.cuda_blockers(cfg, float16)
+        if blockers:
+            raise ExportError(f"--target cuda: this model cannot run wholly on CUDA: "
+                              f"{'; '.join(blockers)}. Export it with --target cpu.")
+        return options
+    if options.target == "cpu":
+        return options
+    if options.precision == "fp32" or mf.cuda_blockers(cfg, float16):
+        return replace(options, target="cpu")
+    from llm_onnx.runtime.providers import cuda_status  # lazy: the export does not need ORT-GPU
+
+    return replace(options, target="cuda" if cuda_status()[0] else "cpu")
 
 
 def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | None = None, *,
@@ -138,9 +159,9 @@ def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | Non
 
     Returns the model folder. Raises ExportError (bad output path, disk full) or ParityError.
     """
-    options = options or ExportOptions()
     out = Path(out)
     cfg = checkpoint.config
+    options = resolve_target(options or ExportOptions(), cfg)
     max_len = min(options.max_seq_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
     plan = ExportPlan.build(cfg, options, max_len)
     check_output(out, force, checkpoint.path)
@@ -162,4 +183,4 @@ def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | Non
     return out
 
 
-__all__ = ["build_manifest", "export_model", "write_folder"]
+__all__ = ["build_manifest", "export_model", "resolve_target", "write_folder"]

@@ -1,8 +1,10 @@
 """Trace the prefill and decode graphs of a (meta-device, export-form) Decoder into ONNX.
 
 prefill: input_ids (B, T), any T; logits of each row's last new token (or every position).
-decode:  input_ids (B, 1); the same computation with T fixed to 1 (static shapes, which is what
-         CUDA graph capture needs).
+decode:  input_ids (B, 1); the same computation with T fixed to 1 (batch and cache length stay
+         symbolic). It serves RuntimeOptions(sessions="pair") and the parity gate's decode
+         steps. CUDA graphs do not need it: one session over prefill.onnx captures a graph per
+         decode batch size (fixed shapes at replay come from fixed bindings, not from the file).
 Both take the KV cache as one max-length buffer per layer, (B, Hkv, max_len, D), which ORT's
 GroupQueryAttention updates in place when the runtime binds past and present to the same memory.
 """

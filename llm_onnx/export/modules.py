@@ -73,9 +73,7 @@ class NBitsLinear(nn.Module):
                  block_size: int, accuracy_level: int, search: bool, scheme: str) -> None:
         super().__init__()
         self.k, self.n, self.bits, self.block_size = n_in, n_out, bits, block_size
-        # 8-bit weights have no fast fp32-activation kernel in ONNX Runtime's CPU provider (the
-        # unpacked fallback measured 50x slower), so they always take int8 activations.
-        self.accuracy_level = 4 if bits == 8 else accuracy_level
+        self.accuracy_level = accuracy_level  # ExportOptions.level_for(bits)
         self.search, self.scheme = search, scheme
         k_blocks = math.ceil(n_in / block_size)
         self.register_buffer("qweight", torch.empty(n_out, k_blocks, block_size * bits // 8,
@@ -204,7 +202,7 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
                 if scheme == "offset" and module.in_features % options.block_size:
                     scheme = "zero_point"  # the offset term needs whole blocks along K
                 new = NBitsLinear(module.in_features, module.out_features, bias, dtype, bits,
-                                  options.block_size, options.activation_level,
+                                  options.block_size, options.level_for(bits),
                                   options.quant_search and bits == 4,  # int8 error is already small
                                   scheme)
             _set(model, path, new)
@@ -232,7 +230,7 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
     else:
         # Symmetric, like the embedding: a tied head then shares the embedding's bytes.
         model.lm_head = NBitsLinear(width, cfg.vocab_size, False, model.dtype, emb_bits,
-                                    emb_block, options.activation_level, False, "symmetric")
+                                    emb_block, options.level_for(emb_bits), False, "symmetric")
         model.model.embed_tokens = QuantEmbedding(cfg.vocab_size, width, model.dtype,
                                                   emb_bits, emb_block)
     return model

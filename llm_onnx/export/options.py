@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from llm_onnx.errors import ConfigError
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
+TARGETS = ("cpu", "cuda")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,10 +28,15 @@ class ExportOptions:
         quant_scheme: how projections are quantized: "zero_point" (per-block uint8 zero points,
             the whole code range for one-sided blocks), "offset" (a float minimum per block added
             by a tiny second term: exact for Q4_1 GGUF weights, slower) or "symmetric". Default:
-            zero_point for int8, offset for int4. The embedding/LM head stay symmetric so a tied
+            zero_point for int8 and for CUDA targets, offset for int4 on CPU. The embedding/LM head stay symmetric so a tied
             pair shares its bytes.
         quant_search: per-block search for the scale with the least squared error.
         validate: run the ORT vs torch parity gate after writing.
+        target: the execution provider the folder is built for. "cpu": quantized projections
+            compute in float32 (or int8 at accuracy_level 4). "cuda": every compute node has a
+            CUDA kernel, so quantized folders compute in float16 (GroupQueryAttention and QMoE
+            have no float32 CUDA kernels; accuracy_level is ignored there) and fp32 or ALiBi
+            models are refused. None: "cuda" when a usable CUDA GPU is present at export time.
     """
 
     precision: str = "int8"
@@ -45,6 +51,7 @@ class ExportOptions:
     quant_scheme: str | None = None
     quant_search: bool = True
     validate: bool = True
+    target: str | None = None
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -60,6 +67,15 @@ class ExportOptions:
         if self.quant_scheme not in (None, "symmetric", "zero_point", "offset"):
             raise ConfigError(f"quant_scheme must be symmetric, zero_point or offset, got "
                               f"{self.quant_scheme!r}.")
+        if self.target not in (None, *TARGETS):
+            raise ConfigError(f"target must be one of {', '.join(TARGETS)}, got {self.target!r}.")
+        if self.target == "cuda" and self.precision == "fp32":
+            raise ConfigError("precision fp32 cannot run wholly on CUDA: ONNX Runtime's "
+                              "GroupQueryAttention has float16/bfloat16 CUDA kernels only. Export "
+                              "fp16, int8 or int4 for a GPU (or --target cpu).")
+        if self.target == "cuda" and self.accuracy_level == 4:
+            raise ConfigError("accuracy_level 4 (int8 activations) is a CPU kernel option; the CUDA "
+                              "MatMulNBits ignores it. Leave it unset with --target cuda.")
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise ConfigError(f"max_seq_len must be at least 2, got {self.max_seq_len}.")
 
@@ -68,15 +84,37 @@ class ExportOptions:
         return self.precision in ("int8", "int4")
 
     @property
+    def cuda(self) -> bool:
+        return self.target == "cuda"
+
+    @property
+    def float16(self) -> bool:
+        """Whether the graphs compute in float16 (fp16 exports; quantized exports for CUDA)."""
+        return self.precision == "fp16" or (self.quantized and self.cuda)
+
+    @property
     def activation_level(self) -> int:
-        """The accuracy_level 4-bit projections get (8-bit ones always get 4)."""
+        """The accuracy_level 4-bit projections get (8-bit ones get 4 on CPU: see NBitsLinear)."""
         if self.accuracy_level is not None:
             return self.accuracy_level
+        if self.cuda:
+            return 0
         return 0 if self.precision == "int4" else 4
+
+    def level_for(self, bits: int) -> int:
+        """MatMulNBits accuracy_level of a projection with ``bits``-bit weights. On CPU, 8-bit
+        weights always get 4: ONNX Runtime has no fast float-activation CPU kernel for them (the
+        unpacked fallback measured 50x slower). CUDA ignores the attribute; 0 keeps the CPU
+        parity run of a CUDA folder in float."""
+        if self.cuda:
+            return 0
+        return 4 if bits == 8 else self.activation_level
 
     @property
     def int8_activations(self) -> bool:
         """Whether some MatMulNBits quantizes its activations to int8 (adds rounding noise)."""
+        if self.cuda:  # fp16 activations; only the CPU parity run of 8-bit QMoE quantizes them
+            return self.bits == 8
         return self.quantized and (self.bits == 8 or self.embedding_bits == 8
                                    or self.activation_level == 4)
 
@@ -84,6 +122,8 @@ class ExportOptions:
     def scheme(self) -> str:
         if self.quant_scheme is not None:
             return self.quant_scheme
+        if self.cuda:  # one MatMulNBits per projection: the CUDA kernels' fast path
+            return "zero_point"
         return "offset" if self.precision == "int4" else "zero_point"
 
     @property

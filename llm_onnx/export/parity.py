@@ -16,7 +16,8 @@ from llm_onnx.checkpoints.load import Checkpoint
 from llm_onnx.export.folder import release_memory
 from llm_onnx.export.plan import ExportPlan
 from llm_onnx.export.progress import Progress
-from llm_onnx.export.validate import (compare, compute_in_float32, load_stored, run_onnx,
+from llm_onnx.export.validate import (compare, compare_logits, compute_in_float32, load_stored,
+                                      run_engine, run_onnx,
                                       run_reference, thresholds)
 from llm_onnx.export.weights import StoredTensor
 from llm_onnx.model.config import ModelConfig
@@ -60,7 +61,11 @@ def validate(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
                  "vocabulary rows" + (f", first {experts} experts" if experts else "")
                  + "; same weights, same export code")
     progress.advance(1)
+    cuda = report.get("cuda") or {}
     return mf.ParityReport(
+        cuda_relative_logits_diff=cuda.get("relative_logits_diff"),
+        cuda_kl_divergence=cuda.get("kl_divergence"),
+        cuda_greedy_agreement=cuda.get("greedy_agreement"),
         scope=scope, prompts=int(report["prompts"]),
         prompt_lengths=tuple(int(n) for n in report["prompt_lengths"]),
         decode_steps=int(report["decode_steps"]),
@@ -73,14 +78,48 @@ def validate(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
 def _compare_folder(plan: ExportPlan, folder: Path, tensors: dict[str, StoredTensor]) -> dict:
     """Torch reference first (then freed), then ORT one session at a time."""
     cfg, options = plan.cfg, plan.options
-    limits = thresholds(options.precision, options.int8_activations)
-    kv_dtype = np.float16 if options.precision == "fp16" else np.float32
+    limits = thresholds(options)
+    kv_dtype = np.float16 if options.float16 else np.float32
     reference = compute_in_float32(load_stored(plan.model, folder / mf.WEIGHTS, tensors))
     torch_steps, fed = run_reference(reference, cfg.vocab_size)
     del reference
     release_memory()
     onnx_steps = run_onnx(folder, cfg, kv_dtype, cfg.vocab_size, fed)
-    return compare(torch_steps, onnx_steps, limits)
+    report = compare(torch_steps, onnx_steps, limits)
+    if options.cuda and _cuda_usable():
+        from llm_onnx.runtime.engine import Engine, RuntimeOptions  # lazy: the GPU case only
+
+        manifest = provisional_manifest(plan, folder)
+        engine = Engine.from_manifest(manifest, RuntimeOptions(provider="cuda", verify=False))
+        try:
+            steps = run_engine(engine, cfg.vocab_size, fed)
+        finally:
+            del engine
+            release_memory()
+        report["cuda"] = compare_logits(torch_steps, steps, limits, "CUDA (the runtime's path)")
+    return report
+
+
+def _cuda_usable() -> bool:
+    from llm_onnx.runtime.providers import cuda_status
+
+    return cuda_status()[0]
+
+
+def provisional_manifest(plan: ExportPlan, folder: Path) -> mf.Manifest:
+    """What the runtime needs to load the graphs being checked (no tokenizer, no files list):
+    the parity gate runs before the real manifest is written."""
+    cfg = plan.cfg
+    return mf.Manifest(
+        name="parity", source=mf.SourceSpec("random", None), config=cfg, num_parameters=0,
+        context_length=plan.max_len, precision=plan.precision, graphs=plan.graph_specs,
+        weights=mf.WeightsSpec(mf.WEIGHTS, 0),
+        kv_cache=mf.KVCacheSpec(num_layers=cfg.num_hidden_layers,
+                                num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+                                dtype="float16" if plan.options.float16 else "float32"),
+        tokenizer=mf.TokenizerSpec((), None, (), False, None, {}),
+        generation=mf.GenerationDefaults(), parity=mf.ParityReport(scope="pending"), tools={},
+        created="", files={}, folder=folder)
 
 
 class _ScratchSource:

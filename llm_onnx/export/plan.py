@@ -15,6 +15,7 @@ checkpoint).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -50,13 +51,15 @@ class ExportPlan:
     @classmethod
     def build(cls, cfg: ModelConfig, options: ExportOptions, max_len: int) -> ExportPlan:
         check_supported(cfg)
-        dtype = torch.float16 if options.precision == "fp16" else torch.float32
+        dtype = torch.float16 if options.float16 else torch.float32
         fusion = Fusion(rotary=options.fuse_rotary, qkv=options.fuse_qkv,
                         gate_up=options.fuse_gate_up)
         with torch.device("meta"):
             model = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_len)
         producers = dict(param_producers(model))  # by the eager modules' names, which stay
-        return cls(cfg, options, max_len, to_export_form(model, options), producers)
+        plan = cls(cfg, options, max_len, to_export_form(model, options), producers)
+        plan.precision  # read now: the parity gate later casts plan.model's tensors to float32
+        return plan
 
     @property
     def weight_modules(self) -> int:
@@ -86,13 +89,14 @@ class ExportPlan:
                                    specs(graph.graph.inputs), specs(graph.graph.outputs))
                 for kind, graph in self.graphs.items()}
 
-    @property
+    @functools.cached_property
     def precision(self) -> mf.Precision:
         """What the export does, read from the export-form modules themselves."""
         options, cfg = self.options, self.cfg
         if not options.quantized:
-            kind = "float16" if options.precision == "fp16" else "float32"
-            return mf.Precision(options.precision, weights=kind, activations=kind)
+            kind = "float16" if options.float16 else "float32"
+            return mf.Precision(options.precision, weights=kind, activations=kind,
+                                target=options.target or "cpu")
         quantized: list[str] = []
         activations: dict[str, list[str]] = {}
         for path, module in self.model.named_modules():
@@ -117,7 +121,7 @@ class ExportPlan:
                 "position table (model.embed_positions)"
                 if cfg.position_embedding_type == "learned" else None]
         return mf.Precision(
-            options.precision,
+            options.precision, target=options.target or "cpu",
             weights=f"int{options.bits} per block of {options.block_size}, "
                     f"{words[options.scheme]}",
             activations=acts,

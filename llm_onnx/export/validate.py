@@ -40,12 +40,15 @@ QUANT_EXACT = Thresholds(relative_logits=1e-3, kl=1e-5)
 QUANT_INT8_ACTIVATIONS = Thresholds(relative_logits=0.15, kl=0.05)
 
 
-def thresholds(precision: str, int8_activations: bool) -> Thresholds:
-    if precision == "fp32":
+def thresholds(options) -> Thresholds:
+    """The limits for an export with these ExportOptions."""
+    if options.precision == "fp32":
         return FP32
-    if precision == "fp16":
+    if options.int8_activations:
+        return QUANT_INT8_ACTIVATIONS
+    if options.float16:  # fp16, and quantized weights with fp16 activations (CUDA folders)
         return FP16
-    return QUANT_INT8_ACTIVATIONS if int8_activations else QUANT_EXACT
+    return QUANT_EXACT
 
 
 def load_stored(model: Decoder, data_file: Path, tensors: dict[str, StoredTensor]) -> Decoder:
@@ -180,6 +183,38 @@ def run_onnx(folder: Path, cfg, kv_dtype: np.dtype, vocab: int, fed: list[np.nda
         record(session.run(None, feed(fed[step], seqlens, max(seqlens) + 1)))
         seqlens = [n + 1 for n in seqlens]
     return steps
+
+
+def run_engine(engine, vocab: int, fed: list[np.ndarray]) -> _Steps:
+    """The runtime's own path (llm_onnx.runtime.Engine: its KV cache, bindings and, on CUDA,
+    its device buffers and CUDA graphs) over the same prompts: each row prefilled alone, then
+    the rows decoded together (ragged lengths) on the tokens torch chose."""
+    ids, lens = _batch(vocab)
+    cache = engine.new_cache(len(lens), max(lens) + DECODE_STEPS + 1)
+    first = np.stack([engine.prefill(cache, row, ids[row, :n]) for row, n in enumerate(lens)])
+    steps = _Steps([first[:, :vocab].astype(np.float32)], [])
+    for step in range(DECODE_STEPS):
+        logits = engine.decode(cache, fed[step][:, 0])
+        steps.logits.append(np.asarray(logits)[:, :vocab].astype(np.float32))
+    for logits in steps.logits:
+        if not np.all(np.isfinite(logits)):
+            raise ParityError("the runtime produced inf/NaN logits.")
+    return steps
+
+
+def compare_logits(torch_steps: _Steps, other: _Steps, limits: Thresholds, what: str) -> dict:
+    """Logits-only comparison (relative max difference, KL, greedy agreement)."""
+    max_diff = max(float(np.abs(a - b).max()) for a, b in zip(torch_steps.logits, other.logits))
+    max_logit = max(float(np.abs(a).max()) for a in torch_steps.logits)
+    kl = float(np.mean([_kl(a, b) for a, b in zip(torch_steps.logits, other.logits)]))
+    agree = sum(int((a.argmax(-1) == b.argmax(-1)).sum())
+                for a, b in zip(torch_steps.logits, other.logits))
+    total = sum(a.shape[0] for a in torch_steps.logits)
+    rel = max_diff / max(1.0, max_logit)
+    if rel > limits.relative_logits or kl > limits.kl or not math.isfinite(kl):
+        raise ParityError(f"{what} vs torch: logits max|diff| {max_diff:.3g} (relative {rel:.3g}, "
+                          f"limit {limits.relative_logits:g}), KL {kl:.3g} (limit {limits.kl:g}).")
+    return {"relative_logits_diff": rel, "kl_divergence": kl, "greedy_agreement": agree / total}
 
 
 def compare(torch_steps: _Steps, onnx_steps: _Steps, limits: Thresholds) -> dict:

@@ -13,6 +13,8 @@ tests' fakes script logits.
 
 from __future__ import annotations
 
+import itertools
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,7 +29,10 @@ from llm_onnx import model_folder as names
 from llm_onnx.runtime.kv_cache import KVCache, KVLayout
 from llm_onnx.model_folder import Manifest, load_manifest
 from llm_onnx.runtime.onnx_check import check_external_data
-from llm_onnx.runtime.providers import CPU, CUDA, quiet_session_options, resolve_provider
+from llm_onnx.runtime.providers import (CPU, CUDA, captured_output, parse_placement,
+                                        quiet_session_options, resolve_provider)
+
+log = logging.getLogger("llm_onnx")
 
 OPTIMIZATION_LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -59,6 +64,9 @@ class RuntimeOptions:
         cuda_device: GPU index for the CUDA provider.
         profile_dir: write ONNX Runtime's profiler trace (one JSON per session) into this folder
             (``llm-onnx bench --profile``); every step gets slower while it records.
+        cuda_graph: on CUDA, capture each decode batch size once and replay it (fixed device
+            buffers for ids, lengths and logits; the KV cache at a fixed length). None (default):
+            on when the provider is CUDA; ORT refusing capture falls back with a one-line reason.
     """
 
     provider: str = "auto"
@@ -68,6 +76,7 @@ class RuntimeOptions:
     verify: bool = True
     cuda_device: int = 0
     profile_dir: str | None = None
+    cuda_graph: bool | None = None
 
     def __post_init__(self) -> None:
         if self.optimization not in OPTIMIZATION_LEVELS:
@@ -77,6 +86,25 @@ class RuntimeOptions:
             raise ProviderError(f"sessions must be 'single' or 'pair', got {self.sessions!r}.")
         if self.threads is not None and self.threads < 1:
             raise ProviderError(f"threads must be at least 1, got {self.threads}.")
+
+
+GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def graph_bucket(rows: int, first_row: int, cache_rows: int) -> int | None:
+    """The captured batch size that decodes rows [0, rows): the smallest bucket >= rows that
+    the cache has rows for (the cache's own row count when no bucket fits). None when the step
+    does not start at row 0 (it then runs without a graph)."""
+    if first_row != 0:
+        return None
+    for bucket in GRAPH_BUCKETS:
+        if rows <= bucket <= cache_rows:
+            return bucket
+    return cache_rows if rows <= cache_rows else None
+
+
+class _NodesOnCpu(ProviderError):
+    """A CUDA session that ONNX Runtime would partly run on the CPU."""
 
 
 @runtime_checkable
@@ -123,13 +151,57 @@ class Engine:
     """A loaded model folder: manifest, ORT session(s), and runs of tokens through a KVCache.
     Thread-safe: each request (or scheduler) brings its own KVCache, which owns its bindings."""
 
-    def __init__(self, folder: Path | str, options: RuntimeOptions | None = None) -> None:
+    def __init__(self, folder: Path | str, options: RuntimeOptions | None = None,
+                 manifest: Manifest | None = None) -> None:
         self.options = options or RuntimeOptions()
-        self.manifest: Manifest = load_manifest(Path(folder), verify=self.options.verify)
+        self.manifest: Manifest = manifest or load_manifest(Path(folder),
+                                                            verify=self.options.verify)
         m = self.manifest
         self.vocab_size = m.vocab_size
         self.context_length = m.context_length
-        self.provider = resolve_provider(self.options.provider)
+        self.notes: list[str] = []  # one line each: why not CUDA, why no CUDA graphs
+        self.placement: dict[str, str] = {}  # graph file -> "CUDA: n, CPU: m" (CUDA only)
+        self.provider = resolve_provider(self.options.provider, self.options.cuda_device)
+        if self.provider == CUDA:
+            blockers = m.cuda_blockers()
+            if blockers:
+                self._leave_cuda(f"{m.folder}: {blockers[0]}")
+        self.cuda_graph = self.provider == CUDA and self.options.cuda_graph is not False
+        try:
+            self._open_sessions()
+        except _NodesOnCpu as e:
+            self._leave_cuda(str(e))
+            self.cuda_graph = False
+            self._open_sessions()
+        self._graph_ids = itertools.count(1)  # gpu_graph_id 0 is ORT's own
+        # Every run says how quietly to log (a CUDA session was created verbose, see _session)
+        # and, with CUDA graphs on, that prefill runs without one (gpu_graph_id -1).
+        self.run_options = ort.RunOptions()
+        self.run_options.log_severity_level = 3
+        if self.cuda_graph:
+            self.run_options.add_run_config_entry("gpu_graph_id", "-1")
+
+    @classmethod
+    def from_manifest(cls, manifest: Manifest, options: RuntimeOptions | None = None) -> Engine:
+        """An engine over graphs described by ``manifest`` (its ``folder``), without reading
+        manifest.json: the export's parity gate, before the real manifest exists."""
+        assert manifest.folder is not None
+        return cls(manifest.folder, options, manifest=manifest)
+
+    def _leave_cuda(self, reason: str) -> None:
+        """A folder that cannot run wholly on CUDA: an error for provider="cuda", the CPU with
+        a one-line reason for "auto" (never CUDA with silent CPU islands)."""
+        if self.options.provider == "cuda":
+            raise ProviderError(f"{reason}. It cannot run wholly on CUDA; re-export it for the GPU "
+                                "with `llm-onnx export --target cuda` (fp16, int8 or int4), or "
+                                "run it with --provider cpu.")
+        note = f"running on CPU, not CUDA: {reason} (re-export with --target cuda)"
+        log.warning(note)
+        self.notes.append(note)
+        self.provider = CPU
+
+    def _open_sessions(self) -> None:
+        m = self.manifest
         self.device = "cuda" if self.provider == CUDA else "cpu"
         kv = m.kv_cache
         self.layout = KVLayout(num_layers=kv.num_layers, kv_heads=kv.num_key_value_heads,
@@ -152,19 +224,50 @@ class Engine:
         if self.options.profile_dir is not None:
             so.enable_profiling = True
             so.profile_file_prefix = str(Path(self.options.profile_dir) / path.stem)
-        providers: list = [CPU]
-        if self.provider == CUDA:
-            providers = [(CUDA, {"device_id": self.options.cuda_device,
-                                 "arena_extend_strategy": "kSameAsRequested",
-                                 "do_copy_in_default_stream": "1"}), CPU]
+        if self.provider != CUDA:
+            return self._create(path, so, [CPU])
+        # No spinning: the CPU threads only launch kernels; spinning would burn cores.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.log_severity_level = 0  # verbose, captured: ORT's own "Node placements" log
+        cuda = {"device_id": str(self.options.cuda_device),
+                "arena_extend_strategy": "kSameAsRequested", "do_copy_in_default_stream": "1"}
+        if self.cuda_graph:
+            cuda["enable_cuda_graph"] = "1"
+        with captured_output() as captured:
+            try:
+                session = self._create(path, so, [(CUDA, cuda), CPU])
+                failure = None
+            except ProviderError as e:
+                failure = e
+        if failure is not None and self.cuda_graph:
+            self._no_graphs(f"ONNX Runtime refused CUDA graphs for {path.name} "
+                            f"({str(failure).split('(', 1)[-1].rstrip(').')})")
+            return self._session(path)
+        if failure is not None:
+            raise failure
+        if CUDA not in session.get_providers():
+            raise ProviderError(f"{path}: the CUDA session fell back to CPU.")
+        placement = parse_placement(captured())
+        if placement.found:
+            self.placement[path.name] = placement.summary()
+            on_cpu = placement.compute_on_cpu()
+            if on_cpu:
+                raise _NodesOnCpu(f"{path}: ONNX Runtime would run {', '.join(on_cpu)} on the CPU")
+        return session
+
+    def _no_graphs(self, reason: str) -> None:
+        note = f"CUDA graphs off: {reason}"
+        log.warning(note)
+        self.notes.append(note)
+        self.cuda_graph = False
+
+    @staticmethod
+    def _create(path: Path, so: ort.SessionOptions, providers: list) -> ort.InferenceSession:
         try:
-            session = ort.InferenceSession(str(path), so, providers=providers)
+            return ort.InferenceSession(str(path), so, providers=providers)
         except Exception as e:  # ORT's own exception types
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ProviderError(f"{path}: ONNX Runtime cannot load this graph ({first[:300]}).") from e
-        if self.provider == CUDA and CUDA not in session.get_providers():
-            raise ProviderError(f"{path}: the CUDA session fell back to CPU.")
-        return session
 
     def end_profiling(self) -> list[Path]:
         """Stop the profiler (RuntimeOptions.profile_dir) and return its trace files."""
@@ -212,7 +315,7 @@ class Engine:
         cache.bind(binding, row, row + 1)
         logits = np.empty((1, 1, self.vocab_size), dtype=np.float32)
         binding.bind_ortvalue_output(names.LOGITS, ort.OrtValue.ortvalue_from_numpy(logits))
-        self.prefill_session.run_with_iobinding(binding)
+        self.prefill_session.run_with_iobinding(binding, self.run_options)
         cache.advance(row, t)
         return logits[0, 0]
 
@@ -241,7 +344,38 @@ class Engine:
         for i in np.flatnonzero(~active & (lengths >= cache.length)):
             cache.truncate(first_row + int(i), cache.length - 1)
         seqlens = cache.lengths[rows]  # the new token's position in each row
-        binding = cache.decode_binding(self.decode_session, first_row, n, self.vocab_size)
-        logits = binding.run(tokens, seqlens, int(seqlens.max()) + 1)
+        bucket = graph_bucket(n, first_row, cache.batch) if self.cuda_graph else None
+        if bucket is not None:
+            logits = self._graph_decode(cache, tokens, seqlens, bucket)
+        else:
+            binding = cache.decode_binding(self.decode_session, first_row, n, self.vocab_size,
+                                           self.run_options)
+            logits = binding.run(tokens, seqlens, int(seqlens.max()) + 1)
         cache.advance(first_row + np.flatnonzero(active), 1)
         return logits
+
+    def _graph_decode(self, cache: KVCache, tokens: np.ndarray, seqlens: np.ndarray,
+                      bucket: int) -> np.ndarray:
+        """Rows [0, n) through the CUDA graph of ``bucket`` >= n rows: rows n..bucket-1 ride
+        along as inactive rows (their token lands past their valid length, which they ignore)."""
+        n = tokens.shape[0]
+        if bucket > n:
+            pad = bucket - n
+            for row in range(n, bucket):
+                if cache.length_of(row) >= cache.length:
+                    cache.truncate(row, cache.length - 1)
+            tokens = np.concatenate([tokens, np.zeros(pad, dtype=np.int64)])
+            seqlens = np.concatenate([seqlens, cache.lengths[n:bucket]])
+        binding = cache.decode_binding(self.decode_session, 0, bucket, self.vocab_size,
+                                       self.run_options, graph_ids=self._graph_ids)
+        try:
+            logits = binding.run(tokens, seqlens, cache.length)
+        except Exception as e:  # noqa: BLE001 - ORT's capture errors: decode without graphs
+            if binding.replays:
+                raise
+            self._no_graphs(f"capturing the decode graph of {bucket} rows failed "
+                            f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else e})")
+            plain = cache.decode_binding(self.decode_session, 0, n, self.vocab_size,
+                                         self.run_options)
+            return plain.run(tokens[:n], seqlens[:n], int(seqlens[:n].max()) + 1)
+        return logits[:n]

@@ -21,6 +21,7 @@ binding takes a device pointer, so the same code serves host buffers (CPU) and d
 from __future__ import annotations
 
 import mmap
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,10 +95,12 @@ class KVCache:
 
     def _new_buffer(self, length: int) -> ort.OrtValue:
         shape = (self.batch, *self.layout.row_shape(length))
+        zeros = _lazy_zeros(shape, self.layout.dtype)
         if self.layout.device == "cuda":
-            return ort.OrtValue.ortvalue_from_shape_and_type(shape, self.layout.dtype, "cuda",
-                                                             self.layout.device_id)
-        return ort.OrtValue.ortvalue_from_numpy(_lazy_zeros(shape, self.layout.dtype))
+            # Zeroed, not left as whatever the allocator held: attention kernels that mask
+            # positions past a row's length still multiply them by zero, and NaN * 0 is NaN.
+            return ort.OrtValue.ortvalue_from_numpy(zeros, "cuda", self.layout.device_id)
+        return ort.OrtValue.ortvalue_from_numpy(zeros)
 
     def host_view(self, index: int) -> np.ndarray:
         """Buffer ``index`` (2 * layer for keys, 2 * layer + 1 for values) as numpy: the buffer
@@ -135,13 +138,18 @@ class KVCache:
                                     ptr)
 
     def decode_binding(self, session: ort.InferenceSession, start: int, rows: int,
-                       vocab_size: int) -> _DecodeBinding:
+                       vocab_size: int, run_options: ort.RunOptions | None = None,
+                       graph_ids: Iterator[int] | None = None) -> _DecodeBinding:
         """The binding that decodes rows [start, start + rows) with ``session``, made once per
-        range and kept until the buffers change."""
-        key = (id(session), start, rows)
+        range and kept until the buffers change. With ``graph_ids`` (CUDA graphs) its inputs and
+        logits live at fixed device addresses and it replays the CUDA graph numbered by the
+        next id (captured at its first run)."""
+        key = (id(session), start, rows, graph_ids is not None)
         binding = self._decode.get(key)
         if binding is None:
-            binding = self._decode[key] = _DecodeBinding(self, session, start, rows, vocab_size)
+            binding = self._decode[key] = _DecodeBinding(
+                self, session, start, rows, vocab_size, run_options,
+                next(graph_ids) if graph_ids is not None else None)
         return binding
 
     def copy_prefix(self, src: int, dst: int, length: int) -> bool:
@@ -175,25 +183,57 @@ def _lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
 class _DecodeBinding:
     """An IO binding kept for the life of a cache's buffers: a range of rows bound as past and
     present, and the token ids, lengths and logits in numpy arrays that ORT reads and writes in
-    place. A decode step fills three small arrays and runs; no per-step binding calls."""
+    place. A decode step fills three small arrays and runs; no per-step binding calls.
+
+    With a ``graph_id`` (CUDA graphs) ids, lengths and logits are device buffers at fixed
+    addresses, updated in place before each replay, and total_sequence_length (a CPU input of
+    GroupQueryAttention, frozen into the captured graph) is the cache length: each row's own
+    length comes from seqlens_k, which is all a one-token step reads."""
 
     def __init__(self, cache: KVCache, session: ort.InferenceSession, start: int, rows: int,
-                 vocab_size: int) -> None:
+                 vocab_size: int, run_options: ort.RunOptions | None = None,
+                 graph_id: int | None = None) -> None:
         self.ids = np.zeros((rows, 1), dtype=np.int64)
         self.seqlens = np.zeros(rows, dtype=np.int32)
         self.total = np.zeros((), dtype=np.int32)
         self.logits = np.empty((rows, 1, vocab_size), dtype=np.float32)
-        self.session = session
+        self.session, self.graph_id, self.replays = session, graph_id, 0
         self.binding = session.io_binding()
-        for name, arr in ((names.INPUT_IDS, self.ids), (names.SEQLENS_K, self.seqlens),
-                          (names.TOTAL_SEQUENCE_LENGTH, self.total)):
-            self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
+        self.run_options = run_options
+        if graph_id is None:
+            for name, arr in ((names.INPUT_IDS, self.ids), (names.SEQLENS_K, self.seqlens),
+                              (names.TOTAL_SEQUENCE_LENGTH, self.total)):
+                self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
+            self.device_logits = ort.OrtValue.ortvalue_from_numpy(self.logits)
+        else:
+            dev, dev_id = cache.layout.device, cache.layout.device_id
+            self.total[...] = cache.length
+            self.device_ids = ort.OrtValue.ortvalue_from_numpy(self.ids, dev, dev_id)
+            self.device_seqlens = ort.OrtValue.ortvalue_from_numpy(self.seqlens, dev, dev_id)
+            self.device_logits = ort.OrtValue.ortvalue_from_shape_and_type(
+                self.logits.shape, np.float32, dev, dev_id)
+            self.binding.bind_ortvalue_input(names.INPUT_IDS, self.device_ids)
+            self.binding.bind_ortvalue_input(names.SEQLENS_K, self.device_seqlens)
+            self.binding.bind_ortvalue_input(names.TOTAL_SEQUENCE_LENGTH,
+                                             ort.OrtValue.ortvalue_from_numpy(self.total))
+            self.run_options = ort.RunOptions()
+            self.run_options.log_severity_level = 3
+            self.run_options.add_run_config_entry("gpu_graph_id", str(graph_id))
         cache.bind(self.binding, start, start + rows)
-        self.binding.bind_ortvalue_output(names.LOGITS, ort.OrtValue.ortvalue_from_numpy(self.logits))
+        self.binding.bind_ortvalue_output(names.LOGITS, self.device_logits)
 
     def run(self, tokens: np.ndarray, seqlens: np.ndarray, total: int) -> np.ndarray:
         self.ids[:, 0] = tokens
         self.seqlens[:] = seqlens
-        self.total[...] = total
-        self.session.run_with_iobinding(self.binding)
-        return self.logits[:, 0]
+        if self.graph_id is None:
+            self.total[...] = total
+            if self.run_options is None:
+                self.session.run_with_iobinding(self.binding)
+            else:
+                self.session.run_with_iobinding(self.binding, self.run_options)
+            return self.logits[:, 0]
+        self.device_ids.update_inplace(self.ids)
+        self.device_seqlens.update_inplace(self.seqlens)
+        self.session.run_with_iobinding(self.binding, self.run_options)
+        self.replays += 1
+        return self.device_logits.numpy()[:, 0]

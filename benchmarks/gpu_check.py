@@ -1,0 +1,506 @@
+"""The GPU check: one command that says whether the CUDA path works and how fast it is.
+
+    python benchmarks/gpu_check.py --out DIR [--skip-speed] [--speed-only] [--models DIR]
+
+On whatever CUDA GPU is present it runs, each part on its own (a failing part is recorded and
+the next one runs):
+
+  environment   onnxruntime, CUDA, cuDNN, driver and GPU versions
+  placement     every precision x a dense (qwen3_tiny), an MoE (qwen3_moe_tiny) and an ALiBi
+                (bloom_tiny) model: where ONNX Runtime puts each node, what the runtime decides
+                (CUDA, or the CPU with its one-line reason), no compute node left on the CPU
+  parity        fp16 and int4 (fp16 activations) exported for CUDA: the export's parity gate
+                (torch vs ORT CPU, and torch vs the runtime on CUDA: 3 ragged prompts, batched
+                decode), then the runtime on CUDA vs on the CPU over a batch of 2, a chat turn
+                that reuses the cache, and a cache that grows; with and without CUDA graphs
+  matmulnbits   MatMulNBits fp16, 4 and 8 bits, block sizes 16-256, M = 1, 3, 17, against numpy
+  speed         qwen3_8b (random weights, full size), fp16 and int4: decode tok/s at batch 1, 8
+                and 32 with and without CUDA graphs, prefill tok/s at 512 and 2048 tokens, time
+                to first token, GPU memory, decode against the GPU's measured read bandwidth
+  memory        GPU memory before and after 100 requests of varied size
+
+It writes DIR/gpu_check.json and DIR/gpu_check.md. ``pytest -m gpu`` runs the correctness parts
+(tests/gpu). ``--smoke`` runs the same code on the CPU with tiny sizes (how CI checks the
+script itself; no GPU figures come out of it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
+PLACEMENT_MODELS = ("qwen3_tiny", "qwen3_moe_tiny", "bloom_tiny")
+
+
+# ----------------------------------------------------------------------------- environment
+
+def environment() -> dict:
+    import onnxruntime as ort
+
+    from llm_onnx.runtime.providers import cuda_status
+
+    env = {"python": platform.python_version(), "onnxruntime": ort.__version__,
+           "providers": ort.get_available_providers(), "cuda_usable": list(cuda_status())}
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+        env["gpu"] = out.stdout.strip()
+        out = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30)
+        for line in out.stdout.splitlines():
+            if "CUDA Version" in line:
+                env["driver_cuda"] = line.split("CUDA Version:")[1].split("|")[0].strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        env["gpu"] = f"nvidia-smi unavailable ({e})"
+    from importlib import metadata
+
+    for dist in ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu13", "nvidia-cudnn-cu13",
+                 "nvidia-cublas", "nvidia-cublas-cu13", "onnxruntime-gpu", "torch"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            env[dist] = metadata.version(dist)
+    with contextlib.suppress(Exception):
+        import torch
+
+        env["torch_cuda"] = torch.version.cuda
+        env["torch_cudnn"] = torch.backends.cudnn.version()
+    return env
+
+
+def gpu_memory_mib() -> float | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,"
+                              "nounits"], capture_output=True, text=True, timeout=30)
+        return float(out.stdout.strip().splitlines()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+# ----------------------------------------------------------------------------- exports
+
+def export_tiny(name: str, precision: str, target: str, root: Path, max_len: int = 256) -> Path:
+    from llm_onnx.checkpoints.load import random_checkpoint
+    from llm_onnx.export import ExportOptions, export_model
+    from llm_onnx.families import PRESETS
+
+    out = root / f"{name}-{precision}-{target}"
+    if not (out / "manifest.json").is_file():
+        export_model(random_checkpoint(PRESETS[name], name), out,
+                     ExportOptions(precision=precision, target=target, max_seq_len=max_len),
+                     force=True, progress=False)
+    return out
+
+
+def raw_placement(path: Path, device_id: int = 0) -> dict:
+    """Where ONNX Runtime puts each node of one graph on CUDA (its verbose log, captured)."""
+    import onnxruntime as ort
+
+    from llm_onnx.runtime.providers import CPU, CUDA, captured_output, parse_placement
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 0
+    with captured_output() as log:
+        session = ort.InferenceSession(str(path), so,
+                                       providers=[(CUDA, {"device_id": str(device_id)}), CPU])
+    del session
+    p = parse_placement(log())
+    return {"found": p.found, "counts": p.counts, "compute_on_cpu": p.compute_on_cpu(),
+            "cpu_nodes": sorted({op for op, _ in p.on(CPU)})}
+
+
+# ----------------------------------------------------------------------------- parts
+
+def check_placement(root: Path, provider: str) -> dict:
+    from llm_onnx.errors import LlmOnnxError
+    from llm_onnx.runtime.engine import Engine, RuntimeOptions
+
+    results = {}
+    for name in PLACEMENT_MODELS:
+        for precision in PRECISIONS:
+            key = f"{name}/{precision}"
+            entry: dict = {}
+            target = "cuda" if precision != "fp32" and name != "bloom_tiny" else "cpu"
+            try:
+                folder = export_tiny(name, precision, target, root)
+                entry["target"] = target
+                if provider == "cuda":
+                    entry["ort"] = raw_placement(folder / "prefill.onnx")
+                engine = Engine(folder, RuntimeOptions(provider="auto"))
+                entry["runtime_provider"] = engine.provider
+                entry["notes"] = engine.notes
+                entry["placement"] = engine.placement
+                del engine
+                try:
+                    Engine(folder, RuntimeOptions(provider="cuda"))
+                    entry["provider_cuda"] = "loaded"
+                except LlmOnnxError as e:
+                    entry["provider_cuda"] = f"refused: {e}"
+                expect_gpu = provider == "cuda" and target == "cuda"
+                on_cpu = entry.get("ort", {}).get("compute_on_cpu", [])
+                entry["ok"] = (not expect_gpu or (entry["runtime_provider"].startswith("CUDA")
+                                                  and not on_cpu)) and \
+                    (target == "cuda" or provider != "cuda"
+                     or entry["provider_cuda"].startswith("refused"))
+            except Exception as e:  # noqa: BLE001 - recorded, the next model runs
+                entry.update(ok=False, error=f"{type(e).__name__}: {e}",
+                             trace=traceback.format_exc(limit=3))
+            results[key] = entry
+            print(f"placement {key}: {'ok' if entry.get('ok') else 'FAIL'} "
+                  f"{entry.get('runtime_provider', '')} {entry.get('placement', '')} "
+                  f"{entry.get('ort', {}).get('compute_on_cpu', '')} {entry.get('error', '')}",
+                  flush=True)
+    return results
+
+
+def _run_conversation(engine, vocab: int, seed: int = 0) -> list[np.ndarray]:
+    """Batch of 2 ragged prompts, 6 decode steps together, then a second chat turn on row 0
+    (a prefill continuing its past) after the cache grew, then 4 more steps of both rows.
+    Tokens are fixed (teacher forcing), so two runs see the same inputs."""
+    rng = np.random.default_rng(seed)
+    out: list[np.ndarray] = []
+    cache = engine.new_cache(2, 24)
+    lens = (13, 5)
+    prompts = [rng.integers(0, vocab, n) for n in lens]
+    out.append(np.stack([engine.prefill(cache, r, p) for r, p in enumerate(prompts)]))
+    for _ in range(6):
+        out.append(np.asarray(engine.decode(cache, rng.integers(0, vocab, 2))).copy())
+    cache.grow(80)  # a conversation outgrowing its cache
+    out.append(engine.prefill(cache, 0, rng.integers(0, vocab, 17))[None].copy())  # turn 2
+    active = np.array([True, True])
+    out.append(np.asarray(engine.decode(cache, rng.integers(0, vocab, 2), active)).copy())
+    for _ in range(3):
+        out.append(np.asarray(engine.decode(cache, rng.integers(0, vocab, 2))).copy())
+    return out
+
+
+def check_parity(root: Path, provider: str) -> dict:
+    from llm_onnx.model_folder import read_manifest
+    from llm_onnx.runtime.engine import Engine, RuntimeOptions
+
+    results = {}
+    for name in ("qwen3_tiny", "qwen3_moe_tiny"):
+        for precision in ("fp16", "int4"):
+            key = f"{name}/{precision}"
+            entry: dict = {}
+            try:
+                folder = export_tiny(name, precision, "cuda", root)
+                parity = read_manifest(folder).parity
+                entry["export_gate"] = {
+                    "cpu_relative_logits_diff": parity.relative_logits_diff,
+                    "cpu_kl": parity.kl_divergence,
+                    "cuda_relative_logits_diff": parity.cuda_relative_logits_diff,
+                    "cuda_kl": parity.cuda_kl_divergence,
+                    "cuda_greedy_agreement": parity.cuda_greedy_agreement}
+                vocab = read_manifest(folder).vocab_size
+                ref = _run_conversation(Engine(folder, RuntimeOptions(provider="cpu")), vocab)
+                for graphs in (False, True):
+                    engine = Engine(folder, RuntimeOptions(provider=provider, cuda_graph=graphs))
+                    got = _run_conversation(engine, vocab)
+                    diffs = [float(np.abs(a - b).max()) for a, b in zip(ref, got)]
+                    scale = max(1.0, max(float(np.abs(a).max()) for a in ref))
+                    agree = float(np.mean([(a.argmax(-1) == b.argmax(-1)).mean()
+                                           for a, b in zip(ref, got)]))
+                    entry[f"runtime_{'graphs' if graphs else 'no_graphs'}"] = {
+                        "relative_max_diff": max(diffs) / scale, "greedy_agreement": agree,
+                        "cuda_graph_used": bool(engine.cuda_graph), "notes": engine.notes}
+                    del engine
+                gate_ok = provider != "cuda" or entry["export_gate"]["cuda_kl"] is not None
+                entry["ok"] = gate_ok and all(
+                    v["relative_max_diff"] < 2e-2 for k, v in entry.items()
+                    if k.startswith("runtime_"))
+            except Exception as e:  # noqa: BLE001
+                entry.update(ok=False, error=f"{type(e).__name__}: {e}",
+                             trace=traceback.format_exc(limit=4))
+            results[key] = entry
+            print(f"parity {key}: {'ok' if entry.get('ok') else 'FAIL'} "
+                  f"{json.dumps({k: v for k, v in entry.items() if k != 'trace'})[:600]}",
+                  flush=True)
+            gc.collect()
+    return results
+
+
+def matmulnbits_model(k: int, n: int, bits: int, block: int):
+    import onnx
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("MatMulNBits", ["x", "w", "s", "z"], ["y"], domain="com.microsoft",
+                            K=k, N=n, bits=bits, block_size=block, accuracy_level=0)
+    blocks = -(-k // block)
+    graph = helper.make_graph(
+        [node], "mmnb",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["m", k]),
+         helper.make_tensor_value_info("w", TensorProto.UINT8, [n, blocks, block * bits // 8]),
+         helper.make_tensor_value_info("s", TensorProto.FLOAT16, [n * blocks]),
+         helper.make_tensor_value_info("z", TensorProto.UINT8, [n * (-(-blocks * bits // 8))])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["m", n])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 9
+    return onnx._serialize(model) if hasattr(onnx, "_serialize") else model.SerializeToString()
+
+
+def check_matmulnbits(provider: str) -> dict:
+    import onnxruntime as ort
+    import torch
+
+    from llm_onnx.export import quant
+    from llm_onnx.runtime.providers import CPU, CUDA
+
+    providers = [CUDA, CPU] if provider == "cuda" else [CPU]
+    rng = np.random.default_rng(0)
+    results = {}
+    k, n = 512, 384
+    for bits in (4, 8):
+        for block in (16, 32, 64, 128, 256):
+            w = torch.from_numpy(rng.standard_normal((n, k)).astype(np.float32) * 0.05)
+            q, s, z = quant.quantize(w, bits, block, asymmetric=True)
+            deq = quant.dequantize(q, s.half().float(), bits, k, z).numpy()
+            so = ort.SessionOptions()
+            so.log_severity_level = 3
+            sess = ort.InferenceSession(matmulnbits_model(k, n, bits, block), so,
+                                        providers=providers)
+            worst = 0.0
+            for m in (1, 3, 17):
+                x = (rng.standard_normal((m, k)) * 0.5).astype(np.float16)
+                y = sess.run(None, {"x": x, "w": q.numpy(), "s": s.half().numpy().reshape(-1),
+                                    "z": z.numpy().reshape(-1)})[0].astype(np.float32)
+                ref = x.astype(np.float32) @ deq.T
+                worst = max(worst, float(np.abs(y - ref).max() / max(1e-6, np.abs(ref).max())))
+            key = f"int{bits}/block{block}"
+            results[key] = {"relative_max_diff": worst, "ok": worst < 5e-3,
+                            "provider": sess.get_providers()[0]}
+            print(f"matmulnbits {key}: {results[key]}", flush=True)
+    return results
+
+
+# ----------------------------------------------------------------------------- speed
+
+def export_big(precision: str, root: Path, max_len: int) -> Path:
+    from llm_onnx.checkpoints.load import random_checkpoint
+    from llm_onnx.export import ExportOptions, export_model
+    from llm_onnx.families import PRESETS
+
+    out = root / f"qwen3_8b-{precision}"
+    if not (out / "manifest.json").is_file():
+        t0 = time.perf_counter()
+        export_model(random_checkpoint(PRESETS["qwen3_8b"], "qwen3_8b"), out,
+                     ExportOptions(precision=precision, target="cuda", max_seq_len=max_len,
+                                   quant_search=False),
+                     force=True, progress=False)
+        print(f"exported qwen3_8b {precision} in {time.perf_counter() - t0:.0f} s", flush=True)
+    return out
+
+
+def _decode_rate(engine, batch: int, context: int, steps: int, vocab: int) -> float:
+    rng = np.random.default_rng(batch)
+    cache = engine.new_cache(batch, context + steps + 8)
+    for row in range(batch):
+        engine.prefill(cache, row, rng.integers(0, vocab, context))
+    tokens = rng.integers(0, vocab, batch)
+    for _ in range(3):  # warm-up (and the graph capture)
+        engine.decode(cache, tokens)
+    start = time.perf_counter()
+    for _ in range(steps):
+        engine.decode(cache, tokens)
+    return batch * steps / (time.perf_counter() - start)
+
+
+def measure_speed(folder: Path, provider: str, batches: tuple[int, ...], steps: int,
+                  prefills: tuple[int, ...]) -> dict:
+    from llm_onnx.bench import DeviceBandwidthProbe
+    from llm_onnx.model_folder import read_manifest
+    from llm_onnx.runtime.engine import Engine, RuntimeOptions
+    from llm_onnx.runtime.providers import CUDA
+
+    m = read_manifest(folder)
+    vocab = m.vocab_size
+    weights = m.weights.bytes
+    out: dict = {"weights_bytes": weights, "memory_before_mib": gpu_memory_mib()}
+    for graphs in (True, False):
+        t0 = time.perf_counter()
+        engine = Engine(folder, RuntimeOptions(provider=provider, cuda_graph=graphs,
+                                               verify=False))
+        label = "graphs" if graphs else "no_graphs"
+        out[f"load_s_{label}"] = time.perf_counter() - t0
+        out[f"memory_loaded_mib_{label}"] = gpu_memory_mib()
+        out[f"notes_{label}"] = engine.notes
+        out[f"cuda_graph_used_{label}"] = bool(engine.cuda_graph)
+        for b in batches:
+            try:
+                out[f"decode_tok_s_b{b}_{label}"] = _decode_rate(engine, b, 128, steps, vocab)
+            except Exception as e:  # noqa: BLE001
+                out[f"decode_tok_s_b{b}_{label}"] = f"failed: {type(e).__name__}: {e}"[:300]
+            print(f"{folder.name} {label} batch {b}: {out[f'decode_tok_s_b{b}_{label}']}",
+                  flush=True)
+        if graphs:
+            rng = np.random.default_rng(1)
+            for t in prefills:
+                cache = engine.new_cache(1, t + 8)
+                engine.prefill(cache, 0, rng.integers(0, vocab, t))  # warm-up of this shape
+                cache.truncate(0, 0)
+                start = time.perf_counter()
+                engine.prefill(cache, 0, rng.integers(0, vocab, t))
+                out[f"prefill_tok_s_{t}"] = t / (time.perf_counter() - start)
+            cache = engine.new_cache(1, 600)
+            start = time.perf_counter()
+            engine.prefill(cache, 0, rng.integers(0, vocab, 512))
+            engine.decode(cache, np.array([1]))
+            out["ttft_ms_512"] = (time.perf_counter() - start) * 1e3
+            out["memory_after_mib"] = gpu_memory_mib()
+        del engine
+        gc.collect()
+    if provider == "cuda":
+        probe = DeviceBandwidthProbe(CUDA, 0, total_bytes=2 << 30)
+        bw = probe.measure(repeat=10)
+        probe.close()
+        out["read_bandwidth_gb_s"] = bw / 1e9
+        # Batch-1 decode reads every weight once per token (the embedding reads a row only).
+        emb = m.config.vocab_size * m.config.hidden_size * (2 if m.precision.precision == "fp16"
+                                                            else 1.0625)
+        read = weights - (0 if m.config.tie_word_embeddings else emb)
+        out["bytes_per_token_b1"] = read
+        out["ceiling_tok_s_b1"] = bw / read
+        best = max(v for k, v in out.items() if k.startswith("decode_tok_s_b1_")
+                   and isinstance(v, float))
+        out["decode_b1_of_ceiling"] = best / out["ceiling_tok_s_b1"]
+    return out
+
+
+def memory_after_requests(folder: Path, provider: str, requests: int) -> dict:
+    from llm_onnx.runtime.model import Model
+
+    model = Model.load(folder, provider=provider, verify=False)
+    rng = np.random.default_rng(2)
+    vocab = model.engine.vocab_size
+    before = gpu_memory_mib()
+    samples = []
+    start = time.perf_counter()
+    for i in range(requests):
+        longest = min(600, model.engine.context_length - 32)
+        prompt = [int(t) for t in rng.integers(0, vocab, int(rng.integers(8, longest)))]
+        model.generate(prompt, max_new_tokens=int(rng.integers(2, 24)))
+        if i % 10 == 9:
+            samples.append(gpu_memory_mib())
+    return {"requests": requests, "seconds": time.perf_counter() - start,
+            "memory_before_mib": before, "memory_samples_mib": samples,
+            "memory_after_mib": gpu_memory_mib()}
+
+
+# ----------------------------------------------------------------------------- report
+
+def write_report(out: Path, results: dict) -> None:
+    (out / "gpu_check.json").write_text(json.dumps(results, indent=2, default=str))
+    lines = ["# GPU check", "", f"Run: {results.get('started')}", ""]
+    env = results.get("environment", {})
+    lines += ["## Environment", ""] + [f"- {k}: {v}" for k, v in env.items()] + [""]
+    for part in ("placement", "parity", "matmulnbits"):
+        rows = results.get(part)
+        if not isinstance(rows, dict):
+            continue
+        lines += [f"## {part}", "", "| case | ok | details |", "| --- | --- | --- |"]
+        for case, entry in rows.items():
+            if not isinstance(entry, dict):
+                lines.append(f"| {case} | | {entry} |")
+                continue
+            details = {k: v for k, v in entry.items() if k not in ("ok", "trace")}
+            lines.append(f"| {case} | {'yes' if entry.get('ok') else 'NO'} | "
+                         f"{json.dumps(details, default=str)[:700].replace('|', '/')} |")
+        lines.append("")
+    for part in ("speed", "memory"):
+        rows = results.get(part)
+        if isinstance(rows, dict):
+            lines += [f"## {part}", "", "```", json.dumps(rows, indent=1, default=str), "```", ""]
+    errors = results.get("errors", {})
+    if errors:
+        lines += ["## errors", ""] + [f"- {k}: {v}" for k, v in errors.items()] + [""]
+    (out / "gpu_check.md").write_text("\n".join(lines))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Example: python benchmarks/gpu_check.py --out gpu-report")
+    ap.add_argument("--out", type=Path, required=True, help="folder for gpu_check.json/.md")
+    ap.add_argument("--models", type=Path, help="where the exports go (default: a temp folder)")
+    ap.add_argument("--skip-speed", action="store_true", help="correctness parts only")
+    ap.add_argument("--speed-only", action="store_true", help="the qwen3_8b speed part only")
+    ap.add_argument("--precisions", default="fp16,int4", help="speed part's precisions")
+    ap.add_argument("--export-only", action="store_true",
+                    help="only export the speed part's models into --models (e.g. in the "
+                         "background while the correctness parts run)")
+    ap.add_argument("--requests", type=int, default=100, help="memory part's request count")
+    ap.add_argument("--smoke", action="store_true",
+                    help="run on the CPU with tiny sizes (checks the script, measures nothing)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    root = args.models or Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    root.mkdir(parents=True, exist_ok=True)
+    provider = "cpu" if args.smoke else "cuda"
+    results: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "errors": {}}
+    failed = False
+
+    def part(name: str, fn, *fargs):
+        nonlocal failed
+        try:
+            results[name] = fn(*fargs)
+            if isinstance(results[name], dict) and any(
+                    isinstance(v, dict) and v.get("ok") is False for v in results[name].values()):
+                failed = True
+        except Exception as e:  # noqa: BLE001 - every part runs
+            failed = True
+            results["errors"][name] = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=5)}"
+            print(f"{name} FAILED: {e}", flush=True)
+        write_report(args.out, results)
+
+    if args.export_only:
+        for p in args.precisions.split(","):
+            export_big(p, root, 4096)
+        return 0
+    part("environment", environment)
+    if not args.smoke and not results["environment"].get("cuda_usable", [False])[0]:
+        print(f"no usable CUDA GPU: {results['environment'].get('cuda_usable')}", flush=True)
+        return 2
+    if not args.speed_only:
+        part("placement", check_placement, root, provider)
+        part("parity", check_parity, root, provider)
+        part("matmulnbits", check_matmulnbits, provider)
+    if not args.skip_speed:
+        if args.smoke:
+            folders = {p: export_tiny("qwen3_tiny", p, "cuda", root) for p in ("fp16", "int4")}
+            batches, steps, prefills = (1, 2), 4, (16, 32)
+        else:
+            folders = {p: export_big(p, root, 4096) for p in args.precisions.split(",")}
+            batches, steps, prefills = (1, 8, 32), 64, (512, 2048)
+        speed = {}
+        for precision, folder in folders.items():
+            try:
+                speed[precision] = measure_speed(folder, provider, batches, steps, prefills)
+            except Exception as e:  # noqa: BLE001
+                failed = True
+                speed[precision] = f"failed: {type(e).__name__}: {e}"
+            results["speed"] = speed
+            write_report(args.out, results)
+        last = folders[list(folders)[-1]]
+        part("memory", memory_after_requests, last, provider,
+             args.requests if not args.smoke else 5)
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    write_report(args.out, results)
+    print(f"report: {args.out / 'gpu_check.md'}; {'FAILURES' if failed else 'all parts passed'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
