@@ -97,8 +97,14 @@ def export_tiny(name: str, precision: str, target: str, root: Path, max_len: int
     from llm_onnx.families import PRESETS
 
     out = root / f"{name}-{precision}-{target}"
+    cfg = PRESETS[name]
+    if cfg.moe is not None and target == "cuda":
+        # CUDA QMoE needs expert widths in multiples of 64 (its interleaved K tile).
+        from dataclasses import replace
+
+        cfg = cfg.replace(moe=replace(cfg.moe, moe_intermediate_size=64))
     if not (out / "manifest.json").is_file():
-        export_model(random_checkpoint(PRESETS[name], name), out,
+        export_model(random_checkpoint(cfg, name), out,
                      ExportOptions(precision=precision, target=target, max_seq_len=max_len),
                      force=True, progress=False)
     return out
@@ -138,7 +144,7 @@ def check_placement(root: Path, provider: str) -> dict:
                 entry["target"] = target
                 if provider == "cuda":
                     entry["ort"] = raw_placement(folder / "prefill.onnx")
-                engine = Engine(folder, RuntimeOptions(provider="auto"))
+                engine = Engine(folder, RuntimeOptions(provider="auto", check_placement=True))
                 entry["runtime_provider"] = engine.provider
                 entry["notes"] = engine.notes
                 entry["placement"] = engine.placement
@@ -183,6 +189,34 @@ def _run_conversation(engine, vocab: int, seed: int = 0) -> list[np.ndarray]:
     out.append(np.asarray(engine.decode(cache, rng.integers(0, vocab, 2), active)).copy())
     for _ in range(3):
         out.append(np.asarray(engine.decode(cache, rng.integers(0, vocab, 2))).copy())
+    return out
+
+
+def diagnose(root: Path, provider: str) -> dict:
+    """Per step and row: the runtime on CUDA against the runtime on the CPU, same folder."""
+    from llm_onnx.checkpoints.load import random_checkpoint
+    from llm_onnx.export import ExportOptions, export_model
+    from llm_onnx.export.validate import DECODE_STEPS, run_engine
+    from llm_onnx.families import PRESETS
+    from llm_onnx.runtime.engine import Engine, RuntimeOptions
+
+    out = {}
+    for name, precision in (("qwen3_tiny", "fp16"), ("llama_tiny", "fp16")):
+        folder = root / f"diag-{name}-{precision}"
+        if not folder.exists():
+            export_model(random_checkpoint(PRESETS[name], name), folder,
+                         ExportOptions(precision=precision, target="cuda", max_seq_len=64,
+                                       validate=False), progress=False)
+        vocab = PRESETS[name].vocab_size
+        fed = [np.array([[3], [5], [7]])] * DECODE_STEPS
+        a = run_engine(Engine(folder, RuntimeOptions(provider="cpu")), vocab, fed)
+        for graphs in (False,):
+            b = run_engine(Engine(folder, RuntimeOptions(provider=provider, cuda_graph=graphs)),
+                           vocab, fed)
+            out[f"{name}/{precision}"] = [[round(float(np.abs(x[r] - y[r]).max()), 4)
+                                           for r in range(x.shape[0])]
+                                          for x, y in zip(a.logits, b.logits)]
+        print("diagnose", name, out[f"{name}/{precision}"], flush=True)
     return out
 
 
@@ -272,15 +306,22 @@ def check_matmulnbits(provider: str) -> dict:
             so.log_severity_level = 3
             sess = ort.InferenceSession(matmulnbits_model(k, n, bits, block), so,
                                         providers=providers)
-            worst = 0.0
+            worst, errors = 0.0, []
             for m in (1, 3, 17):
                 x = (rng.standard_normal((m, k)) * 0.5).astype(np.float16)
-                y = sess.run(None, {"x": x, "w": q.numpy(), "s": s.half().numpy().reshape(-1),
-                                    "z": z.numpy().reshape(-1)})[0].astype(np.float32)
+                try:
+                    y = sess.run(None, {"x": x, "w": q.numpy(),
+                                        "s": s.half().numpy().reshape(-1),
+                                        "z": z.numpy().reshape(-1)})[0].astype(np.float32)
+                except Exception as e:  # noqa: BLE001 - recorded per M
+                    errors.append(f"M={m}: {str(e).strip().splitlines()[0][-160:]}")
+                    continue
                 ref = x.astype(np.float32) @ deq.T
                 worst = max(worst, float(np.abs(y - ref).max() / max(1e-6, np.abs(ref).max())))
             key = f"int{bits}/block{block}"
-            results[key] = {"relative_max_diff": worst, "ok": worst < 5e-3,
+            # Block 256 is outside what the exporter allows for CUDA targets (see ExportOptions).
+            results[key] = {"relative_max_diff": worst, "errors": errors,
+                            "ok": worst < 5e-3 and (not errors or block > 128),
                             "provider": sess.get_providers()[0]}
             print(f"matmulnbits {key}: {results[key]}", flush=True)
     return results
@@ -298,7 +339,7 @@ def export_big(precision: str, root: Path, max_len: int) -> Path:
         t0 = time.perf_counter()
         export_model(random_checkpoint(PRESETS["qwen3_8b"], "qwen3_8b"), out,
                      ExportOptions(precision=precision, target="cuda", max_seq_len=max_len,
-                                   quant_search=False),
+                                   quant_search=False, validate=False),
                      force=True, progress=False)
         print(f"exported qwen3_8b {precision} in {time.perf_counter() - t0:.0f} s", flush=True)
     return out
@@ -360,8 +401,12 @@ def measure_speed(folder: Path, provider: str, batches: tuple[int, ...], steps: 
             engine.decode(cache, np.array([1]))
             out["ttft_ms_512"] = (time.perf_counter() - start) * 1e3
             out["memory_after_mib"] = gpu_memory_mib()
+        refused = graphs and not engine.cuda_graph
         del engine
         gc.collect()
+        if refused:  # ORT refused capture: a second load would measure the same thing
+            out["no_graphs_same_as_graphs"] = True
+            break
     if provider == "cuda":
         probe = DeviceBandwidthProbe(CUDA, 0, total_bytes=2 << 30)
         bw = probe.measure(repeat=10)
@@ -438,6 +483,7 @@ def main() -> int:
     ap.add_argument("--skip-speed", action="store_true", help="correctness parts only")
     ap.add_argument("--speed-only", action="store_true", help="the qwen3_8b speed part only")
     ap.add_argument("--precisions", default="fp16,int4", help="speed part's precisions")
+    ap.add_argument("--diagnose", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--export-only", action="store_true",
                     help="only export the speed part's models into --models (e.g. in the "
                          "background while the correctness parts run)")
@@ -473,6 +519,10 @@ def main() -> int:
     if not args.smoke and not results["environment"].get("cuda_usable", [False])[0]:
         print(f"no usable CUDA GPU: {results['environment'].get('cuda_usable')}", flush=True)
         return 2
+    if args.diagnose:
+        part("diagnose", diagnose, root, provider)
+        write_report(args.out, results)
+        return 0
     if not args.speed_only:
         part("placement", check_placement, root, provider)
         part("parity", check_parity, root, provider)

@@ -123,6 +123,20 @@ def build_manifest(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
                for n in files})
 
 
+def cuda_export_limits(cfg, options: ExportOptions) -> list[str]:
+    """Shapes ONNX Runtime's CUDA kernels refuse at run time (measured on onnxruntime-gpu 1.31.1,
+    H100): 4-bit MatMulNBits with one row and blocks of 256; QMoE with expert widths that are
+    not multiples of 64."""
+    limits = []
+    if options.bits == 4 and options.block_size > 128:
+        limits.append(f"block size {options.block_size}: the CUDA 4-bit MatMulNBits kernel takes "
+                      "blocks of 16 to 128 (use --block-size 128 or less)")
+    if cfg.moe is not None and options.quantized and cfg.moe.moe_intermediate_size % 64:
+        limits.append(f"moe_intermediate_size {cfg.moe.moe_intermediate_size}: the CUDA QMoE "
+                      "kernel needs expert widths in multiples of 64")
+    return limits
+
+
 def resolve_target(options: ExportOptions, cfg) -> ExportOptions:
     """``options`` with its target decided: the one asked for (checked against the model), else
     "cuda" when a usable CUDA GPU is present and the model can run wholly on it, else "cpu"."""
@@ -130,14 +144,15 @@ def resolve_target(options: ExportOptions, cfg) -> ExportOptions:
 
     float16 = options.precision != "fp32"  # what a CUDA target makes of it
     if options.target == "cuda":
-        blockers = mf.cuda_blockers(cfg, float16)
+        blockers = mf.cuda_blockers(cfg, float16) + cuda_export_limits(cfg, options)
         if blockers:
             raise ExportError(f"--target cuda: this model cannot run wholly on CUDA: "
                               f"{'; '.join(blockers)}. Export it with --target cpu.")
         return options
     if options.target == "cpu":
         return options
-    if options.precision == "fp32" or mf.cuda_blockers(cfg, float16):
+    if options.precision == "fp32" or mf.cuda_blockers(cfg, float16) \
+            or cuda_export_limits(cfg, options):
         return replace(options, target="cpu")
     from llm_onnx.runtime.providers import cuda_status  # lazy: the export does not need ORT-GPU
 

@@ -139,7 +139,10 @@ class Attention(nn.Module):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, H*D), (B, T, Hkv*D) x2
         if self.qk_norm or (self.rope and not self.fused_rotary):
             if k is None:
-                q, k, v = q.split([self.q_width, self.kv_width, self.kv_width], dim=-1)
+                # Slices, not split(): torch.split exports as SplitToSequence, which has no
+                # CUDA kernel in ONNX Runtime (the node would run on the CPU).
+                qw, kw = self.q_width, self.kv_width
+                q, k, v = q[..., :qw], q[..., qw:qw + kw], q[..., qw + kw:]
             if self.qk_norm:
                 q = self.q_norm(q.reshape(b, t, self.num_heads, self.head_dim)).reshape(b, t, -1)
                 k = self.k_norm(k.reshape(b, t, self.kv_heads, self.head_dim)).reshape(b, t, -1)
@@ -186,7 +189,9 @@ class MLP(nn.Module):
         if self.fuse_gate_up and self.act is F.silu:
             return self.down_proj(ops.swiglu(self.gate_up_proj(x)))  # one Split, not a sequence
         if self.fuse_gate_up:
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            gate_up = self.gate_up_proj(x)  # sliced, not chunk(): see Attention.forward
+            half = gate_up.shape[-1] // 2
+            gate, up = gate_up[..., :half], gate_up[..., half:]
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(self.act(gate) * up)
@@ -375,8 +380,7 @@ class Decoder(nn.Module):
         """Logits (B, T, V) fp32 (or (B, 1, V) at each row's last new token when ``last_only``)
         and the updated caches, in the order of ``past``."""
         cfg, m = self.config, self.model
-        t = input_ids.shape[1]
-        positions = ops.token_positions(seqlens_k, total_sequence_length, t)
+        positions, last = ops.device_positions(input_ids, seqlens_k)
         cos = sin = bias = None
         local: tuple[Tensor | None, Tensor | None] = (None, None)
         if cfg.position_embedding_type == "rope":
@@ -407,10 +411,8 @@ class Decoder(nn.Module):
         else:
             assert branch is not None
             h, _ = self.model.norm.add(branch.float(), residual)  # (B, T, D)
-        if last_only:
-            # Row b's last new token: index seqlens_k[b] - (total - T), clamped for padded decode rows.
-            idx = (seqlens_k.to(torch.int64) - total_sequence_length.to(torch.int64) + t).clamp(0, t - 1)
-            h = h.gather(1, idx[:, None, None].expand(-1, 1, h.shape[-1]))  # (B, 1, D)
+        if last_only:  # row b's last new token (clamped for padded decode rows)
+            h = h.gather(1, last[:, None, None].expand(-1, 1, h.shape[-1]))  # (B, 1, D)
         if cfg.embed_dim is not None:
             h = m.project_out(h.to(self.dtype))
         logits = self.lm_head(h.to(self.dtype)).float()

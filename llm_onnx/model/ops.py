@@ -47,6 +47,28 @@ def token_positions(seqlens_k: Tensor, total_sequence_length: Tensor, seq_len: i
     return torch.where(first, ar[None, :].expand_as(later), later).clamp_min(0)
 
 
+def device_positions(input_ids: Tensor, seqlens_k: Tensor) -> tuple[Tensor, Tensor]:
+    """(positions (B, T) int64, last (B,) int64): the new tokens' absolute positions and the index
+    of each row's last new token, computed from ``seqlens_k`` and the values of ``input_ids`` only.
+
+    The same numbers as ``token_positions`` and ``seqlens_k - (total - T)`` when
+    total_sequence_length is max(seqlens_k) + 1 (how the runtime calls the graphs), but nothing
+    here reads total_sequence_length or a host-side shape: on a GPU, host values reaching these
+    device computations would make ONNX Runtime insert host-to-device copies, which rule out CUDA
+    graphs and which a captured graph would freeze. T comes from a sum over a row of ones, and
+    the one arange takes its length as a host input (ONNX Range reads its limits on the host)."""
+    t = input_ids.shape[1]
+    t_dev = (input_ids[:1] * 0 + 1).to(torch.int32).sum(dim=1).to(torch.int64)  # (1,) on device
+    lengths = seqlens_k.to(torch.int64)
+    longest = lengths.max()  # total - 1
+    ar = torch.arange(t, device=input_ids.device, dtype=torch.int64)  # (T,)
+    later = lengths[:, None] + 1 - t_dev + ar[None, :]  # (B, T)
+    first = (longest + 1) == t_dev  # a first prompt: rows right-padded, positions 0 .. T-1
+    positions = torch.where(first, ar[None, :].expand_as(later), later).clamp_min(0)
+    last = (t_dev - 1 - (longest - lengths)).clamp_min(0)  # (B,)
+    return positions, last
+
+
 def rms_norm_ref(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """RMSNorm, statistics in fp32; output in the dtype of ``weight`` (ORT's V type)."""
     xf = x.float()

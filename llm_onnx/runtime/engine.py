@@ -67,6 +67,10 @@ class RuntimeOptions:
         cuda_graph: on CUDA, capture each decode batch size once and replay it (fixed device
             buffers for ids, lengths and logits; the KV cache at a fixed length). None (default):
             on when the provider is CUDA; ORT refusing capture falls back with a one-line reason.
+        check_placement: on CUDA, also read ONNX Runtime's own node-placement log while the
+            session is created and refuse (provider "cuda") or leave (provider "auto") a graph
+            with compute nodes on the CPU. Off by default: the manifest already says whether a
+            folder runs wholly on CUDA, and the session logs verbosely for its whole life.
     """
 
     provider: str = "auto"
@@ -77,6 +81,7 @@ class RuntimeOptions:
     cuda_device: int = 0
     profile_dir: str | None = None
     cuda_graph: bool | None = None
+    check_placement: bool = False
 
     def __post_init__(self) -> None:
         if self.optimization not in OPTIMIZATION_LEVELS:
@@ -228,7 +233,8 @@ class Engine:
             return self._create(path, so, [CPU])
         # No spinning: the CPU threads only launch kernels; spinning would burn cores.
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        so.log_severity_level = 0  # verbose, captured: ORT's own "Node placements" log
+        if self.options.check_placement:
+            so.log_severity_level = 0  # verbose, captured: ORT's own "Node placements" log
         cuda = {"device_id": str(self.options.cuda_device),
                 "arena_extend_strategy": "kSameAsRequested", "do_copy_in_default_stream": "1"}
         if self.cuda_graph:

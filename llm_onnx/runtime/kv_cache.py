@@ -200,22 +200,29 @@ class _DecodeBinding:
         self.session, self.graph_id, self.replays = session, graph_id, 0
         self.binding = session.io_binding()
         self.run_options = run_options
-        if graph_id is None:
-            for name, arr in ((names.INPUT_IDS, self.ids), (names.SEQLENS_K, self.seqlens),
-                              (names.TOTAL_SEQUENCE_LENGTH, self.total)):
+        self.on_device = cache.layout.device != "cpu"
+        # total_sequence_length stays in host memory (a CPU input of GroupQueryAttention), so
+        # ORT reads the array itself at each run.
+        self.binding.bind_ortvalue_input(names.TOTAL_SEQUENCE_LENGTH,
+                                         ort.OrtValue.ortvalue_from_numpy(self.total))
+        if not self.on_device:
+            for name, arr in ((names.INPUT_IDS, self.ids), (names.SEQLENS_K, self.seqlens)):
                 self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
             self.device_logits = ort.OrtValue.ortvalue_from_numpy(self.logits)
         else:
+            # On a GPU, ORT copies a host input to the device when it is *bound*, not when it
+            # runs: a host array updated in place would be read once (measured: every decode
+            # step then saw the first step's ids and lengths). Device buffers, updated before
+            # each run, at fixed addresses (which CUDA graphs also need).
             dev, dev_id = cache.layout.device, cache.layout.device_id
-            self.total[...] = cache.length
             self.device_ids = ort.OrtValue.ortvalue_from_numpy(self.ids, dev, dev_id)
             self.device_seqlens = ort.OrtValue.ortvalue_from_numpy(self.seqlens, dev, dev_id)
             self.device_logits = ort.OrtValue.ortvalue_from_shape_and_type(
                 self.logits.shape, np.float32, dev, dev_id)
             self.binding.bind_ortvalue_input(names.INPUT_IDS, self.device_ids)
             self.binding.bind_ortvalue_input(names.SEQLENS_K, self.device_seqlens)
-            self.binding.bind_ortvalue_input(names.TOTAL_SEQUENCE_LENGTH,
-                                             ort.OrtValue.ortvalue_from_numpy(self.total))
+        if graph_id is not None:
+            self.total[...] = cache.length  # frozen into the captured graph
             self.run_options = ort.RunOptions()
             self.run_options.log_severity_level = 3
             self.run_options.add_run_config_entry("gpu_graph_id", str(graph_id))
@@ -227,13 +234,14 @@ class _DecodeBinding:
         self.seqlens[:] = seqlens
         if self.graph_id is None:
             self.total[...] = total
-            if self.run_options is None:
-                self.session.run_with_iobinding(self.binding)
-            else:
-                self.session.run_with_iobinding(self.binding, self.run_options)
-            return self.logits[:, 0]
-        self.device_ids.update_inplace(self.ids)
-        self.device_seqlens.update_inplace(self.seqlens)
-        self.session.run_with_iobinding(self.binding, self.run_options)
+        if self.on_device:
+            self.device_ids.update_inplace(self.ids)
+            self.device_seqlens.update_inplace(self.seqlens)
+        if self.run_options is None:
+            self.session.run_with_iobinding(self.binding)
+        else:
+            self.session.run_with_iobinding(self.binding, self.run_options)
         self.replays += 1
-        return self.device_logits.numpy()[:, 0]
+        if self.on_device:
+            return self.device_logits.numpy()[:, 0]
+        return self.logits[:, 0]
