@@ -483,6 +483,8 @@ def main() -> int:
     ap.add_argument("--skip-speed", action="store_true", help="correctness parts only")
     ap.add_argument("--speed-only", action="store_true", help="the qwen3_8b speed part only")
     ap.add_argument("--precisions", default="fp16,int4", help="speed part's precisions")
+    ap.add_argument("--parts", default="placement,parity,matmulnbits",
+                    help="correctness parts to run (comma-separated)")
     ap.add_argument("--diagnose", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--export-only", action="store_true",
                     help="only export the speed part's models into --models (e.g. in the "
@@ -524,9 +526,13 @@ def main() -> int:
         write_report(args.out, results)
         return 0
     if not args.speed_only:
-        part("placement", check_placement, root, provider)
-        part("parity", check_parity, root, provider)
-        part("matmulnbits", check_matmulnbits, provider)
+        wanted = args.parts.split(",")
+        if "placement" in wanted:
+            part("placement", check_placement, root, provider)
+        if "parity" in wanted:
+            part("parity", check_parity, root, provider)
+        if "matmulnbits" in wanted:
+            part("matmulnbits", check_matmulnbits, provider)
     if not args.skip_speed:
         if args.smoke:
             folders = {p: export_tiny("qwen3_tiny", p, "cuda", root) for p in ("fp16", "int4")}
