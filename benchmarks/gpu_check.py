@@ -30,7 +30,6 @@ import argparse
 import contextlib
 import gc
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -369,6 +368,9 @@ def measure_speed(folder: Path, provider: str, batches: tuple[int, ...], steps: 
     m = read_manifest(folder)
     vocab = m.vocab_size
     weights = m.weights.bytes
+    context = min(128, m.context_length - steps - 16)  # the prompt before the timed decode
+    ttft_prompt = min(512, m.context_length - 8)
+    prefills = tuple(t for t in prefills if t + 8 <= m.context_length)
     out: dict = {"weights_bytes": weights, "memory_before_mib": gpu_memory_mib()}
     for graphs in (True, False):
         t0 = time.perf_counter()
@@ -381,7 +383,8 @@ def measure_speed(folder: Path, provider: str, batches: tuple[int, ...], steps: 
         out[f"cuda_graph_used_{label}"] = bool(engine.cuda_graph)
         for b in batches:
             try:
-                out[f"decode_tok_s_b{b}_{label}"] = _decode_rate(engine, b, 128, steps, vocab)
+                out[f"decode_tok_s_b{b}_{label}"] = _decode_rate(engine, b, context, steps,
+                                                                  vocab)
             except Exception as e:  # noqa: BLE001
                 out[f"decode_tok_s_b{b}_{label}"] = f"failed: {type(e).__name__}: {e}"[:300]
             print(f"{folder.name} {label} batch {b}: {out[f'decode_tok_s_b{b}_{label}']}",
@@ -395,11 +398,11 @@ def measure_speed(folder: Path, provider: str, batches: tuple[int, ...], steps: 
                 start = time.perf_counter()
                 engine.prefill(cache, 0, rng.integers(0, vocab, t))
                 out[f"prefill_tok_s_{t}"] = t / (time.perf_counter() - start)
-            cache = engine.new_cache(1, 600)
+            cache = engine.new_cache(1, ttft_prompt + 8)
             start = time.perf_counter()
-            engine.prefill(cache, 0, rng.integers(0, vocab, 512))
+            engine.prefill(cache, 0, rng.integers(0, vocab, ttft_prompt))
             engine.decode(cache, np.array([1]))
-            out["ttft_ms_512"] = (time.perf_counter() - start) * 1e3
+            out[f"ttft_ms_{ttft_prompt}"] = (time.perf_counter() - start) * 1e3
             out["memory_after_mib"] = gpu_memory_mib()
         refused = graphs and not engine.cuda_graph
         del engine

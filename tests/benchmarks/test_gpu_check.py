@@ -1,0 +1,52 @@
+"""benchmarks/gpu_check.py's own code, on the CPU (CI has no GPU): the MatMulNBits check against
+its numpy reference, the speed loop over a tiny folder built for CUDA, and the report."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_matmulnbits_check_passes_on_onnx_runtime_and_fails_on_wrong_scales(gpu_check,
+                                                                              monkeypatch):
+    results = gpu_check.check_matmulnbits("cpu")
+    assert set(results) == {f"int{b}/block{s}" for b in (4, 8) for s in (16, 32, 64, 128, 256)}
+    assert all(r["ok"] and not r["errors"] for r in results.values()), results
+    # The same check with the reference's scales off by 1%: it must fail.
+    from llm_onnx.export import quant
+
+    real = quant.dequantize
+    monkeypatch.setattr(quant, "dequantize", lambda q, s, *a, **k: real(q, s * 1.01, *a, **k))
+    assert not any(r["ok"] for r in gpu_check.check_matmulnbits("cpu").values())
+
+
+def test_speed_loop_and_report(gpu_check, tiny_export, tmp_path):
+    folder = tiny_export("llama_tiny", "int4", target="cuda")
+    speed = gpu_check.measure_speed(folder, "cpu", batches=(1, 2), steps=2, prefills=(8,))
+    for key in ("decode_tok_s_b1_graphs", "decode_tok_s_b2_graphs", "prefill_tok_s_8",
+                "ttft_ms_56"):
+        assert isinstance(speed[key], float) and speed[key] > 0, key
+    # No CUDA here, so no graphs: the second load (without graphs) is skipped as redundant.
+    assert speed["no_graphs_same_as_graphs"] and not speed["cuda_graph_used_graphs"]
+    results = {"started": "now", "environment": {"onnxruntime": "x"}, "speed": {"int4": speed},
+               "matmulnbits": {"int4/block32": {"ok": True, "relative_max_diff": 1e-4}},
+               "errors": {}}
+    gpu_check.write_report(tmp_path, results)
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["speed"]["int4"]["weights_bytes"]
+    md = (tmp_path / "gpu_check.md").read_text()
+    assert "## matmulnbits" in md and "| int4/block32 | yes |" in md and "## speed" in md
+    assert np.isfinite(speed["decode_tok_s_b1_graphs"])
