@@ -1,0 +1,17 @@
+"""llm-onnx command line: a thin layer over the library (each command wraps one function).
+
+Heavy imports (torch, onnxruntime) happen inside the commands, so `--help` stays instant.
+
+  app.py           the `llm-onnx` group, one-line errors
+  exporting.py     export (and --config/--checkpoint resolution)
+  generating.py    generate, chat (sampling and chat-template options)
+  serving.py       serve (in process or on Ray Serve)
+  benchmarking.py  bench
+"""
+
+from llm_onnx.cli.app import main
+from llm_onnx.cli import benchmarking, exporting, generating, serving  # noqa: F401 (commands)
+from llm_onnx.cli.exporting import resolve_checkpoint
+from llm_onnx.cli.generating import _TemplateVar
+
+__all__ = ["main", "resolve_checkpoint", "_TemplateVar"]

@@ -1,0 +1,113 @@
+"""`llm-onnx export` and how a checkpoint is named on the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from llm_onnx.export.options import PRECISIONS
+from llm_onnx.families import PRESETS
+from llm_onnx.cli.app import _handle_errors, main
+
+
+def _default_precision() -> str:
+    from llm_onnx.runtime.providers import cuda_status
+
+    return "fp16" if cuda_status()[0] else "int8"
+
+
+@main.command()
+@click.option("--config", "config_name", metavar="NAME",
+              help=f"A named preset: {', '.join(sorted(PRESETS))}.")
+@click.option("--checkpoint", type=click.Path(path_type=Path),
+              help="A Hugging Face checkpoint folder (config.json + safetensors) or a .gguf file.")
+@click.option("--random-weights", is_flag=True,
+              help="With --config: seeded random weights of the preset's full shape.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random-weights.")
+@click.option("--precision", type=click.Choice(PRECISIONS),
+              help="Weights precision. Default: fp16 with a usable CUDA GPU, else int8.")
+@click.option("--out", type=click.Path(path_type=Path),
+              help="Model folder to write. Default: models/<name>-<precision>.")
+@click.option("--max-seq-len", type=click.IntRange(min=2),
+              help="Context length the model supports. Default: the model's own.")
+@click.option("--block-size", type=click.Choice(["16", "32", "64", "128", "256"]), default="32",
+              show_default=True, help="Quantization block size (int8/int4).")
+@click.option("--float-embeddings", is_flag=True,
+              help="int8/int4: keep the embedding and LM head in float (default: int8).")
+@click.option("--accuracy-level", type=click.IntRange(0, 4),
+              help="int4: MatMulNBits accuracy level of the projections: 0 = fp32 activations "
+                   "(default; faithful), 4 = int8 activations (faster). int8 always uses 4.")
+@click.option("--quant-scheme", type=click.Choice(["zero_point", "offset", "symmetric"]),
+              help="int8/int4 blocks: uint8 zero points (int8 default), float block minimums "
+                   "(int4 default; exact for Q4_1 GGUF weights) or symmetric.")
+@click.option("--all-logits", is_flag=True,
+              help="The prefill graph returns logits for every position (default: last only).")
+@click.option("--target", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+              show_default=True,
+              help="Execution provider the folder is built for. cuda: every node has a CUDA "
+                   "kernel (int8/int4 compute in fp16; fp32 and ALiBi models are refused). "
+                   "auto: cuda when a usable CUDA GPU is present.")
+@click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs torch parity gate.")
+@click.option("--force", is_flag=True, help="Replace --out if it exists (only once the new "
+              "folder is complete).")
+@_handle_errors
+def export(config_name, checkpoint, random_weights, seed, precision, out, max_seq_len, block_size,
+           float_embeddings, accuracy_level, quant_scheme, all_logits, target, no_validate,
+           force) -> None:
+    """Export a model to an ONNX model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
+    manifest.json), then check it against torch in ONNX Runtime.
+
+    \b
+    Examples:
+      llm-onnx export --checkpoint ./SmolLM2-135M-Instruct.Q4_1.gguf --precision fp32
+      llm-onnx export --checkpoint ~/ckpt/Qwen3-30B-A3B --precision int4 --out models/q3moe
+      llm-onnx export --config qwen3_8b --random-weights --precision fp16
+      llm-onnx export --checkpoint ./Qwen3-8B --precision int4 --target cuda
+    """
+    from llm_onnx.export import ExportOptions, export_model
+
+    ckpt = resolve_checkpoint(config_name, checkpoint, random_weights, seed)
+    precision = precision or _default_precision()
+    options = ExportOptions(precision=precision, block_size=int(block_size),
+                            embedding_bits=None if float_embeddings else 8,
+                            accuracy_level=accuracy_level, quant_scheme=quant_scheme,
+                            max_seq_len=max_seq_len,
+                            all_logits=all_logits, validate=not no_validate,
+                            target=None if target == "auto" else target)
+    out = out or Path("models") / f"{ckpt.name}-{precision}"
+    folder = export_model(ckpt, out, options, force=force, progress=True)
+    click.echo(f"Exported {ckpt.name} ({precision}) to {folder}")
+
+
+def resolve_checkpoint(config_name: str | None, checkpoint: Path | None, random_weights: bool,
+                       seed: int = 0):  # -> Checkpoint
+    """--checkpoint PATH | --config NAME --random-weights | --config NAME (local HF cache)."""
+    from llm_onnx.checkpoints.hub_cache import find_cached_checkpoint, hub_cache_dirs
+    from llm_onnx.checkpoints.load import open_checkpoint, random_checkpoint
+    from llm_onnx.errors import ConfigError
+    from llm_onnx.families import HF_REPOS, get_config
+
+    if checkpoint is not None and config_name is not None:
+        raise ConfigError("Give either --checkpoint PATH or --config NAME, not both.")
+    if checkpoint is not None:
+        if random_weights:
+            raise ConfigError("--random-weights goes with --config NAME, not --checkpoint.")
+        return open_checkpoint(checkpoint)
+    if config_name is None:
+        raise ConfigError("Say what to export: --checkpoint PATH (Hugging Face folder or .gguf) "
+                          "or --config NAME.")
+    cfg = get_config(config_name)
+    if random_weights:
+        return random_checkpoint(cfg, config_name, seed)
+    repo = HF_REPOS.get(config_name)
+    found = find_cached_checkpoint(repo) if repo else None
+    if found is None:
+        where = ", ".join(str(d) for d in hub_cache_dirs())
+        raise ConfigError(
+            f"No local weights for {config_name}"
+            + (f" ({repo} is not in the Hugging Face cache: {where})" if repo else "")
+            + ". Pass --checkpoint PATH, or --random-weights for random weights of its shape.")
+    ckpt = open_checkpoint(found)
+    ckpt.name = config_name
+    return ckpt

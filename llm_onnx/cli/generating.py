@@ -1,0 +1,263 @@
+"""`llm-onnx generate` and `llm-onnx chat`, and the sampling and chat-template options they share."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from llm_onnx.cli.app import _handle_errors, main
+
+
+def _sampling_options(func):
+    """The generation options shared by `generate` and `chat`."""
+    options = [
+        click.option("--max-new-tokens", type=int, default=256, show_default=True,
+                     help="Most tokens to generate."),
+        click.option("--temperature", type=float,
+                     help="0 = greedy (the default unless the model ships sampling defaults)."),
+        click.option("--top-k", type=int, help="Keep the k most likely tokens (0 = off)."),
+        click.option("--top-p", type=float, help="Nucleus sampling, in (0, 1]."),
+        click.option("--min-p", type=float, help="Drop tokens below min_p x the top probability."),
+        click.option("--repetition-penalty", type=float, help="> 1 discourages repeats (1 = off)."),
+        click.option("--presence-penalty", type=float, help="Subtracted once from seen tokens' logits."),
+        click.option("--frequency-penalty", type=float, help="Subtracted per occurrence."),
+        click.option("--seed", type=int, help="Same seed, same output."),
+        click.option("--stop", multiple=True, help="Stop string (repeatable); not printed."),
+        click.option("--stop-token-id", "stop_token_ids", type=int, multiple=True,
+                     help="Extra end-of-sequence token id (repeatable)."),
+        click.option("--model", type=click.Path(path_type=Path),
+                     help="Model folder from `llm-onnx export`. Default: SmolLM2-135M-Instruct "
+                          "(exported on first use)."),
+        click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+                     show_default=True, help="Execution provider."),
+        click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores)."),
+        click.option("--quiet", "-q", is_flag=True, help="Do not print the model/provider line."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+class _TemplateVar(click.ParamType):
+    """KEY=VALUE: VALUE is read as JSON when it parses (false, 3, "x", [1, 2]), else as text."""
+
+    name = "KEY=VALUE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        import json
+
+        key, sep, raw = str(value).partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            self.fail(f"{value!r} is not KEY=VALUE with a template variable name as KEY "
+                      "(e.g. enable_thinking=false).", param, ctx)
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = raw
+        return key, parsed
+
+
+def _template_options(func):
+    """Chat template variables, shared by `generate` and `chat`."""
+    options = [
+        click.option("--no-think", is_flag=True,
+                     help="Reasoning models: answer without thinking (the template's "
+                          "enable_thinking=false, as in Qwen3)."),
+        click.option("--template-var", "template_var", type=_TemplateVar(), multiple=True,
+                     help="A chat template variable, KEY=VALUE (repeatable); VALUE is JSON when "
+                          "it parses, else text. E.g. --template-var enable_thinking=false."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _template_vars(model, no_think: bool, pairs) -> dict | None:
+    """--no-think and --template-var as template variables, checked against the model's template:
+    a name it never reads is an error, not a silent no-op."""
+    from llm_onnx.errors import GenerationError
+    from llm_onnx.runtime.chat import RESERVED_VARIABLES, check_template_vars, template_variables
+
+    variables = dict(pairs)
+    if no_think:
+        if variables.get("enable_thinking", False) is not False:
+            raise click.BadParameter("--no-think contradicts --template-var enable_thinking=...",
+                                     param_hint="'--no-think'")
+        variables["enable_thinking"] = False
+    if not variables:
+        return None
+    if not model.chat_template:
+        raise GenerationError("--no-think and --template-var set chat template variables, but "
+                              "this model has no chat template.")
+    try:
+        check_template_vars(variables)
+    except GenerationError as e:
+        raise click.BadParameter(str(e), param_hint="'--template-var'") from None
+    reads = template_variables(model.chat_template)
+    unread = [name for name in variables if name not in reads]
+    if no_think and "enable_thinking" in unread:
+        raise GenerationError("--no-think: this model's chat template has no enable_thinking "
+                              "switch (it does not think, or always does).")
+    if unread:
+        names = sorted(reads - RESERVED_VARIABLES - set(model.special_tokens))
+        raise click.BadParameter(f"the model's chat template does not use {unread[0]!r} (it "
+                                 f"reads: {', '.join(names) or 'no other variables'}).",
+                                 param_hint="'--template-var'")
+    return variables
+
+
+def _echo_pieces(pieces) -> None:
+    """Print a reply as it streams: the answer to stdout, a reasoning model's thinking dimmed to
+    stderr (so a pipe gets the answer alone)."""
+    thinking = False
+    for piece in pieces:
+        if getattr(piece, "reasoning", False):
+            click.echo(click.style(piece, dim=True), nl=False, err=True)
+            thinking = True
+            continue
+        if thinking:
+            click.echo(err=True)
+            thinking = False
+        click.echo(piece, nl=False)
+    if thinking:
+        click.echo(err=True)
+    click.echo()
+
+
+_SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                  "presence_penalty", "frequency_penalty", "seed", "stop", "stop_token_ids")
+
+
+def _load_model(kwargs: dict):
+    from llm_onnx.runtime import Model
+
+    folder = kwargs.pop("model")
+    if folder is None:
+        from llm_onnx.default_model import default_model_folder
+
+        folder = default_model_folder(progress=True, provider=kwargs["provider"])
+    model = Model.load(folder, provider=kwargs.pop("provider"), threads=kwargs.pop("threads"))
+    if not kwargs.pop("quiet"):
+        click.echo(f"[{model.engine.describe()}]", err=True)
+    overrides = {k: kwargs.pop(k) for k in _SAMPLING_KEYS}
+    overrides = {k: (tuple(v) if isinstance(v, tuple) else v) for k, v in overrides.items()
+                 if v is not None and v != ()}
+    model.options(None, overrides)  # bad options fail here, before any work
+    return model, overrides
+
+
+def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    from llm_onnx.errors import GenerationError
+
+    if prompt is not None and prompt_file is not None:
+        raise GenerationError("Give the prompt as an argument or with --prompt-file, not both.")
+    if prompt_file is not None:
+        data = click.open_file(str(prompt_file), "rb").read() if str(prompt_file) == "-" else \
+            Path(prompt_file).read_bytes()
+        try:
+            prompt = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise GenerationError(f"{prompt_file}: not valid UTF-8 (byte {e.start}: "
+                                  f"{data[e.start:e.start + 1]!r}); save it as UTF-8.") from None
+    if prompt is None or not prompt.strip():
+        raise GenerationError("The prompt is empty: give a prompt, e.g. llm-onnx generate \"Hello\".")
+    return prompt
+
+
+@main.command()
+@click.argument("prompt", required=False)
+@click.option("--prompt-file", type=click.Path(path_type=Path, dir_okay=False, allow_dash=True),
+              help="Read the prompt from a UTF-8 file ('-' for stdin).")
+@click.option("--raw", is_flag=True, help="Do not apply the chat template.")
+@click.option("--system", help="System message (chat template only).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object: text, token_ids, finish_reason, timings (and "
+                   "reasoning, for a reasoning model).")
+@_template_options
+@_sampling_options
+@_handle_errors
+def generate(prompt, prompt_file, raw, system, as_json, no_think, template_var, **kwargs) -> None:
+    """Generate an answer to PROMPT and stream it to stdout (a reasoning model's thinking goes
+    to stderr).
+
+    \b
+    Examples:
+      llm-onnx generate "What is the capital of France?"
+      llm-onnx generate --raw "Once upon a time" --temperature 0.8 --seed 1
+      llm-onnx generate --model models/qwen3-8b-int4 --json "Hi" | jq .timings
+      llm-onnx generate --model models/qwen3-8b-int4 --no-think "Hi"
+    """
+    import json as _json
+
+    from llm_onnx.errors import GenerationError
+
+    text = _read_prompt(prompt, prompt_file)
+    model, overrides = _load_model(kwargs)
+    if raw and (no_think or template_var):
+        raise GenerationError("--no-think and --template-var apply to the chat template, which "
+                              "--raw does not use.")
+    template_vars = _template_vars(model, no_think, template_var)
+    if not raw and model.chat_template:
+        messages = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": text}]
+        if as_json:
+            result = model.chat(messages, template_vars=template_vars, **overrides)
+        else:
+            pieces = model.stream_chat(messages, template_vars=template_vars, **overrides)
+    elif as_json:
+        result = model.generate(text, **overrides)
+    else:
+        pieces = model.stream(text, **overrides)
+    if as_json:
+        click.echo(_json.dumps(result.to_dict(), ensure_ascii=False))
+        return
+    _echo_pieces(pieces)
+
+
+@main.command()
+@click.option("--system", help="System message.")
+@_template_options
+@_sampling_options
+@_handle_errors
+def chat(system, no_think, template_var, **kwargs) -> None:
+    """Chat with a model; earlier turns stay in the KV cache. A reasoning model's thinking goes
+    to stderr, dimmed.
+
+    Type a message and press Enter. /reset starts over, /exit or Ctrl-D leaves.
+
+    \b
+    Examples:
+      llm-onnx chat
+      llm-onnx chat --model models/qwen3-8b-int4 --temperature 0.7 --seed 1
+      llm-onnx chat --model models/qwen3-8b-int4 --no-think
+    """
+    from llm_onnx.errors import GenerationError
+
+    model, overrides = _load_model(kwargs)
+    if not model.chat_template:
+        raise GenerationError("this model has no chat template; use `llm-onnx generate --raw`.")
+    session = model.chat_session(system, template_vars=_template_vars(model, no_think,
+                                                                      template_var))
+    interactive = sys.stdin.isatty()
+    while True:
+        try:
+            line = input("> " if interactive else "")
+        except EOFError:
+            if interactive:
+                click.echo()
+            return
+        line = line.strip()
+        if not line:
+            continue
+        if line in ("/exit", "/quit"):
+            return
+        if line == "/reset":
+            session.reset()
+            click.echo("(conversation cleared)", err=True)
+            continue
+        _echo_pieces(session.stream(line, **overrides))

@@ -1,0 +1,133 @@
+"""`llm-onnx serve`: the OpenAI-compatible server, in process or on Ray Serve."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from llm_onnx.cli.app import _handle_errors, main
+
+
+@main.command()
+@click.option("--model", type=click.Path(path_type=Path),
+              help="Model folder from `llm-onnx export`. Default: SmolLM2-135M-Instruct "
+                   "(exported on first use).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: every interface; then set --api-key).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Requests decoding together (rows of the KV cache).")
+@click.option("--max-queue", type=click.IntRange(min=0), default=64, show_default=True,
+              help="Requests waiting for a row; beyond it the server answers 429 at once.")
+@click.option("--prefill-chunk", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Most prompt tokens run per step while other requests are decoding.")
+@click.option("--max-seq-len", type=click.IntRange(min=2),
+              help="Positions per request, prompt and answer (default: the model's context).")
+@click.option("--api-key", envvar="LLM_ONNX_API_KEY", show_envvar=True,
+              help="Require 'Authorization: Bearer KEY' on every endpoint but /health.")
+@click.option("--model-name", help="The model id clients send (default: the folder's name).")
+@click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+              show_default=True, help="Execution provider.")
+@click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores).")
+@click.option("--drain-timeout", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="On SIGTERM / Ctrl-C, seconds running requests get to finish.")
+@click.option("--cors-origin", "cors_origins", multiple=True,
+              help="Allow browser pages from this origin (repeatable; '*' for any).")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+              default="info", show_default=True)
+@click.option("--ray", "use_ray", is_flag=True,
+              help="Serve on Ray Serve: replicas of the model behind Ray's HTTP proxy "
+                   "(pip install 'llm-onnx[ray]').")
+@click.option("--replicas", type=click.IntRange(min=1),
+              help="With --ray: this many replicas (default 1), each with --threads CPUs.")
+@click.option("--autoscale", metavar="MIN:MAX",
+              help="With --ray: scale between MIN and MAX replicas on load.")
+@click.option("--address", metavar="auto|ray://HOST:PORT",
+              help="With --ray: join this Ray cluster (default: start a local Ray instance).")
+@_handle_errors
+def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, api_key,
+          model_name, provider, threads, drain_timeout, cors_origins, log_level, use_ray,
+          replicas, autoscale, address) -> None:
+    """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests.
+
+    Endpoints: POST /v1/chat/completions, POST /v1/completions (both with "stream": true),
+    GET /v1/models, GET /health, GET /metrics (Prometheus).
+
+    \b
+    Examples:
+      llm-onnx serve --model models/smollm2-int8
+      llm-onnx serve --model models/qwen3-8b-int4 --port 8080 --max-batch 16
+      LLM_ONNX_API_KEY=secret llm-onnx serve --host 0.0.0.0 --model models/smollm2-int8
+      curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+        -d '{"model": "smollm2-int8", "messages": [{"role": "user", "content": "Hi"}]}'
+      llm-onnx serve --ray --replicas 2 --threads 1 --model models/smollm2-int8
+      llm-onnx serve --ray --address auto --autoscale 1:4 --model /shared/smollm2-int8
+    """
+    if use_ray:
+        return _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len,
+                          api_key, model_name, provider, threads, replicas, autoscale, address,
+                          cors_origins)
+    if replicas or autoscale or address:
+        raise click.UsageError("--replicas, --autoscale and --address need --ray.")
+    try:
+        from llm_onnx.serve import server
+        from llm_onnx.serve.app import Service
+    except ImportError as e:
+        raise click.ClickException(f"llm-onnx serve needs the serve extra ({e.name} is missing): "
+                                   "pip install 'llm-onnx[serve]'.") from None
+    from llm_onnx.runtime import Model
+
+    server.check_address(host, port)
+    if model is None:
+        from llm_onnx.default_model import default_model_folder
+
+        model = default_model_folder(progress=True, provider=provider)
+    loaded = Model.load(model, provider=provider, threads=threads)
+    service = Service(loaded, name=model_name, api_key=api_key, max_batch=max_batch,
+                      max_queue=max_queue, prefill_chunk=prefill_chunk, max_length=max_seq_len)
+    auth = "API key required" if service.api_key else "no API key"
+    click.echo(f"Serving {service.name} ({loaded.engine.describe()}) at http://{host}:{port}/v1 "
+               f"- max batch {max_batch}, {auth}. Ctrl-C to stop.", err=True)
+    server.run(service, host=host, port=port, drain_timeout=drain_timeout, log_level=log_level,
+               cors_origins=cors_origins)
+
+
+def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, api_key,
+               model_name, provider, threads, replicas, autoscale, address, cors_origins) -> None:
+    try:
+        from llm_onnx.serve import ray_app
+    except ImportError as e:
+        raise click.ClickException(f"llm-onnx serve --ray needs the ray extra ({e.name} is "
+                                   "missing): pip install 'llm-onnx[ray]'.") from None
+    from llm_onnx.model_folder import load_manifest
+
+    if replicas and autoscale:
+        raise click.UsageError("give --replicas or --autoscale, not both.")
+    if cors_origins:
+        raise click.UsageError("--cors-origin is not available with --ray.")
+    if address is None:
+        from llm_onnx.serve import server
+
+        server.check_address(host, port)
+    if model is None:
+        from llm_onnx.default_model import default_model_folder
+
+        model = default_model_folder(progress=True)
+    folder = Path(model).resolve()  # replicas start in other working folders (or machines)
+    load_manifest(folder, verify=False)  # a bad folder fails here, not in every replica
+    config = ray_app.ReplicaConfig(model=str(folder), name=model_name or folder.name,
+                                   api_key=api_key, max_batch=max_batch, max_queue=max_queue,
+                                   prefill_chunk=prefill_chunk, max_seq_len=max_seq_len,
+                                   threads=threads or 1, provider=provider)
+    scaling = ray_app.Scaling(replicas=replicas or 1,
+                              autoscale=ray_app.parse_autoscale(autoscale) if autoscale else None)
+    where = "a local Ray instance" if address is None else f"the Ray cluster at {address}"
+    count = f"{scaling.autoscale[0]}-{scaling.autoscale[1]} replicas" if scaling.autoscale \
+        else f"{scaling.replicas} replica{'s' if scaling.replicas > 1 else ''}"
+
+    def ready() -> None:
+        click.echo(f"Serving {config.name} on {where}: {count} of {threads or 1} thread(s) each, "
+                   f"at http://{host}:{port}/v1. Ctrl-C to stop.", err=True)
+
+    ray_app.run(config, scaling, host=host, port=port, address=address, on_ready=ready)
