@@ -202,45 +202,54 @@ def run_engine(engine, vocab: int, fed: list[np.ndarray]) -> _Steps:
     return steps
 
 
-def compare_logits(torch_steps: _Steps, other: _Steps, limits: Thresholds, what: str) -> dict:
-    """Logits-only comparison (relative max difference, KL, greedy agreement)."""
+def _logit_stats(torch_steps: _Steps, other: _Steps) -> dict:
+    """Largest logit difference (absolute and relative to the logits' range), mean KL and greedy
+    agreement of two runs over the same inputs."""
     max_diff = max(float(np.abs(a - b).max()) for a, b in zip(torch_steps.logits, other.logits))
     max_logit = max(float(np.abs(a).max()) for a in torch_steps.logits)
     kl = float(np.mean([_kl(a, b) for a, b in zip(torch_steps.logits, other.logits)]))
     agree = sum(int((a.argmax(-1) == b.argmax(-1)).sum())
                 for a, b in zip(torch_steps.logits, other.logits))
     total = sum(a.shape[0] for a in torch_steps.logits)
-    rel = max_diff / max(1.0, max_logit)
-    if rel > limits.relative_logits or kl > limits.kl or not math.isfinite(kl):
-        raise ParityError(f"{what} vs torch: logits max|diff| {max_diff:.3g} (relative {rel:.3g}, "
-                          f"limit {limits.relative_logits:g}), KL {kl:.3g} (limit {limits.kl:g}).")
-    return {"relative_logits_diff": rel, "kl_divergence": kl, "greedy_agreement": agree / total}
+    return {"logits_max_abs_diff": max_diff, "logits_max_abs": max_logit,
+            "relative_logits_diff": max_diff / max(1.0, max_logit), "kl_divergence": kl,
+            "greedy_agreement": agree / total}
+
+
+def _beyond(stats: dict, limits: Thresholds) -> bool:
+    kl = stats["kl_divergence"]
+    return stats["relative_logits_diff"] > limits.relative_logits or kl > limits.kl \
+        or not math.isfinite(kl)
+
+
+def _logits_message(what: str, stats: dict, limits: Thresholds) -> str:
+    return (f"{what} vs torch: logits max|diff| {stats['logits_max_abs_diff']:.3g} (relative "
+            f"{stats['relative_logits_diff']:.3g}, limit {limits.relative_logits:g}), KL "
+            f"{stats['kl_divergence']:.3g} (limit {limits.kl:g})")
+
+
+def compare_logits(torch_steps: _Steps, other: _Steps, limits: Thresholds, what: str) -> dict:
+    """Logits-only comparison (relative max difference, KL, greedy agreement)."""
+    stats = _logit_stats(torch_steps, other)
+    if _beyond(stats, limits):
+        raise ParityError(_logits_message(what, stats, limits) + ".")
+    return {k: stats[k] for k in ("relative_logits_diff", "kl_divergence", "greedy_agreement")}
 
 
 def compare(torch_steps: _Steps, onnx_steps: _Steps, limits: Thresholds) -> dict:
     """The parity report of two runs over the same inputs; ParityError beyond ``limits``."""
     lens = list(PROMPT_LENGTHS)
-    max_diff = max(float(np.abs(a - b).max()) for a, b in zip(torch_steps.logits, onnx_steps.logits))
-    max_logit = max(float(np.abs(a).max()) for a in torch_steps.logits)
-    kl = float(np.mean([_kl(a, b) for a, b in zip(torch_steps.logits, onnx_steps.logits)]))
-    agree = sum(int((a.argmax(-1) == b.argmax(-1)).sum())
-                for a, b in zip(torch_steps.logits, onnx_steps.logits))
-    total = sum(a.shape[0] for a in torch_steps.logits)
+    stats = _logit_stats(torch_steps, onnx_steps)
     kv_diff = 0.0
     for step, (a, b) in enumerate(zip(torch_steps.keys, onnx_steps.keys)):
         for row, n in enumerate(lens):  # only the valid positions of each row
             kv_diff = max(kv_diff, float(np.abs(a[row, :, :n + step] - b[row, :, :n + step]).max()))
     report = {
-        "prompts": len(lens), "prompt_lengths": lens, "decode_steps": DECODE_STEPS,
-        "logits_max_abs_diff": max_diff, "logits_max_abs": max_logit,
-        "relative_logits_diff": max_diff / max(1.0, max_logit), "kl_divergence": kl,
-        "greedy_agreement": agree / total, "present_kv_max_abs_diff": kv_diff,
+        "prompts": len(lens), "prompt_lengths": lens, "decode_steps": DECODE_STEPS, **stats,
+        "present_kv_max_abs_diff": kv_diff,
         "thresholds": {"relative_logits": limits.relative_logits, "kl": limits.kl},
     }
-    if report["relative_logits_diff"] > limits.relative_logits or kl > limits.kl \
-            or not math.isfinite(kl):
-        raise ParityError(
-            f"ONNX vs torch: logits max|diff| {max_diff:.3g} (relative "
-            f"{report['relative_logits_diff']:.3g}, limit {limits.relative_logits:g}), KL {kl:.3g} "
-            f"(limit {limits.kl:g}), present KV max|diff| {kv_diff:.3g}.")
+    if _beyond(stats, limits):
+        raise ParityError(_logits_message("ONNX", stats, limits)
+                          + f", present KV max|diff| {kv_diff:.3g}.")
     return report
