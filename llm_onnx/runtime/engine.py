@@ -30,7 +30,8 @@ from llm_onnx.runtime.kv_cache import KVCache, KVLayout
 from llm_onnx.model_folder import Manifest, load_manifest
 from llm_onnx.runtime.onnx_check import check_external_data
 from llm_onnx.runtime.providers import (CPU, CUDA, captured_output, parse_placement,
-                                        quiet_session_options, resolve_provider)
+                                        quiet_run_options, quiet_session_options,
+                                        resolve_provider)
 
 log = logging.getLogger("llm_onnx")
 
@@ -179,12 +180,9 @@ class Engine:
             self.cuda_graph = False
             self._open_sessions()
         self._graph_ids = itertools.count(1)  # gpu_graph_id 0 is ORT's own
-        # Every run says how quietly to log (a CUDA session was created verbose, see _session)
-        # and, with CUDA graphs on, that prefill runs without one (gpu_graph_id -1).
-        self.run_options = ort.RunOptions()
-        self.run_options.log_severity_level = 3
-        if self.cuda_graph:
-            self.run_options.add_run_config_entry("gpu_graph_id", "-1")
+        # Every run logs errors only (a session made with check_placement was created verbose)
+        # and, with CUDA graphs on, prefill and ungraphed decode run without one (id -1).
+        self.run_options = quiet_run_options(-1 if self.cuda_graph else None)
 
     @classmethod
     def from_manifest(cls, manifest: Manifest, options: RuntimeOptions | None = None) -> Engine:
@@ -338,11 +336,16 @@ class Engine:
         """
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         n = tokens.shape[0]
-        rows = slice(first_row, first_row + n)
         if n < 1 or first_row < 0 or first_row + n > cache.batch:
             raise GenerationError(f"decode of rows [{first_row}, {first_row + n}) does not fit a "
                                   f"cache of {cache.batch} rows.")
         active = np.ones(n, dtype=bool) if active is None else np.asarray(active, dtype=bool)
+        # CUDA graphs replay fixed batch sizes: the rows up to the bucket ride along, inactive.
+        bucket = graph_bucket(n, first_row, cache.batch) if self.cuda_graph else None
+        if bucket is not None and bucket > n:
+            tokens = np.concatenate([tokens, np.zeros(bucket - n, dtype=np.int64)])
+            active = np.concatenate([active, np.zeros(bucket - n, dtype=bool)])
+        rows = slice(first_row, first_row + tokens.shape[0])
         lengths = cache.lengths[rows]
         if (lengths[active] >= cache.length).any():
             raise GenerationError(f"the KV cache holds {cache.length} positions but "
@@ -350,38 +353,29 @@ class Engine:
         for i in np.flatnonzero(~active & (lengths >= cache.length)):
             cache.truncate(first_row + int(i), cache.length - 1)
         seqlens = cache.lengths[rows]  # the new token's position in each row
-        bucket = graph_bucket(n, first_row, cache.batch) if self.cuda_graph else None
         if bucket is not None:
-            logits = self._graph_decode(cache, tokens, seqlens, bucket)
+            logits = self._graph_decode(cache, tokens, seqlens)
         else:
             binding = cache.decode_binding(self.decode_session, first_row, n, self.vocab_size,
                                            self.run_options)
             logits = binding.run(tokens, seqlens, int(seqlens.max()) + 1)
         cache.advance(first_row + np.flatnonzero(active), 1)
-        return logits
+        return logits[:n]
 
     def _graph_decode(self, cache: KVCache, tokens: np.ndarray, seqlens: np.ndarray,
-                      bucket: int) -> np.ndarray:
-        """Rows [0, n) through the CUDA graph of ``bucket`` >= n rows: rows n..bucket-1 ride
-        along as inactive rows (their token lands past their valid length, which they ignore)."""
-        n = tokens.shape[0]
-        if bucket > n:
-            pad = bucket - n
-            for row in range(n, bucket):
-                if cache.length_of(row) >= cache.length:
-                    cache.truncate(row, cache.length - 1)
-            tokens = np.concatenate([tokens, np.zeros(pad, dtype=np.int64)])
-            seqlens = np.concatenate([seqlens, cache.lengths[n:bucket]])
-        binding = cache.decode_binding(self.decode_session, 0, bucket, self.vocab_size,
+                      ) -> np.ndarray:
+        """Rows [0, len(tokens)) through the CUDA graph of that batch size (captured at its
+        first run); a failed capture turns graphs off and decodes without one."""
+        rows = tokens.shape[0]
+        binding = cache.decode_binding(self.decode_session, 0, rows, self.vocab_size,
                                        self.run_options, graph_ids=self._graph_ids)
         try:
-            logits = binding.run(tokens, seqlens, cache.length)
+            return binding.run(tokens, seqlens, cache.length)
         except Exception as e:  # noqa: BLE001 - ORT's capture errors: decode without graphs
             if binding.replays:
                 raise
-            self._no_graphs(f"capturing the decode graph of {bucket} rows failed "
+            self._no_graphs(f"capturing the decode graph of {rows} rows failed "
                             f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else e})")
-            plain = cache.decode_binding(self.decode_session, 0, n, self.vocab_size,
+            plain = cache.decode_binding(self.decode_session, 0, rows, self.vocab_size,
                                          self.run_options)
-            return plain.run(tokens[:n], seqlens[:n], int(seqlens[:n].max()) + 1)
-        return logits[:n]
+            return plain.run(tokens, seqlens, int(seqlens.max()) + 1)

@@ -29,6 +29,7 @@ import onnxruntime as ort
 
 from llm_onnx.errors import GenerationError
 from llm_onnx import model_folder as names
+from llm_onnx.runtime.providers import quiet_run_options
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,7 @@ class _DecodeBinding:
         self.logits = np.empty((rows, 1, vocab_size), dtype=np.float32)
         self.session, self.graph_id, self.replays = session, graph_id, 0
         self.binding = session.io_binding()
-        self.run_options = run_options
+        self.run_options = run_options or quiet_run_options()
         self.on_device = cache.layout.device != "cpu"
         # total_sequence_length stays in host memory (a CPU input of GroupQueryAttention), so
         # ORT reads the array itself at each run.
@@ -223,9 +224,7 @@ class _DecodeBinding:
             self.binding.bind_ortvalue_input(names.SEQLENS_K, self.device_seqlens)
         if graph_id is not None:
             self.total[...] = cache.length  # frozen into the captured graph
-            self.run_options = ort.RunOptions()
-            self.run_options.log_severity_level = 3
-            self.run_options.add_run_config_entry("gpu_graph_id", str(graph_id))
+            self.run_options = quiet_run_options(graph_id)
         cache.bind(self.binding, start, start + rows)
         self.binding.bind_ortvalue_output(names.LOGITS, self.device_logits)
 
@@ -237,10 +236,7 @@ class _DecodeBinding:
         if self.on_device:
             self.device_ids.update_inplace(self.ids)
             self.device_seqlens.update_inplace(self.seqlens)
-        if self.run_options is None:
-            self.session.run_with_iobinding(self.binding)
-        else:
-            self.session.run_with_iobinding(self.binding, self.run_options)
+        self.session.run_with_iobinding(self.binding, self.run_options)
         self.replays += 1
         if self.on_device:
             return self.device_logits.numpy()[:, 0]

@@ -44,6 +44,16 @@ def quiet_session_options() -> ort.SessionOptions:
     return so
 
 
+def quiet_run_options(graph_id: int | None = None) -> ort.RunOptions:
+    """Run options logging errors only, and with ``graph_id`` the CUDA graph the run captures
+    or replays (``gpu_graph_id``; -1 runs without one in a session that has CUDA graphs on)."""
+    options = ort.RunOptions()
+    options.log_severity_level = 3
+    if graph_id is not None:
+        options.add_run_config_entry("gpu_graph_id", str(graph_id))
+    return options
+
+
 def preload_cuda_libraries() -> None:
     """Load CUDA and cuDNN from the nvidia-* pip packages (the ``[cuda]`` extra) where this
     onnxruntime offers it; without it they are found only after an ``import torch``."""
