@@ -80,7 +80,7 @@ def build_manifest(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
     """The manifest of a written folder (every file but itself listed with size and sha256)."""
     import json
 
-    cfg, options = checkpoint.config, plan.options
+    cfg = checkpoint.config
     tok_cfg: dict = {}
     if (folder / "tokenizer_config.json").is_file():
         tok_cfg = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
@@ -106,10 +106,7 @@ def build_manifest(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
         config=cfg, num_parameters=num_parameters(cfg), context_length=plan.max_len,
         precision=plan.precision, graphs=plan.graph_specs,
         weights=mf.WeightsSpec(mf.WEIGHTS, (folder / mf.WEIGHTS).stat().st_size),
-        kv_cache=mf.KVCacheSpec(num_layers=cfg.num_hidden_layers,
-                                num_key_value_heads=cfg.num_key_value_heads,
-                                head_dim=cfg.head_dim,
-                                dtype="float16" if options.float16 else "float32"),
+        kv_cache=plan.kv_cache,
         tokenizer=mf.TokenizerSpec(
             files=tuple(tokenizer_files), bos_token_id=checkpoint.bos_token_id,
             eos_token_ids=tuple(checkpoint.eos_token_ids),
@@ -142,17 +139,16 @@ def resolve_target(options: ExportOptions, cfg) -> ExportOptions:
     "cuda" when a usable CUDA GPU is present and the model can run wholly on it, else "cpu"."""
     from dataclasses import replace
 
-    float16 = options.precision != "fp32"  # what a CUDA target makes of it
+    if options.target == "cpu":
+        return options
+    # fp32 stays fp32 whatever the target, and cuda_blockers names its float32 attention.
+    blockers = mf.cuda_blockers(cfg, options.precision != "fp32") + cuda_export_limits(cfg, options)
     if options.target == "cuda":
-        blockers = mf.cuda_blockers(cfg, float16) + cuda_export_limits(cfg, options)
         if blockers:
             raise ExportError(f"--target cuda: this model cannot run wholly on CUDA: "
                               f"{'; '.join(blockers)}. Export it with --target cpu.")
         return options
-    if options.target == "cpu":
-        return options
-    if options.precision == "fp32" or mf.cuda_blockers(cfg, float16) \
-            or cuda_export_limits(cfg, options):
+    if blockers:
         return replace(options, target="cpu")
     from llm_onnx.runtime.providers import cuda_status  # lazy: the export does not need ORT-GPU
 

@@ -109,14 +109,10 @@ def _cuda_usable() -> bool:
 def provisional_manifest(plan: ExportPlan, folder: Path) -> mf.Manifest:
     """What the runtime needs to load the graphs being checked (no tokenizer, no files list):
     the parity gate runs before the real manifest is written."""
-    cfg = plan.cfg
     return mf.Manifest(
-        name="parity", source=mf.SourceSpec("random", None), config=cfg, num_parameters=0,
+        name="parity", source=mf.SourceSpec("random", None), config=plan.cfg, num_parameters=0,
         context_length=plan.max_len, precision=plan.precision, graphs=plan.graph_specs,
-        weights=mf.WeightsSpec(mf.WEIGHTS, 0),
-        kv_cache=mf.KVCacheSpec(num_layers=cfg.num_hidden_layers,
-                                num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                                dtype="float16" if plan.options.float16 else "float32"),
+        weights=mf.WeightsSpec(mf.WEIGHTS, 0), kv_cache=plan.kv_cache,
         tokenizer=mf.TokenizerSpec((), None, (), False, None, {}),
         generation=mf.GenerationDefaults(), parity=mf.ParityReport(scope="pending"), tools={},
         created="", files={}, folder=folder)

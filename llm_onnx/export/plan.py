@@ -89,6 +89,15 @@ class ExportPlan:
                                    specs(graph.graph.inputs), specs(graph.graph.outputs))
                 for kind, graph in self.graphs.items()}
 
+    @property
+    def kv_cache(self) -> mf.KVCacheSpec:
+        """The cache the graphs read and write: one (B, Hkv, max_len, D) buffer per layer, in
+        the graphs' compute dtype."""
+        cfg = self.cfg
+        return mf.KVCacheSpec(num_layers=cfg.num_hidden_layers,
+                              num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+                              dtype="float16" if self.options.float16 else "float32")
+
     @functools.cached_property
     def precision(self) -> mf.Precision:
         """What the export does, read from the export-form modules themselves."""
