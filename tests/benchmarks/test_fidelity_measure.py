@@ -3,7 +3,6 @@ KL(reference || system) and top-1 matches, against a direct numpy computation.""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,15 +10,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-WORKER = Path(__file__).resolve().parents[2] / "benchmarks" / "peer_worker.py"
+from tests.scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def worker():
-    spec = importlib.util.spec_from_file_location("peer_worker", WORKER)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("peer_worker")
 
 
 def _setup(tmp_path: Path, seed: int = 0, vocab: int = 50, tokens: int = 6):

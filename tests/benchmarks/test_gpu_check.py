@@ -3,22 +3,17 @@ its numpy reference, the speed loop over a tiny folder built for CUDA, and the r
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py"
+from tests.scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_check")
 
 
 def test_matmulnbits_check_passes_on_onnx_runtime_and_fails_on_wrong_scales(gpu_check,

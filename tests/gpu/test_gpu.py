@@ -3,21 +3,18 @@ benchmarks/gpu_check.py. Skipped where no CUDA session comes up (CI has no GPU).
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from llm_onnx.runtime.providers import cuda_status
+from tests.scripts import load_benchmark
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_status()[0], reason=f"no usable CUDA GPU: "
                                                               f"{cuda_status()[1]}")]
 
-_SPEC = importlib.util.spec_from_file_location(
-    "gpu_check", Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_check.py")
-gpu_check = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(gpu_check)
+gpu_check = load_benchmark("gpu_check")
 
 
 @pytest.fixture(scope="module")
