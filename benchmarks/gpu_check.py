@@ -191,34 +191,6 @@ def _run_conversation(engine, vocab: int, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
-def diagnose(root: Path, provider: str) -> dict:
-    """Per step and row: the runtime on CUDA against the runtime on the CPU, same folder."""
-    from llm_onnx.checkpoints.load import random_checkpoint
-    from llm_onnx.export import ExportOptions, export_model
-    from llm_onnx.export.validate import DECODE_STEPS, run_engine
-    from llm_onnx.families import PRESETS
-    from llm_onnx.runtime.engine import Engine, RuntimeOptions
-
-    out = {}
-    for name, precision in (("qwen3_tiny", "fp16"), ("llama_tiny", "fp16")):
-        folder = root / f"diag-{name}-{precision}"
-        if not folder.exists():
-            export_model(random_checkpoint(PRESETS[name], name), folder,
-                         ExportOptions(precision=precision, target="cuda", max_seq_len=64,
-                                       validate=False), progress=False)
-        vocab = PRESETS[name].vocab_size
-        fed = [np.array([[3], [5], [7]])] * DECODE_STEPS
-        a = run_engine(Engine(folder, RuntimeOptions(provider="cpu")), vocab, fed)
-        for graphs in (False,):
-            b = run_engine(Engine(folder, RuntimeOptions(provider=provider, cuda_graph=graphs)),
-                           vocab, fed)
-            out[f"{name}/{precision}"] = [[round(float(np.abs(x[r] - y[r]).max()), 4)
-                                           for r in range(x.shape[0])]
-                                          for x, y in zip(a.logits, b.logits)]
-        print("diagnose", name, out[f"{name}/{precision}"], flush=True)
-    return out
-
-
 def check_parity(root: Path, provider: str) -> dict:
     from llm_onnx.model_folder import read_manifest
     from llm_onnx.runtime.engine import Engine, RuntimeOptions
@@ -488,7 +460,6 @@ def main() -> int:
     ap.add_argument("--precisions", default="fp16,int4", help="speed part's precisions")
     ap.add_argument("--parts", default="placement,parity,matmulnbits",
                     help="correctness parts to run (comma-separated)")
-    ap.add_argument("--diagnose", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--export-only", action="store_true",
                     help="only export the speed part's models into --models (e.g. in the "
                          "background while the correctness parts run)")
@@ -524,10 +495,6 @@ def main() -> int:
     if not args.smoke and not results["environment"].get("cuda_usable", [False])[0]:
         print(f"no usable CUDA GPU: {results['environment'].get('cuda_usable')}", flush=True)
         return 2
-    if args.diagnose:
-        part("diagnose", diagnose, root, provider)
-        write_report(args.out, results)
-        return 0
     if not args.speed_only:
         wanted = args.parts.split(",")
         if "placement" in wanted:

@@ -251,8 +251,8 @@ class Engine:
             raise failure
         if CUDA not in session.get_providers():
             raise ProviderError(f"{path}: the CUDA session fell back to CPU.")
-        placement = parse_placement(captured())
-        if placement.found:
+        placement = parse_placement(captured()) if self.options.check_placement else None
+        if placement is not None and placement.found:
             self.placement[path.name] = placement.summary()
             on_cpu = placement.compute_on_cpu()
             if on_cpu:
