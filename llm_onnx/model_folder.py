@@ -85,6 +85,11 @@ class Quantization:
     quantized_tensors: int
     quantized: tuple[str, ...]  # module paths, per-layer ones as layers.*
     kept_float: tuple[str, ...]
+    # how blocks were fitted: "minmax" (the block's range), "search" (weighted least squares),
+    # "awq" (activation-aware scales folded into the weights + activation-weighted search)
+    method: str = "minmax"
+    calibration: str | None = None  # what awq calibrated on
+    source: str | None = None  # what the weights were quantized from, and why this scheme
 
 
 @dataclass(frozen=True)

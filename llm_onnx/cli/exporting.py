@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from llm_onnx.export.options import PRECISIONS
+from llm_onnx.export.options import PRECISIONS, QUANT_METHODS
 from llm_onnx.families import PRESETS
 from llm_onnx.cli.app import _handle_errors, main
 
@@ -34,13 +34,26 @@ def _default_precision() -> str:
 @click.option("--block-size", type=click.Choice(["16", "32", "64", "128", "256"]), default="32",
               show_default=True, help="Quantization block size (int8/int4).")
 @click.option("--float-embeddings", is_flag=True,
-              help="int8/int4: keep the embedding and LM head in float (default: int8).")
+              help="int8/int4: keep the embedding and LM head in float.")
+@click.option("--embedding-bits", type=click.Choice(["4", "8"]),
+              help="int8/int4: bits of the embedding and LM head. Default: 4 for int4 with zero "
+                   "points on CPU, else 8.")
 @click.option("--accuracy-level", type=click.IntRange(0, 4),
-              help="int4: MatMulNBits accuracy level of the projections: 0 = fp32 activations "
-                   "(default; faithful), 4 = int8 activations (faster). int8 always uses 4.")
+              help="int4 on CPU: MatMulNBits accuracy level of the projections: 4 = int8 "
+                   "activations (fast; the default), 0 = fp32 activations (the default for a "
+                   "4-bit GGUF kept exactly). int8 always uses 4.")
 @click.option("--quant-scheme", type=click.Choice(["zero_point", "offset", "symmetric"]),
-              help="int8/int4 blocks: uint8 zero points (int8 default), float block minimums "
-                   "(int4 default; exact for Q4_1 GGUF weights) or symmetric.")
+              help="int8/int4 blocks: uint8 zero points (the default), float block minimums "
+                   "(the int4 default for a Q4_0/Q4_1/Q4_K GGUF on CPU: keeps its blocks "
+                   "exactly) or symmetric.")
+@click.option("--quant-method", type=click.Choice(QUANT_METHODS),
+              help="How block scales and zero points are chosen: minmax (the block's range), "
+                   "search (weighted least squares) or awq (activation-aware: calibrates on a "
+                   "short text, folds per-channel scales into the weights, searches weighted by "
+                   "the activations). Default: awq for int4 from a float checkpoint, else minmax.")
+@click.option("--calibration-text", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="awq: a UTF-8 text file to calibrate on (first 512 tokens; default: a "
+                   "built-in text).")
 @click.option("--all-logits", is_flag=True,
               help="The prefill graph returns logits for every position (default: last only).")
 @click.option("--target", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
@@ -53,8 +66,8 @@ def _default_precision() -> str:
               "folder is complete).")
 @_handle_errors
 def export(config_name, checkpoint, random_weights, seed, precision, out, max_seq_len, block_size,
-           float_embeddings, accuracy_level, quant_scheme, all_logits, target, no_validate,
-           force) -> None:
+           float_embeddings, embedding_bits, accuracy_level, quant_scheme, quant_method, calibration_text,
+           all_logits, target, no_validate, force) -> None:
     """Export a model to an ONNX model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
     manifest.json), then check it against torch in ONNX Runtime.
 
@@ -64,14 +77,22 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
       llm-onnx export --checkpoint ~/ckpt/Qwen3-30B-A3B --precision int4 --out models/q3moe
       llm-onnx export --config qwen3_8b --random-weights --precision fp16
       llm-onnx export --checkpoint ./Qwen3-8B --precision int4 --target cuda
+      llm-onnx export --checkpoint ./Qwen3-8B --precision int4 --calibration-text my-domain.txt
     """
     from llm_onnx.export import ExportOptions, export_model
 
+    if float_embeddings and embedding_bits:
+        from llm_onnx.errors import ConfigError
+
+        raise ConfigError("Give --float-embeddings or --embedding-bits, not both.")
     ckpt = resolve_checkpoint(config_name, checkpoint, random_weights, seed)
     precision = precision or _default_precision()
     options = ExportOptions(precision=precision, block_size=int(block_size),
-                            embedding_bits=None if float_embeddings else 8,
+                            embedding_bits=None if float_embeddings else
+                            (int(embedding_bits) if embedding_bits else "auto"),
                             accuracy_level=accuracy_level, quant_scheme=quant_scheme,
+                            quant_method=quant_method,
+                            calibration_text=str(calibration_text) if calibration_text else None,
                             max_seq_len=max_seq_len,
                             all_logits=all_logits, validate=not no_validate,
                             target=None if target == "auto" else target)

@@ -15,6 +15,7 @@ signals), parity.py (what the gate runs on), validate.py (the comparison).
 from __future__ import annotations
 
 import datetime
+from dataclasses import replace
 from pathlib import Path
 
 import onnx_ir as ir
@@ -24,6 +25,7 @@ from llm_onnx import __version__
 from llm_onnx import model_folder as mf
 from llm_onnx.checkpoints.load import Checkpoint
 from llm_onnx.errors import ExportError
+from llm_onnx.export.calibrate import Calibration, calibrate, calibration_ids, read_text
 from llm_onnx.export.folder import atomic_folder, check_output, release_memory
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.parity import validate
@@ -38,10 +40,12 @@ def write_folder(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
     """The graphs and weights of ``checkpoint`` into ``folder``; returns the closed weight file
     (its tensor table and sha256)."""
     graphs = plan.trace(progress)
+    if plan.options.quantized and plan.options.method == "awq" and plan.calibration is None:
+        plan.calibration = calibrate_plan(checkpoint, plan, progress)
     progress.stage("writing weights")
     wf = WeightFile(folder / mf.WEIGHTS)
     try:
-        write_weights(plan.model, plan.producers, checkpoint.source, wf, progress.advance)
+        write_weights(plan.model, plan.write_producers(), checkpoint.source, wf, progress.advance)
     finally:
         wf.close()
     for kind, graph in graphs.items():
@@ -57,6 +61,55 @@ def write_folder(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
         except OSError as e:
             raise ExportError(f"{folder / kind}.onnx: cannot write ({e}).") from e
     return wf
+
+
+def calibrate_plan(checkpoint: Checkpoint, plan: ExportPlan, progress: Progress) -> Calibration:
+    """awq's calibration pass (calibrate.py), one progress step per layer."""
+    text = read_text(Path(plan.options.calibration_text)) if plan.options.calibration_text else None
+    ids, description = calibration_ids(checkpoint, text)
+    progress.grow(plan.cfg.num_hidden_layers)
+    progress.stage("calibrating")
+    cal = calibrate(checkpoint, plan.model.fusion, plan.options.block_size, ids, description,
+                    progress.advance)
+    release_memory()
+    return cal
+
+
+def source_format(checkpoint: Checkpoint) -> str | None:
+    """The GGUF type most of the layers' projections are stored in (e.g. "Q4_1"), or None for a
+    float checkpoint."""
+    if checkpoint.kind != "gguf":
+        return None
+    counts: dict[str, int] = {}
+    for t in checkpoint.source.reader.tensors:
+        if t.name.startswith("blk.") and len(t.shape) >= 2:
+            counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    return max(counts, key=counts.get) if counts else None
+
+
+# GGUF types whose blocks of 32 are exactly code * scale + minimum: the offset scheme keeps them
+OFFSET_EXACT = ("Q4_0", "Q4_1", "Q4_K")
+
+
+def resolve_source(options: ExportOptions, checkpoint: Checkpoint) -> ExportOptions:
+    """``options`` with the quantization defaults the source calls for: int4 for CPU from an
+    already 4-bit GGUF keeps its blocks exactly (offset scheme, float activations); from a float
+    source, zero points with the activation-aware search on the fast kernel (int8 activations
+    on CPU, float16 on CUDA)."""
+    if (options.precision == "int4" and not options.cuda and options.quant_scheme is None
+            and options.quant_method is None and source_format(checkpoint) in OFFSET_EXACT
+            and options.block_size == 32):
+        return replace(options, quant_scheme="offset", quant_method="minmax")
+    return options
+
+
+def describe_source(checkpoint: Checkpoint, options: ExportOptions) -> str | None:
+    if not options.quantized:
+        return None
+    fmt = source_format(checkpoint)
+    if fmt in OFFSET_EXACT and options.scheme == "offset" and options.block_size == 32:
+        return f"GGUF {fmt}: its 4-bit blocks kept exactly (offset scheme)"
+    return f"GGUF {fmt}, requantized" if fmt else f"{checkpoint.kind} float weights"
 
 
 def _write_tensors(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
@@ -100,11 +153,16 @@ def build_manifest(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
         generation = mf.GenerationDefaults(**{k: gen[k] for k in (
             "do_sample", "temperature", "top_p", "top_k", "repetition_penalty") if k in gen})
     files = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != mf.MANIFEST)
+    precision = plan.precision
+    if precision.quantization is not None:
+        precision = replace(precision, quantization=replace(
+            precision.quantization, source=describe_source(checkpoint, plan.options),
+            calibration=plan.calibration.description if plan.calibration else None))
     return mf.Manifest(
         name=checkpoint.name,
         source=mf.SourceSpec(checkpoint.kind, str(checkpoint.path) if checkpoint.path else None),
         config=cfg, num_parameters=num_parameters(cfg), context_length=plan.max_len,
-        precision=plan.precision, graphs=plan.graph_specs,
+        precision=precision, graphs=plan.graph_specs,
         weights=mf.WeightsSpec(mf.WEIGHTS, (folder / mf.WEIGHTS).stat().st_size),
         kv_cache=plan.kv_cache,
         tokenizer=mf.TokenizerSpec(
@@ -137,8 +195,6 @@ def cuda_export_limits(cfg, options: ExportOptions) -> list[str]:
 def resolve_target(options: ExportOptions, cfg) -> ExportOptions:
     """``options`` with its target decided: the one asked for (checked against the model), else
     "cuda" when a usable CUDA GPU is present and the model can run wholly on it, else "cpu"."""
-    from dataclasses import replace
-
     if options.target == "cpu":
         return options
     # fp32 stays fp32 whatever the target, and cuda_blockers names its float32 attention.
@@ -172,7 +228,7 @@ def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | Non
     """
     out = Path(out)
     cfg = checkpoint.config
-    options = resolve_target(options or ExportOptions(), cfg)
+    options = resolve_source(resolve_target(options or ExportOptions(), cfg), checkpoint)
     max_len = min(options.max_seq_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
     plan = ExportPlan.build(cfg, options, max_len)
     check_output(out, force, checkpoint.path)
@@ -194,4 +250,5 @@ def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | Non
     return out
 
 
-__all__ = ["build_manifest", "export_model", "resolve_target", "write_folder"]
+__all__ = ["build_manifest", "export_model", "resolve_source", "resolve_target", "source_format",
+           "write_folder"]

@@ -75,6 +75,8 @@ class NBitsLinear(nn.Module):
         self.k, self.n, self.bits, self.block_size = n_in, n_out, bits, block_size
         self.accuracy_level = accuracy_level  # ExportOptions.level_for(bits)
         self.search, self.scheme = search, scheme
+        # per-input-channel weights of the block search (calibrate.py), set before writing
+        self.importance: Tensor | None = None
         k_blocks = math.ceil(n_in / block_size)
         self.register_buffer("qweight", torch.empty(n_out, k_blocks, block_size * bits // 8,
                                                     dtype=torch.uint8))
@@ -98,7 +100,8 @@ class NBitsLinear(nn.Module):
     def write_tensors(self, prefix: str, produce: Produce, wf: WeightFile,
                       written: dict[int, str]) -> None:
         write_quantized(wf, prefix.rstrip("."), produce(f"{prefix}weight"), self.bits,
-                        self.block_size, self.scales.dtype, self.search, self.scheme, flat=False)
+                        self.block_size, self.scales.dtype, self.search, self.scheme, flat=False,
+                        importance=self.importance)
         if self.bias is not None:
             write_cast(wf, f"{prefix}bias", produce(f"{prefix}bias"), self.bias.dtype)
 
@@ -106,9 +109,12 @@ class NBitsLinear(nn.Module):
 class QuantEmbedding(nn.Module):
     """Token embedding from a block-quantized table (com.microsoft.GatherBlockQuantized)."""
 
-    def __init__(self, vocab: int, dim: int, dtype: torch.dtype, bits: int, block_size: int) -> None:
+    def __init__(self, vocab: int, dim: int, dtype: torch.dtype, bits: int, block_size: int,
+                 search: bool = False) -> None:
         super().__init__()
         self.dim, self.bits, self.block_size = dim, bits, block_size
+        # a tied table is searched with the LM head's weights, so both keep one set of bytes
+        self.search, self.importance = search, None
         k_blocks = math.ceil(dim / block_size)
         self.register_buffer("qweight", torch.empty(vocab, k_blocks * block_size * bits // 8,
                                                     dtype=torch.uint8))
@@ -120,7 +126,8 @@ class QuantEmbedding(nn.Module):
     def write_tensors(self, prefix: str, produce: Produce, wf: WeightFile,
                       written: dict[int, str]) -> None:
         write_quantized(wf, prefix.rstrip("."), produce(f"{prefix}weight"), self.bits,
-                        self.block_size, self.scales.dtype, False, "symmetric", flat=True)
+                        self.block_size, self.scales.dtype, self.search, "symmetric", flat=True,
+                        importance=self.importance)
 
 
 class QuantExperts(nn.Module):
@@ -203,8 +210,7 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
                     scheme = "zero_point"  # the offset term needs whole blocks along K
                 new = NBitsLinear(module.in_features, module.out_features, bias, dtype, bits,
                                   options.block_size, options.level_for(bits),
-                                  options.quant_search and bits == 4,  # int8 error is already small
-                                  scheme)
+                                  options.method != "minmax" and scheme == "zero_point", scheme)
             _set(model, path, new)
         elif isinstance(module, Experts) and bits is not None:
             e, two_i, d = module.gate_up_proj.shape
@@ -222,15 +228,19 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
     if cfg.position_embedding_type == "sinusoidal":
         table = model.model.embed_positions
         model.model.embed_positions = SinusoidalTable(table.rows, table.dim)
-    emb_bits = options.embedding_bits if bits is not None else None
+    emb_bits = options.head_bits if bits is not None else None
     width = cfg.embed_width  # OPT-350m's embeddings are narrower than its layers
     emb_block = fitting_block((width,), options.block_size)
     if emb_bits is None or emb_block is None:
         model.lm_head = HeadLinear(model.lm_head.weight)  # tied: the embedding's own Parameter
     else:
-        # Symmetric, like the embedding: a tied head then shares the embedding's bytes.
+        # Symmetric, like the embedding: a tied head then shares the embedding's bytes. awq
+        # searches the head's scales weighted by its input's activations (and a tied table's
+        # with them, so the bytes stay shared).
+        search = options.method == "awq"
         model.lm_head = NBitsLinear(width, cfg.vocab_size, False, model.dtype, emb_bits,
-                                    emb_block, options.level_for(emb_bits), False, "symmetric")
+                                    emb_block, options.level_for(emb_bits), search, "symmetric")
         model.model.embed_tokens = QuantEmbedding(cfg.vocab_size, width, model.dtype,
-                                                  emb_bits, emb_block)
+                                                  emb_bits, emb_block,
+                                                  search and cfg.tie_word_embeddings)
     return model

@@ -8,6 +8,7 @@ from llm_onnx.errors import ConfigError
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 TARGETS = ("cpu", "cuda")
+QUANT_METHODS = ("minmax", "search", "awq")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -17,20 +18,29 @@ class ExportOptions:
             the activations are quantized to int8 on the fly where accuracy_level is 4.
         block_size: quantization block along the input dimension (power of two >= 16).
         embedding_bits: precision of the token embedding and LM head in quantized exports:
-            8 (default; tied embeddings then share one int8 table) or None to keep them float.
+            8, 4, None to keep them float, or "auto" (the default): 4 for int4 with zero points
+            on CPU (the LM head is a fifth of a small model's bytes; its scales are searched
+            with the activations under awq), else 8. Tied embeddings share one table.
         accuracy_level: MatMulNBits accuracy_level of 4-bit projections: 4 = int8 activations
-            (fastest on CPU), 0 = fp32 activations. Default: 0 for int4 (with the offset scheme
-            it reproduces a Q4_1 checkpoint's greedy output exactly). 8-bit weights always use
-            4: ONNX Runtime has no fast fp32-activation kernel for them.
+            (fastest on CPU), 0 = fp32 activations. Default (CPU): 0 with the offset scheme (it
+            then reproduces a Q4_1 checkpoint's greedy output exactly), else 4. 8-bit weights
+            always use 4: ONNX Runtime has no fast fp32-activation kernel for them.
         max_seq_len: context length the graphs support (RoPE tables); default: the config's.
         fuse_qkv, fuse_gate_up, fuse_rotary: fused projections and RoPE inside attention.
         all_logits: the prefill graph returns logits for every position, not only the last.
         quant_scheme: how projections are quantized: "zero_point" (per-block uint8 zero points,
             the whole code range for one-sided blocks), "offset" (a float minimum per block added
-            by a tiny second term: exact for Q4_1 GGUF weights, slower) or "symmetric". Default:
-            zero_point for int8 and for CUDA targets, offset for int4 on CPU. The embedding/LM head stay symmetric so a tied
+            by a tiny second term: exact for Q4_1 GGUF weights, slower) or "symmetric". Default
+            (``resolve_source``): offset for int4 from an already 4-bit GGUF (Q4_0, Q4_1, Q4_K)
+            exported for CPU, else zero_point. The embedding/LM head stay symmetric so a tied
             pair shares its bytes.
-        quant_search: per-block search for the scale with the least squared error.
+        quant_method: how each block's scale and zero point are chosen: "minmax" (the block's
+            range), "search" (weighted least-squares search over candidate scales), "awq"
+            (activation-aware: a calibration text run through the model one layer at a time;
+            per-channel scales folded into the preceding norm or projection and the search
+            weighted by each channel's activations; see calibrate.py). Default: awq for int4
+            from a float source, else minmax.
+        calibration_text: the text file awq calibrates on (default: a built-in text).
         validate: run the ORT vs torch parity gate after writing.
         target: the execution provider the folder is built for. "cpu": quantized projections
             compute in float32 (or int8 at accuracy_level 4). "cuda": every compute node has a
@@ -41,7 +51,7 @@ class ExportOptions:
 
     precision: str = "int8"
     block_size: int = 32
-    embedding_bits: int | None = 8
+    embedding_bits: int | str | None = "auto"
     accuracy_level: int | None = None
     max_seq_len: int | None = None
     fuse_qkv: bool = True
@@ -49,7 +59,8 @@ class ExportOptions:
     fuse_rotary: bool = True
     all_logits: bool = False
     quant_scheme: str | None = None
-    quant_search: bool = True
+    quant_method: str | None = None
+    calibration_text: str | None = None
     validate: bool = True
     target: str | None = None
 
@@ -60,13 +71,21 @@ class ExportOptions:
         bs = self.block_size
         if bs < 16 or bs & (bs - 1):
             raise ConfigError(f"block_size {bs} must be a power of two >= 16 (e.g. 32, 64, 128).")
-        if self.embedding_bits not in (None, 4, 8):
-            raise ConfigError(f"embedding_bits must be 8, 4 or None, got {self.embedding_bits!r}.")
+        if self.embedding_bits not in (None, 4, 8, "auto"):
+            raise ConfigError(f"embedding_bits must be 8, 4, None or 'auto', got "
+                              f"{self.embedding_bits!r}.")
         if self.accuracy_level not in (None, 0, 1, 2, 3, 4):
             raise ConfigError(f"accuracy_level must be 0-4, got {self.accuracy_level}.")
         if self.quant_scheme not in (None, "symmetric", "zero_point", "offset"):
             raise ConfigError(f"quant_scheme must be symmetric, zero_point or offset, got "
                               f"{self.quant_scheme!r}.")
+        if self.quant_method not in (None, *QUANT_METHODS):
+            raise ConfigError(f"quant_method must be one of {', '.join(QUANT_METHODS)}, got "
+                              f"{self.quant_method!r}.")
+        if self.quant_method in ("search", "awq") and self.quant_scheme in ("offset", "symmetric"):
+            raise ConfigError(f"quant_method {self.quant_method} searches a scale and an integer "
+                              f"zero point per block: use it with quant_scheme zero_point (the "
+                              f"{self.quant_scheme} scheme rounds the block's own range).")
         if self.target not in (None, *TARGETS):
             raise ConfigError(f"target must be one of {', '.join(TARGETS)}, got {self.target!r}.")
         if self.target == "cuda" and self.precision == "fp32":
@@ -99,7 +118,7 @@ class ExportOptions:
             return self.accuracy_level
         if self.cuda:
             return 0
-        return 0 if self.precision == "int4" else 4
+        return 0 if self.precision == "int4" and self.scheme == "offset" else 4
 
     def level_for(self, bits: int) -> int:
         """MatMulNBits accuracy_level of a projection with ``bits``-bit weights. On CPU, 8-bit
@@ -115,16 +134,29 @@ class ExportOptions:
         """Whether some MatMulNBits quantizes its activations to int8 (adds rounding noise)."""
         if self.cuda:  # fp16 activations; only the CPU parity run of 8-bit QMoE quantizes them
             return self.bits == 8
-        return self.quantized and (self.bits == 8 or self.embedding_bits == 8
+        return self.quantized and (self.bits == 8 or self.head_bits == 8
                                    or self.activation_level == 4)
 
     @property
     def scheme(self) -> str:
-        if self.quant_scheme is not None:
-            return self.quant_scheme
-        if self.cuda:  # one MatMulNBits per projection: the CUDA kernels' fast path
-            return "zero_point"
-        return "offset" if self.precision == "int4" else "zero_point"
+        # offset only when asked for, or chosen by resolve_source for an already 4-bit GGUF;
+        # zero_point is one MatMulNBits per projection, the fast path of the CPU and CUDA kernels
+        return self.quant_scheme if self.quant_scheme is not None else "zero_point"
+
+    @property
+    def head_bits(self) -> int | None:
+        """Bits of the embedding and LM head (``embedding_bits`` with "auto" decided)."""
+        if self.embedding_bits != "auto":
+            return self.embedding_bits  # type: ignore[return-value]
+        if self.precision == "int4" and self.scheme == "zero_point" and not self.cuda:
+            return 4
+        return 8
+
+    @property
+    def method(self) -> str:
+        if self.quant_method is not None:
+            return self.quant_method
+        return "awq" if self.precision == "int4" and self.scheme == "zero_point" else "minmax"
 
     @property
     def bits(self) -> int | None:

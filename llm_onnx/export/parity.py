@@ -51,6 +51,7 @@ def validate(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
         scratch_ckpt = replace(checkpoint, config=small,
                                source=_ScratchSource(checkpoint.source, small.vocab_size, experts))
         small_plan = ExportPlan.build(small, plan.options, min(plan.max_len, 64))
+        small_plan.calibration = plan.calibration  # layer 0's scales, the same tensors
         with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".llm-onnx-parity-") as tmp:
             scratch = Path(tmp)
             small_tensors = write_folder(scratch_ckpt, small_plan, scratch,

@@ -7,6 +7,7 @@
     plan.trace()      the prefill and decode graphs, traced from plan.model
     plan.graph_specs  their inputs and outputs, from the traced programs in memory
     plan.precision    what the export does to the weights, read from the export-form modules
+    plan.calibration  awq's scales and search weights (calibrate.py), set before writing
 
 The same ``plan.model`` later receives the written tensors for the parity gate, so one decoder
 serves the whole export (a second, small one for the parity gate's cut-down model of a large
@@ -25,6 +26,7 @@ import torch
 from llm_onnx import model_folder as mf
 from llm_onnx.checkpoints.load import Producer, param_producers
 from llm_onnx.errors import ExportError
+from llm_onnx.export.calibrate import Calibration
 from llm_onnx.export.graphs import GRAPHS, trace_graph
 from llm_onnx.export.modules import NBitsLinear, QuantEmbedding, QuantExperts, to_export_form
 from llm_onnx.export.options import ExportOptions
@@ -47,6 +49,8 @@ class ExportPlan:
     model: Decoder
     producers: dict[str, Producer]
     graphs: dict[str, ir.Model] = field(default_factory=dict)
+    # awq's folds and search weights (calibrate.py), decided before the weights are written
+    calibration: Calibration | None = None
 
     @classmethod
     def build(cls, cfg: ModelConfig, options: ExportOptions, max_len: int) -> ExportPlan:
@@ -60,6 +64,18 @@ class ExportPlan:
         plan = cls(cfg, options, max_len, to_export_form(model, options), producers)
         plan.precision  # read now: the parity gate later casts plan.model's tensors to float32
         return plan
+
+    def write_producers(self) -> dict[str, Producer]:
+        """The producers the weights are written from: awq's folds applied, and its search
+        weights handed to the quantized modules."""
+        if self.calibration is None:
+            return self.producers
+        for path, module in self.model.named_modules():
+            if isinstance(module, NBitsLinear):
+                module.importance = self.calibration.importance.get(path)
+            elif isinstance(module, QuantEmbedding) and module.search:  # tied to the head
+                module.importance = self.calibration.importance.get("lm_head")
+        return self.calibration.producers(self.producers)
 
     @property
     def weight_modules(self) -> int:
@@ -126,7 +142,7 @@ class ExportPlan:
         words = {"zero_point": f"uint{options.bits} zero points",
                  "offset": "float block minimums (Q4_1's form)", "symmetric": "symmetric"}
         kept = ["norms", "router (mlp.gate)" if cfg.moe else None,
-                None if options.embedding_bits else "embedding and lm_head",
+                None if options.head_bits else "embedding and lm_head",
                 "position table (model.embed_positions)"
                 if cfg.position_embedding_type == "learned" else None]
         return mf.Precision(
@@ -136,8 +152,9 @@ class ExportPlan:
             activations=acts,
             quantization=mf.Quantization(
                 bits=options.bits or 0, block_size=options.block_size, scheme=options.scheme,
-                accuracy_level=options.activation_level, embedding_bits=options.embedding_bits,
-                scale_search=options.quant_search, quantized_tensors=len(quantized),
+                accuracy_level=options.activation_level, embedding_bits=options.head_bits,
+                scale_search=options.method != "minmax", method=options.method,
+                quantized_tensors=len(quantized),
                 quantized=tuple(summarise(quantized)), kept_float=tuple(k for k in kept if k)))
 
 

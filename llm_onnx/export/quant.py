@@ -42,7 +42,8 @@ def _blocks(w: Tensor, block_size: int) -> Tensor:
 
 
 def quantize(w: Tensor, bits: int, block_size: int, *, asymmetric: bool = False,
-             search: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+             search: bool = False, importance: Tensor | None = None,
+             ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Block quantization of W (N, K) -> (qweight uint8, scales float32, zero_points uint8 | None).
 
     Symmetric (no zero points; ORT's default zero point 2^(bits-1)): int8 scale = max|w| / 127;
@@ -50,33 +51,22 @@ def quantize(w: Tensor, bits: int, block_size: int, *, asymmetric: bool = False,
     Asymmetric: scale = (max - min) / (2^bits - 1) over the block's range (which includes 0) and an
     integer zero point, so one-sided blocks lose no code range; zero points are packed like the
     weights ((N, ceil(k_blocks * bits / 8)) uint8), the form MatMulNBits' fast kernels take.
-    ``search`` tries ranges shrunk by up to 20% per block and keeps the least squared error.
+    ``search``: asymmetric blocks get ``search_zero_point`` (weighted least squares over
+    candidate scales, weighted by ``importance`` (K,) when given: the mean square of each input
+    channel's activations); symmetric ones ``_search_scales`` with the same weights.
     """
     if bits not in SUPPORTED_BITS:
         raise ValueError(f"bits must be one of {SUPPORTED_BITS}")
     blocks = _blocks(w, block_size)  # (N, B, bs)
     levels = 2 ** bits - 1
     if asymmetric:
-        lo = blocks.amin(-1).clamp(max=0)
-        hi = blocks.amax(-1).clamp(min=0)
-        candidates = torch.linspace(0.80, 1.0, 11) if search else torch.ones(1)
-        best = None
-        for f in candidates:
-            scale = ((hi - lo) * f / levels).clamp_min(1e-12)
-            zp = torch.clamp(torch.round(-lo * f / scale), 0, levels)
-            codes = torch.clamp(torch.round(blocks / scale[..., None]) + zp[..., None], 0, levels)
-            err = (((codes - zp[..., None]) * scale[..., None] - blocks) ** 2).sum(-1)
-            if best is None:
-                best = [scale, zp, codes, err]
-            else:
-                better = err < best[3]
-                best[0] = torch.where(better, scale, best[0])
-                best[1] = torch.where(better, zp, best[1])
-                best[2] = torch.where(better[..., None], codes, best[2])
-                best[3] = torch.where(better, err, best[3])
-        assert best is not None
-        scale, zp, codes = best[0], best[1].to(torch.uint8), best[2].to(torch.uint8)
-        return _pack(codes, bits), scale.contiguous(), _pack_zero_points(zp, bits)
+        if search:
+            weights = block_weights(blocks, importance, block_size)
+            scale, zp, codes = search_zero_point(blocks, weights, levels)
+        else:
+            scale, zp, codes = _minmax_zero_point(blocks, levels)
+        return (_pack(codes.to(torch.uint8), bits), scale.contiguous(),
+                _pack_zero_points(zp.to(torch.uint8), bits))
     qmax = 2 ** (bits - 1) - 1
     if bits == 8:
         scale = blocks.abs().amax(-1) / qmax
@@ -85,10 +75,79 @@ def quantize(w: Tensor, bits: int, block_size: int, *, asymmetric: bool = False,
         scale = blocks.gather(-1, idx).squeeze(-1) / -(qmax + 1)
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     if search:
-        scale = _search_scales(blocks, scale, bits)
+        scale = _search_scales(blocks, scale, bits, block_weights(blocks, importance, block_size))
     codes = torch.clamp(torch.round(blocks / scale[..., None]), -(qmax + 1), qmax)
     codes = (codes + (qmax + 1)).to(torch.uint8)  # (N, B, bs)
     return _pack(codes, bits), scale.contiguous(), None
+
+
+def _minmax_zero_point(blocks: Tensor, levels: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The block's range (widened to include 0) over the whole code range: (scale, zp, codes)."""
+    lo = blocks.amin(-1).clamp(max=0)
+    hi = blocks.amax(-1).clamp(min=0)
+    scale = ((hi - lo) / levels).clamp_min(1e-12)
+    zp = torch.clamp(torch.round(-lo / scale), 0, levels)
+    return scale, zp, _codes(blocks, scale, zp, levels)
+
+
+def _codes(blocks: Tensor, scale: Tensor, zp: Tensor, levels: int) -> Tensor:
+    return (blocks / scale[..., None]).round_().add_(zp[..., None]).clamp_(0, levels)
+
+
+def block_weights(blocks: Tensor, importance: Tensor | None, block_size: int) -> Tensor:
+    """Per-weight error weights of the search: each input channel's activation mean square when
+    known (how much an error there moves the output), else sqrt(block mean square + w^2), which
+    favours the large weights a plain least-squares fit would clip (llama.cpp's k-quant
+    weighting without an importance matrix)."""
+    if importance is None:
+        return ((blocks * blocks).mean(-1, keepdim=True) + blocks * blocks).sqrt()
+    imp = importance.float().clamp_min(0)
+    pad = (-imp.shape[0]) % block_size
+    if pad:
+        imp = torch.nn.functional.pad(imp, (0, pad))
+    return imp.reshape(1, -1, block_size).expand_as(blocks)
+
+
+def search_zero_point(blocks: Tensor, weights: Tensor, levels: int, steps: int = 20,
+                      ) -> tuple[Tensor, Tensor, Tensor]:
+    """Per block, the scale and integer zero point with the least weighted squared error
+    sum(weights * (w - (code - zp) * scale)^2): ``steps + 1`` candidate scales from
+    range / (levels - 1) to range / (levels + 3) (llama.cpp's make_qkx2_quants grid, widened
+    towards clipping for weighted blocks), each with
+    its rounded zero point and codes, then the scale refitted to those codes by weighted least
+    squares, whose error is known in closed form (sum(w x^2) - fit^2 * sum(w d^2)); then the
+    winner's neighbouring zero points the same way. Rounding again with the winner's scale can
+    only lower its error. Returns (scale, zp, codes) as float
+    tensors."""
+    lo = blocks.amin(-1).clamp(max=0)
+    span = (blocks.amax(-1).clamp(min=0) - lo).clamp_min(1e-12)
+    wx = weights * blocks
+    total = (wx * blocks).sum(-1, dtype=torch.float64)  # float64: the error is a difference
+    best: tuple[Tensor, Tensor, Tensor] | None = None
+
+    def consider(scale: Tensor, zp: Tensor) -> None:
+        nonlocal best
+        d = _codes(blocks, scale, zp, levels).sub_(zp[..., None])
+        num = (wx * d).sum(-1, dtype=torch.float64)
+        den = (d.mul_(d).mul_(weights)).sum(-1, dtype=torch.float64)
+        ok = (den > 0) & (num > 0)
+        fit = torch.where(ok, (num / den.clamp_min(1e-30)).float(), scale)
+        err = torch.where(ok, total - num * num / den.clamp_min(1e-30), total)
+        if best is None:
+            best = (fit, zp, err)
+        else:
+            better = err < best[2]
+            best = (torch.where(better, fit, best[0]), torch.where(better, zp, best[1]),
+                    torch.where(better, err, best[2]))
+
+    for i in range(steps + 1):
+        scale = span / (levels - 1 + 4 * i / steps)
+        consider(scale, torch.clamp(torch.round(-lo / scale), 0, levels))
+    assert best is not None
+    for step in (-1, 1):  # the winner's neighbouring zero points, at its scale
+        consider(best[0], torch.clamp(best[1] + step, 0, levels))
+    scale, zp, _ = best
+    return scale, zp, _codes(blocks, scale, zp, levels)
 
 
 def quantize_offset(w: Tensor, bits: int, block_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -130,21 +189,28 @@ def _pack_zero_points(zp: Tensor, bits: int) -> Tensor:
     return _pack(zp, bits)
 
 
-def _search_scales(blocks: Tensor, scale: Tensor, bits: int) -> Tensor:
-    """Per block, the scale among ``scale * f`` (f in 0.80..1.00) with the least squared error."""
+def _search_scales(blocks: Tensor, scale: Tensor, bits: int, weights: Tensor) -> Tensor:
+    """Per block, the symmetric scale with the least weighted squared error: candidates
+    ``scale * f`` (f in 0.70..1.05), each refitted to its codes by weighted least squares (error
+    in closed form, as in search_zero_point)."""
     qmax = 2 ** (bits - 1) - 1
-    best, best_err = scale, None
-    for f in torch.linspace(0.80, 1.0, 11):
-        s = scale * f
-        codes = torch.clamp(torch.round(blocks / s[..., None]), -(qmax + 1), qmax)
-        err = ((codes * s[..., None] - blocks) ** 2).sum(-1)
-        if best_err is None:
-            best, best_err = s, err
+    wx = weights * blocks
+    total = (wx * blocks).sum(-1, dtype=torch.float64)  # float64: the error is a difference
+    best: tuple[Tensor, Tensor] | None = None
+    for f in torch.linspace(0.70, 1.05, 22):
+        c = (blocks / (scale * f)[..., None]).round_().clamp_(-(qmax + 1), qmax)
+        num = (wx * c).sum(-1, dtype=torch.float64)
+        den = c.mul_(c).mul_(weights).sum(-1, dtype=torch.float64)
+        ok = den > 0
+        fit = torch.where(ok & (num * scale > 0), (num / den.clamp_min(1e-30)).float(), scale * f)
+        err = torch.where(ok, total - num * num / den.clamp_min(1e-30), total)
+        if best is None:
+            best = (fit, err)
         else:
-            better = err < best_err
-            best = torch.where(better, s, best)
-            best_err = torch.where(better, err, best_err)
-    return best
+            better = err < best[1]
+            best = (torch.where(better, fit, best[0]), torch.where(better, err, best[1]))
+    assert best is not None
+    return best[0]
 
 
 def dequantize(qweight: Tensor, scales: Tensor, bits: int, k: int,

@@ -117,7 +117,8 @@ def write_cast(wf: WeightFile, name: str, t: Tensor, dtype: torch.dtype) -> None
 
 
 def write_quantized(wf: WeightFile, prefix: str, w: Tensor, bits: int, block_size: int,
-                     scale_dtype: torch.dtype, search: bool, scheme: str, flat: bool) -> None:
+                     scale_dtype: torch.dtype, search: bool, scheme: str, flat: bool,
+                     importance: Tensor | None = None) -> None:
     """qweight streamed in row chunks (quantization is row-local); scales, zero points and block
     minimums collected, then written."""
     n, k = w.shape
@@ -135,7 +136,8 @@ def write_quantized(wf: WeightFile, prefix: str, w: Tensor, bits: int, block_siz
                 minimums.append(lo)
             else:
                 q, s, z = quant.quantize(w[r:r + step], bits, block_size,
-                                         asymmetric=scheme == "zero_point", search=search)
+                                         asymmetric=scheme == "zero_point", search=search,
+                                         importance=importance)
             scales.append(s)
             if z is not None:
                 zero_points.append(z)

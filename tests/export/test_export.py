@@ -241,13 +241,16 @@ def test_manifest_records_the_export(exports):
 
 
 def test_an_int4_manifest_states_its_scheme_and_activations(exports):
-    """int4's defaults: float block minimums and float32 activations in the projections, while
-    the 8-bit LM head and embedding take int8 activations: the manifest says exactly that."""
+    """The offset scheme (what a Q4_1 GGUF gets by default) at accuracy level 0: float block
+    minimums and float32 activations in the projections, while the 8-bit LM head and embedding
+    take int8 activations: the manifest says exactly that."""
     from llm_onnx.model_folder import load_manifest
 
-    m = load_manifest(exports("llama_tiny", "int4"))
+    m = load_manifest(exports("llama_tiny", "int4", quant_scheme="offset", accuracy_level=0,
+                              embedding_bits=8))
     q = m.precision.quantization
     assert q.bits == 4 and q.scheme == "offset" and "block minimums" in m.precision.weights
+    assert q.method == "minmax" and q.calibration is None
     assert "float32 in model.layers.*" in m.precision.activations
     assert "int8 per block in lm_head" in m.precision.activations
     assert any("lm_head (int8 symmetric" in e for e in q.quantized)

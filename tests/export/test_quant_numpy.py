@@ -141,13 +141,18 @@ def test_q4_1_blocks_are_reproduced_exactly(block):
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("asymmetric", [False, True])
-def test_scale_search_never_increases_a_blocks_error(bits, asymmetric):
-    w = torch.from_numpy(weights(16, 256, seed=3))
+def test_scale_search_never_increases_a_blocks_weighted_error(bits, asymmetric):
+    """The search minimises the error weighted by quant.block_weights (each weight's
+    sqrt(block mean square + w^2) without calibration), computed here in numpy: never above the
+    plain fit's in any block, below it in total."""
+    w = weights(16, 256, seed=3)
+    b = np_blocks(w, 32)
+    wt = np.sqrt((b * b).mean(-1, keepdims=True) + b * b)
     errors = []
     for search in (False, True):
-        q, s, zp = quantize(w, bits, 32, asymmetric=asymmetric, search=search)
-        back = dequantize(q, s, bits, 256, zp)
-        errors.append(((back - w) ** 2).reshape(16, -1, 32).sum(-1))
-    assert torch.all(errors[1] <= errors[0] * (1 + 1e-6) + 1e-12)
-    if bits == 4:  # 16 levels: shrinking the range pays off in some blocks
+        q, s, zp = quantize(torch.from_numpy(w), bits, 32, asymmetric=asymmetric, search=search)
+        back = dequantize(q, s, bits, 256, zp).numpy()
+        errors.append((wt * (np_blocks(back, 32) - b) ** 2).sum(-1))
+    assert np.all(errors[1] <= errors[0] * (1 + 1e-5) + 1e-12)
+    if bits == 4:  # 16 levels: another scale pays off in some blocks
         assert errors[1].sum() < errors[0].sum()

@@ -1,0 +1,362 @@
+"""Activation-aware int4 (``quant_method="awq"``): a short calibration text run through the
+float model one layer at a time, then per-channel scales folded into the weights and an
+activation-weighted block search.
+
+For each group of projections that read one input (q/k/v, gate/up, down, o) it measures each
+input channel's activation mean square h over the calibration tokens. Quantization error on
+channel k moves the output by about h_k times its square, so
+
+  1. the block search (quant.search_zero_point) weights each weight's error by h_k;
+  2. channels that carry large activations are scaled up before quantizing, W' = W diag(s),
+     and the inverse is folded into what produces the input (AWQ): the preceding norm's weight
+     (and bias) for q/k/v and gate/up, the rows of up for down, the rows of v for o (s shared
+     by the query heads of one KV head). In float the graph computes exactly what it did; the
+     scaled weights quantize with smaller relative error where it matters. s = h^(alpha/2),
+     alpha per group from 0..0.6, the one whose round-to-nearest error sum(h * dW^2) is least.
+
+Nothing changes at run time: the graphs and their MatMulNBits layout are those of any
+zero-point int4 export; only the stored numbers differ. Memory stays bounded: the calibration
+holds one float32 layer and the calibration activations at a time.
+"""
+
+from __future__ import annotations
+
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from llm_onnx.checkpoints.load import Checkpoint, param_producers, _set_param
+from llm_onnx.errors import ExportError
+from llm_onnx.model import ops
+from llm_onnx.model.config import ModelConfig
+from llm_onnx.model.decoder import Decoder, Fusion, Linear
+
+ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
+MAX_TOKENS = 512  # calibration tokens used (one sequence)
+PICK_ROWS = 1024  # rows of each projection the choice of alpha is estimated on
+
+# Built in, so an export never needs a download: varied registers (news, code, chat, prose,
+# instructions, SQL, other languages) and unrelated to any benchmark prompt.
+CALIBRATION_TEXT = """\
+The committee met on Tuesday to review the budget for the coming year. Most of the discussion \
+concerned the cost of repairing the old bridge, which engineers say will need new supports within \
+five years. Several members argued that the town should apply for a regional grant before raising \
+local taxes.
+def merge_sorted(a, b):
+    result = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i] <= b[j]:
+            result.append(a[i]); i += 1
+        else:
+            result.append(b[j]); j += 1
+    return result + a[i:] + b[j:]
+User: How do I convert Celsius to Fahrenheit?
+Assistant: Multiply the temperature in Celsius by 9/5 and add 32. For example, 20 degrees Celsius \
+is 68 degrees Fahrenheit.
+In the early morning light, the fishing boats left the harbour one by one, their engines echoing \
+off the cliffs. The gulls followed them out past the lighthouse, where the sea turned from green \
+to a deep, cold blue.
+Water boils at 100 degrees Celsius at sea level, but at higher altitudes the boiling point is \
+lower because the air pressure is lower. This is why cooking pasta in the mountains takes longer.
+1. Preheat the oven to 180 °C.  2. Mix the flour, sugar and eggs.  3. Bake for 25 minutes, until \
+golden.
+SELECT name, COUNT(*) AS orders FROM customers JOIN orders ON customers.id = orders.customer_id \
+GROUP BY name ORDER BY orders DESC LIMIT 10;
+Les enfants jouaient dans le parc pendant que leurs parents parlaient du week-end. Der Zug nach \
+Berlin fährt um acht Uhr ab.
+The function returns None if the key is missing; otherwise it returns the stored value and \
+updates the access time, so that the least recently used entry can be evicted when the cache is \
+full.
+"""
+
+
+@dataclass
+class Calibration:
+    """What the export applies: ``folds`` (parameter name -> transforms of the checkpoint tensor,
+    in order) and ``importance`` (quantized module path -> per-input-channel weights of its block
+    search), plus what the manifest says about it."""
+
+    folds: dict[str, list[Callable[[Tensor], Tensor]]] = field(default_factory=dict)
+    importance: dict[str, Tensor] = field(default_factory=dict)
+    description: str = ""
+    alphas: dict[str, float] = field(default_factory=dict)
+
+    def fold(self, name: str, fn: Callable[[Tensor], Tensor]) -> None:
+        self.folds.setdefault(name, []).append(fn)
+
+    def producers(self, producers: dict) -> dict:
+        """``producers`` with the folds applied to what they produce."""
+        out = dict(producers)
+        for name, fns in self.folds.items():
+            def produce(src, base=producers[name], fns=tuple(fns)):
+                t = base(src).float()
+                for fn in fns:
+                    t = fn(t)
+                return t
+            out[name] = produce
+        return out
+
+
+def calibration_ids(checkpoint: Checkpoint, text: str | None = None,
+                    max_tokens: int = MAX_TOKENS) -> tuple[list[int], str]:
+    """Token ids of the calibration text (the built-in one unless ``text``) with the checkpoint's
+    tokenizer; a checkpoint without one (random weights) gets seeded random ids."""
+    vocab = checkpoint.config.vocab_size
+    max_tokens = min(max_tokens, checkpoint.config.max_position_embeddings)
+
+    def random_ids(why: str) -> tuple[list[int], str]:
+        g = torch.Generator().manual_seed(0)
+        n = min(max_tokens, 256)
+        return torch.randint(0, vocab, (n,), generator=g).tolist(), f"{n} random token ids ({why})"
+
+    tok_json = checkpoint.tokenizer_files.get("tokenizer.json")
+    if tok_json is None:
+        return random_ids("no tokenizer")
+    from tokenizers import Tokenizer
+
+    ids = Tokenizer.from_str(tok_json.decode("utf-8")).encode(
+        text or CALIBRATION_TEXT, add_special_tokens=False).ids[:max_tokens]
+    ids = [i for i in ids if i < vocab]
+    if len(ids) < 16:
+        raise ExportError(f"the calibration text gives {len(ids)} tokens; at least 16 are needed.")
+    distinct = len(set(ids))
+    if distinct < len(ids) // 8:  # e.g. a tokenizer that maps the text to its unknown token
+        if text:
+            raise ExportError(f"the calibration text gives {len(ids)} tokens but only {distinct} "
+                              "distinct ones with this model's tokenizer; give a text in the "
+                              "model's language.")
+        return random_ids(f"the built-in text gives {distinct} distinct tokens")
+    return ids, f"{'given' if text else 'built-in'} text, {len(ids)} tokens"
+
+
+def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list[int],
+              description: str, progress: Callable[[int], None] = lambda n: None) -> Calibration:
+    """Run ``ids`` through the float32 model one layer at a time (each layer's weights read from
+    the checkpoint, used, dropped) and decide every group's scales and search weights."""
+    cfg = checkpoint.config
+    source = checkpoint.source
+    with torch.device("meta"):
+        model = Decoder(cfg, dtype=torch.float32, fusion=fusion, max_positions=max(len(ids), 2))
+    producers = dict(param_producers(model))
+    if cfg.position_embedding_type == "rope":
+        model.model.rotary.materialize()
+        if cfg.rope_local_theta is not None:
+            model.model.rotary_local.materialize()
+    if cfg.position_embedding_type == "sinusoidal":
+        model.model.embed_positions.materialize()
+    cal = Calibration(description=description)
+
+    def load(prefix: str, keep: Callable[[str], bool] = lambda n: True) -> None:
+        for name, produce in producers.items():
+            if name.startswith(prefix) and keep(name):
+                _set_param(model, name, produce(source))
+
+    def drop(module: nn.Module) -> None:
+        module.to("meta")
+
+    m = model.model
+    t = len(ids)
+    input_ids = torch.tensor([ids])
+    seqlens_k = torch.tensor([t - 1], dtype=torch.int32)
+    total = torch.tensor(t, dtype=torch.int32)
+    with torch.inference_mode():
+        # the embedding side (everything before the layers), then dropped
+        load("model.", keep=lambda n: not n.startswith(("model.layers.", "model.norm.")))
+        positions, _ = ops.device_positions(input_ids, seqlens_k)
+        residual = m.embed_tokens(input_ids).float()
+        if cfg.embedding_multiplier != 1.0:
+            residual = residual * cfg.embedding_multiplier
+        if cfg.embed_dim is not None:
+            residual = m.project_in(residual).float()
+        branch: Tensor | None = None
+        if cfg.position_embedding_type in ("learned", "sinusoidal"):
+            branch = m.embed_positions(positions + cfg.position_offset if cfg.position_offset
+                                       else positions)
+        if cfg.embedding_layernorm:
+            residual = m.embed_layernorm(residual)
+        bias = (ops.alibi_bias(input_ids, total, model.alibi_slopes)
+                if cfg.position_embedding_type == "alibi" else None)
+        cos = sin = None
+        local: tuple[Tensor | None, Tensor | None] = (None, None)
+        if cfg.position_embedding_type == "rope":
+            cos, sin = m.rotary.cos_cache, m.rotary.sin_cache
+            if cfg.rope_local_theta is not None:
+                local = (m.rotary_local.cos_cache, m.rotary_local.sin_cache)
+        for name, mod in m.named_children():
+            if name != "layers" and not name.startswith("rotary"):
+                drop(mod)
+        shape = (1, cfg.num_key_value_heads, t, cfg.head_dim)
+        for i, layer in enumerate(m.layers):
+            prefix = f"model.layers.{i}."
+            load(prefix)
+            stats = _input_stats(layer)
+            c, s = local if cfg.layer_is_local(i) else (cos, sin)
+            branch, residual, _, _ = layer(branch, residual, seqlens_k, total, c, s, positions,
+                                           torch.zeros(shape), torch.zeros(shape), bias)
+            for hook in stats.pop("hooks"):
+                hook.remove()
+            _decide_layer(cal, cfg, layer, prefix, stats, block_size)
+            drop(layer)
+            progress(1)
+        if cfg.embed_dim is None:  # the LM head's input: the final norm's output
+            if cfg.post_layernorm:
+                h = residual
+            else:
+                assert branch is not None
+                load("model.norm.")
+                h, _ = m.norm.add(branch.float(), residual)
+                drop(m.norm)
+            x = h.reshape(-1, h.shape[-1]).double()
+            cal.importance["lm_head"] = _finite((x * x).mean(0).float())
+    return cal
+
+
+def _finite(h: Tensor) -> Tensor:
+    """Activation mean squares, or ones where a random model overflowed."""
+    return h if bool(torch.isfinite(h).all()) else torch.ones_like(h)
+
+
+def _input_stats(layer: nn.Module) -> dict:
+    """Forward hooks that record each Linear's input mean square per channel (float64)."""
+    stats: dict = {"hooks": []}
+    for path, mod in layer.named_modules():
+        if isinstance(mod, Linear):
+            def hook(mod, inp, out, path=path):
+                x = inp[0].reshape(-1, inp[0].shape[-1]).double()
+                stats[path] = (x * x).mean(0)
+            stats["hooks"].append(mod.register_forward_hook(hook))
+    return stats
+
+
+def _decide_layer(cal: Calibration, cfg: ModelConfig, layer: nn.Module, prefix: str,
+                  stats: dict, block_size: int) -> None:
+    """Scales and search weights of one layer's groups (see the module docstring)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    plain = not (cfg.parallel_attn or cfg.post_layernorm or cfg.sandwich_norm)
+    qkv = ["self_attn.qkv_proj"] if attn.fuse_qkv else \
+        ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
+    _group(cal, layer, prefix, qkv, stats, block_size,
+           norm="input_layernorm" if plain else None)
+    _group_o(cal, cfg, layer, prefix, stats, block_size)
+    if not hasattr(mlp, "down_proj"):  # MoE: experts are QMoE, not searched
+        return
+    up = ["mlp.gate_up_proj"] if mlp.fuse_gate_up else \
+        (["mlp.gate_proj", "mlp.up_proj"] if mlp.gated else ["mlp.up_proj"])
+    _group(cal, layer, prefix, up, stats, block_size,
+           norm="post_attention_layernorm" if plain else None)
+    # down's input is act(gate) * up (or act(up)): a scale folds into up's rows when the
+    # activation commutes with it (gated, or ReLU: positively homogeneous)
+    rows = None
+    if mlp.gated or cfg.hidden_act == "relu":
+        rows = ("mlp.gate_up_proj", cfg.intermediate_size) if mlp.fuse_gate_up else \
+            ("mlp.up_proj", 0)
+    _group(cal, layer, prefix, ["mlp.down_proj"], stats, block_size, rows=rows)
+
+
+def _pick(weights: list[Tensor], h: Tensor, block_size: int, shared: Tensor | None = None,
+          ) -> tuple[float, Tensor]:
+    """The alpha (and its scale vector s, geometric mean 1) whose round-to-nearest int4 error
+    sum(h * dW^2) over ``weights`` is least. ``shared`` (the h the scale is computed from) when
+    it must be constant over channel groups."""
+    from llm_onnx.export.quant import _blocks, _minmax_zero_point
+
+    basis = (shared if shared is not None else h).clamp_min(1e-12)
+    best: tuple[float, float, Tensor] | None = None
+    for alpha in ALPHAS:
+        s = basis.pow(alpha / 2)
+        s = s / (s.max() * s.min()).sqrt()
+        err = 0.0
+        for w in weights:
+            w = w[:: -(-w.shape[0] // PICK_ROWS)]  # evenly spaced rows: an estimate is enough
+            ws = w * s
+            blocks = _blocks(ws, block_size)
+            scale, zp, codes = _minmax_zero_point(blocks, 15)
+            back = ((codes - zp[..., None]) * scale[..., None]).reshape(w.shape[0], -1)
+            d = back[:, : w.shape[1]] / s - w
+            err += float((d * d * h).sum())
+        if best is None or err < best[1]:
+            best = (alpha, err, s)
+    assert best is not None
+    return best[0], best[2]
+
+
+def _group(cal: Calibration, layer: nn.Module, prefix: str, paths: list[str], stats: dict,
+           block_size: int, norm: str | None = None,
+           rows: tuple[str, int] | None = None) -> None:
+    """One group of projections reading one input: importance for each, and (when the scale
+    can be folded: into ``norm``'s weight/bias, or into ``rows`` = (projection, first row) whose
+    output is the input) scaled columns."""
+    h = _finite(stats[paths[0]].float())
+    weights = [layer.get_submodule(p).weight.float() for p in paths]
+    alpha, s = (0.0, torch.ones_like(h))
+    if norm is not None or rows is not None:
+        alpha, s = _pick(weights, h, block_size)
+    _apply(cal, prefix, paths, h, s, alpha)
+    if alpha == 0.0:
+        return
+    if norm is not None:
+        inv = 1 / s
+        cal.fold(f"{prefix}{norm}.weight", lambda t, inv=inv: t * inv)
+        if hasattr(layer.get_submodule(norm), "bias"):
+            cal.fold(f"{prefix}{norm}.bias", lambda t, inv=inv: t * inv)
+    if rows is not None:
+        _fold_rows(cal, layer, prefix, rows[0], rows[1], 1 / s)
+
+
+def _group_o(cal: Calibration, cfg: ModelConfig, layer: nn.Module, prefix: str, stats: dict,
+             block_size: int) -> None:
+    """o_proj: its input is attention's weighted sum of v, so a scale folds into v's rows; the
+    query heads sharing one KV head share its scale."""
+    attn = layer.self_attn
+    h = _finite(stats["self_attn.o_proj"].float())
+    heads, kv, d = attn.num_heads, attn.kv_heads, attn.head_dim
+    per_kv = h.reshape(kv, heads // kv, d).mean(1)  # (kv, d)
+    shared = per_kv[:, None, :].expand(kv, heads // kv, d).reshape(-1)
+    alpha, s = _pick([attn.o_proj.weight.float()], h, block_size, shared=shared)
+    _apply(cal, prefix, ["self_attn.o_proj"], h, s, alpha)
+    if alpha == 0.0:
+        return
+    inv_v = 1 / s.reshape(kv, heads // kv, d)[:, 0, :].reshape(-1)
+    if attn.fuse_qkv:
+        _fold_rows(cal, layer, prefix, "self_attn.qkv_proj", attn.q_width + attn.kv_width, inv_v)
+    else:
+        _fold_rows(cal, layer, prefix, "self_attn.v_proj", 0, inv_v)
+
+
+def _apply(cal: Calibration, prefix: str, paths: list[str], h: Tensor, s: Tensor,
+           alpha: float) -> None:
+    for p in paths:
+        cal.importance[f"{prefix}{p}"] = h / (s * s)
+        cal.alphas[f"{prefix}{p}"] = alpha
+        if alpha:
+            cal.fold(f"{prefix}{p}.weight", lambda t, s=s: t * s)
+
+
+def _fold_rows(cal: Calibration, layer: nn.Module, prefix: str, path: str, first: int,
+               inv: Tensor) -> None:
+    """Rows first..first+len(inv) of ``path`` (and its bias) times ``inv``."""
+    def rows(t: Tensor, inv=inv, first=first) -> Tensor:
+        t = t.clone()
+        t[first:first + inv.shape[0]] *= inv.reshape(-1, *([1] * (t.dim() - 1)))
+        return t
+
+    cal.fold(f"{prefix}{path}.weight", rows)
+    if layer.get_submodule(path).bias is not None:
+        cal.fold(f"{prefix}{path}.bias", rows)
+
+
+def read_text(path: Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ExportError(f"{path}: cannot read the calibration text ({e}).") from e
+
+
+__all__ = ["ALPHAS", "CALIBRATION_TEXT", "Calibration", "calibrate", "calibration_ids",
+           "read_text"]
+
