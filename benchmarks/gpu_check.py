@@ -310,7 +310,7 @@ def export_big(precision: str, root: Path, max_len: int) -> Path:
         t0 = time.perf_counter()
         export_model(random_checkpoint(PRESETS["qwen3_8b"], "qwen3_8b"), out,
                      ExportOptions(precision=precision, target="cuda", max_seq_len=max_len,
-                                   quant_search=False, validate=False),
+                                   quant_method="minmax", validate=False),
                      force=True, progress=False)
         print(f"exported qwen3_8b {precision} in {time.perf_counter() - t0:.0f} s", flush=True)
     return out

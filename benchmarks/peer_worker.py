@@ -102,6 +102,44 @@ def hf_convert(args) -> None:
     write_result(args.result, {"hf_folder": str(out)})
 
 
+# The projections of a Llama-style checkpoint that a Q4_1 GGUF stores in 4 bits.
+OFF_GRID_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                        "down_proj")
+
+
+def off_grid(args) -> None:
+    """A Hugging Face folder whose 4-bit projections are moved off their Q4_1 grid, like a float
+    checkpoint: each weight gets Gaussian noise of ``--noise`` times its block's Q4_1 step
+    (block max - min over 15, blocks of 32 along the input dimension), seeded. Other tensors
+    (norms, the Q8_0 embedding) are copied unchanged."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    src, out = Path(args.src), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.is_file() and f.suffix != ".safetensors" and not f.name.startswith("."):
+            shutil.copy2(f, out / f.name)
+    g = torch.Generator().manual_seed(int(args.seed))
+    moved = 0
+    for f in sorted(src.glob("*.safetensors")):
+        tensors = load_file(f)
+        for name in sorted(tensors):
+            w = tensors[name]
+            if name.split(".")[-2] not in OFF_GRID_PROJECTIONS or w.shape[-1] % 32:
+                continue
+            blocks = w.float().reshape(w.shape[0], -1, 32)
+            step = (blocks.amax(-1) - blocks.amin(-1)) / 15
+            noise = torch.randn(blocks.shape, generator=g) * float(args.noise) * step[..., None]
+            tensors[name] = (blocks + noise).reshape(w.shape).to(w.dtype).contiguous()
+            moved += 1
+        save_file(tensors, out / f.name, metadata={"format": "pt"})
+    write_result(args.result, {"hf_folder": str(out), "moved_tensors": moved,
+                               "noise": float(args.noise), "seed": int(args.seed)})
+
+
 AGREEMENT_PROMPTS = [
     # (name, text, use the chat template)
     ("factual", "What is the capital of France, and what is the city famous for?", True),
@@ -623,6 +661,7 @@ def main() -> None:
 
     run_opts = ("--model", "--prompts", "--passes", "--new-tokens", "--agree-tokens", "--threads")
     step("hf-convert", hf_convert, "--gguf", "--out")
+    step("off-grid", off_grid, "--src", "--out", "--noise", "--seed")
     step("prompts", make_prompts, "--hf", "--prompt-len")
     step("f32-gguf", f32_gguf, "--src", "--out")
     step("run-transformers", run_transformers, *run_opts)

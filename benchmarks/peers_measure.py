@@ -59,7 +59,7 @@ def measure_all(args, setup: Setup) -> dict:
     if "ours" not in args.skip:
         for p in args.precision:
             try:
-                ours_dirs[p] = setup.ours_export(hf, p)
+                ours_dirs[p] = setup.ours_export(hf, p, gguf)
             except StepFailed as e:
                 rows.append({"system": OURS, "precision": p, "error": str(e).splitlines()[0]})
                 log(f"  FAILED: {e}")

@@ -182,6 +182,22 @@ def ratios_and_checks(rows: list[dict], args) -> tuple[list[dict], list[dict]]:
                 check(name, a["kl_mean"] <= b["kl_mean"],
                       f"{a['kl_mean']:.4f} vs {b['kl_mean']:.4f}; top-1 {a['top1']} vs "
                       f"{b['top1']} of {a['positions']}")
+    if getattr(args, "off_grid", False) and "int4" in args.precision:
+        # issue 18's targets for a float source (the weights off the Q4_1 grid)
+        a = (find(rows, OURS, "int4") or {}).get("fidelity") or {}
+        b = (find(rows, GENAI, "int4") or {}).get("fidelity") or {}
+        name = f"off-grid int4: KL <= 0.5x {GENAI} int4's"
+        if "kl_mean" not in a or "kl_mean" not in b:
+            check(name, None, "no data")
+        else:
+            check(name, a["kl_mean"] <= 0.5 * b["kl_mean"],
+                  f"{a['kl_mean'] / b['kl_mean']:.2f}x ({a['kl_mean']:.4f} vs {b['kl_mean']:.4f})")
+        positions = a.get("positions") or 0
+        need = -(-290 * positions // 384) if positions else 0
+        name = "off-grid int4: top-1 >= 290/384 of transformers' tokens"
+        check(name, None if "top1" not in a else a["top1"] >= need,
+              f"{a['top1']}/{positions} (vs {b.get('top1', '?')} for {GENAI})"
+              if "top1" in a else "no data")
     return ratios, checks
 
 
