@@ -31,7 +31,6 @@ from torch import Tensor, nn
 
 from llm_onnx.checkpoints.load import Checkpoint, param_producers, _set_param
 from llm_onnx.errors import ExportError
-from llm_onnx.model import ops
 from llm_onnx.model.config import ModelConfig
 from llm_onnx.model.decoder import Decoder, Fusion, Linear
 
@@ -90,9 +89,13 @@ class Calibration:
         self.folds.setdefault(name, []).append(fn)
 
     def producers(self, producers: dict) -> dict:
-        """``producers`` with the folds applied to what they produce."""
+        """``producers`` with the folds applied to what they produce (folds of parameters the
+        plan lacks are skipped: the parity gate's cut-down model has only the first layer)."""
         out = dict(producers)
         for name, fns in self.folds.items():
+            if name not in producers:
+                continue
+
             def produce(src, base=producers[name], fns=tuple(fns)):
                 t = base(src).float()
                 for fn in fns:
@@ -167,26 +170,7 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
     with torch.inference_mode():
         # the embedding side (everything before the layers), then dropped
         load("model.", keep=lambda n: not n.startswith(("model.layers.", "model.norm.")))
-        positions, _ = ops.device_positions(input_ids, seqlens_k)
-        residual = m.embed_tokens(input_ids).float()
-        if cfg.embedding_multiplier != 1.0:
-            residual = residual * cfg.embedding_multiplier
-        if cfg.embed_dim is not None:
-            residual = m.project_in(residual).float()
-        branch: Tensor | None = None
-        if cfg.position_embedding_type in ("learned", "sinusoidal"):
-            branch = m.embed_positions(positions + cfg.position_offset if cfg.position_offset
-                                       else positions)
-        if cfg.embedding_layernorm:
-            residual = m.embed_layernorm(residual)
-        bias = (ops.alibi_bias(input_ids, total, model.alibi_slopes)
-                if cfg.position_embedding_type == "alibi" else None)
-        cos = sin = None
-        local: tuple[Tensor | None, Tensor | None] = (None, None)
-        if cfg.position_embedding_type == "rope":
-            cos, sin = m.rotary.cos_cache, m.rotary.sin_cache
-            if cfg.rope_local_theta is not None:
-                local = (m.rotary_local.cos_cache, m.rotary_local.sin_cache)
+        x = model.embed(input_ids, seqlens_k, total)
         for name, mod in m.named_children():
             if name != "layers" and not name.startswith("rotary"):
                 drop(mod)
@@ -195,9 +179,7 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
             prefix = f"model.layers.{i}."
             load(prefix)
             stats = _input_stats(layer)
-            c, s = local if cfg.layer_is_local(i) else (cos, sin)
-            branch, residual, _, _ = layer(branch, residual, seqlens_k, total, c, s, positions,
-                                           torch.zeros(shape), torch.zeros(shape), bias)
+            model.run_layer(i, x, seqlens_k, total, torch.zeros(shape), torch.zeros(shape))
             for hook in stats.pop("hooks"):
                 hook.remove()
             _decide_layer(cal, cfg, layer, prefix, stats, block_size)
@@ -205,11 +187,11 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
             progress(1)
         if cfg.embed_dim is None:  # the LM head's input: the final norm's output
             if cfg.post_layernorm:
-                h = residual
+                h = x.residual
             else:
-                assert branch is not None
+                assert x.branch is not None
                 load("model.norm.")
-                h, _ = m.norm.add(branch.float(), residual)
+                h, _ = m.norm.add(x.branch.float(), x.residual)
                 drop(m.norm)
             x = h.reshape(-1, h.shape[-1]).double()
             cal.importance["lm_head"] = _finite((x * x).mean(0).float())

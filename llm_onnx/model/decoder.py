@@ -358,6 +358,21 @@ class DecoderModel(nn.Module):
             self.norm = make_norm(cfg, cfg.hidden_size)
 
 
+@dataclass
+class LayerInputs:
+    """What flows into the layers: the branch the previous layer adds to the residual stream
+    (None at first, or the position embeddings), the fp32 residual stream, the positions, each
+    row's last index, the RoPE tables (global, local; None without RoPE) and ALiBi's bias."""
+
+    branch: Tensor | None
+    residual: Tensor
+    positions: Tensor
+    last: Tensor
+    rope: tuple[Tensor | None, Tensor | None]
+    local: tuple[Tensor | None, Tensor | None]
+    bias: Tensor | None
+
+
 class Decoder(nn.Module):
     """A decoder-only causal LM (see the module docstring for the forward contract)."""
 
@@ -375,16 +390,14 @@ class Decoder(nn.Module):
         self.alibi_slopes = (ops.alibi_slopes(cfg.num_attention_heads)
                              if cfg.position_embedding_type == "alibi" else [])
 
-    def forward(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
-                *past: Tensor, last_only: bool = False) -> tuple[Tensor, ...]:
-        """Logits (B, T, V) fp32 (or (B, 1, V) at each row's last new token when ``last_only``)
-        and the updated caches, in the order of ``past``."""
+    def embed(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
+              ) -> LayerInputs:
+        """Everything before the layers: the residual stream and what every layer takes."""
         cfg, m = self.config, self.model
         positions, last = ops.device_positions(input_ids, seqlens_k)
-        cos = sin = bias = None
-        local: tuple[Tensor | None, Tensor | None] = (None, None)
+        rope = local = (None, None)
         if cfg.position_embedding_type == "rope":
-            cos, sin = m.rotary.cos_cache, m.rotary.sin_cache
+            rope = (m.rotary.cos_cache, m.rotary.sin_cache)
             if cfg.rope_local_theta is not None:
                 local = (m.rotary_local.cos_cache, m.rotary_local.sin_cache)
         residual = m.embed_tokens(input_ids).float()  # (B, T, D) fp32 residual stream
@@ -398,14 +411,31 @@ class Decoder(nn.Module):
                                        else positions)
         if cfg.embedding_layernorm:  # BLOOM
             residual = m.embed_layernorm(residual)
+        bias = None
         if cfg.position_embedding_type == "alibi":  # BLOOM: one bias for all layers
             bias = ops.alibi_bias(input_ids, total_sequence_length, self.alibi_slopes).to(self.dtype)
+        return LayerInputs(branch, residual, positions, last, rope, local, bias)
+
+    def run_layer(self, i: int, x: LayerInputs, seqlens_k: Tensor, total_sequence_length: Tensor,
+                  past_key: Tensor, past_value: Tensor) -> tuple[Tensor, Tensor]:
+        """Layer ``i`` on ``x``, which it advances (branch, residual); returns its present KV."""
+        cos, sin = x.local if self.config.layer_is_local(i) else x.rope
+        x.branch, x.residual, pk, pv = self.model.layers[i](
+            x.branch, x.residual, seqlens_k, total_sequence_length, cos, sin, x.positions,
+            past_key, past_value, x.bias)
+        return pk, pv
+
+    def forward(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
+                *past: Tensor, last_only: bool = False) -> tuple[Tensor, ...]:
+        """Logits (B, T, V) fp32 (or (B, 1, V) at each row's last new token when ``last_only``)
+        and the updated caches, in the order of ``past``."""
+        cfg, m = self.config, self.model
+        x = self.embed(input_ids, seqlens_k, total_sequence_length)
         present: list[Tensor] = []
-        for i, layer in enumerate(m.layers):
-            c, s = local if cfg.layer_is_local(i) else (cos, sin)
-            branch, residual, pk, pv = layer(branch, residual, seqlens_k, total_sequence_length,
-                                             c, s, positions, past[2 * i], past[2 * i + 1], bias)
-            present += [pk, pv]
+        for i in range(len(m.layers)):
+            present += self.run_layer(i, x, seqlens_k, total_sequence_length, past[2 * i],
+                                      past[2 * i + 1])
+        branch, residual, last = x.branch, x.residual, x.last
         if cfg.post_layernorm:  # the last layer's output is already normalized
             h = residual
         else:

@@ -109,3 +109,19 @@ def test_large_models_are_checked_on_a_scratch_export(tmp_path, monkeypatch):
     parity = json.loads((out / "manifest.json").read_text())["parity"]
     assert parity["scope"].startswith("first 1 layer(s), first 100 vocabulary rows, first 2 experts")
     assert parity["kl_divergence"] < 1e-6 and leftovers(tmp_path) == []
+
+
+def test_the_scratch_export_of_an_awq_model_reuses_its_calibration(tmp_path, monkeypatch):
+    """int4 from a float source (awq): the scratch model's first layer gets the scales decided
+    for the whole model (it has no layer 1 to fold into) and passes the gate."""
+    import llm_onnx.export.parity as export_module
+
+    monkeypatch.setattr(export_module, "FULL_VALIDATION_PARAMS", 0)
+    monkeypatch.setattr(export_module, "SCRATCH_VOCAB", 100)
+    ckpt = random_checkpoint(get_config("llama_tiny"), "tiny")
+    out = export_model(ckpt, tmp_path / "m", ExportOptions(precision="int4", max_seq_len=32),
+                       progress=False)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["precision"]["quantization"]["method"] == "awq"
+    assert manifest["parity"]["scope"].startswith("first 1 layer(s), first 100 vocabulary rows")
+    assert leftovers(tmp_path) == []
