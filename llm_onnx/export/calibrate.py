@@ -29,10 +29,10 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from llm_onnx.checkpoints.load import Checkpoint, param_producers, _set_param
+from llm_onnx.checkpoints.load import Checkpoint, _set_param, build_model, param_producers
 from llm_onnx.errors import ExportError
 from llm_onnx.model.config import ModelConfig
-from llm_onnx.model.decoder import Decoder, Fusion, Linear
+from llm_onnx.model.decoder import Fusion, Linear
 
 ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 MAX_TOKENS = 512  # calibration tokens used (one sequence)
@@ -83,7 +83,6 @@ class Calibration:
     folds: dict[str, list[Callable[[Tensor], Tensor]]] = field(default_factory=dict)
     importance: dict[str, Tensor] = field(default_factory=dict)
     description: str = ""
-    alphas: dict[str, float] = field(default_factory=dict)
 
     def fold(self, name: str, fn: Callable[[Tensor], Tensor]) -> None:
         self.folds.setdefault(name, []).append(fn)
@@ -143,15 +142,8 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
     the checkpoint, used, dropped) and decide every group's scales and search weights."""
     cfg = checkpoint.config
     source = checkpoint.source
-    with torch.device("meta"):
-        model = Decoder(cfg, dtype=torch.float32, fusion=fusion, max_positions=max(len(ids), 2))
+    model = build_model(cfg, dtype=torch.float32, fusion=fusion, max_positions=max(len(ids), 2))
     producers = dict(param_producers(model))
-    if cfg.position_embedding_type == "rope":
-        model.model.rotary.materialize()
-        if cfg.rope_local_theta is not None:
-            model.model.rotary_local.materialize()
-    if cfg.position_embedding_type == "sinusoidal":
-        model.model.embed_positions.materialize()
     cal = Calibration(description=description)
 
     def load(prefix: str, keep: Callable[[str], bool] = lambda n: True) -> None:
@@ -274,10 +266,9 @@ def _group(cal: Calibration, layer: nn.Module, prefix: str, paths: list[str], st
     can be folded: into ``norm``'s weight/bias, or into ``rows`` = (projection, first row) whose
     output is the input) scaled columns."""
     h = _finite(stats[paths[0]].float())
-    weights = [layer.get_submodule(p).weight.float() for p in paths]
     alpha, s = (0.0, torch.ones_like(h))
     if norm is not None or rows is not None:
-        alpha, s = _pick(weights, h, block_size)
+        alpha, s = _pick([layer.get_submodule(p).weight.float() for p in paths], h, block_size)
     _apply(cal, prefix, paths, h, s, alpha)
     if alpha == 0.0:
         return
@@ -314,7 +305,6 @@ def _apply(cal: Calibration, prefix: str, paths: list[str], h: Tensor, s: Tensor
            alpha: float) -> None:
     for p in paths:
         cal.importance[f"{prefix}{p}"] = h / (s * s)
-        cal.alphas[f"{prefix}{p}"] = alpha
         if alpha:
             cal.fold(f"{prefix}{p}.weight", lambda t, s=s: t * s)
 
