@@ -14,6 +14,10 @@ the next one runs):
                 decode), then the runtime on CUDA vs on the CPU over a batch of 2, a chat turn
                 that reuses the cache, and a cache that grows; with and without CUDA graphs
   matmulnbits   MatMulNBits fp16, 4 and 8 bits, block sizes 16-256, M = 1, 3, 17, against numpy
+  kernels       (only with --parts ...,kernels) int4 MatMulNBits at qwen3_8b's shapes, blocks
+                32/64/128, M = 1, 8, 32: microseconds and weight GB/s, ONNX Runtime's default
+                kernels against its fpA_intB ones (RuntimeOptions.cuda_fpa_intb), each checked
+                against numpy
   speed         qwen3_8b (random weights, full size), fp16 and int4: decode tok/s at batch 1, 8
                 and 32 with and without CUDA graphs, prefill tok/s at 512 and 2048 tokens, time
                 to first token, GPU memory, decode against the GPU's measured read bandwidth
@@ -298,19 +302,145 @@ def check_matmulnbits(provider: str) -> dict:
     return results
 
 
+# ----------------------------------------------------------------------------- kernels
+
+# qwen3_8b's projections (K, N) as the int4 export fuses them, and its LM head.
+KERNEL_SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 24576),
+                 "down": (12288, 4096), "lm_head": (4096, 151936)}
+SMOKE_SHAPES = {"qkv": (256, 384), "down": (512, 256)}
+
+
+def nbits_weights(k: int, n: int, bits: int, block: int, rng) -> dict[str, np.ndarray]:
+    """Random MatMulNBits operands: packed codes (n, blocks, block*bits/8), fp16 scales and
+    packed uint8 zero points, in the operator's layouts."""
+    blocks = -(-k // block)
+    return {"w": rng.integers(0, 256, (n, blocks, block * bits // 8), dtype=np.uint8),
+            "s": (rng.random(n * blocks) * 0.02 + 1e-3).astype(np.float16),
+            "z": rng.integers(0, 256, n * (-(-blocks * bits // 8)), dtype=np.uint8)}
+
+
+def nbits_reference(x: np.ndarray, ops: dict[str, np.ndarray], k: int, bits: int, block: int,
+                    rows: int) -> np.ndarray:
+    """x @ W[:rows].T in float64 from the packed operands (low bits hold the earlier element)."""
+    per = 8 // bits
+    mask = (1 << bits) - 1
+    w = ops["w"][:rows].reshape(rows, -1)
+    codes = np.stack([(w >> (bits * i)) & mask for i in range(per)], -1).reshape(rows, -1)[:, :k]
+    blocks = -(-k // block)
+    z = ops["z"].reshape(-1, -(-blocks * bits // 8))[:rows]
+    zp = np.stack([(z >> (bits * i)) & mask for i in range(per)], -1).reshape(rows, -1)[:, :blocks]
+    scale = ops["s"].reshape(-1, blocks)[:rows].astype(np.float64)
+    deq = (codes.astype(np.float64) - np.repeat(zp, block, 1)[:, :k]) * np.repeat(scale, block,
+                                                                                   1)[:, :k]
+    return x.astype(np.float64) @ deq.T
+
+
+def nbits_bench_model(k: int, n: int, bits: int, block: int, copies: int, rng) -> tuple:
+    """``copies`` MatMulNBits nodes on one input, each with its own weights as initializers (so
+    ONNX Runtime prepacks them, as it does a model folder's): (serialized model, copy 0's
+    operands)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, inits, outputs, first = [], [], [], None
+    for i in range(copies):
+        ops = nbits_weights(k, n, bits, block, rng)
+        first = first or ops
+        inits += [numpy_helper.from_array(v, f"{name}{i}") for name, v in ops.items()]
+        nodes.append(helper.make_node("MatMulNBits", ["x", f"w{i}", f"s{i}", f"z{i}"], [f"y{i}"],
+                                      domain="com.microsoft", K=k, N=n, bits=bits,
+                                      block_size=block, accuracy_level=0))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT16, ["m", n]))
+    graph = helper.make_graph(nodes, "mmnb_bench",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["m", k])],
+                              outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 9
+    return model.SerializeToString(), first
+
+
+def bench_kernels(provider: str, shapes: dict[str, tuple[int, int]] | None = None,
+                  blocks: tuple[int, ...] = (32, 64, 128), ms: tuple[int, ...] = (1, 8, 32),
+                  target_bytes: int = 256 << 20, reps: int = 20) -> dict:
+    """int4 MatMulNBits at qwen3_8b's shapes: microseconds per node and the weight bytes read
+    per second, ONNX Runtime's default kernels against its fpA_intB ones
+    (``ep.cuda.fpa_intb_gemm``), per block size and M. Each case runs enough copies of the node
+    that their weights overflow the L2 cache, inputs and outputs bound on the device; each
+    path's output is checked against numpy on the first 64 output rows."""
+    import onnxruntime as ort
+
+    from llm_onnx.runtime.engine import FPA_INTB_ENTRY
+    from llm_onnx.runtime.providers import CPU, CUDA
+
+    shapes = shapes or KERNEL_SHAPES
+    device = "cuda" if provider == "cuda" else "cpu"
+    providers = [CUDA, CPU] if provider == "cuda" else [CPU]
+    rng = np.random.default_rng(0)
+    results: dict = {}
+    for name, (k, n) in shapes.items():
+        for block in blocks:
+            blocks_k = -(-k // block)
+            nbytes = n * k // 2 + n * blocks_k * 2 + n * -(-blocks_k // 2)  # codes, scales, zps
+            copies = max(1, min(16, target_bytes // nbytes))
+            model, ops = nbits_bench_model(k, n, 4, block, copies, rng)
+            for fpa in (False, True):
+                key = f"{name}/block{block}/{'fpa_intb' if fpa else 'default'}"
+                entry: dict = {"K": k, "N": n, "copies": copies, "weight_bytes": nbytes}
+                try:
+                    so = ort.SessionOptions()
+                    so.log_severity_level = 3
+                    so.add_session_config_entry(FPA_INTB_ENTRY, "1" if fpa else "0")
+                    t0 = time.perf_counter()
+                    sess = ort.InferenceSession(model, so, providers=providers)
+                    entry["load_s"] = round(time.perf_counter() - t0, 2)
+                    worst = 0.0
+                    for m in ms:
+                        x = (rng.standard_normal((m, k)) * 0.5).astype(np.float16)
+                        io = sess.io_binding()
+                        io.bind_ortvalue_input("x", ort.OrtValue.ortvalue_from_numpy(x, device, 0))
+                        for i in range(copies):
+                            io.bind_output(f"y{i}", device)
+                        for _ in range(3):
+                            sess.run_with_iobinding(io)
+                        times = []
+                        for _ in range(reps):
+                            start = time.perf_counter()
+                            sess.run_with_iobinding(io)
+                            times.append(time.perf_counter() - start)
+                        us = float(np.median(times)) / copies * 1e6
+                        entry[f"us_m{m}"] = round(us, 2)
+                        entry[f"gb_s_m{m}"] = round(nbytes / us / 1e3, 1)
+                        got = io.copy_outputs_to_cpu()[0][:, :64].astype(np.float64)
+                        want = nbits_reference(x, ops, k, 4, block, 64)
+                        worst = max(worst, float(np.abs(got - want).max()
+                                                 / max(1e-6, np.abs(want).max())))
+                    entry["relative_max_diff"] = worst
+                    entry["ok"] = worst < 5e-3
+                    del sess
+                except Exception as e:  # noqa: BLE001 - recorded per case
+                    entry["error"] = f"{type(e).__name__}: {str(e).strip()[:300]}"
+                    entry["ok"] = False
+                results[key] = entry
+                print(f"kernels {key}: {entry}", flush=True)
+            del model
+            gc.collect()
+    return results
+
+
 # ----------------------------------------------------------------------------- speed
 
-def export_big(precision: str, root: Path, max_len: int) -> Path:
+def export_big(precision: str, root: Path, max_len: int, block: int = 32) -> Path:
     from llm_onnx.checkpoints.load import random_checkpoint
     from llm_onnx.export import ExportOptions, export_model
     from llm_onnx.families import PRESETS
 
-    out = root / f"qwen3_8b-{precision}"
+    quantized = precision in ("int8", "int4")
+    out = root / (f"qwen3_8b-{precision}" + (f"-block{block}" if quantized and block != 32 else ""))
     if not (out / "manifest.json").is_file():
         t0 = time.perf_counter()
         export_model(random_checkpoint(PRESETS["qwen3_8b"], "qwen3_8b"), out,
                      ExportOptions(precision=precision, target="cuda", max_seq_len=max_len,
-                                   quant_method="minmax", validate=False),
+                                   quant_method="minmax", validate=False, block_size=block),
                      force=True, progress=False)
         print(f"exported qwen3_8b {precision} in {time.perf_counter() - t0:.0f} s", flush=True)
     return out
@@ -331,7 +461,10 @@ def _decode_rate(engine, batch: int, context: int, steps: int, vocab: int) -> fl
 
 
 def measure_speed(folder: Path, provider: str, batches: tuple[int, ...], steps: int,
-                  prefills: tuple[int, ...]) -> dict:
+                  prefills: tuple[int, ...], fpa_intb: bool | None = None,
+                  graph_modes: tuple[bool, ...] = (True, False)) -> dict:
+    """Decode, prefill, TTFT and memory of one folder; ``fpa_intb`` is
+    RuntimeOptions.cuda_fpa_intb, ``graph_modes`` the CUDA-graph settings to load it with."""
     from llm_onnx.bench import DeviceBandwidthProbe
     from llm_onnx.model_folder import read_manifest
     from llm_onnx.runtime.engine import Engine, RuntimeOptions
@@ -343,11 +476,12 @@ def measure_speed(folder: Path, provider: str, batches: tuple[int, ...], steps: 
     context = min(128, m.context_length - steps - 16)  # the prompt before the timed decode
     ttft_prompt = min(512, m.context_length - 8)
     prefills = tuple(t for t in prefills if t + 8 <= m.context_length)
-    out: dict = {"weights_bytes": weights, "memory_before_mib": gpu_memory_mib()}
-    for graphs in (True, False):
+    out: dict = {"weights_bytes": weights, "memory_before_mib": gpu_memory_mib(),
+                 "cuda_fpa_intb": fpa_intb}
+    for graphs in graph_modes:
         t0 = time.perf_counter()
         engine = Engine(folder, RuntimeOptions(provider=provider, cuda_graph=graphs,
-                                               verify=False))
+                                               verify=False, cuda_fpa_intb=fpa_intb))
         label = "graphs" if graphs else "no_graphs"
         out[f"load_s_{label}"] = time.perf_counter() - t0
         out[f"memory_loaded_mib_{label}"] = gpu_memory_mib()
@@ -426,7 +560,7 @@ def write_report(out: Path, results: dict) -> None:
     lines = ["# GPU check", "", f"Run: {results.get('started')}", ""]
     env = results.get("environment", {})
     lines += ["## Environment", ""] + [f"- {k}: {v}" for k, v in env.items()] + [""]
-    for part in ("placement", "parity", "matmulnbits"):
+    for part in ("placement", "parity", "matmulnbits", "kernels"):
         rows = results.get(part)
         if not isinstance(rows, dict):
             continue
@@ -459,11 +593,20 @@ def main() -> int:
     ap.add_argument("--speed-only", action="store_true", help="the qwen3_8b speed part only")
     ap.add_argument("--precisions", default="fp16,int4", help="speed part's precisions")
     ap.add_argument("--parts", default="placement,parity,matmulnbits",
-                    help="correctness parts to run (comma-separated)")
+                    help="parts before the speed part, comma-separated: placement, parity, "
+                         "matmulnbits, and kernels (int4 MatMulNBits timings at qwen3_8b's "
+                         "shapes, ORT's default vs fpA_intB kernels, blocks 32/64/128; a few "
+                         "minutes, so not in the default list)")
     ap.add_argument("--export-only", action="store_true",
                     help="only export the speed part's models into --models (e.g. in the "
                          "background while the correctness parts run)")
     ap.add_argument("--requests", type=int, default=100, help="memory part's request count")
+    ap.add_argument("--fpa-intb", choices=("off", "on", "both"), default="both",
+                    help="speed part, quantized folders: ONNX Runtime's default MatMulNBits "
+                         "kernels (off), its fpA_intB ones (on), or both (the fpA_intB run with "
+                         "CUDA graphs only)")
+    ap.add_argument("--block-size", type=int, default=32,
+                    help="speed part: quantization block of the int8/int4 qwen3_8b exports")
     ap.add_argument("--smoke", action="store_true",
                     help="run on the CPU with tiny sizes (checks the script, measures nothing)")
     args = ap.parse_args()
@@ -489,7 +632,7 @@ def main() -> int:
 
     if args.export_only:
         for p in args.precisions.split(","):
-            export_big(p, root, 4096)
+            export_big(p, root, 4096, args.block_size)
         return 0
     part("environment", environment)
     if not args.smoke and not results["environment"].get("cuda_usable", [False])[0]:
@@ -503,20 +646,32 @@ def main() -> int:
             part("parity", check_parity, root, provider)
         if "matmulnbits" in wanted:
             part("matmulnbits", check_matmulnbits, provider)
+        if "kernels" in wanted:
+            part("kernels", bench_kernels, provider, SMOKE_SHAPES if args.smoke else None)
     if not args.skip_speed:
         if args.smoke:
             folders = {p: export_tiny("qwen3_tiny", p, "cuda", root) for p in ("fp16", "int4")}
             batches, steps, prefills = (1, 2), 4, (16, 32)
         else:
-            folders = {p: export_big(p, root, 4096) for p in args.precisions.split(",")}
+            folders = {p: export_big(p, root, 4096, args.block_size)
+                       for p in args.precisions.split(",")}
             batches, steps, prefills = (1, 8, 32), 64, (512, 2048)
-        speed = {}
+        runs = []  # (label, folder, fpa_intb, graph modes)
         for precision, folder in folders.items():
+            quantized = precision in ("int8", "int4")
+            if args.fpa_intb != "on" or not quantized:
+                runs.append((precision, folder, None, (True, False)))
+            if args.fpa_intb != "off" and quantized:
+                runs.append((f"{precision}+fpa_intb", folder, True,
+                             (True,) if args.fpa_intb == "both" else (True, False)))
+        speed = {}
+        for label, folder, fpa, modes in runs:
             try:
-                speed[precision] = measure_speed(folder, provider, batches, steps, prefills)
+                speed[label] = measure_speed(folder, provider, batches, steps, prefills,
+                                             fpa_intb=fpa, graph_modes=modes)
             except Exception as e:  # noqa: BLE001
                 failed = True
-                speed[precision] = f"failed: {type(e).__name__}: {e}"
+                speed[label] = f"failed: {type(e).__name__}: {e}"
             results["speed"] = speed
             write_report(args.out, results)
         last = folders[list(folders)[-1]]

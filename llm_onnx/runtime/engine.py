@@ -72,6 +72,11 @@ class RuntimeOptions:
             session is created and refuse (provider "cuda") or leave (provider "auto") a graph
             with compute nodes on the CPU. Off by default: the manifest already says whether a
             folder runs wholly on CUDA, and the session logs verbosely for its whole life.
+        cuda_fpa_intb: on CUDA, run int4/int8 ``MatMulNBits`` through ONNX Runtime's fpA_intB
+            kernels (CUTLASS GEMM and a decode GEMV; weights repacked and tactics profiled when
+            the session is created, which takes longer) by setting its session entry
+            ``ep.cuda.fpa_intb_gemm``. None (default): ONNX Runtime's own choice (off in 1.31,
+            unless the ``ORT_FPA_INTB_GEMM`` environment variable says otherwise).
     """
 
     provider: str = "auto"
@@ -83,6 +88,7 @@ class RuntimeOptions:
     profile_dir: str | None = None
     cuda_graph: bool | None = None
     check_placement: bool = False
+    cuda_fpa_intb: bool | None = None
 
     def __post_init__(self) -> None:
         if self.optimization not in OPTIMIZATION_LEVELS:
@@ -93,6 +99,10 @@ class RuntimeOptions:
         if self.threads is not None and self.threads < 1:
             raise ProviderError(f"threads must be at least 1, got {self.threads}.")
 
+
+# ONNX Runtime's CUDA session entry that routes MatMulNBits (fp16 activations, blocks of 32, 64
+# or 128) through its fpA_intB kernels; it wins over the ORT_FPA_INTB_GEMM environment variable.
+FPA_INTB_ENTRY = "ep.cuda.fpa_intb_gemm"
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -231,6 +241,8 @@ class Engine:
             return self._create(path, so, [CPU])
         # No spinning: the CPU threads only launch kernels; spinning would burn cores.
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if self.options.cuda_fpa_intb is not None:
+            so.add_session_config_entry(FPA_INTB_ENTRY, "1" if self.options.cuda_fpa_intb else "0")
         if self.options.check_placement:
             so.log_severity_level = 0  # verbose, captured: ORT's own "Node placements" log
         cuda = {"device_id": str(self.options.cuda_device),

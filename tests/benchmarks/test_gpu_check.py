@@ -31,12 +31,14 @@ def test_matmulnbits_check_passes_on_onnx_runtime_and_fails_on_wrong_scales(gpu_
 
 def test_speed_loop_and_report(gpu_check, tiny_export, tmp_path):
     folder = tiny_export("llama_tiny", "int4", target="cuda")
-    speed = gpu_check.measure_speed(folder, "cpu", batches=(1, 2), steps=2, prefills=(8,))
+    speed = gpu_check.measure_speed(folder, "cpu", batches=(1, 2), steps=2, prefills=(8,),
+                                    fpa_intb=True)
     for key in ("decode_tok_s_b1_graphs", "decode_tok_s_b2_graphs", "prefill_tok_s_8",
                 "ttft_ms_56"):
         assert isinstance(speed[key], float) and speed[key] > 0, key
     # No CUDA here, so no graphs: the second load (without graphs) is skipped as redundant.
     assert speed["no_graphs_same_as_graphs"] and not speed["cuda_graph_used_graphs"]
+    assert speed["cuda_fpa_intb"] is True  # ignored by the CPU provider, recorded all the same
     results = {"started": "now", "environment": {"onnxruntime": "x"}, "speed": {"int4": speed},
                "matmulnbits": {"int4/block32": {"ok": True, "relative_max_diff": 1e-4}},
                "errors": {}}
@@ -45,3 +47,21 @@ def test_speed_loop_and_report(gpu_check, tiny_export, tmp_path):
     md = (tmp_path / "gpu_check.md").read_text()
     assert "## matmulnbits" in md and "| int4/block32 | yes |" in md and "## speed" in md
     assert np.isfinite(speed["decode_tok_s_b1_graphs"])
+
+
+def test_kernel_timings_check_each_path_against_numpy(gpu_check, monkeypatch):
+    shapes = {"small": (96, 128)}  # K not a multiple of 64: a ragged last block at 64
+    results = gpu_check.bench_kernels("cpu", shapes, blocks=(32, 64), ms=(1, 3),
+                                      target_bytes=1 << 16, reps=2)
+    assert set(results) == {f"small/block{b}/{p}" for b in (32, 64)
+                            for p in ("default", "fpa_intb")}
+    for entry in results.values():
+        assert entry["ok"] and entry["relative_max_diff"] < 5e-3, entry
+        assert entry["copies"] > 1 and entry["us_m1"] > 0 and entry["gb_s_m3"] > 0, entry
+    # A reference that reads the zero points one nibble off must fail every case.
+    real = gpu_check.nbits_reference
+    monkeypatch.setattr(gpu_check, "nbits_reference",
+                        lambda x, ops, *a: real(x, {**ops, "z": ops["z"] ^ 0x11}, *a))
+    again = gpu_check.bench_kernels("cpu", shapes, blocks=(32,), ms=(1,), target_bytes=1 << 16,
+                                    reps=1)
+    assert not any(e["ok"] for e in again.values()), again

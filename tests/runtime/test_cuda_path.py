@@ -171,6 +171,39 @@ def test_the_probe_uses_the_configured_device(monkeypatch):
     assert seen == [(providers.CUDA, {"device_id": 3})]
 
 
+@pytest.mark.parametrize("choice, entry", [(None, None), (True, "1"), (False, "0")])
+def test_the_fpa_intb_choice_reaches_the_cuda_session(monkeypatch, tiny_export, choice, entry):
+    """RuntimeOptions.cuda_fpa_intb becomes ONNX Runtime's session entry on CUDA sessions only
+    (left unset by default, so ORT's own default and its environment variable still apply)."""
+    folder = tiny_export("qwen3_tiny", "int4", target="cuda")
+    _fake_cuda(monkeypatch)
+    made = []
+    real = Engine._create
+
+    class OnCuda:  # a CPU session that reports the provider it was asked for
+        def __init__(self, session):
+            self.session = session
+
+        def get_providers(self):
+            return [providers.CUDA, providers.CPU]
+
+    def create(path, so, provider_list):
+        try:
+            entry = so.get_session_config_entry(engine_mod.FPA_INTB_ENTRY)
+        except RuntimeError:  # ORT: "does not have configuration with key"
+            entry = None
+        made.append((entry, provider_list[0]))
+        return OnCuda(real(path, so, [providers.CPU]))
+
+    monkeypatch.setattr(Engine, "_create", staticmethod(create))
+    engine = Engine(folder, RuntimeOptions(provider="cuda", cuda_fpa_intb=choice))
+    assert engine.provider == providers.CUDA
+    assert made and all(e == entry and p[0] == providers.CUDA for e, p in made), made
+    made.clear()
+    Engine(folder, RuntimeOptions(provider="cpu", cuda_fpa_intb=choice))
+    assert made == [(None, providers.CPU)]  # the CPU provider never gets the CUDA entry
+
+
 PLACEMENT_LOG = """\
 2026-11-22 21:58:47.1 [V:onnxruntime:, session_state.cc:1 VerifyEachNodeIsAssignedToAnEp] Node placements
 2026-11-22 21:58:47.1 [V:onnxruntime:, session_state.cc:1 VerifyEachNodeIsAssignedToAnEp]  Node(s) placed on [CUDAExecutionProvider]. Number of nodes: 60
