@@ -87,16 +87,17 @@ def _hf_special_ids(folder: Path) -> tuple[list[int], int | None]:
 def _open_gguf(path: Path) -> Checkpoint:
     from llm_onnx.checkpoints.gguf_tokenizer import read_gguf_tokenizer
 
-    source = GGUFSource(path)
-    check_tensors(source.cfg, source, str(path))
-    tok = read_gguf_tokenizer(source.reader, str(path))
+    raw = GGUFSource(path)
+    source = family_source(raw, raw.cfg)  # Phi-3: fused qkv / gate|up, split as in safetensors
+    check_tensors(raw.cfg, source, str(path))
+    tok = read_gguf_tokenizer(raw.reader, str(path))
     files = {
         "tokenizer.json": json.dumps(tok.tokenizer_json, ensure_ascii=False).encode("utf-8"),
         "tokenizer_config.json": json.dumps(tok.tokenizer_config, ensure_ascii=False,
                                             indent=2).encode("utf-8"),
     }
     name = path.stem
-    return Checkpoint(source.cfg, source, name, "gguf", path, files, list(tok.eos_token_ids),
+    return Checkpoint(raw.cfg, source, name, "gguf", path, files, list(tok.eos_token_ids),
                       tok.bos_token_id)
 
 

@@ -219,6 +219,14 @@ class GGUFMeta:
             raise CheckpointError(f"{self.path}: GGUF metadata lacks {self.arch}.{key}.")
         return value
 
+    def floats(self, tensor: str) -> list[float] | None:
+        """A small float tensor's values (llama.cpp stores e.g. LongRoPE factors as tensors), as
+        the shortest decimals their float32 values round-trip to; None if the file lacks it."""
+        t = next((t for t in self.reader.tensors if t.name == tensor), None)
+        if t is None:
+            return None
+        return [float(str(np.float32(v))) for v in np.asarray(t.data, dtype=np.float32).ravel()]
+
     def vocab_size(self) -> int:
         tokens = gguf_field(self.reader, "tokenizer.ggml.tokens")
         vocab = self.get("vocab_size") or (len(tokens) if tokens else None)

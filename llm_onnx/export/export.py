@@ -81,7 +81,8 @@ def source_format(checkpoint: Checkpoint) -> str | None:
     if checkpoint.kind != "gguf":
         return None
     counts: dict[str, int] = {}
-    for t in checkpoint.source.reader.tensors:
+    source = getattr(checkpoint.source, "inner", checkpoint.source)  # under a FamilySource
+    for t in source.reader.tensors:
         if t.name.startswith("blk.") and len(t.shape) >= 2:
             counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
     return max(counts, key=counts.get) if counts else None

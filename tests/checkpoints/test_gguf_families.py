@@ -22,11 +22,42 @@ from llm_onnx.families import REGISTRY
 from llm_onnx.model.config import ModelConfig
 from tests.checkpoints.test_gguf_tokenizer import _byte_symbols
 from tests.conftest import tiny_preset
+from tests.hf_models import save_hf_checkpoint
 from tests.perturb import perturbed
 from tests.tolerances import TORCH_VS_HF_FP32
 
 # (llama.cpp architecture name, the family's first tiny preset) for every family with GGUF names
 GGUF_TINY = [(fam.gguf.arch, tiny_preset(fam)) for fam in REGISTRY.values() if fam.gguf is not None]
+GGUF_TINY.append(("phi3", "phi3_mini_tiny"))  # Phi-3-mini-4k's form: plain RoPE, a window
+
+
+def gguf_shape(arch: str, cfg: ModelConfig) -> ModelConfig:
+    """The preset as a GGUF of ``arch`` can hold it: llama.cpp's phi3 converter writes no key
+    length (head_dim is hidden / heads), so phi3_tiny's deliberately odd width (68) becomes
+    heads x head_dim."""
+    if arch == "phi3":
+        return cfg.replace(hidden_size=cfg.num_attention_heads * cfg.head_dim)
+    return cfg
+
+
+def phi3_metadata(writer, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """What convert_hf_to_gguf's Phi3MiniModel adds: the rotary width, the original context,
+    the sliding window (0 for none), and for LongRoPE the attention factor and the factors as
+    tensors (the converter computes the factor from the lengths; a config that names one is
+    written with it, as the model transformers runs uses it)."""
+    from llm_onnx.families.phi3 import longrope_attention_factor
+
+    writer.add_rope_dimension_count(int(cfg.head_dim * cfg.partial_rotary_factor))
+    writer.add_sliding_window(cfg.sliding_window or 0)
+    scaling = cfg.rope_scaling
+    writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"]
+                                         if scaling else cfg.max_position_embeddings)
+    if not scaling:
+        return {}
+    writer.add_rope_scaling_attn_factors(scaling.get("attention_factor") or longrope_attention_factor(
+        cfg.max_position_embeddings, scaling["original_max_position_embeddings"]))
+    return {"rope_factors_long.weight": np.array(scaling["long_factor"], np.float32),
+            "rope_factors_short.weight": np.array(scaling["short_factor"], np.float32)}
 
 
 def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -64,8 +95,10 @@ def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path) -> Path:
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_key_length(cfg.head_dim)
-    writer.add_value_length(cfg.head_dim)
+    extra = phi3_metadata(writer, cfg) if arch == "phi3" else {}
+    if arch != "phi3":
+        writer.add_key_length(cfg.head_dim)
+        writer.add_value_length(cfg.head_dim)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_freq_base(cfg.rope_theta)
     writer.add_vocab_size(cfg.vocab_size)
@@ -84,6 +117,8 @@ def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path) -> Path:
         gname = names.get_name(base)
         assert gname is not None, f"gguf-py has no {arch} name for {base}"
         writer.add_tensor(f"{gname}.{suffix}", np.ascontiguousarray(t, dtype=np.float32))
+    for name, t in extra.items():
+        writer.add_tensor(name, t)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -97,10 +132,14 @@ def logits(model, ids: torch.Tensor) -> torch.Tensor:
     return model(ids, seqlens, torch.tensor(t, dtype=torch.int32), *model.new_cache(b, t))[0]
 
 
-@pytest.mark.parametrize("arch, preset", GGUF_TINY, ids=[a for a, _ in GGUF_TINY])
+@pytest.mark.parametrize("arch, preset", GGUF_TINY, ids=[p for _, p in GGUF_TINY])
 def test_gguf_checkpoint_matches_transformers(arch, preset, tiny_hf, tmp_path):
     hf, folder = tiny_hf(preset)
     cfg = REGISTRY[hf.config.architectures[0]].presets[preset]
+    if gguf_shape(arch, cfg) != cfg:
+        cfg = gguf_shape(arch, cfg)
+        folder = tmp_path / "hf"
+        hf = save_hf_checkpoint(cfg, folder, seed=7)
     ckpt = open_checkpoint(write_gguf(folder, cfg, arch, tmp_path / f"{preset}.gguf"))
     assert ckpt.config == cfg  # from the GGUF metadata alone
     ours = build_model(ckpt.config, ckpt.source)
@@ -136,3 +175,15 @@ def test_llama_files_need_the_permutation_undone(tiny_hf, tmp_path):
 def _inverse_permute(w: np.ndarray, heads: int) -> np.ndarray:
     return (w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:])
             .swapaxes(1, 2).reshape(w.shape))
+
+
+def test_phi3_longrope_factors_must_match_the_rotary_width(tiny_hf, tmp_path):
+    from llm_onnx.errors import CheckpointError
+
+    cfg = gguf_shape("phi3", REGISTRY["Phi3ForCausalLM"].presets["phi3_tiny"])
+    folder = tmp_path / "hf"
+    save_hf_checkpoint(cfg, folder, seed=7)
+    scaling = dict(cfg.rope_scaling, long_factor=cfg.rope_scaling["long_factor"][:-1])
+    bad = cfg.replace(rope_scaling=scaling)  # the file's factors: one short of 8
+    with pytest.raises(CheckpointError, match=r"bad\.gguf.*rope_factors_short/long\.weight.*8 "):
+        open_checkpoint(write_gguf(folder, bad, "phi3", tmp_path / "bad.gguf"))
