@@ -312,6 +312,8 @@ class GGUFSource:
             heads = (self.cfg.num_attention_heads if gname.endswith("attn_q.weight")
                      else self.cfg.num_key_value_heads)
             w = _unpermute(w, heads)
+        if self.names_table.norm_shift and gname.endswith("norm.weight"):
+            w = w - self.names_table.norm_shift
         return w.contiguous()
 
     def describe(self, name: str) -> str:

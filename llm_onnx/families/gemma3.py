@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from llm_onnx.errors import ConfigError
-from llm_onnx.families.layouts import Part
-from llm_onnx.families.llama import base_hf_config
+from llm_onnx.errors import CheckpointError, ConfigError
+from llm_onnx.families.layouts import GGUFNames, Part
+from llm_onnx.families.llama import GGUF_GLOBALS, GGUF_LAYER, base_hf_config
 from llm_onnx.model.config import ModelConfig
 
 ARCHITECTURE = "Gemma3ForCausalLM"
@@ -134,3 +134,59 @@ def checkpoint_layer(cfg: ModelConfig, i: int) -> dict[str, Part]:
         if cfg.attention_bias and proj.startswith("self_attn"):
             out[f"{p}.{proj}.bias"] = Part(f"{p}.{proj}.bias")
     return out
+
+
+def gguf_fields(meta: Any) -> dict[str, Any]:
+    """ModelConfig fields from llama.cpp's gemma3 metadata, with llama.cpp's own defaults for
+    what the converter does not write: the sliding layers' pattern (6, or
+    ``attention.sliding_window_pattern``), their RoPE base (10 000, or ``rope.freq_base_swa``),
+    and the attention scale (head_dim ** -0.5; (hidden / heads) ** -0.5 for the 62-layer 27B)."""
+    hidden, heads = int(meta.need("embedding_length")), int(meta.need("attention.head_count"))
+    layers = int(meta.need("block_count"))
+    head_dim = int(meta.get("attention.key_length") or hidden // heads)
+    window = int(meta.get("attention.sliding_window") or 0)
+    pattern = meta.get("attention.sliding_window_pattern")
+    if not window:
+        types = ("full_attention",) * layers
+    elif isinstance(pattern, list):
+        if len(pattern) != layers:
+            raise CheckpointError(f"{meta.path}: gemma3.attention.sliding_window_pattern lists "
+                                  f"{len(pattern)} layers, the file has {layers}.")
+        types = tuple("sliding_attention" if p else "full_attention" for p in pattern)
+    else:
+        types = pattern_layers(layers, int(pattern or 6))
+    scaling = None
+    kind = meta.get("rope.scaling.type")
+    if kind not in (None, "none"):
+        if kind != "linear":
+            raise CheckpointError(f"{meta.path}: gemma3.rope.scaling.type {kind!r} is not "
+                                  "supported; supported: linear.")
+        scaling = {"rope_type": "linear", "factor": float(meta.need("rope.scaling.factor"))}
+    softcap = meta.get("final_logit_softcapping")
+    return dict(
+        vocab_size=meta.vocab_size(), hidden_size=hidden, num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=int(meta.get("attention.head_count_kv") or heads), head_dim=head_dim,
+        intermediate_size=int(meta.need("feed_forward_length")),
+        max_position_embeddings=int(meta.need("context_length")),
+        rms_norm_eps=float(meta.need("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(meta.get("rope.freq_base") or 1_000_000.0),
+        rope_local_theta=float(meta.get("rope.freq_base_swa") or 10_000.0), rope_scaling=scaling,
+        hidden_act="gelu_pytorch_tanh", qk_norm=True,
+        tie_word_embeddings="output.weight" not in meta.tensor_names,
+        embedding_multiplier=math.sqrt(hidden),
+        attention_scale=(hidden // heads if layers == 62 else head_dim) ** -0.5,
+        sandwich_norm=True, sliding_window=window or None, layer_types=types,
+        final_logit_softcapping=float(softcap) if softcap else None,
+    )
+
+
+# llama.cpp's gemma3 names; its converter stores every norm as 1 + w (norm_shift).
+GGUF = GGUFNames(
+    arch="gemma3", config_fields=gguf_fields, globals=GGUF_GLOBALS, norm_shift=1.0,
+    layer={**GGUF_LAYER,
+           "post_attention_norm.weight": "post_attention_layernorm.weight",
+           "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+           "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+           "attn_q_norm.weight": "self_attn.q_norm.weight",
+           "attn_k_norm.weight": "self_attn.k_norm.weight"})

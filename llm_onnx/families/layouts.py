@@ -37,7 +37,8 @@ class GGUFNames:
     canonical suffix (``self_attn.q_proj.weight`` of ``model.layers.N....``); ``experts`` maps a
     stacked-experts tensor to the projection of each expert; ``config_fields(meta)`` reads the
     metadata into ModelConfig fields; ``unpermute_qk``: llama.cpp's converter interleaved the
-    rotary halves of q and k rows (Llama), which the reader undoes.
+    rotary halves of q and k rows (Llama), which the reader undoes; ``norm_shift``: what the
+    converter added to the norm weights.
     """
 
     arch: str
@@ -46,6 +47,9 @@ class GGUFNames:
     globals: dict[str, str]
     experts: dict[str, str] = field(default_factory=dict)
     unpermute_qk: bool = False
+    # added by llama.cpp's converter to every ``*norm.weight`` (Gemma 3 stores 1 + w), taken off
+    # again on reading so the family's own checkpoint layout applies as to safetensors
+    norm_shift: float = 0.0
 
 
 QKV = ("q_proj", "k_proj", "v_proj")

@@ -37,7 +37,22 @@ def gguf_shape(arch: str, cfg: ModelConfig) -> ModelConfig:
     heads x head_dim."""
     if arch == "phi3":
         return cfg.replace(hidden_size=cfg.num_attention_heads * cfg.head_dim)
+    if arch == "gemma3":  # llama.cpp's defaults: sliding pattern 6, attention scale head_dim^-0.5
+        from llm_onnx.families.gemma3 import pattern_layers
+
+        return cfg.replace(num_hidden_layers=6, layer_types=pattern_layers(6, 6),
+                           attention_scale=cfg.head_dim ** -0.5)
     return cfg
+
+
+def gemma3_metadata(writer, cfg: ModelConfig) -> None:
+    """What convert_hf_to_gguf's Gemma3Model adds (and TextModel's linear RoPE scaling)."""
+    writer.add_sliding_window(cfg.sliding_window)
+    if cfg.final_logit_softcapping:
+        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    if cfg.rope_scaling:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(cfg.rope_scaling["factor"])
 
 
 def phi3_metadata(writer, cfg: ModelConfig) -> dict[str, np.ndarray]:
@@ -81,6 +96,8 @@ def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path) -> Path:
             stacked = ".".join(parts[:i + 1] + parts[i + 2:])
             experts.setdefault(f"{stacked}.{suffix}", {})[int(parts[i + 1])] = t
             continue
+        if arch == "gemma3" and base.endswith("norm"):  # Gemma3RMSNorm's (1 + w), stored
+            t = t + 1.0
         if arch == "llama" and base.endswith(("q_proj", "k_proj")):
             heads = cfg.num_attention_heads if base.endswith("q_proj") else cfg.num_key_value_heads
             t = llama_cpp_permute(t, heads)
@@ -96,6 +113,8 @@ def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path) -> Path:
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
     extra = phi3_metadata(writer, cfg) if arch == "phi3" else {}
+    if arch == "gemma3":
+        gemma3_metadata(writer, cfg)
     if arch != "phi3":
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
@@ -187,3 +206,49 @@ def test_phi3_longrope_factors_must_match_the_rotary_width(tiny_hf, tmp_path):
     bad = cfg.replace(rope_scaling=scaling)  # the file's factors: one short of 8
     with pytest.raises(CheckpointError, match=r"bad\.gguf.*rope_factors_short/long\.weight.*8 "):
         open_checkpoint(write_gguf(folder, bad, "phi3", tmp_path / "bad.gguf"))
+
+
+class _Meta:
+    """GGUF metadata without a file (the gemma3 defaults that only show at full size)."""
+
+    path = "m.gguf"
+    tensor_names = {"token_embd.weight"}
+
+    def __init__(self, **fields):
+        self.fields = fields
+
+    def get(self, key, default=None):
+        return self.fields.get(key, default)
+
+    def need(self, key):
+        return self.fields[key]
+
+    def vocab_size(self):
+        return 262_144
+
+
+def _gemma3_meta(layers: int, **extra) -> _Meta:
+    return _Meta(embedding_length=5376, **{"attention.head_count": 32}, block_count=layers,
+                 **{"attention.key_length": 128, "attention.head_count_kv": 16,
+                    "attention.sliding_window": 1024, "feed_forward_length": 21504,
+                    "context_length": 131072, "attention.layer_norm_rms_epsilon": 1e-6,
+                    "rope.freq_base": 1e6}, **extra)
+
+
+def test_gemma3_gguf_defaults_follow_llama_cpp():
+    from llm_onnx.errors import CheckpointError
+    from llm_onnx.families.gemma3 import gguf_fields
+
+    big = gguf_fields(_gemma3_meta(62))  # the 27B: query_pre_attn_scalar = hidden / heads = 168
+    assert big["attention_scale"] == 168 ** -0.5 and big["rope_local_theta"] == 10_000.0
+    assert big["layer_types"][:6] == ("sliding_attention",) * 5 + ("full_attention",)
+    other = gguf_fields(_gemma3_meta(48))
+    assert other["attention_scale"] == 128 ** -0.5
+    listed = gguf_fields(_gemma3_meta(3, **{"attention.sliding_window_pattern": [True, False, True],
+                                            "rope.freq_base_swa": 5e4}))
+    assert listed["layer_types"] == ("sliding_attention", "full_attention", "sliding_attention")
+    assert listed["rope_local_theta"] == 5e4
+    with pytest.raises(CheckpointError, match="m.gguf.*sliding_window_pattern lists 2 layers"):
+        gguf_fields(_gemma3_meta(3, **{"attention.sliding_window_pattern": [True, False]}))
+    with pytest.raises(CheckpointError, match="m.gguf.*'yarn' is not supported"):
+        gguf_fields(_gemma3_meta(3, **{"rope.scaling.type": "yarn"}))
