@@ -10,7 +10,11 @@ Supported ``tokenizer.ggml.model`` values:
 
 * ``gpt2``: byte-level BPE with the file's merges; the split regex comes from ``tokenizer.ggml.pre``.
 * ``llama``: SentencePiece-style BPE with byte fallback and ``▁`` for spaces; merges come from the
-  file or are derived from the vocabulary and its scores.
+  file or are derived from the vocabulary and its scores. Two architectures get transformers' own
+  variant of it: ``phi3`` (the prefix ``▁`` from a normalizer, so a leading space is kept as
+  written) and ``gemma``/``gemma2``/``gemma3`` (no prefix ``▁``; runs of spaces the file spells as
+  real spaces respelled ``▁``; merges derived in the file's token order, which Gemma's scores do
+  not follow; ``<bos>``, ``<eos>``, ``<pad>``, ``<mask>`` special).
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ _FLOAT_TYPES = {6, 12}
 _CONTROL, _USER_DEFINED = 3, 4
 
 _SUPPORTED_MODELS = ("gpt2", "llama")
-# transformers gives these architectures' sentencepiece vocabularies their own pre-tokenizers;
-# a plain llama conversion would tokenize them differently, so they are refused.
-_SENTENCEPIECE_VARIANTS = ("gemma", "gemma2", "gemma3", "phi3")
-# transformers' GPT2Tokenizer and LlamaTokenizer mark their default special tokens as special
-# whenever the vocabulary has them, whatever the file's token types say.
-_DEFAULT_SPECIALS = {"gpt2": ("<|endoftext|>",), "llama": ("<unk>", "<s>", "</s>")}
+# Architectures whose sentencepiece ("llama") vocabularies transformers reads its own way.
+_SENTENCEPIECE_VARIANTS = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "phi3": "phi3"}
+# transformers' GPT2Tokenizer, LlamaTokenizer and GemmaTokenizer mark their default special tokens
+# as special whenever the vocabulary has them, whatever the file's token types say.
+_DEFAULT_SPECIALS = {"gpt2": ("<|endoftext|>",), "llama": ("<unk>", "<s>", "</s>"),
+                     "phi3": ("<unk>", "<s>", "</s>"),
+                     "gemma": ("<unk>", "<bos>", "<eos>", "<pad>", "<mask>")}
 _NAMED_SPECIALS = {"bos_token": "tokenizer.ggml.bos_token_id",
                    "eos_token": "tokenizer.ggml.eos_token_id",
                    "unk_token": "tokenizer.ggml.unknown_token_id",
@@ -104,12 +109,16 @@ def read_gguf_tokenizer(reader: Any, source: str) -> GGUFTokenizer:
     """
     meta = _Metadata(reader, source)
     kind = _tokenizer_model(meta)
+    variant = (_SENTENCEPIECE_VARIANTS.get(meta.string("general.architecture", None), kind)
+               if kind == "llama" else kind)
     tokens, token_types = _vocabulary(meta)
     named_ids = {name: meta.token_id(key, len(tokens)) for name, key in _NAMED_SPECIALS.items()}
 
-    build = _byte_level_model if kind == "gpt2" else _sentencepiece_model
-    vocab, tokenizer_json = build(meta, tokens)
-    special_ids = _special_ids(kind, token_types, vocab, named_ids)
+    if kind == "gpt2":
+        vocab, tokenizer_json = _byte_level_model(meta, tokens)
+    else:
+        vocab, tokenizer_json = _sentencepiece_model(meta, tokens, variant)
+    special_ids = _special_ids(variant, token_types, vocab, named_ids)
     tokenizer_json["added_tokens"] = _added_tokens(tokens, token_types, vocab, special_ids)
 
     named = {name: tokens[i] for name, i in named_ids.items() if i is not None}
@@ -136,11 +145,6 @@ def _tokenizer_model(meta: _Metadata) -> str:
     if kind not in _SUPPORTED_MODELS:
         raise CheckpointError(f"{meta.source}: tokenizer.ggml.model is {kind!r}, which cannot be converted; "
                               f"supported: {', '.join(_SUPPORTED_MODELS)}.")
-    architecture = meta.string("general.architecture", None)
-    if kind == "llama" and architecture in _SENTENCEPIECE_VARIANTS:
-        raise CheckpointError(f"{meta.source}: tokenizer.ggml.model 'llama' is not supported for "
-                              f"general.architecture {architecture!r} (its own sentencepiece variant); "
-                              f"supported: 'gpt2', or 'llama' of other architectures.")
     return kind
 
 
@@ -243,32 +247,52 @@ def _byte_level_model(meta: _Metadata, tokens: list[str]) -> tuple[dict[str, int
     return vocab, _tokenizer_json(pre_tokenizer, model, decoder)
 
 
-def _sentencepiece_model(meta: _Metadata, tokens: list[str]) -> tuple[dict[str, int], dict]:
-    """llama: BPE over ``▁``-spelled text with byte fallback, like transformers' LlamaTokenizer."""
+def _sentencepiece_model(meta: _Metadata, tokens: list[str],
+                         variant: str = "llama") -> tuple[dict[str, int], dict]:
+    """BPE over ``▁``-spelled text with byte fallback, as transformers reads the ``variant``:
+    LlamaTokenizer (llama), its phi3 form, or GemmaTokenizer (gemma)."""
+    gemma = variant == "gemma"
+    if gemma:  # runs of spaces, stored as spaces, are looked up as "▁" runs
+        tokens = ["▁" * len(t) if " " in t and not t.strip() else t for t in tokens]
     vocab = {token: i for i, token in enumerate(tokens)}
     merges = _file_merges(meta, vocab)
-    if merges is None:
+    if merges is None and gemma:  # Gemma's merge order is its token order, not its scores
+        merges = _merges_from_scores(vocab, {token: -float(i) for i, token in enumerate(tokens)})
+    elif merges is None:
         scores = meta.numbers("tokenizer.ggml.scores", None)
         if scores is None or len(scores) != len(tokens):
             raise CheckpointError(f"{meta.source}: tokenizer.ggml.scores is missing or does not have one "
                                   f"score per token, and there is no tokenizer.ggml.merges to use instead.")
         merges = _merges_from_scores(vocab, dict(zip(tokens, scores)))
-    # transformers ignores tokenizer.ggml.add_space_prefix and always prepends "▁" to the first word.
-    pre_tokenizer = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
-    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-             "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True,
-             "ignore_merges": False, "vocab": vocab, "merges": merges}
-    decoder = {"type": "Sequence", "decoders": [
-        {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
-        {"type": "ByteFallback"}, {"type": "Fuse"},
-        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
-    return vocab, _tokenizer_json(pre_tokenizer, model, decoder)
+    spaces = {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}
+    normalizer: dict | None = None
+    if variant == "phi3":  # "▁" before the text, then every space: a leading space is kept
+        normalizer = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"}, spaces]}
+        pre_tokenizer = None
+    elif gemma:  # no prefix "▁" at all
+        normalizer = spaces
+        pre_tokenizer = {"type": "Split", "pattern": {"String": " "},
+                         "behavior": "MergedWithPrevious", "invert": False}
+    else:
+        # transformers ignores tokenizer.ggml.add_space_prefix and always prepends "▁" to the first word.
+        pre_tokenizer = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": False}
+    model = {"type": "BPE", "dropout": None,
+             "unk_token": "<unk>" if gemma and "<unk>" in vocab else None,
+             "continuing_subword_prefix": None, "end_of_word_suffix": None, "fuse_unk": True,
+             "byte_fallback": True, "ignore_merges": False, "vocab": vocab, "merges": merges}
+    decoders = [{"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"}]
+    if not gemma:  # the prefix "▁" comes off again
+        decoders.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
+    decoder = {"type": "Sequence", "decoders": decoders}
+    return vocab, _tokenizer_json(pre_tokenizer, model, decoder, normalizer)
 
 
-def _tokenizer_json(pre_tokenizer: dict, model: dict, decoder: dict) -> dict:
+def _tokenizer_json(pre_tokenizer: dict | None, model: dict, decoder: dict,
+                    normalizer: dict | None = None) -> dict:
     """The tokenizer.json layout; added tokens and the post-processor are filled in later."""
     return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
-            "normalizer": None, "pre_tokenizer": pre_tokenizer, "post_processor": None,
+            "normalizer": normalizer, "pre_tokenizer": pre_tokenizer, "post_processor": None,
             "decoder": decoder, "model": model}
 
 
@@ -315,7 +339,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 # ----------------------------------------------------------------------------- special tokens
 
 
-def _special_ids(kind: str, token_types: list[int], vocab: dict[str, int],
+def _special_ids(variant: str, token_types: list[int], vocab: dict[str, int],
                  named_ids: dict[str, int | None]) -> set[int]:
     """Ids of the tokens that are special (dropped by ``skip_special_tokens``), as transformers has them.
 
@@ -327,7 +351,7 @@ def _special_ids(kind: str, token_types: list[int], vocab: dict[str, int],
     ids |= {i for i in named_ids.values() if i is not None and token_types[i] != _USER_DEFINED}
     # Added as special before the user-defined tokens; tokenizers keeps skipping a token once added
     # as special, even if transformers' own tokenizer.json then says "special": false.
-    ids |= {vocab[token] for token in _DEFAULT_SPECIALS[kind] if token in vocab}
+    ids |= {vocab[token] for token in _DEFAULT_SPECIALS[variant] if token in vocab}
     return ids
 
 
