@@ -406,6 +406,7 @@ def bench_kernels(provider: str, shapes: dict[str, tuple[int, int]] | None = Non
                         for _ in range(reps):
                             start = time.perf_counter()
                             sess.run_with_iobinding(io)
+                            io.synchronize_outputs()  # the kernels done, not just launched
                             times.append(time.perf_counter() - start)
                         us = float(np.median(times)) / copies * 1e6
                         entry[f"us_m{m}"] = round(us, 2)
