@@ -13,7 +13,7 @@ from typing import Any
 
 from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.families.layouts import GGUFNames, Part
-from llm_onnx.families.llama import GGUF_GLOBALS, GGUF_LAYER, base_hf_config
+from llm_onnx.families.llama import GGUF_GLOBALS, GGUF_LAYER, base_hf_config, gguf_fields
 from llm_onnx.model.config import ModelConfig
 
 ARCHITECTURE = "Gemma3ForCausalLM"
@@ -136,14 +136,15 @@ def checkpoint_layer(cfg: ModelConfig, i: int) -> dict[str, Part]:
     return out
 
 
-def gguf_fields(meta: Any) -> dict[str, Any]:
-    """ModelConfig fields from llama.cpp's gemma3 metadata, with llama.cpp's own defaults for
-    what the converter does not write: the sliding layers' pattern (6, or
-    ``attention.sliding_window_pattern``), their RoPE base (10 000, or ``rope.freq_base_swa``),
-    and the attention scale (head_dim ** -0.5; (hidden / heads) ** -0.5 for the 62-layer 27B)."""
-    hidden, heads = int(meta.need("embedding_length")), int(meta.need("attention.head_count"))
-    layers = int(meta.need("block_count"))
-    head_dim = int(meta.get("attention.key_length") or hidden // heads)
+def gemma3_gguf_fields(meta: Any) -> dict[str, Any]:
+    """ModelConfig fields from llama.cpp's gemma3 metadata: Llama's, plus Gemma's mechanisms and
+    llama.cpp's own defaults for what the converter does not write: the sliding layers' pattern
+    (6, or ``attention.sliding_window_pattern``), their RoPE base (10 000, or
+    ``rope.freq_base_swa``), and the attention scale (head_dim ** -0.5; (hidden / heads) ** -0.5
+    for the 62-layer 27B)."""
+    fields = gguf_fields(meta)
+    hidden, heads = fields["hidden_size"], fields["num_attention_heads"]
+    layers = fields["num_hidden_layers"]
     window = int(meta.get("attention.sliding_window") or 0)
     pattern = meta.get("attention.sliding_window_pattern")
     if not window:
@@ -164,18 +165,11 @@ def gguf_fields(meta: Any) -> dict[str, Any]:
         scaling = {"rope_type": "linear", "factor": float(meta.need("rope.scaling.factor"))}
     softcap = meta.get("final_logit_softcapping")
     return dict(
-        vocab_size=meta.vocab_size(), hidden_size=hidden, num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=int(meta.get("attention.head_count_kv") or heads), head_dim=head_dim,
-        intermediate_size=int(meta.need("feed_forward_length")),
-        max_position_embeddings=int(meta.need("context_length")),
-        rms_norm_eps=float(meta.need("attention.layer_norm_rms_epsilon")),
+        fields, intermediate_size=int(meta.need("feed_forward_length")),
         rope_theta=float(meta.get("rope.freq_base") or 1_000_000.0),
         rope_local_theta=float(meta.get("rope.freq_base_swa") or 10_000.0), rope_scaling=scaling,
-        hidden_act="gelu_pytorch_tanh", qk_norm=True,
-        tie_word_embeddings="output.weight" not in meta.tensor_names,
-        embedding_multiplier=math.sqrt(hidden),
-        attention_scale=(hidden // heads if layers == 62 else head_dim) ** -0.5,
+        hidden_act="gelu_pytorch_tanh", qk_norm=True, embedding_multiplier=math.sqrt(hidden),
+        attention_scale=(hidden // heads if layers == 62 else fields["head_dim"]) ** -0.5,
         sandwich_norm=True, sliding_window=window or None, layer_types=types,
         final_logit_softcapping=float(softcap) if softcap else None,
     )
@@ -183,7 +177,7 @@ def gguf_fields(meta: Any) -> dict[str, Any]:
 
 # llama.cpp's gemma3 names; its converter stores every norm as 1 + w (norm_shift).
 GGUF = GGUFNames(
-    arch="gemma3", config_fields=gguf_fields, globals=GGUF_GLOBALS, norm_shift=1.0,
+    arch="gemma3", config_fields=gemma3_gguf_fields, globals=GGUF_GLOBALS, norm_shift=1.0,
     layer={**GGUF_LAYER,
            "post_attention_norm.weight": "post_attention_layernorm.weight",
            "ffn_norm.weight": "pre_feedforward_layernorm.weight",

@@ -9,14 +9,13 @@ transformers) are refused."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.families.layouts import (QKV, GGUFNames, Part, concat_part, fused_gate_up_shape,
                                        fused_qkv_shape, halves_part)
-from llm_onnx.families.llama import GGUF_GLOBALS
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.families.llama import GGUF_GLOBALS, gguf_fields
+from llm_onnx.model.config import ModelConfig, longrope_attention_factor
 
 ARCHITECTURE = "Phi3ForCausalLM"
 HF_CONFIG_CLASS = "Phi3Config"
@@ -161,21 +160,14 @@ def checkpoint_layer(cfg: ModelConfig, i: int) -> dict[str, Part]:
     return out
 
 
-def longrope_attention_factor(context: int, original: int) -> float:
-    """The attention factor LongRoPE uses when the config names none (transformers' rule, which
-    llama.cpp's converter also writes into GGUF files)."""
-    scale = context / original
-    return math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0
-
-
-def gguf_fields(meta: Any) -> dict[str, Any]:
-    """ModelConfig fields from llama.cpp's phi3 metadata: head_dim is hidden / heads (the
-    converter writes no key length), the rotary width is ``rope.dimension_count``, LongRoPE's
-    factors are the tensors rope_factors_short/long.weight, sliding_window 0 means none."""
-    hidden, heads = int(meta.need("embedding_length")), int(meta.need("attention.head_count"))
-    head_dim = int(meta.get("attention.key_length") or hidden // heads)
+def phi3_gguf_fields(meta: Any) -> dict[str, Any]:
+    """ModelConfig fields from llama.cpp's phi3 metadata: Llama's, plus the rotary width
+    (``rope.dimension_count``; head_dim is hidden / heads, as the converter writes no key
+    length), LongRoPE's factors from the tensors rope_factors_short/long.weight, and the sliding
+    window (0 means none)."""
+    fields = gguf_fields(meta)
+    head_dim = fields["head_dim"]
     rotary = int(meta.get("rope.dimension_count") or head_dim)
-    context = int(meta.need("context_length"))
     short, long = meta.floats("rope_factors_short.weight"), meta.floats("rope_factors_long.weight")
     scaling = None
     if short is not None or long is not None:
@@ -186,28 +178,19 @@ def gguf_fields(meta: Any) -> dict[str, Any]:
         scaling = {"rope_type": "longrope", "short_factor": short, "long_factor": long,
                    "original_max_position_embeddings": original}
         factor = meta.get("rope.scaling.attn_factor")
-        if factor is not None and abs(float(factor) - longrope_attention_factor(
-                context, original)) > 1e-6:
+        default = longrope_attention_factor(fields["max_position_embeddings"] / original, original)
+        if factor is not None and abs(float(factor) - default) > 1e-6:
             scaling["attention_factor"] = float(factor)
-    return dict(
-        vocab_size=meta.vocab_size(), hidden_size=hidden,
-        num_hidden_layers=int(meta.need("block_count")), num_attention_heads=heads,
-        num_key_value_heads=int(meta.get("attention.head_count_kv") or heads), head_dim=head_dim,
-        intermediate_size=int(meta.need("feed_forward_length")),
-        max_position_embeddings=context,
-        rms_norm_eps=float(meta.need("attention.layer_norm_rms_epsilon")),
-        rope_theta=float(meta.get("rope.freq_base") or 10_000.0),
-        partial_rotary_factor=rotary / head_dim, rope_scaling=scaling,
-        sliding_window=int(meta.get("attention.sliding_window") or 0) or None,
-        tie_word_embeddings="output.weight" not in meta.tensor_names,
-    )
+    return dict(fields, intermediate_size=int(meta.need("feed_forward_length")),
+                partial_rotary_factor=rotary / head_dim, rope_scaling=scaling,
+                sliding_window=int(meta.get("attention.sliding_window") or 0) or None)
 
 
 # llama.cpp's phi3 names: the fused qkv and gate|up tensors keep Phi-3's layouts (rows [q | k | v]
 # and [gate | up], no rotary interleaving), read through checkpoint_layer's splits as a
 # safetensors file is.
 GGUF = GGUFNames(
-    arch="phi3", config_fields=gguf_fields, globals=GGUF_GLOBALS,
+    arch="phi3", config_fields=phi3_gguf_fields, globals=GGUF_GLOBALS,
     layer={"attn_norm.weight": "input_layernorm.weight",
            "attn_qkv.weight": "self_attn.qkv_proj.weight",
            "attn_output.weight": "self_attn.o_proj.weight",

@@ -8,6 +8,7 @@ to it lives in that family's module (llm_onnx/families/).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,6 +199,13 @@ class ModelConfig:
             moe["mlp_only_layers"] = tuple(moe.get("mlp_only_layers", ()))
             data["moe"] = MoEConfig(**moe)
         return cls(**data)
+
+
+def longrope_attention_factor(factor: float, original: int) -> float:
+    """LongRoPE's attention factor when a config names none: sqrt(1 + ln(factor) / ln(original
+    context)) for a context stretched by ``factor``, else 1 (transformers' default, which
+    llama.cpp's converter also writes into GGUF files)."""
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
 _ACTIVATIONS = {"silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu"}

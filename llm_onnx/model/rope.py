@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.model.config import ModelConfig, longrope_attention_factor
 
 
 def _scaling(cfg: ModelConfig) -> tuple[str, dict]:
@@ -43,7 +43,7 @@ def attention_factor(cfg: ModelConfig) -> float:
         return float(scaling["attention_factor"])
     original = int(scaling["original_max_position_embeddings"])
     factor = float(scaling.get("factor") or cfg.max_position_embeddings / original)
-    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return longrope_attention_factor(factor, original)
 
 
 def inverse_frequencies(cfg: ModelConfig, max_positions: int | None = None) -> torch.Tensor:

@@ -60,7 +60,7 @@ def phi3_metadata(writer, cfg: ModelConfig) -> dict[str, np.ndarray]:
     the sliding window (0 for none), and for LongRoPE the attention factor and the factors as
     tensors (the converter computes the factor from the lengths; a config that names one is
     written with it, as the model transformers runs uses it)."""
-    from llm_onnx.families.phi3 import longrope_attention_factor
+    from llm_onnx.model.config import longrope_attention_factor
 
     writer.add_rope_dimension_count(int(cfg.head_dim * cfg.partial_rotary_factor))
     writer.add_sliding_window(cfg.sliding_window or 0)
@@ -69,8 +69,9 @@ def phi3_metadata(writer, cfg: ModelConfig) -> dict[str, np.ndarray]:
                                          if scaling else cfg.max_position_embeddings)
     if not scaling:
         return {}
+    original = scaling["original_max_position_embeddings"]
     writer.add_rope_scaling_attn_factors(scaling.get("attention_factor") or longrope_attention_factor(
-        cfg.max_position_embeddings, scaling["original_max_position_embeddings"]))
+        cfg.max_position_embeddings / original, original))
     return {"rope_factors_long.weight": np.array(scaling["long_factor"], np.float32),
             "rope_factors_short.weight": np.array(scaling["short_factor"], np.float32)}
 
@@ -237,7 +238,7 @@ def _gemma3_meta(layers: int, **extra) -> _Meta:
 
 def test_gemma3_gguf_defaults_follow_llama_cpp():
     from llm_onnx.errors import CheckpointError
-    from llm_onnx.families.gemma3 import gguf_fields
+    from llm_onnx.families.gemma3 import gemma3_gguf_fields as gguf_fields
 
     big = gguf_fields(_gemma3_meta(62))  # the 27B: query_pre_attn_scalar = hidden / heads = 168
     assert big["attention_scale"] == 168 ** -0.5 and big["rope_local_theta"] == 10_000.0
