@@ -241,24 +241,36 @@ def check_parity(root: Path, provider: str) -> dict:
     return results
 
 
-def matmulnbits_model(k: int, n: int, bits: int, block: int):
-    import onnx
-    from onnx import TensorProto, helper
+def matmulnbits_model(k: int, n: int, bits: int, block: int,
+                      weights: list[dict[str, np.ndarray]] | None = None) -> bytes:
+    """MatMulNBits nodes (fp16 activations, uint8 zero points) on one input ``x``. Without
+    ``weights``: one node whose operands w, s, z are graph inputs; with them: a node per entry
+    (outputs y0, y1, ...), its operands as initializers, which ONNX Runtime prepacks as it does a
+    model folder's."""
+    from onnx import TensorProto, helper, numpy_helper
 
-    node = helper.make_node("MatMulNBits", ["x", "w", "s", "z"], ["y"], domain="com.microsoft",
-                            K=k, N=n, bits=bits, block_size=block, accuracy_level=0)
     blocks = -(-k // block)
-    graph = helper.make_graph(
-        [node], "mmnb",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["m", k]),
-         helper.make_tensor_value_info("w", TensorProto.UINT8, [n, blocks, block * bits // 8]),
-         helper.make_tensor_value_info("s", TensorProto.FLOAT16, [n * blocks]),
-         helper.make_tensor_value_info("z", TensorProto.UINT8, [n * (-(-blocks * bits // 8))])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["m", n])])
+    specs = {"w": (TensorProto.UINT8, [n, blocks, block * bits // 8]),
+             "s": (TensorProto.FLOAT16, [n * blocks]),
+             "z": (TensorProto.UINT8, [n * (-(-blocks * bits // 8))])}
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["m", k])]
+    nodes, inits, outputs = [], [], []
+    for i, ops in enumerate(weights or [None]):
+        names = {op: op if ops is None else f"{op}{i}" for op in specs}
+        if ops is None:
+            inputs += [helper.make_tensor_value_info(op, *specs[op]) for op in specs]
+        else:
+            inits += [numpy_helper.from_array(v, names[op]) for op, v in ops.items()]
+        y = "y" if ops is None else f"y{i}"
+        nodes.append(helper.make_node("MatMulNBits", ["x", names["w"], names["s"], names["z"]],
+                                      [y], domain="com.microsoft", K=k, N=n, bits=bits,
+                                      block_size=block, accuracy_level=0))
+        outputs.append(helper.make_tensor_value_info(y, TensorProto.FLOAT16, ["m", n]))
+    graph = helper.make_graph(nodes, "mmnb", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
                                                     helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 9
-    return onnx._serialize(model) if hasattr(onnx, "_serialize") else model.SerializeToString()
+    return model.SerializeToString()
 
 
 def check_matmulnbits(provider: str) -> dict:
@@ -335,30 +347,6 @@ def nbits_reference(x: np.ndarray, ops: dict[str, np.ndarray], k: int, bits: int
     return x.astype(np.float64) @ deq.T
 
 
-def nbits_bench_model(k: int, n: int, bits: int, block: int, copies: int, rng) -> tuple:
-    """``copies`` MatMulNBits nodes on one input, each with its own weights as initializers (so
-    ONNX Runtime prepacks them, as it does a model folder's): (serialized model, copy 0's
-    operands)."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    nodes, inits, outputs, first = [], [], [], None
-    for i in range(copies):
-        ops = nbits_weights(k, n, bits, block, rng)
-        first = first or ops
-        inits += [numpy_helper.from_array(v, f"{name}{i}") for name, v in ops.items()]
-        nodes.append(helper.make_node("MatMulNBits", ["x", f"w{i}", f"s{i}", f"z{i}"], [f"y{i}"],
-                                      domain="com.microsoft", K=k, N=n, bits=bits,
-                                      block_size=block, accuracy_level=0))
-        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT16, ["m", n]))
-    graph = helper.make_graph(nodes, "mmnb_bench",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT16, ["m", k])],
-                              outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
-                                                    helper.make_opsetid("com.microsoft", 1)])
-    model.ir_version = 9
-    return model.SerializeToString(), first
-
-
 def bench_kernels(provider: str, shapes: dict[str, tuple[int, int]] | None = None,
                   blocks: tuple[int, ...] = (32, 64, 128), ms: tuple[int, ...] = (1, 8, 32),
                   target_bytes: int = 256 << 20, reps: int = 20) -> dict:
@@ -382,7 +370,9 @@ def bench_kernels(provider: str, shapes: dict[str, tuple[int, int]] | None = Non
             blocks_k = -(-k // block)
             nbytes = n * k // 2 + n * blocks_k * 2 + n * -(-blocks_k // 2)  # codes, scales, zps
             copies = max(1, min(16, target_bytes // nbytes))
-            model, ops = nbits_bench_model(k, n, 4, block, copies, rng)
+            weights = [nbits_weights(k, n, 4, block, rng) for _ in range(copies)]
+            model, ops = matmulnbits_model(k, n, 4, block, weights), weights[0]
+            del weights
             for fpa in (False, True):
                 key = f"{name}/block{block}/{'fpa_intb' if fpa else 'default'}"
                 entry: dict = {"K": k, "N": n, "copies": copies, "weight_bytes": nbytes}
