@@ -41,6 +41,7 @@ class Checkpoint:
     tokenizer_files: dict[str, bytes] = field(default_factory=dict)  # file name -> content
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
+    storage_type: str | None = None  # GGUF: the type most layer projections are stored in
 
     def write_tokenizer(self, folder: Path) -> list[str]:
         for fname, content in self.tokenizer_files.items():
@@ -98,7 +99,7 @@ def _open_gguf(path: Path) -> Checkpoint:
     }
     name = path.stem
     return Checkpoint(raw.cfg, source, name, "gguf", path, files, list(tok.eos_token_ids),
-                      tok.bos_token_id)
+                      tok.bos_token_id, raw.storage_type())
 
 
 def random_checkpoint(cfg: ModelConfig, name: str, seed: int = 0) -> Checkpoint:

@@ -283,6 +283,14 @@ class GGUFSource:
     def names(self) -> list[str]:
         return list(self._map)
 
+    def storage_type(self) -> str | None:
+        """The GGUF type most of the layers' projections are stored in (e.g. "Q4_1")."""
+        counts: dict[str, int] = {}
+        for t in self.reader.tensors:
+            if t.name.startswith("blk.") and len(t.shape) >= 2:
+                counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+        return max(counts, key=counts.get) if counts else None
+
     def shape(self, name: str) -> Shape:
         gname, expert = self._map[name]
         shape = tuple(int(d) for d in reversed(self._tensors[gname].shape))

@@ -75,19 +75,6 @@ def calibrate_plan(checkpoint: Checkpoint, plan: ExportPlan, progress: Progress)
     return cal
 
 
-def source_format(checkpoint: Checkpoint) -> str | None:
-    """The GGUF type most of the layers' projections are stored in (e.g. "Q4_1"), or None for a
-    float checkpoint."""
-    if checkpoint.kind != "gguf":
-        return None
-    counts: dict[str, int] = {}
-    source = getattr(checkpoint.source, "inner", checkpoint.source)  # under a FamilySource
-    for t in source.reader.tensors:
-        if t.name.startswith("blk.") and len(t.shape) >= 2:
-            counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
-    return max(counts, key=counts.get) if counts else None
-
-
 # GGUF types whose blocks of 32 are exactly code * scale + minimum: the offset scheme keeps them
 OFFSET_EXACT = ("Q4_0", "Q4_1", "Q4_K")
 
@@ -98,7 +85,7 @@ def resolve_source(options: ExportOptions, checkpoint: Checkpoint) -> ExportOpti
     source, zero points with the activation-aware search on the fast kernel (int8 activations
     on CPU, float16 on CUDA)."""
     if (options.precision == "int4" and not options.cuda and options.quant_scheme is None
-            and options.quant_method is None and source_format(checkpoint) in OFFSET_EXACT
+            and options.quant_method is None and checkpoint.storage_type in OFFSET_EXACT
             and options.block_size == 32):
         return replace(options, quant_scheme="offset", quant_method="minmax")
     return options
@@ -107,7 +94,7 @@ def resolve_source(options: ExportOptions, checkpoint: Checkpoint) -> ExportOpti
 def describe_source(checkpoint: Checkpoint, options: ExportOptions) -> str | None:
     if not options.quantized:
         return None
-    fmt = source_format(checkpoint)
+    fmt = checkpoint.storage_type
     if fmt in OFFSET_EXACT and options.scheme == "offset" and options.block_size == 32:
         return f"GGUF {fmt}: its 4-bit blocks kept exactly (offset scheme)"
     return f"GGUF {fmt}, requantized" if fmt else f"{checkpoint.kind} float weights"
@@ -251,5 +238,4 @@ def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | Non
     return out
 
 
-__all__ = ["build_manifest", "export_model", "resolve_source", "resolve_target", "source_format",
-           "write_folder"]
+__all__ = ["build_manifest", "export_model", "resolve_source", "resolve_target", "write_folder"]
