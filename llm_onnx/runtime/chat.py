@@ -6,7 +6,8 @@ text, ``raise_exception`` and ``strftime_now`` globals, ``{% generation %}`` blo
 their body, and the tokenizer's special tokens (``bos_token``, ``eos_token``, ...) as variables.
 Messages are prepared as transformers prepares them: keys whose value is None are dropped (the
 OpenAI client sends ``"content": null`` beside ``tool_calls``), and a message's reasoning given as
-``reasoning`` or ``thinking`` is also passed as ``reasoning_content``, the name templates read.
+``reasoning`` or ``thinking`` is also passed as ``reasoning_content``, the name templates read;
+as vLLM does, a tool call's ``arguments`` given as JSON text reach the template as an object.
 
 Callers add their own variables (``enable_thinking=False``, ...) as keywords; they override a
 special token of the same name, as in transformers.
@@ -119,8 +120,26 @@ def check_messages(messages: Sequence[Message]) -> list[Message]:
         reasoning = next((m[k] for k in _REASONING_FIELDS if k in m), None)
         if reasoning is not None:
             m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+        if isinstance(m.get("tool_calls"), list):
+            m["tool_calls"] = [_arguments_as_object(c) for c in m["tool_calls"]]
         out.append(m)
     return out
+
+
+def _arguments_as_object(call: Any) -> Any:
+    """A tool call whose ``function.arguments`` is OpenAI's JSON string, with the arguments as
+    an object (as vLLM gives them to templates: ``arguments | tojson`` then writes JSON, not a
+    quoted string). Text that is not a JSON object stays as it is."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(function["arguments"])
+    except ValueError:
+        return call
+    if not isinstance(arguments, dict):
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
 
 
 def render_chat(template: str, messages: Sequence[Message], special_tokens: dict[str, str],

@@ -23,23 +23,40 @@ continued conversation, a shared system prompt.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import math
 import time
 from collections.abc import Iterator, Sequence as Seq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
+import tokenizers
 
 from llm_onnx.errors import GenerationError
+from llm_onnx.runtime.constraint import Constraints, MaskBatch
 from llm_onnx.runtime.engine import CacheProtocol, EngineProtocol
 from llm_onnx.runtime.sampling import GenerationOptions
 from llm_onnx.runtime.sequence import Result, Sequence, TokenEvent
 
-if TYPE_CHECKING:
-    from llm_onnx.runtime.model import Model
+
+class ModelLike(Protocol):
+    """What a Generator needs of its model (llm_onnx.runtime.Model is one)."""
+
+    engine: EngineProtocol
+    tokenizer: tokenizers.Tokenizer | None
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def context_length(self) -> int: ...
+
+    @property
+    def constraints(self) -> Constraints: ...
+
+    def options(self, options: GenerationOptions | None = None,
+                overrides: dict[str, Any] | None = None, **fields: Any) -> GenerationOptions: ...
 
 
 @dataclass
@@ -54,6 +71,10 @@ class RunStats:
     decode_rows: int = 0
     decode_row_slots: int = 0  # rows in the runs' ranges, those riding along included
     copied_tokens: int = 0  # cached prefix positions copied from another row
+    mask_s: float = 0.0  # constraint masks: seconds filling them (overlapping the model runs)
+    mask_wait_s: float = 0.0  # ... of which the steps waited for after their run
+    mask_rows: int = 0  # masks filled
+    forced_tokens: int = 0  # tokens constraints appended without a pick (fast-forward)
 
 
 class Generator:
@@ -71,7 +92,7 @@ class Generator:
             once. A long prompt then delays the rows already decoding by at most one chunk.
     """
 
-    def __init__(self, model: Model, options: GenerationOptions | None = None, *, batch: int = 1,
+    def __init__(self, model: ModelLike, options: GenerationOptions | None = None, *, batch: int = 1,
                  max_length: int | None = None, prefill_chunk: int | None = None,
                  **overrides: Any) -> None:
         if batch < 1:
@@ -94,6 +115,9 @@ class Generator:
         self._admitted = [0] * batch  # admission order (oldest prompt chunks run first)
         self._counter = itertools.count()
         self.stats = RunStats()
+        self._masks: MaskBatch | None = None  # constrained rows' bitmasks (made when first needed)
+        self.overlap_masks = True  # fill them while the model runs (False: before; to measure)
+        self._pending: collections.deque[TokenEvent] = collections.deque()
 
     # ------------------------------------------------------------------ rows
 
@@ -129,12 +153,19 @@ class Generator:
             raise GenerationError(f"the prompt has {len(prompt)} tokens but {what} is "
                                   f"{self.max_length} tokens (prompt and answer together).")
         limit = min(opts.max_new_tokens, self.max_length - len(prompt))
+        constraint, shown = None, frozenset()
+        if opts.constraint is not None:  # compiled (or taken from the cache) before any change
+            constraints = self.model.constraints
+            constraint = constraints.start(opts.constraint)
+            shown = frozenset(i for i in map(constraints.token_id, opts.constraint.markers)
+                              if i is not None)
         cache = self._reserve(len(prompt) + limit)
         reuse = self._reuse(row, prompt, new_sequence=old is None)
         cache.truncate(row, reuse)
         seq = Sequence(prompt, opts, vocab_size=vocab, tokenizer=self.model.tokenizer,
                        eos_token_ids=self.model.eos_token_ids, limit=limit, logprobs=logprobs,
-                       rng=old.rng if old is not None and opts.seed == old.options.seed else None)
+                       rng=old.rng if old is not None and opts.seed == old.options.seed else None,
+                       constraint=constraint, shown_special=shown)
         seq.prefill_tokens = len(prompt) - reuse
         self._seqs[row] = seq
         self._admitted[row] = next(self._counter)
@@ -216,6 +247,8 @@ class Generator:
         if self.batch != 1:
             raise GenerationError("generate_next_token drives a one-row generator; use step() "
                                   "to advance several rows.")
+        if self._pending:  # tokens a constraint forced along with the last pick
+            return self._pending.popleft()
         seq = self._sequence(0)
         if seq.done:
             raise GenerationError(f"the sequence has finished ({seq.finish_reason}); append "
@@ -225,6 +258,7 @@ class Generator:
         while True:  # one token: a completed prompt picks it, else the decode run does
             events = self.prefill_step() or self.decode_step()
             if events:
+                self._pending.extend(events[1:])
                 return events[0]
 
     def step(self) -> list[TokenEvent]:
@@ -252,13 +286,15 @@ class Generator:
             n = int(min(waiting, left))
             if waiting - n == 1:  # never leave a prompt's last token alone (see _last_run_start)
                 n = n - 1 if n > 1 else n + 1
+            last = start + n == len(seq.tokens)
+            pending = self._start_masks([row]) if last else None
             began = time.perf_counter()
             logits = self.engine.prefill(cache, row, seq.tokens[start:start + n])
             self.stats.prefill_s += time.perf_counter() - began
             self.stats.prefill_tokens += n
             left -= n
-            if start + n == len(seq.tokens):
-                events.append(seq.accept(logits, row))
+            if last:
+                events += self._accept(seq, logits, row, pending)
         return events
 
     def decode_step(self) -> list[TokenEvent]:
@@ -275,14 +311,18 @@ class Generator:
         for r in ready:
             tokens[r - first] = self._seqs[r].tokens[-1]  # type: ignore[union-attr]
             active[r - first] = True
+        pending = self._start_masks(ready)
         began = time.perf_counter()
         logits = self.engine.decode(cache, tokens, active, first)
         self.stats.decode_s += time.perf_counter() - began
         self.stats.decode_runs += 1
         self.stats.decode_rows += len(ready)
         self.stats.decode_row_slots += n
-        return [self._seqs[r].accept(logits[r - first], r)  # type: ignore[union-attr]
-                for r in ready]
+        self._wait_masks(pending)
+        events: list[TokenEvent] = []
+        for r in ready:
+            events += self._accept(self._seqs[r], logits[r - first], r, None)  # type: ignore[arg-type]
+        return events
 
     def events(self) -> Iterator[TokenEvent]:
         """Step until every row has finished, yielding each token as it is picked."""
@@ -290,6 +330,45 @@ class Generator:
             yield from self.step()
 
     # ------------------------------------------------------------------ internals
+
+    def _start_masks(self, rows: list[int]) -> Any:
+        """Start filling the masks of the constrained ones among ``rows`` (see MaskBatch)."""
+        constrained = [(seq.constraint, r) for r in rows
+                       if (seq := self._seqs[r]) is not None and seq.constraint is not None]
+        if not constrained:
+            return None
+        if self._masks is None:
+            self._masks = MaskBatch(self.model.constraints, self.batch, self.overlap_masks)
+        self._masks.overlap = self.overlap_masks
+        before = self._masks.fill_s
+        pending = self._masks.start(constrained)
+        self.stats.mask_rows += len(constrained)
+        if pending is None:  # filled at once (no overlap)
+            self.stats.mask_s += self._masks.fill_s - before
+            self.stats.mask_wait_s += self._masks.fill_s - before
+            return True
+        return (pending, before)
+
+    def _wait_masks(self, pending: Any) -> None:
+        if pending is None or pending is True:
+            return
+        assert self._masks is not None
+        future, before = pending
+        began = time.perf_counter()
+        MaskBatch.wait(future)
+        self.stats.mask_wait_s += time.perf_counter() - began
+        self.stats.mask_s += self._masks.fill_s - before
+
+    def _accept(self, seq: Sequence, logits: np.ndarray, row: int, pending: Any,
+                ) -> list[TokenEvent]:
+        """``seq`` picks from ``logits`` (its mask, if constrained, waited for first)."""
+        self._wait_masks(pending)
+        mask = self._masks.row(row) if seq.constraint is not None and self._masks is not None \
+            else None
+        forced = seq.forced_tokens
+        events = seq.accept(logits, row, mask)
+        self.stats.forced_tokens += seq.forced_tokens - forced
+        return events
 
     def _check_row(self, row: int) -> None:
         if not 0 <= row < self.batch:

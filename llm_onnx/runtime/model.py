@@ -15,6 +15,7 @@ samplers and detokenizers.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -26,11 +27,15 @@ import tokenizers
 from llm_onnx.errors import GenerationError
 from llm_onnx.model_folder import GenerationDefaults
 from llm_onnx.runtime.chat import Message, check_template_vars, render_chat
+from llm_onnx.runtime.chat_tools import (ChatRequest, check_tool_choice, check_tools,
+                                         read_chat_template)
+from llm_onnx.runtime.constraint import Constraints, constraint_shorthand
 from llm_onnx.runtime.engine import Engine, RuntimeOptions
 from llm_onnx.runtime.generator import Generator, row_options
 from llm_onnx.runtime.reasoning import ChatPiece, ReasoningSplitter, has_think_tokens, opens_thought
 from llm_onnx.runtime.sampling import GenerationOptions
 from llm_onnx.runtime.sequence import Result
+from llm_onnx.runtime.tools import ToolCallDelta, ToolChoice, detect_format, get_format
 
 Prompt = str | Sequence[int]
 Tools = Sequence[dict[str, Any]]
@@ -42,45 +47,62 @@ class Model:
     Args:
         folder: a model folder written by ``llm-onnx export``.
         runtime: provider, threads, optimization level (see RuntimeOptions).
+        chat_template: a Jinja chat template file (or a tokenizer_config.json) used instead of
+            the folder's, checked first (it must render a two-message conversation); the folder
+            is not modified.
+        tool_call_format: how replies write tool calls (hermes, llama3_json, mistral,
+            phi4_mini); default: read off the chat template.
     """
 
-    def __init__(self, folder: Path | str, runtime: RuntimeOptions | None = None) -> None:
+    def __init__(self, folder: Path | str, runtime: RuntimeOptions | None = None, *,
+                 chat_template: Path | str | None = None,
+                 tool_call_format: str | None = None) -> None:
         start = time.perf_counter()
         engine = Engine(folder, runtime)
         m = engine.manifest
         tok_file = m.folder / "tokenizer.json"
         tokenizer = tokenizers.Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
-        self._setup(engine, tokenizer, m.tokenizer.eos_token_ids, m.tokenizer.chat_template,
-                    m.tokenizer.special_tokens, m.generation)
+        template = m.tokenizer.chat_template if chat_template is None else \
+            read_chat_template(chat_template, m.tokenizer.special_tokens)
+        self._setup(engine, tokenizer, m.tokenizer.eos_token_ids, template,
+                    m.tokenizer.special_tokens, m.generation, tool_call_format)
         self.load_s = time.perf_counter() - start
 
     @classmethod
-    def load(cls, folder: Path | str, **runtime: Any) -> Model:
-        """``Model.load(folder, provider="cpu", threads=2)``; keywords are RuntimeOptions fields."""
-        return cls(folder, RuntimeOptions(**runtime))
+    def load(cls, folder: Path | str, *, chat_template: Path | str | None = None,
+             tool_call_format: str | None = None, **runtime: Any) -> Model:
+        """``Model.load(folder, provider="cpu", threads=2)``; keywords are RuntimeOptions fields
+        (and ``chat_template``, ``tool_call_format``: see the class)."""
+        return cls(folder, RuntimeOptions(**runtime), chat_template=chat_template,
+                   tool_call_format=tool_call_format)
 
     @classmethod
     def from_parts(cls, engine: Any, tokenizer: tokenizers.Tokenizer | None, eos_token_ids: Sequence[int] = (),
                    chat_template: str | None = None, special_tokens: dict[str, str] | None = None,
-                   ) -> Model:
+                   tool_call_format: str | None = None) -> Model:
         """A Model over any engine implementing ``EngineProtocol`` (llm_onnx.runtime.engine):
         how tests drive the generator with scripted logits."""
         model = cls.__new__(cls)
         model._setup(engine, tokenizer, eos_token_ids, chat_template, special_tokens or {},
-                     GenerationDefaults())
+                     GenerationDefaults(), tool_call_format)
         model.load_s = 0.0
         return model
 
     def _setup(self, engine: Any, tokenizer: tokenizers.Tokenizer | None, eos: Sequence[int],
                chat_template: str | None, special_tokens: dict[str, str],
-               generation: GenerationDefaults) -> None:
+               generation: GenerationDefaults, tool_call_format: str | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(int(i) for i in eos)
+        self._constraints: Constraints | None = None
+        self._constraints_lock = threading.Lock()
         self.chat_template = chat_template
         self.special_tokens = dict(special_tokens)
         # <think>...</think> in chat replies is returned apart (Result.reasoning, ChatPiece)
         self.splits_reasoning = has_think_tokens(tokenizer)
+        # How replies write tool calls (llm_onnx.runtime.tools); None: the template has no tools
+        self.tool_format = get_format(tool_call_format).name if tool_call_format else \
+            detect_format(chat_template)
         # The checkpoint's sampling defaults, unless it says not to sample.
         self.defaults = GenerationOptions()
         if generation.do_sample is not False:
@@ -92,6 +114,19 @@ class Model:
     @property
     def context_length(self) -> int:
         return self.engine.context_length
+
+    @property
+    def constraints(self) -> Constraints:
+        """The constraint engine of this model (llguidance over its tokenizer, made on first use;
+        compiled grammars are cached in it)."""
+        with self._constraints_lock:
+            if self._constraints is None:
+                if self.tokenizer is None:
+                    raise GenerationError("constrained decoding needs the model folder's "
+                                          "tokenizer.json, and this folder has none.")
+                self._constraints = Constraints(self.tokenizer.to_str(), self.engine.vocab_size,
+                                                self.eos_token_ids)
+            return self._constraints
 
     # ------------------------------------------------------------------ text <-> ids
 
@@ -149,10 +184,16 @@ class Model:
     def options(self, options: GenerationOptions | None = None,
                 overrides: dict[str, Any] | None = None, **fields: Any) -> GenerationOptions:
         """``options`` (or the model's defaults) with ``overrides`` and keyword fields applied,
-        validated: ``model.options(max_new_tokens=64, temperature=0.7)``."""
+        validated: ``model.options(max_new_tokens=64, temperature=0.7)``. A constraint may be
+        given as one of ``json_schema=``, ``json_object=True``, ``regex=``, ``grammar=``,
+        ``choice=`` instead of ``constraint=Constraint...``."""
         base = options or self.defaults
+        fields = {**(overrides or {}), **fields}
+        shorthand = constraint_shorthand(fields)
+        if shorthand is not None:
+            fields["constraint"] = shorthand
         try:
-            return dataclasses.replace(base, **(overrides or {}), **fields).validated()
+            return dataclasses.replace(base, **fields).validated()
         except TypeError as e:
             raise GenerationError(f"unknown generation option: {e}") from e
 
@@ -186,28 +227,55 @@ class Model:
         return _text(self._start([self._prompt_ids(prompt)], opts))
 
     def chat(self, messages: Sequence[Message], options: GenerationOptions | None = None, *,
-             tools: Tools | None = None, template_vars: dict[str, Any] | None = None,
+             tools: Tools | None = None, tool_choice: ToolChoice | None = None,
+             parallel_tool_calls: bool = True, template_vars: dict[str, Any] | None = None,
              **overrides: Any) -> Result:
         """One answer to a conversation, with the model's own chat template (``tools`` and
         ``template_vars`` go to the template). A reasoning model's ``<think>`` block comes back
-        apart: ``result.reasoning`` is the thinking, ``result.text`` the answer after it."""
-        prompt = self.render_chat(messages, tools=tools, template_vars=template_vars)
-        result = self.generate(self._encode_chat(prompt), options, **overrides)
-        splitter = self._splitter(prompt)
-        if splitter is None:
-            return result  # type: ignore[return-value]
-        splitter.push(result.text)  # type: ignore[union-attr]
-        splitter.flush()
-        return dataclasses.replace(result, text=splitter.answer, reasoning=splitter.reasoning)
+        apart: ``result.reasoning`` is the thinking, ``result.text`` the answer after it.
+
+        With ``tools``, ``result.tool_calls`` holds the calls the reply made (``text`` is the
+        rest). ``tool_choice``: "auto" (the default with tools: the model decides; a call it
+        opens is constrained to the function's schema), "required" (at least one call),
+        ``{"type": "function", "function": {"name": ...}}`` (that function, once) or "none".
+        A constraint (``json_schema=``, ...) applies to the answer after any thinking."""
+        request, opts = self._chat_request(messages, options, overrides, tools, tool_choice,
+                                           parallel_tool_calls, template_vars)
+        result = self.generate(self._encode_chat(request.prompt), opts)
+        return request.read(result)  # type: ignore[arg-type]
 
     def stream_chat(self, messages: Sequence[Message], options: GenerationOptions | None = None, *,
-                    tools: Tools | None = None, template_vars: dict[str, Any] | None = None,
-                    **overrides: Any) -> Iterator[ChatPiece]:
+                    tools: Tools | None = None, tool_choice: ToolChoice | None = None,
+                    parallel_tool_calls: bool = True, template_vars: dict[str, Any] | None = None,
+                    **overrides: Any) -> Iterator[ChatPiece | ToolCallDelta]:
         """``chat``, streamed: text pieces as they become valid UTF-8, each a ``ChatPiece`` (a
-        str whose ``reasoning`` says whether it is thinking or answer)."""
-        prompt = self.render_chat(messages, tools=tools, template_vars=template_vars)
-        return _chat_pieces(self.stream(self._encode_chat(prompt), options, **overrides),
-                            self._splitter(prompt))
+        str whose ``reasoning`` says whether it is thinking or answer); with tools, tool calls
+        as ``ToolCallDelta`` items (index, then id and name, then pieces of the arguments)."""
+        request, opts = self._chat_request(messages, options, overrides, tools, tool_choice,
+                                           parallel_tool_calls, template_vars)
+        reply = request.stream()
+        gen = self._start([self._prompt_ids(self._encode_chat(request.prompt))], opts)
+
+        def pieces() -> Iterator[ChatPiece | ToolCallDelta]:
+            for event in gen.events():
+                if event.row == 0 and (event.text or event.finish_reason):
+                    yield from reply.push(event.text, last=event.finish_reason is not None)
+
+        return pieces()
+
+    def _chat_request(self, messages: Sequence[Message], options: GenerationOptions | None,
+                      overrides: dict[str, Any], tools: Tools | None, tool_choice: Any,
+                      parallel: bool, template_vars: dict[str, Any] | None,
+                      ) -> tuple[ChatRequest, GenerationOptions]:
+        """The prompt, constraint and options of one chat reply."""
+        opts = self.options(options, overrides)
+        checked = check_tools(list(tools) if tools is not None and not isinstance(
+            tools, (str, bytes, dict)) else tools)
+        choice = check_tool_choice(tool_choice, checked)
+        prompt = self.render_chat(messages, tools=checked if choice != "none" else None,
+                                  template_vars=template_vars)
+        request = ChatRequest(self, prompt, opts.constraint, checked, choice, parallel)
+        return request, request.options_for(opts)
 
     def chat_prompt(self, messages: Sequence[Message], *, tools: Tools | None = None,
                     template_vars: dict[str, Any] | None = None) -> list[int]:
@@ -280,6 +348,7 @@ class ChatSession:
         messages = self.messages + [{"role": "user", "content": text}]
         prompt = model.render_chat(messages, tools=self.tools, template_vars=self.template_vars)
         ids = model._prompt_ids(model._encode_chat(prompt))
+        opts = ChatRequest(model, prompt, opts.constraint).options_for(opts)
         gen = self._generator
         gen.release()  # the previous turn's keys and values stay: the new prompt starts with them
         gen.append_tokens(ids, options=opts)

@@ -28,12 +28,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from llm_onnx.errors import GenerationError
+from llm_onnx.runtime.constraint import Constraint
 
 __all__ = ["GenerationOptions", "Sampler", "filter_logits"]
 
@@ -56,6 +57,10 @@ class GenerationOptions:
         stop: stop strings (not included in the returned text). A single string is accepted.
         stop_token_ids: extra end-of-sequence ids (the caller adds the model's own eos ids).
         ignore_eos: keep generating past end-of-sequence tokens (benchmarks, exact lengths).
+        logit_bias: {token id: bias} added to the logits before anything else (OpenAI's
+            logit_bias: -100 bans a token, 100 all but forces it); kept as sorted pairs.
+        constraint: what the reply must match (llm_onnx.runtime.constraint.Constraint: a JSON
+            schema, any JSON object, a regex, a grammar, a choice); None = free text.
     """
 
     max_new_tokens: int = 256
@@ -70,6 +75,8 @@ class GenerationOptions:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    constraint: Constraint | None = None
 
     def validated(self) -> GenerationOptions:
         """A copy with checked values and normalised types (lists -> tuples, numpy scalars -> Python).
@@ -93,6 +100,8 @@ class GenerationOptions:
             stop=_stop_strings(self.stop),
             stop_token_ids=_stop_token_ids(self.stop_token_ids),
             ignore_eos=_bool_option("ignore_eos", self.ignore_eos),
+            logit_bias=_logit_bias(self.logit_bias),
+            constraint=_constraint(self.constraint),
         )
 
 
@@ -143,6 +152,31 @@ def _stop_token_ids(ids: object) -> tuple[int, ...]:
     if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
         raise GenerationError(f"stop_token_ids={ids!r} is not allowed: it must be a list of integers >= 0")
     return tuple(_int_option(f"stop_token_ids[{i}]", item, minimum=0) for i, item in enumerate(ids))
+
+
+def _logit_bias(bias: object) -> tuple[tuple[int, float], ...]:
+    items = bias.items() if isinstance(bias, Mapping) else bias
+    if isinstance(items, (str, bytes)) or not isinstance(items, (Sequence, type({}.items()))):
+        raise GenerationError(f"logit_bias={bias!r} is not allowed: it must map token ids to "
+                              "numbers between -100 and 100")
+    out: dict[int, float] = {}
+    for item in items:
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise GenerationError(f"logit_bias entry {item!r} is not a (token id, bias) pair")
+        key, value = item
+        if isinstance(key, str) and key.strip().isdigit():  # JSON object keys are strings
+            key = int(key)
+        token = _int_option("logit_bias token id", key, minimum=0)
+        out[token] = _float_option(f"logit_bias[{token}]", value, "between -100 and 100",
+                                   lambda v: -100 <= v <= 100)
+    return tuple(sorted(out.items()))
+
+
+def _constraint(constraint: object) -> Constraint | None:
+    if constraint is not None and not isinstance(constraint, Constraint):
+        raise GenerationError(f"constraint={constraint!r} is not allowed: it must be a "
+                              "Constraint (Constraint.json_schema(...), .regex(...), ...) or None")
+    return constraint
 
 
 # ---------------------------------------------------------------------------------------------

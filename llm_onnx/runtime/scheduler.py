@@ -34,14 +34,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence as Seq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from llm_onnx.errors import GenerationError, LlmOnnxError
+from llm_onnx.runtime.generator import Generator, ModelLike
 from llm_onnx.runtime.sampling import GenerationOptions
 from llm_onnx.runtime.sequence import Result, TokenEvent
-
-if TYPE_CHECKING:
-    from llm_onnx.runtime.model import Model
 
 
 class QueueFull(LlmOnnxError):
@@ -149,14 +147,14 @@ class Scheduler:
         observer: told of requests as they start and end, and of every token (metrics).
     """
 
-    def __init__(self, model: Model, *, max_batch: int = 8, max_length: int | None = None,
+    def __init__(self, model: ModelLike, *, max_batch: int = 8, max_length: int | None = None,
                  prefill_chunk: int = 256, max_queue: int | None = None,
                  observer: Observer | None = None) -> None:
         if max_queue is not None and max_queue < 0:
             raise GenerationError(f"max_queue must be >= 0, got {max_queue}.")
         self.model = model
-        self.generator = model.generator(batch=max_batch, max_length=max_length or
-                                         model.context_length, prefill_chunk=prefill_chunk)
+        self.generator = Generator(model, batch=max_batch, max_length=max_length or
+                                   model.context_length, prefill_chunk=prefill_chunk)
         self.max_batch = max_batch
         self.max_length = self.generator.max_length
         self.prefill_chunk = prefill_chunk

@@ -18,12 +18,15 @@ from typing import Any
 import numpy as np
 import tokenizers
 
+from llm_onnx.errors import GenerationError
+from llm_onnx.runtime.constraint import RowConstraint
 from llm_onnx.runtime.sampling import GenerationOptions, Sampler
 from llm_onnx.runtime.textstream import StopMatcher, StreamDecoder
 
-# Why a sequence ended: an end-of-sequence token, a stop string, its token limit, or it was
-# cancelled (a scheduler request whose caller went away).
-FINISH_REASONS = ("stop", "stop_string", "length", "cancelled")
+# Why a sequence ended: an end-of-sequence token (or its constraint complete), a stop string, its
+# token limit, it was cancelled (a scheduler request whose caller went away), or its constraint's
+# matcher failed ("error": Result.error says why).
+FINISH_REASONS = ("stop", "stop_string", "length", "cancelled", "error")
 
 
 @dataclass
@@ -58,7 +61,9 @@ class Result:
     ``finish_reason`` is "stop" (an end-of-sequence token), "stop_string", "length" or
     "cancelled"; ``logprobs`` (when asked for) holds one TokenLogprob per generated token.
     ``reasoning`` is the thinking of a reasoning model's chat reply (its ``<think>`` block; then
-    ``text`` is the answer after it), None otherwise.
+    ``text`` is the answer after it), None otherwise. ``tool_calls``: the calls a chat reply
+    made (``Model.chat(..., tools=...)``; then ``text`` is the reply without their markup).
+    ``error``: why a constrained sequence ended with finish_reason "error".
     """
 
     text: str
@@ -68,6 +73,8 @@ class Result:
     timings: Timings = field(default_factory=Timings)
     logprobs: list[TokenLogprob] | None = None
     reasoning: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"text": self.text, "token_ids": self.token_ids,
@@ -77,14 +84,30 @@ class Result:
             d["reasoning"] = self.reasoning
         if self.logprobs is not None:
             d["logprobs"] = [dataclasses.asdict(lp) for lp in self.logprobs]
+        if self.tool_calls is not None:
+            d["tool_calls"] = [dataclasses.asdict(call) for call in self.tool_calls]
+        if self.error is not None:
+            d["error"] = self.error
         return d
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A function call a chat reply made: ``arguments`` is JSON text (an object), as OpenAI
+    sends it."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class TokenLogprob:
-    """log P(token) under the model's raw next-token distribution (log-softmax of its logits,
-    before penalties, temperature or truncation), and the ``top`` most likely alternatives as
-    (token id, logprob), most likely first."""
+    """log P(token) under the model's next-token distribution (log-softmax of its logits, with
+    any logit_bias added and, for a constrained sequence, disallowed tokens removed; before
+    penalties, temperature or truncation), and the ``top`` most likely alternatives as
+    (token id, logprob), most likely first (alternatives of probability 0 are left out). A token
+    the constraint forced has logprob 0."""
 
     token_id: int
     logprob: float
@@ -123,8 +146,21 @@ def token_logprob(logits: np.ndarray, token_id: int, top: int) -> TokenLogprob:
         k = min(top, x.shape[0])
         idx = np.argpartition(-x, k - 1)[:k]
         idx = idx[np.lexsort((idx, -x[idx]))]
-        alternatives = tuple((int(i), _logprob(x[i], lse)) for i in idx)
+        alternatives = tuple((int(i), _logprob(x[i], lse)) for i in idx if x[i] > -np.inf)
     return TokenLogprob(int(token_id), _logprob(x[token_id], lse), alternatives)
+
+
+def _bias_arrays(bias: tuple[tuple[int, float], ...], vocab: int,
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+    """logit_bias as (ids, amounts) arrays; ids must be inside the vocabulary."""
+    if not bias:
+        return None
+    ids = np.array([i for i, _ in bias], dtype=np.int64)
+    outside = ids[ids >= vocab]
+    if outside.shape[0]:
+        raise GenerationError(f"logit_bias names token id {int(outside[0])}, outside the "
+                              f"vocabulary (0..{vocab - 1}).")
+    return ids, np.array([b for _, b in bias], dtype=np.float32)
 
 
 def _logprob(value: float, lse: float) -> float:
@@ -146,11 +182,16 @@ class Sequence:
         limit: most tokens to generate (``options.max_new_tokens`` cut to the room left).
         logprobs: None = off; k >= 0 = the chosen token's logprob and k alternatives.
         rng: the sampler's random generator (default: from ``options.seed``).
+        constraint: the matcher of ``options.constraint`` (llm_onnx.runtime.constraint): each
+            pick is masked to what it allows, tokens it forces are appended without a pick.
+        shown_special: special tokens whose text the reply keeps (tool-call markers).
     """
 
     def __init__(self, prompt: Seq[int], options: GenerationOptions, *, vocab_size: int,
                  tokenizer: tokenizers.Tokenizer | None, eos_token_ids: Seq[int], limit: int,
-                 logprobs: int | None = None, rng: np.random.Generator | None = None) -> None:
+                 logprobs: int | None = None, rng: np.random.Generator | None = None,
+                 constraint: RowConstraint | None = None,
+                 shown_special: frozenset[int] = frozenset()) -> None:
         self.options = options
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer
@@ -166,6 +207,12 @@ class Sequence:
         self.first_token_at: float | None = None
         self.ended_at: float | None = None
         self._sampler = Sampler(options, 1, vocab_size, [self.tokens], rng=rng)
+        self.constraint = constraint
+        self.forced_tokens = 0  # appended by fast-forward, without a pick
+        self._bias = _bias_arrays(options.logit_bias, vocab_size)
+        self._own_mask: np.ndarray | None = None
+        self._shown_special = shown_special
+        self.constraint_error: str | None = None
         self._restart_text()
 
     @property
@@ -184,30 +231,92 @@ class Sequence:
     def text(self) -> str:
         return "".join(self._pieces)
 
-    def accept(self, logits: np.ndarray, row: int = 0) -> TokenEvent:
-        """Pick the next token from its (V,) logits and record it."""
-        token = int(self._sampler(logits[None])[0])
+    def accept(self, logits: np.ndarray, row: int = 0,
+               mask: np.ndarray | None = None) -> list[TokenEvent]:
+        """Pick the next token from its (V,) logits and record it; then any tokens the constraint
+        forces. One event per token; the last carries the finish reason if the sequence ended.
+
+        Args:
+            mask: the constraint's bitmask for this step, filled by the caller (MaskBatch);
+                None: filled here.
+        """
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now
-        self.tokens.append(token)
-        self._sampler.observe(np.array([token]))
+        if self._bias is not None:
+            logits = np.asarray(logits, dtype=np.float32).copy()
+            np.add.at(logits, self._bias[0], self._bias[1])
+        if self.constraint is not None:
+            logits = self._masked(logits, mask)
+            if logits is None:  # the matcher allows nothing: end here, no token
+                return [TokenEvent(row, -1, self._fail(now), None, "error")]
+        token = int(self._sampler(logits[None])[0])
         lp = None
         if self.logprobs_top is not None:
             lp = token_logprob(logits, token, self.logprobs_top)
+        events = [self._record(token, row, lp, now)]
+        while self.constraint is not None and not self.done:  # fast-forward
+            forced = self.constraint.forced()[:self.limit - len(self.generated)]
+            if not forced:
+                break
+            for t in forced:
+                self.forced_tokens += 1
+                lp = None if self.logprobs_top is None else \
+                    TokenLogprob(t, 0.0, ((t, 0.0),) if self.logprobs_top else ())
+                events.append(self._record(t, row, lp, now))
+                if self.done:
+                    break
+        return events
+
+    def _record(self, token: int, row: int, lp: TokenLogprob | None, now: float) -> TokenEvent:
+        """Append one token (picked or forced): matcher, penalties, text, stop rules, limit."""
+        complete, failed = False, False
+        constraint = self.constraint
+        if constraint is not None and token not in self.eos:
+            failed = not constraint.consume(token)
+            complete = not failed and constraint.stopped
+            failed = failed or (complete and constraint.error is not None)
+        self.tokens.append(token)
+        self._sampler.observe(np.array([token]))
+        if lp is not None:
             self._logprobs.append(lp)
         text, finish = "", None
         if token in self.eos:
             finish = "stop"
         else:
             text, stopped = self._push_text(token)
-            if stopped:
+            if failed:
+                finish = "error"
+            elif stopped:
                 finish = "stop_string"
+            elif complete:  # the grammar is complete: nothing may follow
+                finish = "stop"
             elif len(self.tokens) - self.prompt_len >= self.limit:
                 finish = "length"
-        if finish is not None:
+        if finish == "error":
+            text += self._fail(now)
+        elif finish is not None:
             text += self._finish(finish, now)
         return TokenEvent(row, token, text, lp, finish)
+
+    def _masked(self, logits: np.ndarray, mask: np.ndarray | None) -> np.ndarray | None:
+        constraint = self.constraint
+        assert constraint is not None
+        if mask is None:
+            if self._own_mask is None:
+                self._own_mask = np.zeros(constraint.words, dtype=np.int32)
+            constraint.fill(self._own_mask)
+            mask = self._own_mask
+        return constraint.masked(np.asarray(logits), mask, self.eos)
+
+    def _fail(self, now: float) -> str:
+        """The matcher failed (a grammar past its per-step limits, or no token allowed): the
+        sequence ends with finish_reason "error" and the text so far; returns the held-back
+        text."""
+        constraint = self.constraint
+        self.constraint_error = (constraint.error if constraint is not None else None) or \
+            "no token is allowed by the constraint"
+        return self._finish("error", now)
 
     def cancel(self) -> bool:
         """End the sequence now (finish_reason "cancelled"); False if it had already ended."""
@@ -220,9 +329,14 @@ class Sequence:
         """Drop the last ``n`` tokens (generated first, then prompt tokens). Penalty counts and
         text are rebuilt from what remains; the random generator keeps its state."""
         keep = len(self.tokens) - n
+        if self.constraint is not None:  # it holds the generated tokens (end-of-sequence aside)
+            dropped = self.tokens[max(keep, self.prompt_len):]
+            self.constraint.rollback(sum(1 for t in dropped if t not in self.eos)
+                                     if keep >= self.prompt_len else self.constraint.consumed)
         self.tokens = self.tokens[:keep]
         self.prompt_len = min(self.prompt_len, keep)
         self.finish_reason, self.ended_at = None, None
+        self.constraint_error = None
         if not self.generated:
             self.first_token_at = None
         self._sampler = Sampler(self.options, 1, self.vocab_size, [self.tokens[:self.prompt_len]],
@@ -244,13 +358,15 @@ class Sequence:
                     prefill_tokens=self.prefill_tokens, decode_s=end - first,
                     decode_tokens=max(0, len(self.generated) - 1))
         return Result(self.text, self.generated, self.finish_reason or "length", self.prompt_len,
-                      t, list(self._logprobs) if self.logprobs_top is not None else None)
+                      t, list(self._logprobs) if self.logprobs_top is not None else None,
+                      error=self.constraint_error)
 
     # ------------------------------------------------------------------ text
 
     def _restart_text(self) -> None:
         prompt = self.tokens[:self.prompt_len]
-        self._decoder = StreamDecoder(self.tokenizer, prompt) if self.tokenizer else None
+        self._decoder = StreamDecoder(self.tokenizer, prompt, shown=self._shown_special) \
+            if self.tokenizer else None
         self._stops = StopMatcher(self.options.stop)
         self._pieces: list[str] = []
         self._logprobs: list[TokenLogprob] = []

@@ -46,6 +46,8 @@ class StreamDecoder:
         tokenizer: the model's ``tokenizers.Tokenizer``.
         prompt_ids: the prompt, whose last tokens are used as left context (see the module docstring).
         skip_special_tokens: as in ``Tokenizer.decode``.
+        shown: special tokens decoded as text all the same (tool-call markers such as Mistral's
+            ``[TOOL_CALLS]``, which a tool-call parser reads).
     """
 
     CONTEXT_TOKENS = 5  # prompt tokens used as left context, as TGI and vLLM do
@@ -54,7 +56,8 @@ class StreamDecoder:
     MAX_PENDING = 16
 
     def __init__(
-        self, tokenizer: tokenizers.Tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True
+        self, tokenizer: tokenizers.Tokenizer, prompt_ids: Sequence[int] = (), skip_special_tokens: bool = True,
+        shown: frozenset[int] = frozenset(),
     ) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
@@ -63,7 +66,9 @@ class StreamDecoder:
             # Tokenizer.decode drops these before its decoder runs, so leaving them out of the
             # window changes nothing and keeps runs of special tokens from growing it.
             added = tokenizer.get_added_tokens_decoder()
-            self._special = frozenset(i for i, token in added.items() if token.special)
+            self._special = frozenset(i for i, token in added.items() if token.special) - shown
+            # The window then holds no special token but the shown ones: decode keeps them.
+            self._skip = not shown
         self._start(self._context(prompt_ids))
 
     def push(self, token_id: int) -> str:

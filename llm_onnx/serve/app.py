@@ -14,6 +14,7 @@ Ray Serve deployment mounts the same object.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
@@ -30,17 +31,20 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llm_onnx.errors import GenerationError
+from llm_onnx.runtime.chat_tools import ReplyStream
 from llm_onnx.runtime.model import Model
-from llm_onnx.runtime.reasoning import ChatPiece, ReasoningSplitter
+from llm_onnx.runtime.reasoning import ChatPiece
 from llm_onnx.runtime.scheduler import QueueFull, Request as Job, Scheduler, SchedulerClosed
 from llm_onnx.runtime.sequence import Result, TokenEvent
-from llm_onnx.serve import protocol as p
+from llm_onnx.runtime.tools import ToolCallDelta
+from llm_onnx.serve import protocol as p, requests as rq, responses as rs, structured
 from llm_onnx.serve.metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger("llm_onnx.serve")
 
 MAX_BODY_BYTES = 8 << 20
 _DISCONNECT_POLL_S = 0.1
+COMPILE_TIMEOUT_S = 10.0  # a constraint that takes longer to compile is refused (400)
 
 
 class Service:
@@ -65,10 +69,30 @@ class Service:
                                    prefill_chunk=prefill_chunk, max_queue=max_queue,
                                    observer=self.metrics)
         self.metrics.attach(self.scheduler)
-        self.tokens = p.TokenText(model)
+        self.tokens = rs.TokenText(model)
         self.created = int(time.time())
         self.draining = False
         self._closer: threading.Thread | None = None
+        # Constraints compile here, off the event loop and off the scheduler's thread: one at a
+        # time, each bounded by the engine's limits and by COMPILE_TIMEOUT_S.
+        self.compiler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="llm-onnx-compile")
+
+    async def prepare(self, plan: p.Plan) -> None:
+        """Compose and compile the plan's constraint (a 400 if it is invalid or too slow)."""
+        if plan.constraint is None and (plan.chat is None or plan.chat.format is None):
+            return
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(self.compiler, structured.prepare, plan,
+                                    self.model.constraints)
+        try:
+            await asyncio.wait_for(asyncio.shield(work), COMPILE_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise p.bad(plan.constraint.where if plan.constraint is not None else "tools",
+                        f"the constraint did not compile within {COMPILE_TIMEOUT_S:g} s; "
+                        "simplify the schema or grammar.") from None
+        kind = plan.constraint_kind
+        if kind is not None:
+            self.metrics.constrained.labels(kind).inc(len(plan.prompts) * plan.n)
 
     def start(self) -> None:
         self.scheduler.start()
@@ -87,6 +111,7 @@ class Service:
         self.begin_shutdown(0.0)
         if self._closer is not None:
             self._closer.join()
+        self.compiler.shutdown(wait=False, cancel_futures=True)
 
 
 def create_app(service: Service, *, cors_origins: Sequence[str] = ()) -> FastAPI:
@@ -162,14 +187,16 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = ()) -> FastAPI
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(request: Request) -> Response:
-        plan = p.chat_plan(await _body(request), service.model, service.name,
-                           service.scheduler.max_length)
+        plan = rq.chat_plan(await _body(request), service.model, service.name,
+                            service.scheduler.max_length)
+        await service.prepare(plan)
         return await _answer(service, request, plan)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(request: Request) -> Response:
-        plan = p.completion_plan(await _body(request), service.model, service.name,
-                                 service.scheduler.max_length)
+        plan = rq.completion_plan(await _body(request), service.model, service.name,
+                                  service.scheduler.max_length)
+        await service.prepare(plan)
         return await _answer(service, request, plan)
 
     return app
@@ -281,7 +308,16 @@ async def _answer(service: Service, request: Request, plan: p.Plan) -> Response:
         _count(service, request, 499)
         return Response(status_code=499)
     _count(service, request, 200)
-    return JSONResponse(p.response(plan, results, service.tokens))
+    body = rs.response(plan, results, service.tokens)
+    _count_tool_calls(service, body)
+    return JSONResponse(body)
+
+
+def _count_tool_calls(service: Service, body: dict[str, Any]) -> None:
+    calls = sum(len(c["message"].get("tool_calls") or []) for c in body["choices"]
+                if "message" in c)
+    if calls:
+        service.metrics.tool_calls.inc(calls)
 
 
 async def _results(request: Request, jobs: list[Job],
@@ -326,9 +362,8 @@ async def _events(service: Service, request: Request, plan: p.Plan, jobs: list[J
     generated = 0
     status = "499"
     chat = plan.kind == p.CHAT
-    # A reasoning model's reply: each choice's text split into reasoning_content and content.
-    splitters = [ReasoningSplitter(plan.thinking) if chat and plan.thinking is not None else None
-                 for _ in jobs]
+    # Each choice's text split into reasoning_content, content and tool-call deltas.
+    replies = [ReplyStream(plan.chat) if chat and plan.chat is not None else None for _ in jobs]
     try:
         first = []
         for i in range(len(jobs)):
@@ -340,30 +375,35 @@ async def _events(service: Service, request: Request, plan: p.Plan, jobs: list[J
                 offsets[i] = len(text)
                 first.append({"index": i, "text": text, "logprobs": None, "finish_reason": None})
         if first:
-            yield _sse(p.chunk(plan, first))
+            yield _sse(rs.chunk(plan, first))
         while not all(finished):
             job, item = await items.get()
             i = index[job.id]
             if isinstance(item, TokenEvent):
-                generated += 1
-                pieces = _pieces(splitters[i], item.text, item.finish_reason is not None)
-                if not pieces and plan.logprobs is None and item.finish_reason is None:
+                generated += item.token_id >= 0
+                last = item.finish_reason is not None
+                pieces = replies[i].push(item.text, last) if replies[i] is not None else \
+                    ([ChatPiece(item.text)] if item.text else [])
+                if not pieces and plan.logprobs is None and not last:
                     continue
-                choice = _choice(plan, service, i, item, pieces, offsets)
-                yield _sse(p.chunk(plan, [choice]))
+                choice = _choice(plan, service, i, item, pieces, offsets, replies[i])
+                yield _sse(rs.chunk(plan, [choice]))
+                if last and replies[i] is not None and replies[i].tool_calls:
+                    service.metrics.tool_calls.inc(replies[i].tool_calls)
             elif isinstance(item, Result):
                 if item.finish_reason == "cancelled" and not finished[i]:
-                    end = {"index": i, "delta": _delta(_pieces(splitters[i], "", True))} \
-                        if chat else {"index": i, "text": ""}
-                    end.update(logprobs=None, finish_reason=p.finish_reason(item.finish_reason))
-                    yield _sse(p.chunk(plan, [end]))
+                    pieces = replies[i].push("", True) if replies[i] is not None else []
+                    end = {"index": i, "delta": _delta(pieces)} if chat else \
+                        {"index": i, "text": ""}
+                    end.update(logprobs=None, finish_reason=rs.finish_reason(item.finish_reason))
+                    yield _sse(rs.chunk(plan, [end]))
                 finished[i] = True
             else:  # the model failed: tell the client in OpenAI's streamed-error shape
                 yield _sse(p.ApiError(500, f"generation failed: {item}", type="server_error")
                            .body())
                 finished[i] = True
         if plan.include_usage:
-            yield _sse(p.chunk(plan, [], p.usage(sum(len(x) for x in plan.prompts), generated)))
+            yield _sse(rs.chunk(plan, [], rs.usage(sum(len(x) for x in plan.prompts), generated)))
         yield "data: [DONE]\n\n"
         status = "200"
     finally:
@@ -372,35 +412,31 @@ async def _events(service: Service, request: Request, plan: p.Plan, jobs: list[J
         _count(service, request, status)
 
 
-def _pieces(splitter: ReasoningSplitter | None, text: str, last: bool) -> list[ChatPiece]:
-    """An event's text as final pieces: as is, or through the choice's reasoning splitter (all
-    that it held back on the last event)."""
-    if splitter is None:
-        return [ChatPiece(text)] if text else []
-    pieces = splitter.push(text)
-    return pieces + splitter.flush() if last else pieces
-
-
-def _delta(pieces: list[ChatPiece]) -> dict[str, str]:
+def _delta(pieces: list[ChatPiece | ToolCallDelta]) -> dict[str, Any]:
     """A chat chunk's delta: thinking as ``reasoning_content`` (vLLM's and DeepSeek's field),
-    the answer as ``content``."""
-    delta: dict[str, str] = {}
+    the answer as ``content``, tool calls as ``tool_calls`` (OpenAI's streamed shape)."""
+    delta: dict[str, Any] = {}
     for piece in pieces:
+        if isinstance(piece, ToolCallDelta):
+            delta.setdefault("tool_calls", []).append(rs.tool_call_delta(piece))
+            continue
         key = "reasoning_content" if piece.reasoning else "content"
         delta[key] = delta.get(key, "") + piece
     return delta
 
 
-def _choice(plan: p.Plan, service: Service, i: int, event: TokenEvent, pieces: list[ChatPiece],
-            offsets: list[int]) -> dict[str, Any]:
-    reason = None if event.finish_reason is None else p.finish_reason(event.finish_reason)
+def _choice(plan: p.Plan, service: Service, i: int, event: TokenEvent,
+            pieces: list[ChatPiece | ToolCallDelta], offsets: list[int],
+            reply: ReplyStream | None) -> dict[str, Any]:
+    reason = None if event.finish_reason is None else \
+        rs.finish_reason(event.finish_reason, reply is not None and reply.tool_calls > 0)
     logprobs = None
     if plan.kind == p.CHAT:
         if plan.logprobs is not None and event.logprob is not None:
-            logprobs = p.chat_logprobs([event.logprob], service.tokens)
+            logprobs = rs.chat_logprobs([event.logprob], service.tokens)
         return {"index": i, "delta": _delta(pieces), "logprobs": logprobs, "finish_reason": reason}
     if plan.logprobs is not None and event.logprob is not None:
-        logprobs = p.completion_logprobs([event.logprob], service.tokens, offsets[i])
+        logprobs = rs.completion_logprobs([event.logprob], service.tokens, offsets[i])
     offsets[i] += len(event.text)
     return {"index": i, "text": event.text, "logprobs": logprobs, "finish_reason": reason}
 

@@ -24,6 +24,16 @@ Names follow Prometheus' conventions (``_total`` counters, ``_seconds`` units):
                                                     the rows in their ranges (idle ones ride
                                                     along)
     llm_onnx_prefill_tokens_total                  prompt tokens run (cached ones are not)
+    llm_onnx_constrained_requests_total{kind}      replies under a constraint: json_schema |
+                                                    json_object | regex | grammar | choice |
+                                                    tools (a tool choice's grammar)
+    llm_onnx_constraint_mask_seconds_total         filling constrained rows' token masks (on a
+                                                    helper thread, overlapping the model runs)
+    llm_onnx_constraint_mask_wait_seconds_total    ... of it the steps waited for after a run
+    llm_onnx_constraint_masks_total                masks filled (one per constrained row a step)
+    llm_onnx_forced_tokens_total                   tokens a grammar forced, appended without a
+                                                    pick (fast-forward)
+    llm_onnx_tool_calls_total                      tool calls in replies
 
 The time counters let a load test say where its wall time went: model runs, host work in the
 scheduler, or idle (waiting for requests).
@@ -72,6 +82,9 @@ class Metrics:
                              "consecutive tokens.", buckets=_LATENCY, registry=r)
         self.duration = Histogram("llm_onnx_request_duration_seconds", "Submit to last token.",
                                   buckets=_DURATION, registry=r)
+        self.constrained = Counter("llm_onnx_constrained_requests", "Replies under a constraint, "
+                                   "by kind.", ["kind"], registry=r)
+        self.tool_calls = Counter("llm_onnx_tool_calls", "Tool calls in replies.", registry=r)
 
     def attach(self, scheduler: Scheduler) -> None:
         self.queue_depth.set_function(lambda: scheduler.queued)
@@ -131,6 +144,14 @@ class _SchedulerTimes:
                                   "rows riding along included.", value=stats.decode_row_slots)
         yield CounterMetricFamily("llm_onnx_prefill_tokens", "Prompt tokens run through the "
                                   "model.", value=stats.prefill_tokens)
+        yield CounterMetricFamily("llm_onnx_constraint_mask_seconds", "Seconds filling "
+                                  "constrained rows' token masks.", value=stats.mask_s)
+        yield CounterMetricFamily("llm_onnx_constraint_mask_wait_seconds", "Seconds steps waited "
+                                  "for masks after their model run.", value=stats.mask_wait_s)
+        yield CounterMetricFamily("llm_onnx_constraint_masks", "Token masks filled.",
+                                  value=stats.mask_rows)
+        yield CounterMetricFamily("llm_onnx_forced_tokens", "Tokens a grammar forced (appended "
+                                  "without a pick).", value=stats.forced_tokens)
 
 
 def merge_replicas(parts: list[tuple[str, str]]) -> bytes:

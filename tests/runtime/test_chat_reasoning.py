@@ -184,7 +184,7 @@ def test_tools_reach_the_template(model):
     text = model.render_chat(USER, tools=[tool])
     assert '{"type": "function", "function": {"name": "t99", "parameters": {}}}' in text
     assert model.chat_prompt(USER, tools=[tool]) != model.chat_prompt(USER)
-    with pytest.raises(GenerationError, match="tools must be a list of dicts"):
+    with pytest.raises(GenerationError, match="'tools' must be a list"):
         model.chat(USER, tools=tool)
 
 

@@ -81,21 +81,32 @@ def test_chat_template_kwargs_switch_thinking_off(client, model):
     assert r.choices[0].message.content == ref.text
 
 
-def test_tools_and_tool_calls_reach_the_template(client, model):
-    ref = model.chat(TOOL_ROUND, tools=[WEATHER], max_new_tokens=8, temperature=0)
-    r = client.chat.completions.create(model=NAME, messages=TOOL_ROUND, tools=[WEATHER],
-                                       max_tokens=8, temperature=0)
-    prompt = model.chat_prompt(TOOL_ROUND, tools=[WEATHER])
-    assert r.usage.prompt_tokens == len(prompt) != len(model.chat_prompt(TOOL_ROUND))
-    text = model.render_chat(TOOL_ROUND, tools=[WEATHER])
+def test_tool_calls_and_results_reach_the_template(client, model):
+    """An earlier turn's tool call and the tool's result render through Qwen3's template (its
+    arguments given as OpenAI's JSON string reach the template as an object)."""
+    ref = model.chat(TOOL_ROUND, max_new_tokens=8, temperature=0)
+    r = client.chat.completions.create(model=NAME, messages=TOOL_ROUND, max_tokens=8,
+                                       temperature=0)
+    text = model.render_chat(TOOL_ROUND)
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "t50"}}\n</tool_call>' \
-        in text and '"name": "get_weather", "description": "Weather in a city."' in text
+        in text and "<tool_response>" in text
+    assert r.usage.prompt_tokens == len(model.chat_prompt(TOOL_ROUND))
     assert (r.choices[0].message.content, r.choices[0].message.reasoning_content) == \
         (ref.text, ref.reasoning)
     # tool_choice "none": the model is not shown the tools
     r = client.chat.completions.create(model=NAME, messages=USER, tools=[WEATHER],
                                        tool_choice="none", max_tokens=2, temperature=0)
     assert r.usage.prompt_tokens == len(model.chat_prompt(USER))
+
+
+def test_tools_need_a_tokenizer_the_constraint_engine_reads(server):
+    """This model's word tokenizer has no byte form: tool calls, which are always constrained,
+    are refused with the reason rather than run loose (tests/serve/test_tool_calls.py runs them
+    on a byte-level model)."""
+    response = post(server, {"messages": USER, "tools": [WEATHER], "max_tokens": 4})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "tools" and "cannot read its tokenizer" in error["message"], error
 
 
 def post(server, body):
@@ -117,8 +128,10 @@ def post(server, body):
     ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f",
                                                                     "parameters": []}}]},
      "tools[0].function.parameters", "JSON Schema object"),
-    ({"messages": USER, "tools": [WEATHER], "tool_choice": "required"}, "tool_choice",
-     "not supported"),
+    ({"messages": USER, "tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice",
+     "must be one of"),
+    ({"messages": USER, "tools": [WEATHER], "tool_choice": {"type": "function", "function": {
+        "name": "nope"}}}, "tool_choice.function.name", "not in tools"),
     ({"messages": [USER[0], {"role": "assistant", "content": None, "tool_calls": [
         {"type": "function", "function": {"arguments": "{}"}}]}]},
      "messages[1].tool_calls[0]", "\"function\""),
@@ -146,13 +159,14 @@ def test_earlier_reasoning_content_is_accepted_and_dropped_by_the_template(serve
 def test_a_model_without_think_tokens_answers_as_before():
     """No reasoning_content field at all, streamed or not (protocol level, no server)."""
     from llm_onnx.runtime.sequence import Result
-    from llm_onnx.serve import protocol as p
+    from llm_onnx.serve import requests, responses
 
     model = Model.from_parts(FakeEngine([1]), fake_tokenizer(), (0,),
                              "{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    plan = p.chat_plan({"model": "m", "messages": [{"role": "user", "content": "Hel"}],
-                        "chat_template_kwargs": OFF}, model, "m", 64)
+    plan = requests.chat_plan({"model": "m", "messages": [{"role": "user", "content": "Hel"}],
+                               "chat_template_kwargs": OFF}, model, "m", 64)
     assert plan.thinking is None
-    body = p.response(plan, [Result("<think>x</think>y", [1], "stop", 1)], p.TokenText(model))
+    body = responses.response(plan, [Result("<think>x</think>y", [1], "stop", 1)],
+                              responses.TokenText(model))
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "<think>x</think>y",
                                              "refusal": None}

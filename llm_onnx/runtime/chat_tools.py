@@ -1,0 +1,269 @@
+"""A chat reply's constraint and its parts: tools and tool_choice, a reasoning model's think block,
+a chat template given in place of the folder's.
+
+``ChatRequest`` is what ``Model.chat`` and the server share: it renders the prompt, composes the
+constraint of the reply (the answer's own constraint, a tool choice's grammar, a free think block
+before either) and reads the reply back into thinking, content and tool calls.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import tokenizers
+
+from llm_onnx.errors import GenerationError
+from llm_onnx.runtime.chat import Message, render_chat
+from llm_onnx.runtime.constraint import Constraint, ConstraintError, Constraints
+from llm_onnx.runtime.reasoning import THINK_END, ChatPiece, ReasoningSplitter, opens_thought
+from llm_onnx.runtime.sequence import Result, ToolCall
+from llm_onnx.runtime.tools import (ToolCallDelta, ToolCallStream, ToolChoice, ToolFormat,
+                                    get_format, parse, tool_constraint)
+
+TOOL_CHOICES = ("none", "auto", "required")
+
+
+class ChatModel(Protocol):
+    """What a ChatRequest needs of its model (llm_onnx.runtime.Model is one)."""
+
+    tokenizer: tokenizers.Tokenizer | None
+    splits_reasoning: bool
+    tool_format: str | None
+
+    @property
+    def constraints(self) -> Constraints: ...
+
+
+def check_tools(tools: Any, where: str = "tools") -> list[dict] | None:
+    """OpenAI's tool list, checked: [{"type": "function", "function": {"name", "description",
+    "parameters"}}]. None or [] -> None."""
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list):
+        raise ConstraintError(f"'{where}' must be a list of {{\"type\": \"function\", "
+                              "\"function\": {...}} objects.", where)
+    names = set()
+    for i, tool in enumerate(tools):
+        at = f"{where}[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise ConstraintError(f"'{at}' must be an object with \"type\": \"function\".", at)
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise ConstraintError(f"'{at}.function' must be an object with a 'name' (and "
+                                  "'description', 'parameters').", f"{at}.function")
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise ConstraintError(f"'{at}.function.name' must be a non-empty string.",
+                                  f"{at}.function.name")
+        if name in names:
+            raise ConstraintError(f"'{at}.function.name': {name!r} is named twice.",
+                                  f"{at}.function.name")
+        names.add(name)
+        if not isinstance(function.get("description", ""), str):
+            raise ConstraintError(f"'{at}.function.description' must be a string.",
+                                  f"{at}.function.description")
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise ConstraintError(f"'{at}.function.parameters' must be a JSON Schema object.",
+                                  f"{at}.function.parameters")
+    return tools
+
+
+def check_tool_choice(choice: Any, tools: list[dict] | None, where: str = "tool_choice",
+                      ) -> ToolChoice:
+    """"none" | "auto" | "required" | {"type": "function", "function": {"name": ...}}; the
+    default is "auto" with tools, "none" without."""
+    if choice is None:
+        return "auto" if tools else "none"
+    if isinstance(choice, str):
+        if choice not in TOOL_CHOICES:
+            raise ConstraintError(f"'{where}' must be one of {', '.join(TOOL_CHOICES)} or "
+                                  "{\"type\": \"function\", \"function\": {\"name\": ...}}, got "
+                                  f"{choice!r}.", where)
+    elif not (isinstance(choice, dict) and choice.get("type") == "function"
+              and isinstance(choice.get("function"), dict)
+              and isinstance(choice["function"].get("name"), str)):
+        raise ConstraintError(f"'{where}' must be \"none\", \"auto\", \"required\" or "
+                              "{\"type\": \"function\", \"function\": {\"name\": ...}}.", where)
+    if choice != "none" and not tools:
+        raise ConstraintError(f"'{where}' is {json.dumps(choice)} but no tools are given.", where)
+    if isinstance(choice, dict):
+        name = choice["function"]["name"]
+        if name not in [t["function"]["name"] for t in tools or []]:
+            raise ConstraintError(f"'{where}' names the function {name!r}, which is not in "
+                                  "tools.", f"{where}.function.name")
+    return choice
+
+
+def thinking_mode(prompt: str) -> str:
+    """How a reply to ``prompt`` starts: inside a think block the prompt opened ("open"), after
+    one it closed (thinking off: "none"), or free to open one ("optional")."""
+    if opens_thought(prompt):
+        return "open"
+    return "none" if prompt.rstrip().endswith(THINK_END) else "optional"
+
+
+def read_chat_template(source: str | Path, special_tokens: dict[str, str]) -> str:
+    """A chat template from a file (a path) and checked: it must render a two-message
+    conversation. The error names the file."""
+    path = Path(source)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise GenerationError(f"--chat-template {path}: cannot read it ({e.strerror}).") from None
+    except UnicodeDecodeError as e:
+        raise GenerationError(f"--chat-template {path}: not valid UTF-8 (byte {e.start}).") \
+            from None
+    if path.suffix == ".json" or text.lstrip().startswith("{\""):  # tokenizer_config.json
+        try:
+            text = json.loads(text)["chat_template"]
+        except (ValueError, KeyError, TypeError):
+            raise GenerationError(f"--chat-template {path}: a JSON file must hold a "
+                                  "\"chat_template\" string (as tokenizer_config.json does).") \
+                from None
+        if not isinstance(text, str):
+            raise GenerationError(f"--chat-template {path}: its \"chat_template\" is not a "
+                                  "single template string.")
+    try:
+        render_chat(text, [{"role": "user", "content": "Hi"},
+                           {"role": "assistant", "content": "Hello"}], special_tokens, False)
+        render_chat(text, [{"role": "user", "content": "Hi"}], special_tokens, True)
+    except GenerationError as e:
+        raise GenerationError(f"--chat-template {path}: it does not render a two-message "
+                              f"conversation: {e}") from None
+    return text
+
+
+@dataclass
+class ChatRequest:
+    """One chat reply to produce: its prompt's tools and tool choice, the answer's constraint.
+
+    Args:
+        model: the model (its constraint engine, tool format, think tokens).
+        prompt: the rendered prompt text.
+        answer: what a reply that calls no tool must match (None: any text).
+        tools, tool_choice, parallel: OpenAI's tools, tool_choice, parallel_tool_calls.
+    """
+
+    model: ChatModel
+    prompt: str
+    answer: Constraint | None = None
+    tools: list[dict] | None = None
+    tool_choice: ToolChoice = "none"
+    parallel: bool = True
+    format: ToolFormat | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.tools and self.tool_choice != "none":
+            if self.model.tool_format is None:
+                raise ConstraintError("this model's chat template writes no tool calls that "
+                                      "llm-onnx recognises: give --tool-call-format (hermes, "
+                                      "llama3_json, mistral, phi4_mini).", "tools")
+            self.format = get_format(self.model.tool_format)
+            if self.answer is not None and self.tool_choice != "auto":
+                raise ConstraintError(f"tool_choice {json.dumps(self.tool_choice)} forces a tool "
+                                      "call, so a response format cannot apply too; use "
+                                      "tool_choice \"auto\" or drop the response format.",
+                                      "tool_choice")
+
+    @property
+    def thinking(self) -> bool | None:
+        """True if the reply starts inside a think block; None: no reasoning split."""
+        return opens_thought(self.prompt) if self.model.splits_reasoning else None
+
+    def constraint(self) -> Constraint | None:
+        """The reply's constraint: the tool choice's grammar (with the answer's constraint for
+        "auto") or the answer's, after a free think block for a reasoning model."""
+        constraint = self.answer
+        if self.format is not None:
+            constraints = self.model.constraints
+            for i, tool in enumerate(self.tools or []):  # each schema's errors with its path
+                parameters = tool["function"].get("parameters")
+                if parameters is not None:
+                    constraints.compile(Constraint.json_schema(
+                        parameters, where=f"tools[{i}].function.parameters"))
+            constraint = tool_constraint(self.format, self.tools or [], self.tool_choice,
+                                         self.parallel, self._special_id, self.answer)
+        if constraint is not None and self.model.splits_reasoning:
+            constraint = constraint.after_thinking(thinking_mode(self.prompt))
+        return constraint
+
+    def options_for(self, options: Any) -> Any:
+        """``options`` (GenerationOptions) with this reply's constraint."""
+        return replace(options, constraint=self.constraint())
+
+    def _special_id(self, marker: str) -> int | None:
+        tokenizer = self.model.tokenizer
+        if tokenizer is None:
+            return None
+        token = tokenizer.token_to_id(marker)
+        added = tokenizer.get_added_tokens_decoder()
+        return token if token is not None and token in added and added[token].special else None
+
+    # ------------------------------------------------------------------ reading the reply
+
+    def splitter(self) -> ReasoningSplitter | None:
+        return ReasoningSplitter(bool(self.thinking)) if self.thinking is not None else None
+
+    def stream(self) -> ReplyStream:
+        return ReplyStream(self)
+
+    def read(self, result: Result) -> Result:
+        """``result`` with its thinking apart (``reasoning``) and its tool calls parsed
+        (``tool_calls``; ``text`` is then the content around them)."""
+        reasoning, answer = None, result.text
+        splitter = self.splitter()
+        if splitter is not None:
+            splitter.push(result.text)
+            splitter.flush()
+            reasoning, answer = splitter.reasoning, splitter.answer
+        calls = None
+        if self.format is not None:
+            answer, calls, _complete = parse(self.format, answer)
+        return replace(result, text=answer, reasoning=reasoning, tool_calls=calls)
+
+
+class ReplyStream:
+    """A chat reply's text as it streams, in: ChatPieces (thinking or content) and
+    ToolCallDeltas, out."""
+
+    def __init__(self, request: ChatRequest) -> None:
+        self.splitter = request.splitter()
+        self.calls = ToolCallStream(request.format) if request.format is not None else None
+
+    def push(self, text: str, last: bool = False) -> list[ChatPiece | ToolCallDelta]:
+        pieces = [ChatPiece(text)] if self.splitter is None else self.splitter.push(text)
+        if last and self.splitter is not None:
+            pieces += self.splitter.flush()
+        out: list[ChatPiece | ToolCallDelta] = []
+        for piece in pieces:
+            if piece.reasoning or self.calls is None:
+                if piece:
+                    out.append(piece)
+            else:
+                out += [ChatPiece(p) if isinstance(p, str) else p for p in self.calls.push(piece)]
+        if last and self.calls is not None:
+            out += [ChatPiece(p) if isinstance(p, str) else p for p in self.calls.finish()]
+        return out
+
+    @property
+    def tool_calls(self) -> int:
+        return self.calls.calls if self.calls is not None else 0
+
+    @property
+    def complete(self) -> bool:
+        return self.calls.complete if self.calls is not None else True
+
+
+def collect_calls(deltas: Sequence[ToolCallDelta]) -> list[ToolCall]:
+    """Whole calls from their streamed deltas (in index order)."""
+    calls: dict[int, list[str]] = {}
+    for d in deltas:
+        if d.id is not None:
+            calls[d.index] = [d.id, d.name or "", ""]
+        calls[d.index][2] += d.arguments
+    return [ToolCall(*calls[i]) for i in sorted(calls)]
