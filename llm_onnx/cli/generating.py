@@ -77,6 +77,69 @@ def _template_options(func):
     return func
 
 
+def _constraint_options(func):
+    """What the answer must match, and the chat template; shared by `generate` and `chat`."""
+    options = [
+        click.option("--json-schema", metavar="FILE|JSON",
+                     help="The answer is JSON valid under this JSON Schema (a file, or the "
+                          "schema itself)."),
+        click.option("--json-object", is_flag=True,
+                     help="The answer is one JSON object (any keys and values)."),
+        click.option("--regex", metavar="PATTERN",
+                     help="The answer matches this regular expression as a whole."),
+        click.option("--grammar", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+                     help="The answer follows this grammar file: Lark (llguidance's variant) "
+                          "or llama.cpp's GBNF."),
+        click.option("--choice", multiple=True,
+                     help="The answer is exactly one of these strings (repeatable)."),
+        click.option("--chat-template", type=click.Path(path_type=Path, exists=True,
+                                                        dir_okay=False),
+                     help="A Jinja chat template file (or a tokenizer_config.json) used instead "
+                          "of the model folder's."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _constraint(kwargs: dict) -> dict:
+    """--json-schema / --json-object / --regex / --grammar / --choice as generation keywords
+    (checked when the model loads; at most one)."""
+    import json
+
+    from llm_onnx.errors import GenerationError
+
+    out: dict = {}
+    schema = kwargs.pop("json_schema")
+    if schema is not None:
+        path = Path(schema)
+        if not schema.lstrip().startswith("{") and not path.is_file():
+            raise GenerationError(f"--json-schema {schema}: no such file, and not a JSON "
+                                  "schema either (give a file or the schema's JSON).")
+        text = path.read_text(encoding="utf-8") if not schema.lstrip().startswith("{") else schema
+        try:
+            out["json_schema"] = json.loads(text)
+        except ValueError as e:
+            where = f"--json-schema {path}" if text is not schema else "--json-schema"
+            raise GenerationError(f"{where}: not valid JSON ({e}).") from None
+    if kwargs.pop("json_object"):
+        out["json_object"] = True
+    regex = kwargs.pop("regex")
+    if regex is not None:
+        out["regex"] = regex
+    grammar = kwargs.pop("grammar")
+    if grammar is not None:
+        out["grammar"] = Path(grammar).read_text(encoding="utf-8")
+    choice = kwargs.pop("choice")
+    if choice:
+        out["choice"] = list(choice)
+    if len(out) > 1:
+        names = {"json_schema": "--json-schema", "json_object": "--json-object",
+                 "regex": "--regex", "grammar": "--grammar", "choice": "--choice"}
+        raise GenerationError(f"give one of {', '.join(names[k] for k in out)}, not several.")
+    return out
+
+
 def _template_vars(model, no_think: bool, pairs) -> dict | None:
     """--no-think and --template-var as template variables, checked against the model's template:
     a name it never reads is an error, not a silent no-op."""
@@ -137,17 +200,22 @@ def _load_model(kwargs: dict):
     from llm_onnx.runtime import Model
 
     folder = kwargs.pop("model")
+    constraint = _constraint(kwargs)
     if folder is None:
         from llm_onnx.default_model import default_model_folder
 
         folder = default_model_folder(progress=True, provider=kwargs["provider"])
-    model = Model.load(folder, provider=kwargs.pop("provider"), threads=kwargs.pop("threads"))
+    model = Model.load(folder, provider=kwargs.pop("provider"), threads=kwargs.pop("threads"),
+                       chat_template=kwargs.pop("chat_template"))
     if not kwargs.pop("quiet"):
         click.echo(f"[{model.engine.describe()}]", err=True)
     overrides = {k: kwargs.pop(k) for k in _SAMPLING_KEYS}
     overrides = {k: (tuple(v) if isinstance(v, tuple) else v) for k, v in overrides.items()
                  if v is not None and v != ()}
-    model.options(None, overrides)  # bad options fail here, before any work
+    overrides.update(constraint)
+    options = model.options(None, dict(overrides))  # bad options fail here, before any work
+    if options.constraint is not None:  # and a bad schema, regex or grammar
+        model.constraints.compile(options.constraint)
     return model, overrides
 
 
@@ -179,11 +247,13 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
               help="Print one JSON object: text, token_ids, finish_reason, timings (and "
                    "reasoning, for a reasoning model).")
 @_template_options
+@_constraint_options
 @_sampling_options
 @_handle_errors
 def generate(prompt, prompt_file, raw, system, as_json, no_think, template_var, **kwargs) -> None:
     """Generate an answer to PROMPT and stream it to stdout (a reasoning model's thinking goes
-    to stderr).
+    to stderr). --json-schema, --json-object, --regex, --grammar and --choice constrain the
+    answer (after a reasoning model's thinking).
 
     \b
     Examples:
@@ -191,6 +261,9 @@ def generate(prompt, prompt_file, raw, system, as_json, no_think, template_var, 
       llm-onnx generate --raw "Once upon a time" --temperature 0.8 --seed 1
       llm-onnx generate --model models/qwen3-8b-int4 --json "Hi" | jq .timings
       llm-onnx generate --model models/qwen3-8b-int4 --no-think "Hi"
+      llm-onnx generate --json-schema person.schema.json "A person living in Paris, as JSON"
+      llm-onnx generate --choice positive --choice negative "Sentiment of: I loved it"
+      llm-onnx generate --regex '[0-9]{4}-[0-9]{2}-[0-9]{2}' "Today's date?"
     """
     import json as _json
 
@@ -222,6 +295,7 @@ def generate(prompt, prompt_file, raw, system, as_json, no_think, template_var, 
 @main.command()
 @click.option("--system", help="System message.")
 @_template_options
+@_constraint_options
 @_sampling_options
 @_handle_errors
 def chat(system, no_think, template_var, **kwargs) -> None:
@@ -235,6 +309,7 @@ def chat(system, no_think, template_var, **kwargs) -> None:
       llm-onnx chat
       llm-onnx chat --model models/qwen3-8b-int4 --temperature 0.7 --seed 1
       llm-onnx chat --model models/qwen3-8b-int4 --no-think
+      llm-onnx chat --json-object --system "Answer in JSON."
     """
     from llm_onnx.errors import GenerationError
 

@@ -8,6 +8,8 @@ import click
 
 from llm_onnx.cli.app import _handle_errors, main
 
+TOOL_FORMATS = ("hermes", "llama3_json", "mistral", "phi4_mini")  # llm_onnx.runtime.tools
+
 
 @main.command()
 @click.option("--model", type=click.Path(path_type=Path),
@@ -36,6 +38,11 @@ from llm_onnx.cli.app import _handle_errors, main
               help="Allow browser pages from this origin (repeatable; '*' for any).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
+@click.option("--chat-template", type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              help="A Jinja chat template file (or a tokenizer_config.json) used instead of the "
+                   "folder's, e.g. one that renders tools; the folder is not modified.")
+@click.option("--tool-call-format", type=click.Choice(sorted(TOOL_FORMATS)),
+              help="How the model writes tool calls (default: read off the chat template).")
 @click.option("--ray", "use_ray", is_flag=True,
               help="Serve on Ray Serve: replicas of the model behind Ray's HTTP proxy "
                    "(pip install 'llm-onnx[ray]').")
@@ -47,17 +54,20 @@ from llm_onnx.cli.app import _handle_errors, main
               help="With --ray: join this Ray cluster (default: start a local Ray instance).")
 @_handle_errors
 def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, api_key,
-          model_name, provider, threads, drain_timeout, cors_origins, log_level, use_ray,
-          replicas, autoscale, address) -> None:
+          model_name, provider, threads, drain_timeout, cors_origins, log_level, chat_template,
+          tool_call_format, use_ray, replicas, autoscale, address) -> None:
     """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests.
 
     Endpoints: POST /v1/chat/completions, POST /v1/completions (both with "stream": true),
-    GET /v1/models, GET /health, GET /metrics (Prometheus).
+    GET /v1/models, GET /health, GET /metrics (Prometheus). Structured output: response_format
+    (json_object, json_schema), vLLM's structured_outputs (json, regex, choice, grammar), tools
+    with tool_choice auto / required / a named function.
 
     \b
     Examples:
       llm-onnx serve --model models/smollm2-int8
       llm-onnx serve --model models/qwen3-8b-int4 --port 8080 --max-batch 16
+      llm-onnx serve --model models/my-model --chat-template tools.jinja
       LLM_ONNX_API_KEY=secret llm-onnx serve --host 0.0.0.0 --model models/smollm2-int8
       curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
         -d '{"model": "smollm2-int8", "messages": [{"role": "user", "content": "Hi"}]}'
@@ -67,7 +77,7 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, a
     if use_ray:
         return _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len,
                           api_key, model_name, provider, threads, replicas, autoscale, address,
-                          cors_origins)
+                          cors_origins, chat_template, tool_call_format)
     if replicas or autoscale or address:
         raise click.UsageError("--replicas, --autoscale and --address need --ray.")
     try:
@@ -83,18 +93,21 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, a
         from llm_onnx.default_model import default_model_folder
 
         model = default_model_folder(progress=True, provider=provider)
-    loaded = Model.load(model, provider=provider, threads=threads)
+    loaded = Model.load(model, provider=provider, threads=threads, chat_template=chat_template,
+                        tool_call_format=tool_call_format)
     service = Service(loaded, name=model_name, api_key=api_key, max_batch=max_batch,
                       max_queue=max_queue, prefill_chunk=prefill_chunk, max_length=max_seq_len)
     auth = "API key required" if service.api_key else "no API key"
+    tools = f"tool calls: {loaded.tool_format}" if loaded.tool_format else "no tool calls"
     click.echo(f"Serving {service.name} ({loaded.engine.describe()}) at http://{host}:{port}/v1 "
-               f"- max batch {max_batch}, {auth}. Ctrl-C to stop.", err=True)
+               f"- max batch {max_batch}, {auth}, {tools}. Ctrl-C to stop.", err=True)
     server.run(service, host=host, port=port, drain_timeout=drain_timeout, log_level=log_level,
                cors_origins=cors_origins)
 
 
 def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, api_key,
-               model_name, provider, threads, replicas, autoscale, address, cors_origins) -> None:
+               model_name, provider, threads, replicas, autoscale, address, cors_origins,
+               chat_template, tool_call_format) -> None:
     try:
         from llm_onnx.serve import ray_app
     except ImportError as e:
@@ -115,11 +128,17 @@ def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_l
 
         model = default_model_folder(progress=True)
     folder = Path(model).resolve()  # replicas start in other working folders (or machines)
-    load_manifest(folder, verify=False)  # a bad folder fails here, not in every replica
+    manifest = load_manifest(folder, verify=False)  # a bad folder fails here, not in every replica
+    template = None
+    if chat_template is not None:  # read and checked here; its text travels to the replicas
+        from llm_onnx.runtime.chat_tools import read_chat_template
+
+        template = read_chat_template(chat_template, manifest.tokenizer.special_tokens)
     config = ray_app.ReplicaConfig(model=str(folder), name=model_name or folder.name,
                                    api_key=api_key, max_batch=max_batch, max_queue=max_queue,
                                    prefill_chunk=prefill_chunk, max_seq_len=max_seq_len,
-                                   threads=threads or 1, provider=provider)
+                                   threads=threads or 1, provider=provider,
+                                   chat_template=template, tool_call_format=tool_call_format)
     scaling = ray_app.Scaling(replicas=replicas or 1,
                               autoscale=ray_app.parse_autoscale(autoscale) if autoscale else None)
     where = "a local Ray instance" if address is None else f"the Ray cluster at {address}"

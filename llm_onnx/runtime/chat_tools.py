@@ -19,7 +19,7 @@ import tokenizers
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.chat import Message, render_chat
 from llm_onnx.runtime.constraint import Constraint, ConstraintError, Constraints
-from llm_onnx.runtime.reasoning import THINK_END, ChatPiece, ReasoningSplitter, opens_thought
+from llm_onnx.runtime.reasoning import THINK_END, THINK_START, ChatPiece, ReasoningSplitter, opens_thought
 from llm_onnx.runtime.sequence import Result, ToolCall
 from llm_onnx.runtime.tools import (ToolCallDelta, ToolCallStream, ToolChoice, ToolFormat,
                                     get_format, parse, tool_constraint)
@@ -108,33 +108,42 @@ def thinking_mode(prompt: str) -> str:
 
 
 def read_chat_template(source: str | Path, special_tokens: dict[str, str]) -> str:
-    """A chat template from a file (a path) and checked: it must render a two-message
-    conversation. The error names the file."""
-    path = Path(source)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise GenerationError(f"--chat-template {path}: cannot read it ({e.strerror}).") from None
-    except UnicodeDecodeError as e:
-        raise GenerationError(f"--chat-template {path}: not valid UTF-8 (byte {e.start}).") \
-            from None
-    if path.suffix == ".json" or text.lstrip().startswith("{\""):  # tokenizer_config.json
+    """A chat template given in place of a folder's, checked: it must render a two-message
+    conversation. ``source`` is a file (a Jinja template, or a tokenizer_config.json with a
+    ``chat_template``), or the template's text itself (a string with ``{{`` or ``{%``). The
+    error names the file."""
+    if isinstance(source, str) and ("{{" in source or "{%" in source):
+        text, label = source, "--chat-template"
+    else:
+        path = Path(source)
+        label = f"--chat-template {path}"
         try:
-            text = json.loads(text)["chat_template"]
-        except (ValueError, KeyError, TypeError):
-            raise GenerationError(f"--chat-template {path}: a JSON file must hold a "
-                                  "\"chat_template\" string (as tokenizer_config.json does).") \
-                from None
-        if not isinstance(text, str):
-            raise GenerationError(f"--chat-template {path}: its \"chat_template\" is not a "
-                                  "single template string.")
+            text = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise GenerationError(f"{label}: cannot read it ({e.strerror}).") from None
+        except UnicodeDecodeError as e:
+            raise GenerationError(f"{label}: not valid UTF-8 (byte {e.start}).") from None
+        if path.suffix == ".json":  # tokenizer_config.json
+            try:
+                text = json.loads(text)["chat_template"]
+            except (ValueError, KeyError, TypeError):
+                raise GenerationError(f"{label}: a JSON file must hold a \"chat_template\" "
+                                      "string (as tokenizer_config.json does).") from None
+            if not isinstance(text, str):
+                raise GenerationError(f"{label}: its \"chat_template\" is not a single "
+                                      "template string.")
+    user, reply = "Where is the user's message?", "Here is the assistant's reply."
     try:
-        render_chat(text, [{"role": "user", "content": "Hi"},
-                           {"role": "assistant", "content": "Hello"}], special_tokens, False)
-        render_chat(text, [{"role": "user", "content": "Hi"}], special_tokens, True)
+        both = render_chat(text, [{"role": "user", "content": user},
+                                  {"role": "assistant", "content": reply}], special_tokens, False)
+        render_chat(text, [{"role": "user", "content": user}], special_tokens, True)
     except GenerationError as e:
-        raise GenerationError(f"--chat-template {path}: it does not render a two-message "
-                              f"conversation: {e}") from None
+        raise GenerationError(f"{label}: it does not render a two-message conversation: "
+                              f"{e}") from None
+    if user not in both or reply not in both:
+        raise GenerationError(f"{label}: it does not render a two-message conversation (the "
+                              "messages' contents are not in its output); is it a chat "
+                              "template?")
     return text
 
 
@@ -189,7 +198,10 @@ class ChatRequest:
             constraint = tool_constraint(self.format, self.tools or [], self.tool_choice,
                                          self.parallel, self._special_id, self.answer)
         if constraint is not None and self.model.splits_reasoning:
-            constraint = constraint.after_thinking(thinking_mode(self.prompt))
+            constraints = self.model.constraints
+            tags = (constraints.special_token(THINK_START), constraints.special_token(THINK_END))
+            constraint = constraint.after_thinking(
+                thinking_mode(self.prompt), None if None in tags else tags)  # type: ignore[arg-type]
         return constraint
 
     def options_for(self, options: Any) -> Any:
@@ -197,12 +209,7 @@ class ChatRequest:
         return replace(options, constraint=self.constraint())
 
     def _special_id(self, marker: str) -> int | None:
-        tokenizer = self.model.tokenizer
-        if tokenizer is None:
-            return None
-        token = tokenizer.token_to_id(marker)
-        added = tokenizer.get_added_tokens_decoder()
-        return token if token is not None and token in added and added[token].special else None
+        return self.model.constraints.special_token(marker)
 
     # ------------------------------------------------------------------ reading the reply
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -64,6 +65,8 @@ class Constraint:
         thinking: "none"; "optional" (a reply may open with a free ``<think>`` block);
             "open" (the prompt opened the block: the reply starts inside it).
         markers: special tokens of the format (tool-call markers) kept in the reply's text.
+        think_tokens: the ids of ``<think>`` and ``</think>`` where they are tokens the engine
+            treats as special (the grammar names them as tokens); None: written as text.
     """
 
     kind: str
@@ -71,6 +74,7 @@ class Constraint:
     where: str = "constraint"
     thinking: str = "none"
     markers: tuple[str, ...] = ()
+    think_tokens: tuple[int, int] | None = None
 
     @classmethod
     def json_schema(cls, schema: Any, where: str = "json_schema") -> Constraint:
@@ -115,11 +119,13 @@ class Constraint:
             raise ConstraintError(f"{where} must be a non-empty list of non-empty strings.", where)
         return cls("choice", json.dumps(list(choices), ensure_ascii=False), where)
 
-    def after_thinking(self, thinking: str) -> Constraint:
-        """This constraint on the answer after a free ``<think>`` block (see ``thinking``)."""
+    def after_thinking(self, thinking: str,
+                       think_tokens: tuple[int, int] | None = None) -> Constraint:
+        """This constraint on the answer after a free ``<think>`` block (see ``thinking`` and
+        ``think_tokens``)."""
         if thinking not in THINKING:
             raise ValueError(f"thinking must be one of {THINKING}, got {thinking!r}")
-        return replace(self, thinking=thinking)
+        return replace(self, thinking=thinking, think_tokens=think_tokens)
 
     def grammar_text(self) -> str:
         """The constraint in llguidance's grammar form (its thinking block included)."""
@@ -172,13 +178,20 @@ def _grammar_text(c: Constraint) -> str:
         raise ConstraintError(f"unknown constraint kind {c.kind!r} (known: {', '.join(KINDS)}).")
     if c.thinking == "none":
         return body
-    # The answer becomes a subgrammar after a lazily matched think block: the shortest text up to
-    # the first </think> (any text, end-of-sequence not allowed inside), a little whitespace.
+    # The answer becomes a subgrammar after the think block: any text (end-of-sequence not
+    # allowed inside) up to the first </think>, then a little whitespace. Tags that are tokens
+    # end the free text by themselves (no text regex matches a special token); tags written as
+    # text need a lazy regex, which stops at the first </think>.
     grammars = _grammars(body)
     grammars[0] = {**grammars[0], "name": "llm_onnx_answer"}
-    thought = r"/(?s:.*)<\/think>/" if c.thinking == "open" else r"/[ \n]*<think>(?s:.*)<\/think>/"
-    top = (f"start: thought{'?' if c.thinking == 'optional' else ''} answer\n"
-           f"thought[lazy]: {thought}\n"
+    if c.think_tokens is not None:
+        start, end = c.think_tokens
+        opening = "" if c.thinking == "open" else f"/[ \\n]*/ <[{start}]> "
+        thought = f"thought: {opening}/(?s:.*)/ <[{end}]>"
+    else:
+        opening = "" if c.thinking == "open" else "[ \\n]*<think>"
+        thought = f"thought[lazy]: /{opening}(?s:.*)<\\/think>/"
+    top = (f"start: thought{'?' if c.thinking == 'optional' else ''} answer\n{thought}\n"
            "answer: /[ \\t\\n]{0,4}/ @llm_onnx_answer\n")
     return json.dumps({"grammars": [{"lark_grammar": top}, *grammars]})
 
@@ -221,6 +234,9 @@ class Constraints:
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, _Compiled] = OrderedDict()
         self.compiles = 0  # grammars compiled (cache misses)
+        # Append the tokens a grammar forces without a pick each (False: the model picks them
+        # one step at a time under a one-token mask; for measuring what fast-forward saves).
+        self.fast_forward = True
 
     @property
     def tokenizer(self) -> Any:
@@ -263,6 +279,13 @@ class Constraints:
         ids = self.tokenizer.tokenize_str(text, parse_special=True)
         return ids[0] if len(ids) == 1 else None
 
+    def special_token(self, text: str) -> int | None:
+        """The id of ``text`` if it is one token the engine treats as special (every added
+        token: ``<tool_call>``, ``<think>``, ...): a grammar must name it as a token
+        (``<[id]>``), since no string spells it. None if ``text`` is plain text."""
+        token = self.token_id(text)
+        return token if token is not None and self.tokenizer.is_special_token(token) else None
+
     def _compiled(self, constraint: Constraint) -> _Compiled:
         if not isinstance(constraint, Constraint):
             raise ConstraintError(f"a constraint must be a Constraint, got "
@@ -301,9 +324,25 @@ def _import() -> Any:
     return llguidance
 
 
+def _one_line(message: str, kind: str) -> str:
+    """llguidance's message on one line: the grammar excerpts and carets it prints under a
+    parse error are dropped; a regex error keeps its reason; a grammar error its position."""
+    lines = [line.rstrip() for line in message.strip().split("\n<state>")[0].splitlines()]
+    head = lines[0].strip() if lines else message
+    position = re.match(r"at (\d+)\((\d+)\): ", head)
+    if position:
+        head = head[position.end():]
+        if kind == "grammar":
+            head += f" (line {position.group(1)}, column {position.group(2)})"
+    head = head.replace(" (in regex)", "").rstrip(":").rstrip(".")
+    reasons = [line.strip()[len("error: "):] for line in lines[1:]
+               if line.strip().startswith("error: ")]
+    return f"{head}: {'; '.join(reasons)}" if reasons else head
+
+
 def _error(c: Constraint, message: str) -> ConstraintError:
     """The engine's message with the path and keyword it is about, where they can be found."""
-    message = message.strip().split("\n<state>")[0].strip().rstrip(".")
+    message = _one_line(message, c.kind)
     where = c.where
     if c.kind == "json_schema":
         found = locate(json.loads(c.source), message)
@@ -371,7 +410,10 @@ class RowConstraint:
         return ok
 
     def forced(self) -> list[int]:
-        """The tokens the grammar allows as the only continuation (fast-forward)."""
+        """The tokens the grammar allows as the only continuation (fast-forward; none when the
+        engine's ``fast_forward`` is off)."""
+        if not self.constraints.fast_forward:
+            return []
         return [int(t) for t in self.matcher.compute_ff_tokens()]
 
     def rollback(self, n: int) -> None:

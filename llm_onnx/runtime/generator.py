@@ -168,6 +168,7 @@ class Generator:
                        constraint=constraint, shown_special=shown)
         seq.prefill_tokens = len(prompt) - reuse
         self._seqs[row] = seq
+        self._pending.clear()
         self._admitted[row] = next(self._counter)
 
     def release(self, row: int = 0) -> Result | None:
@@ -204,6 +205,7 @@ class Generator:
         if not 0 <= n <= len(seq.tokens):
             raise GenerationError(f"cannot rewind {n} tokens of a sequence of {len(seq.tokens)}.")
         seq.rewind(n)
+        self._pending.clear()
         assert self._cache is not None
         # The last remaining token runs again (its logits were the ones dropped): one decode
         # step after a generated token, a prompt's last run (see _last_run_start) otherwise.
@@ -227,6 +229,10 @@ class Generator:
                 if cache is not None and len(self._seqs[r].tokens) - cache.length_of(r) == 1]  # type: ignore[union-attr]
 
     def is_done(self, row: int = 0) -> bool:
+        """True when row ``row`` has no sequence or it has finished (and generate_next_token
+        has handed out every token it produced)."""
+        if self._pending and row == 0:
+            return False
         seq = self._seqs[row]
         return seq is None or seq.done
 

@@ -47,9 +47,9 @@ class Model:
     Args:
         folder: a model folder written by ``llm-onnx export``.
         runtime: provider, threads, optimization level (see RuntimeOptions).
-        chat_template: a Jinja chat template file (or a tokenizer_config.json) used instead of
-            the folder's, checked first (it must render a two-message conversation); the folder
-            is not modified.
+        chat_template: a chat template used instead of the folder's: a Jinja file (or a
+            tokenizer_config.json), or the template's text; checked first (it must render a
+            two-message conversation); the folder is not modified.
         tool_call_format: how replies write tool calls (hermes, llama3_json, mistral,
             phi4_mini); default: read off the chat template.
     """

@@ -311,9 +311,10 @@ def _marker_tail(text: str, marker: str) -> int:
 
 def parse(fmt: ToolFormat, text: str) -> tuple[str, list[ToolCall], bool]:
     """(content, tool calls, every call complete) of a whole reply. A call cut short (the reply
-    ran out of tokens) is kept with its arguments so far."""
+    ran out of tokens) is left out: its arguments would not parse."""
     read = scan(fmt, text, final=True)
-    calls = [ToolCall(new_call_id(fmt), c.name, c.arguments) for c in read.calls if c.name]
+    calls = [ToolCall(new_call_id(fmt), c.name, c.arguments) for c in read.calls
+             if c.name and c.complete]
     return read.content, calls, all(c.complete for c in read.calls if c.name)
 
 

@@ -61,6 +61,8 @@ class ReplicaConfig:
     max_seq_len: int | None = None
     threads: int = 1
     provider: str = "auto"
+    chat_template: str | None = None  # a template's text (or a file the replicas can read)
+    tool_call_format: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,9 @@ class ModelReplica:
         from llm_onnx.serve.app import Service, create_app
 
         cfg = ReplicaConfig(**config)
-        model = Model.load(cfg.model, provider=cfg.provider, threads=cfg.threads)
+        model = Model.load(cfg.model, provider=cfg.provider, threads=cfg.threads,
+                           chat_template=cfg.chat_template,
+                           tool_call_format=cfg.tool_call_format)
         self.service = Service(model, name=cfg.name, api_key=cfg.api_key,
                                max_batch=cfg.max_batch, max_queue=cfg.max_queue,
                                prefill_chunk=cfg.prefill_chunk, max_length=cfg.max_seq_len)

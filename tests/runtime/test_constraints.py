@@ -1,0 +1,248 @@
+"""Constrained decoding in the runtime, on a tiny random model with a byte-level tokenizer
+(tests/byte_model.py): whatever the weights, every complete output is valid, checked by an
+independent validator (jsonschema, Python's re, the Lark grammar's language written as a regex).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import jsonschema
+import numpy as np
+import pytest
+
+from llm_onnx.errors import GenerationError
+from llm_onnx.runtime import Model
+from llm_onnx.runtime.constraint import Constraint, ConstraintError
+from llm_onnx.runtime.scheduler import Scheduler
+from tests.byte_model import EOS, byte_model_folder  # noqa: F401 (fixture)
+
+USER = [{"role": "user", "content": "Describe a person."}]
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+        "ok": {"type": "boolean"},
+        "score": {"type": ["number", "null"]},
+    },
+    "required": ["name", "age", "tags", "ok"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def model(byte_model_folder):  # noqa: F811
+    return Model.load(byte_model_folder, provider="cpu", threads=1)
+
+
+def prompt(model):
+    return model.chat_prompt(USER)
+
+
+# ------------------------------------------------------------------ every kind, any weights
+
+@pytest.mark.parametrize("seed", range(6))
+def test_json_schema_outputs_validate_at_temperature_one(model, seed):
+    result = model.generate(prompt(model), json_schema=PERSON, temperature=1.0, seed=seed,
+                            max_new_tokens=300)
+    assert result.finish_reason == "stop", result
+    jsonschema.validate(json.loads(result.text), PERSON)
+
+
+def test_json_object_regex_choice_grammars(model):
+    p = prompt(model)
+    cases = [
+        (dict(json_object=True), lambda t: isinstance(json.loads(t), dict)),
+        (dict(regex=r"(\d{3})-[a-f]{2,4}!"), lambda t: re.fullmatch(r"[0-9]{3}-[a-f]{2,4}!", t)),
+        (dict(choice=["red", "green", "blue"]), lambda t: t in ("red", "green", "blue")),
+        # Lark: a list of small numbers; the same language as a Python regex
+        (dict(grammar='start: "[" num ("," num)* "]"\nnum: /[1-9][0-9]?/'),
+         lambda t: re.fullmatch(r"\[[1-9][0-9]?(,[1-9][0-9]?)*\]", t)),
+        # GBNF, converted to Lark by llguidance
+        (dict(grammar='root ::= "yes" | "no" | ("maybe " [0-9])'),
+         lambda t: re.fullmatch(r"yes|no|maybe [0-9]", t)),
+    ]
+    for kwargs, valid in cases:
+        for seed in range(3):
+            r = model.generate(p, temperature=1.0, seed=seed, max_new_tokens=200, **kwargs)
+            assert r.finish_reason == "stop" and valid(r.text), (kwargs, r.text)
+
+
+def test_end_of_sequence_waits_for_a_complete_document(model):
+    """The model wants to stop at once (logit_bias on eos); the grammar does not let it."""
+    r = model.generate(prompt(model), json_schema=PERSON, logit_bias={EOS: 100.0},
+                       max_new_tokens=300)
+    assert r.finish_reason == "stop"
+    jsonschema.validate(json.loads(r.text), PERSON)
+    free = model.generate(prompt(model), logit_bias={EOS: 100.0}, max_new_tokens=8)
+    assert free.text == "" and free.token_ids == [EOS]  # unconstrained, it does stop
+
+
+def test_running_out_of_tokens_is_length_with_the_partial_text(model):
+    r = model.generate(prompt(model), json_schema=PERSON, max_new_tokens=5)
+    assert r.finish_reason == "length" and len(r.token_ids) == 5
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(r.text)
+    assert r.text.startswith("{")
+
+
+def test_a_complete_grammar_ends_without_asking_for_end_of_sequence(model):
+    r = model.generate(prompt(model), choice=["yes", "no"], max_new_tokens=50)
+    assert r.finish_reason == "stop" and r.text in ("yes", "no")
+    assert EOS not in r.token_ids and len(r.token_ids) == len(r.text.encode())
+
+
+def test_ignore_eos_still_ends_a_complete_grammar(model):
+    r = model.generate(prompt(model), regex="[a-z]{3}", ignore_eos=True, max_new_tokens=50)
+    assert r.finish_reason == "stop" and re.fullmatch("[a-z]{3}", r.text)
+
+
+def test_stop_strings_and_stop_tokens_still_apply(model):
+    r = model.generate(prompt(model), regex="abc(def)?", max_new_tokens=50, stop=["cd"])
+    assert r.finish_reason == "stop_string" and r.text == "ab"
+
+
+# ------------------------------------------------------------------ logprobs, fast-forward
+
+def test_logprobs_are_those_of_the_masked_distribution(model):
+    """First step of choice ["yes", "no"]: only 'y' and 'n' are allowed; their logprobs are the
+    log-softmax of the raw logits over those two (numpy reference)."""
+    p = prompt(model)
+    gen = model.generator(choice=["yes", "no"], max_new_tokens=10)
+    gen.append_tokens(p, logprobs=5)
+    first = gen.generate_next_token()
+    lp = first.logprob
+    assert {t for t, _ in lp.top} == {model.encode("y")[0], model.encode("n")[0]}
+    cache = model.engine.new_cache(1, len(p) + 1)
+    raw = model.engine.prefill(cache, 0, p).astype(np.float64)
+    allowed = np.array([model.encode("y")[0], model.encode("n")[0]])
+    ref = raw[allowed] - np.log(np.exp(raw[allowed]).sum())
+    assert dict(lp.top) == pytest.approx(dict(zip(allowed.tolist(), ref.tolist())), abs=1e-4)
+    rest = []
+    while not gen.is_done():  # "es" or "o" are forced: logprob 0
+        rest.append(gen.generate_next_token())
+    assert rest and all(e.logprob.logprob == 0.0 and e.logprob.top == ((e.token_id, 0.0),)
+                        for e in rest)
+    assert gen.result().text in ("yes", "no")
+
+
+def test_fast_forward_saves_runs_and_changes_no_token(model):
+    """A compact schema forces its keys: fast-forward appends them without a pick and runs them
+    in one chunk; the tokens are those picked one step at a time under a one-token mask."""
+    schema = {**PERSON, "x-guidance": {"whitespace_flexible": False}}
+    p = prompt(model)
+
+    def run(fast_forward: bool):
+        model.constraints.fast_forward = fast_forward
+        try:
+            gen = model.generator(json_schema=schema, max_new_tokens=300)
+            gen.append_tokens(p)
+            for _ in gen.events():
+                pass
+            return gen.result(), gen.stats
+        finally:
+            model.constraints.fast_forward = True
+
+    (fast, fast_stats), (slow, slow_stats) = run(True), run(False)
+    assert fast.token_ids == slow.token_ids and fast.finish_reason == "stop"
+    jsonschema.validate(json.loads(fast.text), PERSON)
+    assert fast_stats.forced_tokens >= len('{"name":"",age":,"tags":[],"ok":')
+    assert slow_stats.forced_tokens == 0
+    assert fast_stats.decode_runs + fast_stats.forced_tokens <= slow_stats.decode_runs + 1
+
+
+def test_generate_next_token_hands_out_forced_tokens_one_by_one(model):
+    gen = model.generator(regex="Hello, [a-z]{2}!", max_new_tokens=40)
+    gen.append_tokens(prompt(model))
+    events = []
+    while not gen.is_done():
+        events.append(gen.generate_next_token())
+    assert "".join(e.text for e in events) == gen.result().text
+    assert [e.token_id for e in events] == gen.result().token_ids
+    assert re.fullmatch("Hello, [a-z]{2}!", gen.result().text)
+
+
+def test_rewind_rolls_the_matcher_back(model):
+    """Rewinding k tokens (into fast-forwarded ones too) and generating again gives the same
+    greedy output; rewinding everything restarts the grammar."""
+    p = prompt(model)
+    gen = model.generator(json_schema=PERSON, max_new_tokens=300)
+    gen.append_tokens(p)
+    for _ in gen.events():
+        pass
+    full = gen.result()
+    for k in (1, 3, 9, len(full.token_ids)):
+        gen.rewind(k)
+        assert gen.tokens() == p + full.token_ids[:len(full.token_ids) - k]
+        for _ in gen.events():
+            pass
+        assert gen.result().token_ids == full.token_ids and gen.result().finish_reason == "stop"
+
+
+# ------------------------------------------------------------------ batches
+
+def test_different_constraints_in_one_batch_equal_each_alone(model):
+    p = prompt(model)
+    requests = [dict(json_schema=PERSON), dict(regex=r"[0-9]{4}"), dict(choice=["x", "yz"]),
+                {}, dict(json_object=True), dict(grammar='start: "(" ("a"|"b")+ ")"')]
+    alone = [model.generate(p, max_new_tokens=120, **kw) for kw in requests]
+    with Scheduler(model, max_batch=4, prefill_chunk=16) as scheduler:
+        jobs = [scheduler.submit(p, model.options(max_new_tokens=120, **kw)) for kw in requests]
+        together = [job.result(timeout=60) for job in jobs]
+    assert [r.token_ids for r in together] == [r.token_ids for r in alone]
+    jsonschema.validate(json.loads(together[0].text), PERSON)
+    assert re.fullmatch("[0-9]{4}", together[1].text) and together[2].text in ("x", "yz")
+    assert scheduler.generator.stats.mask_rows > 0
+
+
+# ------------------------------------------------------------------ bad constraints
+
+@pytest.mark.parametrize("kwargs, where, fragment", [
+    (dict(json_schema={"type": "object", "properties": {"age": {"type": "int"}}}),
+     "json_schema.properties.age.type", "'type' must be one of"),
+    (dict(json_schema={"properties": {"a": {"minimum": "3"}}}),
+     "json_schema.properties.a.minimum", "must be a number"),
+    (dict(json_schema={"type": "array", "items": {"type": "string"}, "uniqueItems": True}),
+     "json_schema.uniqueItems", "cannot be enforced"),
+    (dict(json_schema={"type": "object", "properties": {"p": {"$ref": "#/$defs/missing"}}}),
+     "json_schema.properties.p.$ref", "points to nothing"),
+    (dict(json_schema={"$ref": "https://example.com/schema.json"}), "json_schema.$ref",
+     "nothing is fetched"),
+    (dict(json_schema={"type": "string", "pattern": "(unclosed"}), "json_schema.pattern",
+     "regex"),
+    (dict(json_schema="{not json"), "json_schema", "not valid JSON"),
+    (dict(regex="(a"), "regex", "unclosed group"),
+    (dict(grammar="start: missing_rule"), "grammar", "unknown name"),
+    (dict(grammar='root ::= "a" | undefined'), "grammar", "not found"),
+    (dict(choice=[]), "choice", "non-empty list"),
+])
+def test_bad_constraints_name_the_field_and_path(model, kwargs, where, fragment):
+    with pytest.raises(ConstraintError) as info:
+        model.generate(prompt(model), max_new_tokens=4, **kwargs)
+    assert info.value.where == where and fragment in str(info.value), str(info.value)
+    assert str(info.value).startswith(where)
+
+
+def test_a_grammar_too_big_is_refused_within_bounded_time(model):
+    huge = {"enum": [f"value-{i}-" + "x" * (i % 40) for i in range(120_000)]}
+    began = time.perf_counter()
+    with pytest.raises(ConstraintError, match="too big"):
+        model.constraints.compile(Constraint.json_schema(huge))
+    assert time.perf_counter() - began < 10
+
+
+def test_one_constraint_at_a_time(model):
+    with pytest.raises(GenerationError, match="give one constraint"):
+        model.options(json_schema=PERSON, regex="a")
+
+
+def test_compiled_grammars_are_cached_by_content(model):
+    engine = model.constraints
+    before = engine.compiles
+    for _ in range(3):
+        engine.start(Constraint.json_schema({"type": "object", "properties": {"q": {}}}))
+    assert engine.compiles == before + 1
