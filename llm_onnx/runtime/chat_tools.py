@@ -190,12 +190,15 @@ class ChatRequest:
         constraint = self.answer
         if self.format is not None:
             constraints = self.model.constraints
+            tools = []
             for i, tool in enumerate(self.tools or []):  # each schema's errors with its path
                 parameters = tool["function"].get("parameters")
-                if parameters is not None:
-                    constraints.compile(Constraint.json_schema(
-                        parameters, where=f"tools[{i}].function.parameters"))
-            constraint = tool_constraint(self.format, self.tools or [], self.tool_choice,
+                if parameters is not None:  # as the engine takes it (tightened if need be)
+                    parameters = json.loads(constraints.compile(Constraint.json_schema(
+                        parameters, where=f"tools[{i}].function.parameters")).source)
+                    tool = {**tool, "function": {**tool["function"], "parameters": parameters}}
+                tools.append(tool)
+            constraint = tool_constraint(self.format, tools, self.tool_choice,
                                          self.parallel, self._special_id, self.answer)
         if constraint is not None and self.model.splits_reasoning:
             constraints = self.model.constraints

@@ -35,6 +35,7 @@ import numpy as np
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.schema_check import SchemaProblem, check_schema, dotted, locate
+from llm_onnx.runtime.schema_rewrite import tighten
 
 KINDS = ("json_schema", "json_object", "regex", "grammar", "choice", "llguidance")
 THINKING = ("none", "optional", "open")
@@ -209,10 +210,12 @@ def _grammars(text: str) -> list[dict[str, Any]]:
 
 
 class _Compiled:
-    """A validated grammar and a matcher in its start state (copied for each sequence)."""
+    """A validated grammar and a matcher in its start state (copied for each sequence); the
+    constraint it was compiled from (tightened, if the engine refused the original)."""
 
-    def __init__(self, matcher: Any) -> None:
+    def __init__(self, matcher: Any, constraint: Constraint) -> None:
         self.matcher = matcher
+        self.constraint = constraint
         self.lock = threading.Lock()
 
 
@@ -262,10 +265,12 @@ class Constraints:
                 self._executor = _import().LLExecutor()
             return self._executor
 
-    def compile(self, constraint: Constraint) -> None:
-        """Check and compile ``constraint`` now (it is then cached). Raises ConstraintError
+    def compile(self, constraint: Constraint) -> Constraint:
+        """Check and compile ``constraint`` now (it is then cached). Returns the constraint the
+        engine runs: ``constraint`` itself, or a schema tightened where the engine would refuse
+        it as written (llm_onnx.runtime.schema_rewrite: never looser). Raises ConstraintError
         naming the field, and for a schema the path and keyword, of what is wrong."""
-        self._compiled(constraint)
+        return self._compiled(constraint).constraint
 
     def start(self, constraint: Constraint) -> RowConstraint:
         """A fresh matcher of ``constraint`` for one sequence."""
@@ -290,25 +295,35 @@ class Constraints:
         if not isinstance(constraint, Constraint):
             raise ConstraintError(f"a constraint must be a Constraint, got "
                                   f"{type(constraint).__name__}.")
-        grammar = constraint.grammar_text()
+        key = constraint.grammar_text()
         with self._lock:
-            hit = self._cache.get(grammar)
+            hit = self._cache.get(key)
             if hit is not None:
-                self._cache.move_to_end(grammar)
+                self._cache.move_to_end(key)
                 return hit
         llguidance = _import()
         limits = llguidance.LLParserLimits(verbose_errors=False)
         tokenizer = self.tokenizer
-        error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer, limits=limits)
-        if error:
+        current, grammar = constraint, key
+        for _ in range(8):  # each round removes one reason for a refusal
+            error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer, limits=limits)
+            if not error:
+                break
+            tightened = tighten(json.loads(current.source), error) \
+                if current.kind == "json_schema" else None
+            if tightened is None:
+                raise _error(constraint, error)
+            current = replace(current, source=json.dumps(tightened, ensure_ascii=False))
+            grammar = current.grammar_text()
+        else:
             raise _error(constraint, error)
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=limits)
         if matcher.is_error():
             raise _error(constraint, matcher.get_error())
-        compiled = _Compiled(matcher)
+        compiled = _Compiled(matcher, current)
         with self._lock:
             self.compiles += 1
-            self._cache[grammar] = compiled
+            self._cache[key] = compiled
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
         return compiled

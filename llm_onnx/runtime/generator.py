@@ -14,7 +14,8 @@ advances every row once:
                   over its row, up to ``prefill_chunk`` tokens in all per step (at least one
                   chunk); a row whose prompt is complete picks its first token
     decode_step:  every row with exactly one token waiting, in one batched run; each picks its
-                  next token
+                  next token (and may have a constraint force more: alone, a row runs those as
+                  one chunk; beside other rows, they ride along in the batched runs, one a run)
 
 A row keeps its keys and values when its sequence is released; a new prompt runs only the tokens
 after the longest prefix it shares with its row's cache or with a free row's (copied over): a
@@ -223,10 +224,24 @@ class Generator:
 
     @property
     def decoding_rows(self) -> list[int]:
-        """Running rows past their prompt: exactly one token (the last picked) waiting."""
+        """Running rows past their prompt that the next decode run takes: those with exactly
+        one token (the last picked) waiting, and, when two or more rows decode, those with
+        tokens a constraint forced waiting (they ride along one token a run: a row's cost in a
+        batched run is small, a chunk of its own is a whole run). A row decoding alone runs
+        its forced tokens as one chunk instead (see prefill_step)."""
         cache = self._cache
-        return [r for r in self.running_rows
-                if cache is not None and len(self._seqs[r].tokens) - cache.length_of(r) == 1]  # type: ignore[union-attr]
+        if cache is None:
+            return []
+        single, forced = [], []
+        for r in self.running_rows:
+            seq = self._seqs[r]
+            held = cache.length_of(r)
+            waiting = len(seq.tokens) - held  # type: ignore[union-attr]
+            if waiting == 1:
+                single.append(r)
+            elif waiting >= 2 and held >= seq.prompt_len:  # type: ignore[union-attr]
+                forced.append(r)
+        return sorted(single + forced) if len(single) + len(forced) >= 2 else single
 
     def is_done(self, row: int = 0) -> bool:
         """True when row ``row`` has no sequence or it has finished (and generate_next_token
@@ -279,8 +294,9 @@ class Generator:
             return []
         cache = self._cache
         left = budget or self.prefill_chunk or math.inf
-        waiting = [r for r in self.running_rows
-                   if len(self._seqs[r].tokens) - cache.length_of(r) >= 2]  # type: ignore[union-attr]
+        riding = set(self.decoding_rows)
+        waiting = [r for r in self.running_rows if r not in riding
+                   and len(self._seqs[r].tokens) - cache.length_of(r) >= 2]  # type: ignore[union-attr]
         events = []
         for row in sorted(waiting, key=self._admitted.__getitem__):
             if left <= 0:
@@ -304,7 +320,8 @@ class Generator:
         return events
 
     def decode_step(self) -> list[TokenEvent]:
-        """One batched run of every row with exactly one token waiting; each picks its next."""
+        """One batched run of the decoding rows (see decoding_rows): each runs its next waiting
+        token; those with no more waiting pick their next."""
         if self._cache is None:
             return []
         cache = self._cache
@@ -314,10 +331,15 @@ class Generator:
         first, n = ready[0], ready[-1] + 1 - ready[0]  # rows in between ride along
         tokens = np.zeros(n, dtype=np.int64)
         active = np.zeros(n, dtype=bool)
+        picking = []
         for r in ready:
-            tokens[r - first] = self._seqs[r].tokens[-1]  # type: ignore[union-attr]
+            seq = self._seqs[r]
+            held = cache.length_of(r)
+            tokens[r - first] = seq.tokens[held]  # type: ignore[union-attr]
             active[r - first] = True
-        pending = self._start_masks(ready)
+            if len(seq.tokens) - held == 1:  # type: ignore[union-attr]
+                picking.append(r)
+        pending = self._start_masks(picking)
         began = time.perf_counter()
         logits = self.engine.decode(cache, tokens, active, first)
         self.stats.decode_s += time.perf_counter() - began
@@ -326,7 +348,7 @@ class Generator:
         self.stats.decode_row_slots += n
         self._wait_masks(pending)
         events: list[TokenEvent] = []
-        for r in ready:
+        for r in picking:
             events += self._accept(self._seqs[r], logits[r - first], r, None)  # type: ignore[arg-type]
         return events
 

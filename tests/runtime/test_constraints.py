@@ -246,3 +246,44 @@ def test_compiled_grammars_are_cached_by_content(model):
     for _ in range(3):
         engine.start(Constraint.json_schema({"type": "object", "properties": {"q": {}}}))
     assert engine.compiles == before + 1
+
+
+# ------------------------------------------------------------------ schemas tightened, never loosened
+
+TIGHTENED = [
+    # Kubernetes' Quantity: both branches take null, which oneOf then refuses
+    {"type": "object", "properties": {"q": {"oneOf": [{"type": ["string", "null"]},
+                                                      {"type": ["number", "null"]}]}},
+     "required": ["q"], "additionalProperties": False},
+    # a oneOf over a $ref'd object and a string
+    {"$defs": {"call": {"type": "object", "properties": {"f": {"enum": ["x", "y"]}},
+                        "required": ["f"], "additionalProperties": False}},
+     "type": "array", "maxItems": 3,
+     "items": {"oneOf": [{"type": "string", "maxLength": 4}, {"$ref": "#/$defs/call"},
+                         {"type": ["object", "boolean"]}]}},
+    # an unknown format is an annotation; uniqueItems on at most one item always holds
+    {"type": "object", "properties": {"blob": {"type": "string", "format": "byte",
+                                               "maxLength": 8},
+                                      "one": {"type": "array", "items": {"type": "integer"},
+                                              "maxItems": 1, "uniqueItems": True}},
+     "required": ["blob", "one"], "additionalProperties": False},
+]
+
+
+@pytest.mark.parametrize("schema", TIGHTENED)
+def test_schemas_the_engine_refuses_as_written_are_tightened_and_outputs_validate(model, schema):
+    """Every output validates under the schema as the user wrote it (jsonschema)."""
+    for seed in range(4):
+        r = model.generate(prompt(model), json_schema=schema, temperature=1.0, seed=seed,
+                           max_new_tokens=300)
+        assert r.finish_reason == "stop", r
+        jsonschema.validate(json.loads(r.text), schema)
+    tightened = model.constraints.compile(Constraint.json_schema(schema))
+    assert tightened.source != json.dumps(schema)
+
+
+def test_a_one_of_no_rewrite_can_keep_exact_is_still_refused(model):
+    overlapping = {"oneOf": [{"type": "string", "minLength": 1}, {"type": "string",
+                                                                   "maxLength": 3}]}
+    with pytest.raises(ConstraintError, match="json_schema.oneOf: the schema keyword 'oneOf'"):
+        model.constraints.compile(Constraint.json_schema(overlapping))
