@@ -21,9 +21,11 @@ TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>
 THINK_TAGS = ["<think>", "</think>"]
 VOCAB = 272
 EOS = 2
-CONTEXT = 2048  # a tools prompt is several hundred byte tokens
+CONTEXT = 4096  # a tools prompt is several hundred byte tokens; Ray's tests run for seconds
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
-HERMES_TEMPLATE = TEMPLATES / "hermes_tools.jinja"
+# The package's ChatML tools template (what `--chat-template chatml-tools` names)
+HERMES_TEMPLATE = Path(__file__).parents[1] / "llm_onnx" / "runtime" / "templates" / \
+    "chatml-tools.jinja"
 # The folder's own template: ChatML without tools (a tools template comes by --chat-template).
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
           "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"

@@ -63,12 +63,14 @@ def test_chat_takes_the_flags_too(byte_model_folder):  # noqa: F811
 
 @pytest.mark.parametrize("flags, fragment", [
     (["--json-schema", '{"type": "object", "properties": {"n": {"minimum": "1"}}}'],
-     "json_schema.properties.n.minimum: 'minimum' must be a number"),
+     "--json-schema at properties.n.minimum: 'minimum' must be a number"),
     (["--json-schema", "missing.json"], "no such file"),
     (["--json-schema", "{oops"], "not valid JSON"),
-    (["--regex", "(x"], "unclosed group"),
+    (["--regex", "(x"], "--regex: invalid regex \"(x\": regex parse error: unclosed group"),
     (["--regex", "x", "--choice", "y"], "give one of --regex, --choice"),
     (["--chat-template", "README.md"], "does not render a two-message conversation"),
+    (["--chat-template", "no-such-template"], "nor a template that comes with llm-onnx "
+                                              "(chatml-tools)"),
 ])
 def test_bad_constraints_are_one_line_and_exit_one(byte_model_folder, flags, fragment):  # noqa: F811
     result = generate(byte_model_folder, *flags, "Hi")
@@ -77,8 +79,9 @@ def test_bad_constraints_are_one_line_and_exit_one(byte_model_folder, flags, fra
         result.stderr
 
 
-def test_chat_template_file_is_used_instead_of_the_folders(byte_model_folder):  # noqa: F811
-    result = generate(byte_model_folder, "--chat-template", str(HERMES_TEMPLATE), "--json",
+@pytest.mark.parametrize("template", [str(HERMES_TEMPLATE), "chatml-tools"])
+def test_chat_template_file_is_used_instead_of_the_folders(byte_model_folder, template):  # noqa: F811
+    result = generate(byte_model_folder, "--chat-template", template, "--json",
                       "--system", "Be brief.", "Hi")
     assert result.exit_code == 0, result.output
     from llm_onnx.runtime import Model

@@ -92,10 +92,9 @@ def _constraint_options(func):
                           "or llama.cpp's GBNF."),
         click.option("--choice", multiple=True,
                      help="The answer is exactly one of these strings (repeatable)."),
-        click.option("--chat-template", type=click.Path(path_type=Path, exists=True,
-                                                        dir_okay=False),
-                     help="A Jinja chat template file (or a tokenizer_config.json) used instead "
-                          "of the model folder's."),
+        click.option("--chat-template", metavar="FILE|NAME",
+                     help="A Jinja chat template file (or a tokenizer_config.json), or one that "
+                          "comes with llm-onnx (chatml-tools), used instead of the folder's."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -103,41 +102,44 @@ def _constraint_options(func):
 
 
 def _constraint(kwargs: dict) -> dict:
-    """--json-schema / --json-object / --regex / --grammar / --choice as generation keywords
-    (checked when the model loads; at most one)."""
+    """--json-schema / --json-object / --regex / --grammar / --choice as the ``constraint``
+    generation option (at most one; errors name the flag)."""
     import json
 
     from llm_onnx.errors import GenerationError
+    from llm_onnx.runtime.constraint import Constraint
 
-    out: dict = {}
+    given = []
     schema = kwargs.pop("json_schema")
     if schema is not None:
         path = Path(schema)
-        if not schema.lstrip().startswith("{") and not path.is_file():
+        inline = schema.lstrip().startswith("{")
+        if not inline and not path.is_file():
             raise GenerationError(f"--json-schema {schema}: no such file, and not a JSON "
                                   "schema either (give a file or the schema's JSON).")
-        text = path.read_text(encoding="utf-8") if not schema.lstrip().startswith("{") else schema
+        text = schema if inline else path.read_text(encoding="utf-8")
         try:
-            out["json_schema"] = json.loads(text)
+            parsed = json.loads(text)
         except ValueError as e:
-            where = f"--json-schema {path}" if text is not schema else "--json-schema"
+            where = "--json-schema" if inline else f"--json-schema {path}"
             raise GenerationError(f"{where}: not valid JSON ({e}).") from None
+        given.append(("--json-schema", Constraint.json_schema(parsed, where="--json-schema")))
     if kwargs.pop("json_object"):
-        out["json_object"] = True
+        given.append(("--json-object", Constraint.json_object(where="--json-object")))
     regex = kwargs.pop("regex")
     if regex is not None:
-        out["regex"] = regex
+        given.append(("--regex", Constraint.regex(regex, where="--regex")))
     grammar = kwargs.pop("grammar")
     if grammar is not None:
-        out["grammar"] = Path(grammar).read_text(encoding="utf-8")
+        text = Path(grammar).read_text(encoding="utf-8")
+        given.append(("--grammar", Constraint.grammar(text, where=f"--grammar {grammar}")))
     choice = kwargs.pop("choice")
     if choice:
-        out["choice"] = list(choice)
-    if len(out) > 1:
-        names = {"json_schema": "--json-schema", "json_object": "--json-object",
-                 "regex": "--regex", "grammar": "--grammar", "choice": "--choice"}
-        raise GenerationError(f"give one of {', '.join(names[k] for k in out)}, not several.")
-    return out
+        given.append(("--choice", Constraint.choice(list(choice), where="--choice")))
+    if len(given) > 1:
+        raise GenerationError(f"give one of {', '.join(flag for flag, _ in given)}, not "
+                              "several.")
+    return {"constraint": given[0][1]} if given else {}
 
 
 def _template_vars(model, no_think: bool, pairs) -> dict | None:

@@ -38,9 +38,10 @@ TOOL_FORMATS = ("hermes", "llama3_json", "mistral", "phi4_mini")  # llm_onnx.run
               help="Allow browser pages from this origin (repeatable; '*' for any).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
-@click.option("--chat-template", type=click.Path(path_type=Path, exists=True, dir_okay=False),
-              help="A Jinja chat template file (or a tokenizer_config.json) used instead of the "
-                   "folder's, e.g. one that renders tools; the folder is not modified.")
+@click.option("--chat-template", metavar="FILE|NAME",
+              help="A Jinja chat template file (or a tokenizer_config.json), or one that comes "
+                   "with llm-onnx (chatml-tools: ChatML with tools), used instead of the "
+                   "folder's; the folder is not modified.")
 @click.option("--tool-call-format", type=click.Choice(sorted(TOOL_FORMATS)),
               help="How the model writes tool calls (default: read off the chat template).")
 @click.option("--ray", "use_ray", is_flag=True,
@@ -67,7 +68,7 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, a
     Examples:
       llm-onnx serve --model models/smollm2-int8
       llm-onnx serve --model models/qwen3-8b-int4 --port 8080 --max-batch 16
-      llm-onnx serve --model models/my-model --chat-template tools.jinja
+      llm-onnx serve --chat-template chatml-tools     # SmolLM2 with tools
       LLM_ONNX_API_KEY=secret llm-onnx serve --host 0.0.0.0 --model models/smollm2-int8
       curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
         -d '{"model": "smollm2-int8", "messages": [{"role": "user", "content": "Hi"}]}'

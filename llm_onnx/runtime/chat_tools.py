@@ -107,18 +107,31 @@ def thinking_mode(prompt: str) -> str:
     return "none" if prompt.rstrip().endswith(THINK_END) else "optional"
 
 
+TEMPLATES = Path(__file__).parent / "templates"  # chat templates shipped with llm-onnx
+
+
+def builtin_templates() -> list[str]:
+    """Names of the chat templates that come with llm-onnx (``--chat-template NAME``)."""
+    return sorted(p.stem for p in TEMPLATES.glob("*.jinja"))
+
+
 def read_chat_template(source: str | Path, special_tokens: dict[str, str]) -> str:
     """A chat template given in place of a folder's, checked: it must render a two-message
     conversation. ``source`` is a file (a Jinja template, or a tokenizer_config.json with a
-    ``chat_template``), or the template's text itself (a string with ``{{`` or ``{%``). The
-    error names the file."""
+    ``chat_template``), the name of one that comes with llm-onnx (``chatml-tools``), or the
+    template's text itself (a string with ``{{`` or ``{%``). The error names the file."""
     if isinstance(source, str) and ("{{" in source or "{%" in source):
         text, label = source, "--chat-template"
     else:
         path = Path(source)
+        if not path.exists() and str(source) in builtin_templates():
+            path = TEMPLATES / f"{source}.jinja"
         label = f"--chat-template {path}"
         try:
             text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise GenerationError(f"{label}: no such file, nor a template that comes with "
+                                  f"llm-onnx ({', '.join(builtin_templates())}).") from None
         except OSError as e:
             raise GenerationError(f"{label}: cannot read it ({e.strerror}).") from None
         except UnicodeDecodeError as e:

@@ -25,6 +25,7 @@ import concurrent.futures
 import functools
 import json
 import re
+import time
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -35,7 +36,7 @@ import numpy as np
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.schema_check import SchemaProblem, check_schema, dotted, locate
-from llm_onnx.runtime.schema_rewrite import tighten
+from llm_onnx.runtime.schema_rewrite import close_objects, tighten
 
 KINDS = ("json_schema", "json_object", "regex", "grammar", "choice", "llguidance")
 THINKING = ("none", "optional", "open")
@@ -43,6 +44,7 @@ THINKING = ("none", "optional", "open")
 # schema grammars allow). Unbounded whitespace lets a weak model pad forever.
 JSON_OPTIONS = {"whitespace_pattern": r"(?:\n[ \t]{0,20}| )?"}
 CACHE_SIZE = 64  # compiled grammars kept per model
+REWRITE_BUDGET_S = 3.0  # most time spent tightening a schema the engine refuses as written
 
 
 class ConstraintError(GenerationError):
@@ -304,19 +306,28 @@ class Constraints:
         llguidance = _import()
         limits = llguidance.LLParserLimits(verbose_errors=False)
         tokenizer = self.tokenizer
-        current, grammar = constraint, key
-        for _ in range(8):  # each round removes one reason for a refusal
+        current, closing = constraint, False
+        if constraint.kind == "json_schema":  # objects closed by default (schema_rewrite)
+            closed = close_objects(json.loads(constraint.source))
+            if closed is not None:
+                current, closing = _with_schema(constraint, closed), True
+        grammar = current.grammar_text()
+        errors: list[str] = []
+        deadline = time.monotonic() + REWRITE_BUDGET_S
+        while True:  # each round removes one reason for a refusal
             error = llguidance.LLMatcher.validate_grammar(grammar, tokenizer, limits=limits)
             if not error:
                 break
-            tightened = tighten(json.loads(current.source), error) \
-                if current.kind == "json_schema" else None
-            if tightened is None:
-                raise _error(constraint, error)
-            current = replace(current, source=json.dumps(tightened, ensure_ascii=False))
+            errors.append(error)
+            if closing and "Unsatisfiable" in error:  # closing left nothing: as written
+                current, closing = constraint, False
+            else:
+                tightened = tighten(json.loads(current.source), error) \
+                    if current.kind == "json_schema" and time.monotonic() < deadline else None
+                if tightened is None:
+                    raise _error(constraint, _reason(errors))
+                current = _with_schema(current, tightened)
             grammar = current.grammar_text()
-        else:
-            raise _error(constraint, error)
         matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=limits)
         if matcher.is_error():
             raise _error(constraint, matcher.get_error())
@@ -327,6 +338,19 @@ class Constraints:
             while len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
         return compiled
+
+
+def _reason(errors: list[str]) -> str:
+    """The refusal to report: the last, unless the rewrites themselves ended in a schema that
+    is unsatisfiable or too large; then the first the user can act on."""
+    last = errors[-1]
+    if "Unsatisfiable" in last or "too large" in last:
+        return next((e for e in errors if not e.startswith("Unknown format")), last)
+    return last
+
+
+def _with_schema(constraint: Constraint, schema: Any) -> Constraint:
+    return replace(constraint, source=json.dumps(schema, ensure_ascii=False))
 
 
 def _import() -> Any:
@@ -478,7 +502,6 @@ class MaskBatch:
         return self.bits[index]
 
     def _fill(self, rows: list[tuple[RowConstraint, int]]) -> None:
-        import time
 
         began = time.perf_counter()
         if len(rows) == 1:

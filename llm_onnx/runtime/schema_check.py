@@ -36,11 +36,13 @@ class SchemaProblem(Exception):
 
 
 def dotted(where: str, path: list[str | int]) -> str:
-    """``where`` followed by ``path`` as OpenAI names fields: ``a.b[0].c``."""
-    out = where
+    """``where`` followed by ``path`` as OpenAI names fields: ``a.b[0].c``; after a command-line
+    flag: ``--json-schema at b[0].c``."""
+    flag = where.startswith("--")
+    out = "" if flag else where
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
+    return (f"{where} at {out}" if out else where) if flag else out
 
 
 def subschemas(node: Any, path: list[str | int] | None = None,

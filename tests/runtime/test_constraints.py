@@ -206,8 +206,11 @@ def test_different_constraints_in_one_batch_equal_each_alone(model):
      "json_schema.properties.age.type", "'type' must be one of"),
     (dict(json_schema={"properties": {"a": {"minimum": "3"}}}),
      "json_schema.properties.a.minimum", "must be a number"),
-    (dict(json_schema={"type": "array", "items": {"type": "string"}, "uniqueItems": True}),
+    (dict(json_schema={"type": "array", "items": {"type": "string"}, "uniqueItems": True,
+                       "minItems": 2}),
      "json_schema.uniqueItems", "cannot be enforced"),
+    (dict(json_schema={"type": "object", "properties": {"a": {"type": "string"}},
+                       "not": {"const": {"a": "x"}}}), "json_schema.not", "cannot be enforced"),
     (dict(json_schema={"type": "object", "properties": {"p": {"$ref": "#/$defs/missing"}}}),
      "json_schema.properties.p.$ref", "points to nothing"),
     (dict(json_schema={"$ref": "https://example.com/schema.json"}), "json_schema.$ref",
@@ -254,19 +257,33 @@ TIGHTENED = [
     # Kubernetes' Quantity: both branches take null, which oneOf then refuses
     {"type": "object", "properties": {"q": {"oneOf": [{"type": ["string", "null"]},
                                                       {"type": ["number", "null"]}]}},
-     "required": ["q"], "additionalProperties": False},
+     "required": ["q"]},
     # a oneOf over a $ref'd object and a string
     {"$defs": {"call": {"type": "object", "properties": {"f": {"enum": ["x", "y"]}},
-                        "required": ["f"], "additionalProperties": False}},
+                        "required": ["f"]}},
      "type": "array", "maxItems": 3,
      "items": {"oneOf": [{"type": "string", "maxLength": 4}, {"$ref": "#/$defs/call"},
                          {"type": ["object", "boolean"]}]}},
-    # an unknown format is an annotation; uniqueItems on at most one item always holds
+    # an unknown format is an annotation; items that must be unique: at most one
     {"type": "object", "properties": {"blob": {"type": "string", "format": "byte",
                                                "maxLength": 8},
-                                      "one": {"type": "array", "items": {"type": "integer"},
-                                              "maxItems": 1, "uniqueItems": True}},
-     "required": ["blob", "one"], "additionalProperties": False},
+                                      "tags": {"type": "array", "items": {"enum": ["a", "b"]},
+                                               "uniqueItems": True}},
+     "required": ["blob", "tags"]},
+    # a conditional: its condition and then-branch both hold
+    {"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "n": {"type": "integer"},
+                                      "s": {"type": "string", "maxLength": 5}},
+     "required": ["kind"], "additionalProperties": False,
+     "if": {"properties": {"kind": {"const": "a"}}},
+     "then": {"required": ["n"]}, "else": {"required": ["s"]}},
+    # an optional property the engine cannot enforce is left out
+    {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                      "b": {"type": "string", "not": {"pattern": "^x"}}},
+     "required": ["a"]},
+    # property names by pattern, and keys that must not appear
+    {"type": "object", "propertyNames": {"pattern": "^[a-c]{1,3}$"},
+     "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9}, "maxProperties": 3,
+     "not": {"anyOf": [{"required": ["ab"]}, {"required": ["ba"]}]}},
 ]
 
 
@@ -275,11 +292,27 @@ def test_schemas_the_engine_refuses_as_written_are_tightened_and_outputs_validat
     """Every output validates under the schema as the user wrote it (jsonschema)."""
     for seed in range(4):
         r = model.generate(prompt(model), json_schema=schema, temperature=1.0, seed=seed,
-                           max_new_tokens=300)
+                           max_new_tokens=400)
         assert r.finish_reason == "stop", r
         jsonschema.validate(json.loads(r.text), schema)
     tightened = model.constraints.compile(Constraint.json_schema(schema))
     assert tightened.source != json.dumps(schema)
+
+
+def test_objects_are_closed_unless_the_schema_opens_them(model):
+    """An object listing its properties gets no others (a weak model invents keys forever);
+    "additionalProperties": true keeps it open; an allOf's parts stay as written."""
+    listed = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    run = model.constraints.compile(Constraint.json_schema(listed))
+    assert json.loads(run.source)["additionalProperties"] is False
+    opened = {**listed, "additionalProperties": True}
+    assert model.constraints.compile(Constraint.json_schema(opened)).source == json.dumps(opened)
+    parts = {"allOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                       {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}
+    assert model.constraints.compile(Constraint.json_schema(parts)).source == json.dumps(parts)
+    r = model.generate(prompt(model), json_schema=parts, temperature=1.0, seed=1,
+                       max_new_tokens=300)
+    jsonschema.validate(json.loads(r.text), parts)
 
 
 def test_a_one_of_no_rewrite_can_keep_exact_is_still_refused(model):

@@ -21,6 +21,7 @@ from llm_onnx.runtime.reasoning import ChatPiece
 from llm_onnx.runtime.tools import FORMATS, ToolCallDelta, ToolCallStream, detect_format, parse
 from tests.byte_model import HERMES_TEMPLATE, byte_model_folder, save_byte_tokenizer  # noqa: F401
 from tests.runtime.fakes import FakeEngine
+from tests.thinking_model import QWEN3_TEMPLATE
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city.",
@@ -104,7 +105,7 @@ def test_mistral_call_ids_are_nine_alphanumerics():
 
 @pytest.mark.parametrize("template, name", [
     (HERMES_TEMPLATE.read_text(), "hermes"),
-    ((HERMES_TEMPLATE.parent / "qwen3.jinja").read_text(), "hermes"),
+    (QWEN3_TEMPLATE.read_text(), "hermes"),
     ("{{ bos_token }}{% for m in messages %}{% if m.tool_calls %}[TOOL_CALLS] "
      "{{ m.tool_calls | tojson }}{% endif %}{% endfor %}", "mistral"),
     ("{% for m in messages %}<|{{ m.role }}|>{% if tools %}<|tool|>{{ tools | tojson }}"
@@ -199,7 +200,8 @@ def test_a_second_turn_after_a_tool_result(model):
 def test_bad_tool_requests(model):
     with pytest.raises(ConstraintError, match="tools\\[0\\].function.parameters.uniqueItems"):
         model.chat(USER, tools=[{"type": "function", "function": {
-            "name": "f", "parameters": {"type": "array", "uniqueItems": True}}}],
+            "name": "f", "parameters": {"type": "array", "uniqueItems": True,
+                                        "minItems": 2}}}],
             tool_choice="required")
     with pytest.raises(ConstraintError, match="not in tools"):
         model.chat(USER, tools=TOOLS, tool_choice={"type": "function",

@@ -1,6 +1,7 @@
-"""Ray Serve: `llm-onnx serve --ray --replicas 2` (a local Ray instance on this machine's 2
-CPUs, 2 replicas of a tiny model, 1 thread each) through the official openai client; requests
-spread over the replicas; a replica killed under load; nothing of Ray left after shutdown."""
+"""Ray Serve: `llm-onnx serve --ray --replicas 2 --chat-template chatml-tools` (a local Ray
+instance on this machine's 2 CPUs, 2 replicas of the tiny byte-level model, 1 thread each)
+through the official openai client; requests spread over the replicas; structured output and
+tool calls; a replica killed under load; nothing of Ray left after shutdown."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import httpx
 import psutil
 import pytest
 
+from tests.byte_model import byte_model_folder  # noqa: F401 (fixture)
 from tests.serve.conftest import ServerProcess
 
 import ray.serve  # noqa: E402,F401  (the [ray] extra is a required test dependency)
 
-MODEL = "tiny-chat"
+MODEL = "tiny-bytes"
 
 
 def ray_processes() -> list[str]:
@@ -35,9 +37,17 @@ def ray_processes() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def cluster(chat_model_folder):
+def model(byte_model_folder):  # noqa: F811
+    from llm_onnx.runtime import Model
+
+    return Model.load(byte_model_folder, provider="cpu", threads=1, chat_template="chatml-tools")
+
+
+@pytest.fixture(scope="module")
+def cluster(byte_model_folder):  # noqa: F811
     assert not ray_processes(), "a Ray instance is already running on this machine"
-    server = ServerProcess(chat_model_folder, "--ray", "--replicas", "2", timeout=180)
+    server = ServerProcess(byte_model_folder, "--ray", "--replicas", "2", "--chat-template",
+                           "chatml-tools", timeout=180)
     yield server
     code = server.stop(timeout=60)
     deadline = time.monotonic() + 30
@@ -78,6 +88,34 @@ def test_answers_equal_the_runtime_streamed_and_not(cluster, model):
                                           temperature=0, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in chat) == \
         model.chat(messages, max_new_tokens=12, temperature=0).text
+
+
+def test_structured_output_and_tool_calls(cluster, model):
+    """The replicas run the chat template given on the command line and the same constraint
+    engine: a JSON schema's answer validates and equals the runtime's; a forced tool call
+    parses."""
+    import jsonschema
+    from openai import OpenAI
+
+    client = OpenAI(base_url=cluster.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+                                                     "maximum": 999}},
+              "required": ["n"], "additionalProperties": False}
+    messages = [{"role": "user", "content": "A number, as JSON."}]
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=100,
+                                       temperature=0, response_format={
+                                           "type": "json_schema",
+                                           "json_schema": {"name": "n", "schema": schema}})
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    assert r.choices[0].message.content == \
+        model.chat(messages, json_schema=schema, max_new_tokens=100, temperature=0).text
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    r = client.chat.completions.create(model=MODEL, messages=messages, tools=[tool],
+                                       tool_choice="required", max_tokens=200,
+                                       parallel_tool_calls=False)
+    assert r.choices[0].finish_reason == "tool_calls"
+    jsonschema.validate(json.loads(r.choices[0].message.tool_calls[0].function.arguments),
+                        schema)
 
 
 def test_concurrent_requests_spread_over_both_replicas(cluster, model):

@@ -239,7 +239,9 @@ def _same_ids(together: dict, alone: dict) -> dict:
         "type": "object", "properties": {"age": {"type": "int"}}}}}},
      "response_format.json_schema.schema.properties.age.type", "'type' must be one of"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {
-        "type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True}}}}}},
+        "type": "object", "properties": {"tags": {"type": "array", "uniqueItems": True,
+                                                  "minItems": 2}},
+        "required": ["tags"]}}}},
      "response_format.json_schema.schema.properties.tags.uniqueItems", "cannot be enforced"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "p"}}},
      "response_format.json_schema.schema", "is missing"),
@@ -257,7 +259,8 @@ def _same_ids(together: dict, alone: dict) -> dict:
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
      "tool_choice", "cannot apply too"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"x": {"not": {"type": "string"}}}}}}],
+        "type": "object", "properties": {"x": {"not": {"type": "string"}}},
+        "required": ["x"]}}}],
       "tool_choice": "required"}, "tools[0].function.parameters.properties.x.not",
      "cannot be enforced"),
     ({"tool_choice": "required"}, "tool_choice", "no tools are given"),
