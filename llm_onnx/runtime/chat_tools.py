@@ -213,6 +213,8 @@ class ChatRequest:
                 tools.append(tool)
             constraint = tool_constraint(self.format, tools, self.tool_choice,
                                          self.parallel, self._special_id, self.answer)
+        elif constraint is not None:
+            constraint = constraint.fenced()
         if constraint is not None and self.model.splits_reasoning:
             constraints = self.model.constraints
             tags = (constraints.special_token(THINK_START), constraints.special_token(THINK_END))
@@ -228,6 +230,12 @@ class ChatRequest:
         return self.model.constraints.special_token(marker)
 
     # ------------------------------------------------------------------ reading the reply
+
+    @property
+    def fenced(self) -> bool:
+        """The answer is JSON that may come in a ```json fence (stripped when read)."""
+        return self.format is None and self.answer is not None and \
+            self.answer.fenced().fence
 
     def splitter(self) -> ReasoningSplitter | None:
         return ReasoningSplitter(bool(self.thinking)) if self.thinking is not None else None
@@ -247,6 +255,9 @@ class ChatRequest:
         calls = None
         if self.format is not None:
             answer, calls, _complete = parse(self.format, answer)
+        if self.fenced:
+            fence = FenceStripper()
+            answer = fence.push(answer) + fence.finish()
         return replace(result, text=answer, reasoning=reasoning, tool_calls=calls)
 
 
@@ -257,11 +268,16 @@ class ReplyStream:
     def __init__(self, request: ChatRequest) -> None:
         self.splitter = request.splitter()
         self.calls = ToolCallStream(request.format) if request.format is not None else None
+        self.fence = FenceStripper() if request.fenced else None
 
     def push(self, text: str, last: bool = False) -> list[ChatPiece | ToolCallDelta]:
         pieces = [ChatPiece(text)] if self.splitter is None else self.splitter.push(text)
         if last and self.splitter is not None:
             pieces += self.splitter.flush()
+        if self.fence is not None:  # the answer's JSON without its fence
+            pieces = [p if p.reasoning else ChatPiece(self.fence.push(p)) for p in pieces]
+            if last:
+                pieces.append(ChatPiece(self.fence.finish()))
         out: list[ChatPiece | ToolCallDelta] = []
         for piece in pieces:
             if piece.reasoning or self.calls is None:
@@ -280,6 +296,57 @@ class ReplyStream:
     @property
     def complete(self) -> bool:
         return self.calls.complete if self.calls is not None else True
+
+
+class FenceStripper:
+    """A JSON answer's text without the ```json fence a model may put around it (and the
+    whitespace around the document), as it streams: what could still be the fence or trailing
+    whitespace is held back until the next piece shows it is not. A fence left incomplete at
+    the end (the reply ran out of tokens) stays."""
+
+    OPEN, CLOSE = "```json", "```"
+
+    def __init__(self) -> None:
+        self._head: str | None = ""  # text before the document, until decided (None: decided)
+        self._held = ""
+        self._fenced = False
+
+    def push(self, text: str) -> str:
+        if self._head is not None:
+            self._head += text
+            start = self._head.lstrip(" \t\n")
+            if self.OPEN.startswith(start) and len(start) < len(self.OPEN):
+                return ""  # "", "`", "```js": not decided yet
+            if start.startswith(self.OPEN):
+                rest = start[len(self.OPEN):].lstrip(" \t\n")
+                if not rest:
+                    return ""
+                self._fenced = True
+            else:
+                rest = start
+            self._head, text = None, rest
+        self._held += text
+        keep = self._tail(self._held)
+        out, self._held = self._held[:len(self._held) - keep], self._held[len(self._held) - keep:]
+        return out
+
+    def finish(self) -> str:
+        if self._head is not None:  # the document never began
+            head, self._head = self._head, None
+            return head
+        tail, self._held = self._held, ""
+        stripped = tail.rstrip(" \t\n")
+        if self._fenced and stripped.endswith(self.CLOSE):
+            stripped = stripped[:-len(self.CLOSE)].rstrip(" \t\n")
+        return stripped  # whitespace and backticks only: a closing fence cut short, if any
+
+    def _tail(self, text: str) -> int:
+        """How much of the end of ``text`` could be trailing whitespace and the closing fence."""
+        body = text.rstrip(" \t\n`")
+        tail = text[len(body):]
+        if not self._fenced and "`" in tail:
+            tail = tail[tail.rindex("`") + 1:]
+        return len(tail)
 
 
 def collect_calls(deltas: Sequence[ToolCallDelta]) -> list[ToolCall]:

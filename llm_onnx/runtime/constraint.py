@@ -70,6 +70,9 @@ class Constraint:
         markers: special tokens of the format (tool-call markers) kept in the reply's text.
         think_tokens: the ids of ``<think>`` and ``</think>`` where they are tokens the engine
             treats as special (the grammar names them as tokens); None: written as text.
+        fence: a JSON answer may come in a Markdown fence, ```json ... ``` (chat replies: a
+            model trained to fence its JSON keeps to its own habits, as llama-server allows
+            it); the reader strips it (``FenceStripper``).
     """
 
     kind: str
@@ -78,6 +81,7 @@ class Constraint:
     thinking: str = "none"
     markers: tuple[str, ...] = ()
     think_tokens: tuple[int, int] | None = None
+    fence: bool = False
 
     @classmethod
     def json_schema(cls, schema: Any, where: str = "json_schema") -> Constraint:
@@ -130,6 +134,11 @@ class Constraint:
             raise ValueError(f"thinking must be one of {THINKING}, got {thinking!r}")
         return replace(self, thinking=thinking, think_tokens=think_tokens)
 
+    def fenced(self) -> Constraint:
+        """This JSON constraint, with the answer allowed in a ```json fence (other kinds: as
+        they are)."""
+        return replace(self, fence=True) if self.kind in ("json_schema", "json_object") else self
+
     def grammar_text(self) -> str:
         """The constraint in llguidance's grammar form (its thinking block included)."""
         return _grammar_text(self)
@@ -179,6 +188,12 @@ def _grammar_text(c: Constraint) -> str:
         body = c.source
     else:
         raise ConstraintError(f"unknown constraint kind {c.kind!r} (known: {', '.join(KINDS)}).")
+    if c.fence:  # ```json <the document> ```, or the document alone; a little whitespace around
+        grammars = _grammars(body)
+        grammars[0] = {**grammars[0], "name": "llm_onnx_json"}
+        top = ('start: "```json" WS @llm_onnx_json WS "```" | WS @llm_onnx_json WS\n'
+               "WS: /[ \\t\\n]{0,4}/\n")
+        body = json.dumps({"grammars": [{"lark_grammar": top}, *grammars]})
     if c.thinking == "none":
         return body
     # The answer becomes a subgrammar after the think block: any text (end-of-sequence not

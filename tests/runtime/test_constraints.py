@@ -320,3 +320,19 @@ def test_a_one_of_no_rewrite_can_keep_exact_is_still_refused(model):
                                                                    "maxLength": 3}]}
     with pytest.raises(ConstraintError, match="json_schema.oneOf: the schema keyword 'oneOf'"):
         model.constraints.compile(Constraint.json_schema(overlapping))
+
+
+def test_a_chat_answer_may_come_in_a_json_fence_which_is_stripped(model):
+    """Pushed to open a Markdown fence (logit_bias on '`'), the model writes ```json ... ```;
+    the grammar allows it around the document (as llama-server's does) and the reply's text is
+    the document alone, whole and streamed. A plain generate() has no fence."""
+    backtick, brace = model.encode("`")[0], model.encode("}")[0]
+    kwargs = dict(json_schema=PERSON, logit_bias={backtick: 30.0, brace: 5.0},
+                  max_new_tokens=300)
+    r = model.chat(USER, **kwargs)
+    assert model.decode(r.token_ids).startswith("```json") and r.finish_reason == "stop"
+    assert not r.text.startswith("`")
+    jsonschema.validate(json.loads(r.text), PERSON)
+    assert "".join(model.stream_chat(USER, **kwargs)) == r.text
+    plain = model.generate(prompt(model), **kwargs)
+    assert plain.finish_reason in ("stop", "length") and not plain.text.startswith("`")

@@ -46,6 +46,7 @@ ADD = {"type": "function", "function": {
 TOOLS = [WEATHER, ADD]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 TOOL_CALL_TOKEN = 3
+BACKTICK, CLOSE_BRACE = 7 + ord("`"), 7 + ord("}")  # byte tokens follow the 7 added ones
 
 
 class Person(BaseModel):
@@ -103,9 +104,28 @@ def test_json_schema_at_temperature_one_every_choice_validates(client):
 
 
 def test_json_object(client):
+    """Any object: nothing bounds a random model's keys, so '}' is pushed (logit_bias); the
+    reply is one JSON object, without any ```json fence the model wrote around it."""
     r = client.chat.completions.create(model=NAME, messages=USER, temperature=1.0, seed=3,
-                                       max_tokens=300, response_format={"type": "json_object"})
+                                       max_tokens=300, response_format={"type": "json_object"},
+                                       logit_bias={str(CLOSE_BRACE): 8})
+    assert r.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_a_fenced_json_answer_comes_back_without_its_fence(client):
+    """A model may write ```json ... ``` around its JSON (llama-server allows it too): pushed
+    to open a fence, the content is the document alone, streamed and not."""
+    kwargs = dict(model=NAME, messages=USER, temperature=0, max_tokens=300,
+                  logit_bias={str(BACKTICK): 30, str(CLOSE_BRACE): 5},
+                  response_format={"type": "json_schema",
+                                   "json_schema": {"name": "p", "schema": PERSON}})
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    assert whole.finish_reason == "stop" and not whole.message.content.startswith("`")
+    jsonschema.validate(json.loads(whole.message.content), PERSON)
+    streamed = "".join(c.choices[0].delta.content or "" for c in
+                       client.chat.completions.create(stream=True, **kwargs) if c.choices)
+    assert streamed == whole.message.content
 
 
 def test_vllm_structured_outputs_regex_choice_grammar(client):
