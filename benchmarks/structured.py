@@ -147,7 +147,10 @@ def replayed_outputs(model, items: list[dict], max_tokens: int) -> list[tuple]:
             model.constraints.compile(constraint)
         except ConstraintError:
             continue
-        result = model.chat(prompt_for(item), constraint=constraint, max_new_tokens=max_tokens)
+        # the document alone (a chat reply may open a ```json fence, which this constraint,
+        # replayed below, does not take)
+        result = model.generate(model.chat_prompt(prompt_for(item)), constraint=constraint,
+                                max_new_tokens=max_tokens)
         out.append((constraint, result.token_ids))
     return out
 
