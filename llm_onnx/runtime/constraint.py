@@ -36,7 +36,7 @@ import numpy as np
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.schema_check import SchemaProblem, check_schema, dotted, locate
-from llm_onnx.runtime.schema_rewrite import close_objects, tighten
+from llm_onnx.runtime.schema_rewrite import default_rewrite, tighten
 
 KINDS = ("json_schema", "json_object", "regex", "grammar", "choice", "llguidance")
 THINKING = ("none", "optional", "open")
@@ -322,8 +322,8 @@ class Constraints:
         limits = llguidance.LLParserLimits(verbose_errors=False)
         tokenizer = self.tokenizer
         current, closing = constraint, False
-        if constraint.kind == "json_schema":  # objects closed by default (schema_rewrite)
-            closed = close_objects(json.loads(constraint.source))
+        if constraint.kind == "json_schema":  # closed objects, bounded integers (schema_rewrite)
+            closed = default_rewrite(json.loads(constraint.source))
             if closed is not None:
                 current, closing = _with_schema(constraint, closed), True
         grammar = current.grammar_text()

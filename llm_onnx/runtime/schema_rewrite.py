@@ -12,6 +12,11 @@ as written.
   object open. Objects that an ``allOf`` or a conditional combines with others stay as written
   (closing each part would forbid the other parts' keys); so does a schema where closing leaves
   nothing satisfiable.
+- Integers without a bound get one of 16 digits (``-9999999999999999`` to
+  ``9999999999999999``), as llama.cpp's schema grammars write at most 16 digits: a weak model
+  otherwise repeats a digit until ``max_tokens`` (SmolLM2 greedy, "population": 1111...). Larger
+  integers are beyond what JSON parsers read exactly (2^53) anyway; a schema's own bound is kept.
+  Numbers with a fraction are not bounded (their digits cannot be counted by a schema keyword).
 - ``format`` values the engine does not know (OpenAPI's ``byte``, a project's own) are dropped:
   JSON Schema makes an unknown format an annotation, which validators ignore, so this is exact.
 - A ``oneOf`` the engine cannot prove exclusive becomes an ``anyOf``: as it is when its branches
@@ -42,7 +47,7 @@ as written.
   (every place using it then fails), an array whose items may not appear kept empty, extra keys
   refused. A schema this leaves unsatisfiable is refused.
 
-``close_objects(schema)`` is the default; ``tighten(schema, message)`` applies the rewrite the
+``default_rewrite(schema)`` (objects closed and ordered, integers bounded) is the default; ``tighten(schema, message)`` applies the rewrite the
 engine's refusal ``message`` asks for (None when none applies: the schema is refused).
 """
 
@@ -58,9 +63,12 @@ from llm_onnx.runtime.schema_check import TYPES, subschemas
 _COMBINING = ("allOf", "if", "then", "else", "not", "dependentSchemas", "dependencies")
 
 
-def close_objects(schema: Any) -> Any | None:
-    """``schema`` with required properties first and its open objects closed (see the module
-    docstring); None if that changes nothing."""
+INTEGER_BOUND = 10**16 - 1  # 16 digits, as llama.cpp's schema grammars
+
+
+def default_rewrite(schema: Any) -> Any | None:
+    """``schema`` with required properties first, its open objects closed and its integers
+    bounded (see the module docstring); None if that changes nothing."""
     out = copy.deepcopy(schema)
     shared: set[str] = set()  # definitions an allOf or a conditional reaches
     for path, node in subschemas(out):
@@ -68,6 +76,7 @@ def close_objects(schema: Any) -> Any | None:
             shared |= _reached(node, out)
     changed = False
     for path, node in subschemas(out):
+        changed |= _bound_integer(node)
         properties, required = node.get("properties"), node.get("required")
         if isinstance(properties, dict) and isinstance(required, list):
             first = [k for k in properties if k in required]
@@ -84,6 +93,31 @@ def close_objects(schema: Any) -> Any | None:
         node["additionalProperties"] = False
         changed = True
     return out if changed else None
+
+
+def _bound_integer(node: dict) -> bool:
+    """Give an integer schema without a lower or upper bound one of 16 digits (True if
+    changed). Left alone where a bound is a draft-4 flag or the new bound would leave nothing."""
+    types = node.get("type")
+    if not (types == "integer" or isinstance(types, list) and "integer" in types):
+        return False
+    if isinstance(node.get("exclusiveMinimum"), bool) \
+            or isinstance(node.get("exclusiveMaximum"), bool):
+        return False
+    low = [v for k in ("minimum", "exclusiveMinimum") if _is_number(v := node.get(k))]
+    high = [v for k in ("maximum", "exclusiveMaximum") if _is_number(v := node.get(k))]
+    changed = False
+    if not low and not any(v < -INTEGER_BOUND for v in high):
+        node["minimum"] = -INTEGER_BOUND
+        changed = True
+    if not high and not any(v > INTEGER_BOUND for v in low):
+        node["maximum"] = INTEGER_BOUND
+        changed = True
+    return changed
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def tighten(schema: Any, message: str) -> Any | None:

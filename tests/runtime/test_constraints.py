@@ -302,17 +302,36 @@ def test_schemas_the_engine_refuses_as_written_are_tightened_and_outputs_validat
 def test_objects_are_closed_unless_the_schema_opens_them(model):
     """An object listing its properties gets no others (a weak model invents keys forever);
     "additionalProperties": true keeps it open; an allOf's parts stay as written."""
-    listed = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    listed = {"type": "object", "properties": {"a": {"type": "string"}}}
     run = model.constraints.compile(Constraint.json_schema(listed))
     assert json.loads(run.source)["additionalProperties"] is False
     opened = {**listed, "additionalProperties": True}
     assert model.constraints.compile(Constraint.json_schema(opened)).source == json.dumps(opened)
-    parts = {"allOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]},
-                       {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}
+    parts = {"allOf": [{"properties": {"a": {"type": "string"}}, "required": ["a"]},
+                       {"properties": {"b": {"type": "string"}}, "required": ["b"]}]}
     assert model.constraints.compile(Constraint.json_schema(parts)).source == json.dumps(parts)
     r = model.generate(prompt(model), json_schema=parts, temperature=1.0, seed=1,
                        max_new_tokens=300)
     jsonschema.validate(json.loads(r.text), parts)
+
+
+def test_integers_without_bounds_get_sixteen_digits(model):
+    """Pushed to repeat a digit (logit_bias on '1', as SmolLM2 does greedily), an unbounded
+    integer would run to max_new_tokens; bounded at 16 digits (llama.cpp's limit) the document
+    ends. A schema's own bounds are kept, and a bound beyond 16 digits is not cut."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    one = model.encode("1")[0]
+    r = model.generate(prompt(model), json_schema=schema, logit_bias={one: 40.0},
+                       max_new_tokens=200)
+    assert r.finish_reason == "stop", r
+    value = json.loads(r.text)["n"]
+    jsonschema.validate({"n": value}, schema)
+    assert len(str(abs(value))) == 16
+    big = {"type": "integer", "minimum": 10**17}
+    assert json.loads(model.constraints.compile(Constraint.json_schema(big)).source) == big
+    own = {"type": ["integer", "null"], "maximum": 5}
+    rewritten = json.loads(model.constraints.compile(Constraint.json_schema(own)).source)
+    assert rewritten == {**own, "minimum": -(10**16 - 1)}
 
 
 def test_a_one_of_no_rewrite_can_keep_exact_is_still_refused(model):
