@@ -112,6 +112,11 @@ class KVCacheSpec:
     dtype: str  # "float32" | "float16"
     layout: str = "BNSH"
     shared_buffer: bool = True  # past and present are bound to one buffer, updated in place
+    # The attention reading and writing it (decoder.attention_form): "fused" (GroupQueryAttention
+    # with RoPE inside), "rotary outside" (RoPE as its own op) or "plain" (plain ONNX ops, for
+    # head sizes GroupQueryAttention refuses), and what ruled out the faster forms.
+    attention: str = "fused"
+    attention_why: str | None = None
 
 
 @dataclass(frozen=True)

@@ -25,20 +25,13 @@ import torch
 
 from llm_onnx import model_folder as mf
 from llm_onnx.checkpoints.load import Producer, param_producers
-from llm_onnx.errors import ExportError
 from llm_onnx.export.calibrate import Calibration
 from llm_onnx.export.graphs import GRAPHS, trace_graph
 from llm_onnx.export.modules import NBitsLinear, QuantEmbedding, QuantExperts, to_export_form
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.progress import Progress
 from llm_onnx.model.config import ModelConfig
-from llm_onnx.model.decoder import Decoder, Fusion
-
-
-def check_supported(cfg: ModelConfig) -> None:
-    if cfg.head_dim % 8:
-        raise ExportError(f"head_dim {cfg.head_dim} is not a multiple of 8, which ONNX Runtime's "
-                          "GroupQueryAttention requires.")
+from llm_onnx.model.decoder import AttentionForm, Decoder, Fusion, attention_form
 
 
 @dataclass
@@ -54,10 +47,10 @@ class ExportPlan:
 
     @classmethod
     def build(cls, cfg: ModelConfig, options: ExportOptions, max_len: int) -> ExportPlan:
-        check_supported(cfg)
         dtype = torch.float16 if options.float16 else torch.float32
-        fusion = Fusion(rotary=options.fuse_rotary, qkv=options.fuse_qkv,
-                        gate_up=options.fuse_gate_up)
+        form = attention_form(cfg)  # what ONNX Runtime's attention kernels take of this shape
+        fusion = Fusion(rotary=options.fuse_rotary and form.rotary_inside, qkv=options.fuse_qkv,
+                        gate_up=options.fuse_gate_up, plain_attention=form.plain)
         with torch.device("meta"):
             model = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_len)
         producers = dict(param_producers(model))  # by the eager modules' names, which stay
@@ -110,9 +103,13 @@ class ExportPlan:
         """The cache the graphs read and write: one (B, Hkv, max_len, D) buffer per layer, in
         the graphs' compute dtype."""
         cfg = self.cfg
+        form = attention_form(cfg)
+        if form.rotary_inside and not self.options.fuse_rotary:
+            form = AttentionForm("rotary outside", "asked for (fuse_rotary off)")
         return mf.KVCacheSpec(num_layers=cfg.num_hidden_layers,
                               num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                              dtype="float16" if self.options.float16 else "float32")
+                              dtype="float16" if self.options.float16 else "float32",
+                              attention=form.name, attention_why=form.why)
 
     @functools.cached_property
     def precision(self) -> mf.Precision:

@@ -58,9 +58,9 @@ def rope_fields(hf: Any) -> dict[str, Any]:
         rope_type = scaling.get("rope_type", scaling.get("type", "default"))
         if rope_type == "default":
             scaling = None
-        elif rope_type not in ("linear", "llama3"):
+        elif rope_type not in ("linear", "llama3", "yarn"):
             raise ConfigError(f"rope_scaling type '{rope_type}' is not supported; supported: "
-                              "linear, llama3.")
+                              "linear, llama3, yarn.")
     return {"rope_theta": float(theta), "rope_scaling": scaling}
 
 

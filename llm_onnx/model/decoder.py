@@ -51,12 +51,50 @@ class Fusion:
     """Which computations run fused. Same math either way; the parity tests run both.
 
     rotary: RoPE inside GroupQueryAttention (else a separate RotaryEmbedding op);
-    qkv: q, k and v projections as one matmul; gate_up: the MLP's gate and up as one matmul.
+    qkv: q, k and v projections as one matmul; gate_up: the MLP's gate and up as one matmul;
+    plain_attention: attention in plain ONNX ops instead of GroupQueryAttention (for the head
+    sizes its kernel refuses: see attention_form), RoPE then always a separate op.
     """
 
     rotary: bool = True
     qkv: bool = False
     gate_up: bool = False
+    plain_attention: bool = False
+
+
+@dataclass(frozen=True)
+class AttentionForm:
+    """How a config's attention is exported: GroupQueryAttention with RoPE inside (the fused
+    kernel, fastest), GroupQueryAttention with RoPE as its own op, or plain ONNX ops. ``why``
+    says what ruled out the faster forms (None for the fused one)."""
+
+    name: str  # "fused" | "rotary outside" | "plain"
+    why: str | None = None
+
+    @property
+    def rotary_inside(self) -> bool:
+        return self.name == "fused"
+
+    @property
+    def plain(self) -> bool:
+        return self.name == "plain"
+
+
+def attention_form(cfg: ModelConfig) -> AttentionForm:
+    """The fastest attention ONNX Runtime (1.31) runs for ``cfg`` on the CPU: its
+    GroupQueryAttention refuses a head size that is not a multiple of 16, and RoPE inside it a
+    rotary width whose half is not a multiple of 8 (measured; see docs/export.md)."""
+    if cfg.head_dim % 16:
+        return AttentionForm("plain", f"head_dim {cfg.head_dim} is not a multiple of 16, which "
+                                      "ONNX Runtime's GroupQueryAttention requires")
+    half = cfg.rotary_dim // 2
+    if cfg.position_embedding_type == "rope" and half % 8:
+        return AttentionForm("rotary outside",
+                             f"the rotary width {cfg.rotary_dim} (head_dim {cfg.head_dim} x "
+                             f"partial_rotary_factor {cfg.partial_rotary_factor:g}) halves to "
+                             f"{half}, not a multiple of 8, which GroupQueryAttention's RoPE "
+                             "requires")
+    return AttentionForm("fused")
 
 
 class RMSNorm(nn.Module):
@@ -100,7 +138,7 @@ def make_norm(cfg: ModelConfig, width: int) -> RMSNorm | LayerNorm:
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fused_rotary: bool,
-                 fuse_qkv: bool, layer: int = 0) -> None:
+                 fuse_qkv: bool, layer: int = 0, plain: bool = False) -> None:
         super().__init__()
         self.num_heads, self.kv_heads, self.head_dim = (
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
@@ -124,7 +162,8 @@ class Attention(nn.Module):
         # Gemma 3: only its sliding layers.
         self.window = cfg.layer_window(layer) or -1
         self.rope = cfg.position_embedding_type == "rope"
-        self.fused_rotary = fused_rotary and self.rope
+        self.plain = plain
+        self.fused_rotary = fused_rotary and self.rope and not plain
 
     def forward(self, x: Tensor, seqlens_k: Tensor, total: Tensor, cos: Tensor | None,
                 sin: Tensor | None, positions: Tensor, past_key: Tensor, past_value: Tensor,
@@ -137,7 +176,7 @@ class Attention(nn.Module):
             q, k, v = self.qkv_proj(x), None, None  # (B, T, H*D + 2*Hkv*D)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, H*D), (B, T, Hkv*D) x2
-        if self.qk_norm or (self.rope and not self.fused_rotary):
+        if self.qk_norm or (self.rope and not self.fused_rotary) or self.plain:
             if k is None:
                 # Slices, not split(): torch.split exports as SplitToSequence, which has no
                 # CUDA kernel in ONNX Runtime (the node would run on the CPU).
@@ -151,6 +190,12 @@ class Attention(nn.Module):
             assert k is not None and v is not None and cos is not None and sin is not None
             q = ops.rotary_embedding(q, positions, cos, sin, self.num_heads, False)
             k = ops.rotary_embedding(k, positions, cos, sin, self.kv_heads, False)
+        if self.plain:
+            assert k is not None and v is not None
+            out, pk, pv = ops.plain_attention(
+                q, k, v, past_key, past_value, seqlens_k, total, positions, self.num_heads,
+                self.kv_heads, self.scale, self.window, bias)
+            return self.o_proj(out), pk, pv
         if not self.fused_rotary:
             cos = sin = None  # RoPE applied above, or none at all (learned positions, ALiBi)
         out, pk, pv = ops.group_query_attention(
@@ -243,7 +288,8 @@ class DecoderLayer(nn.Module):
         self.post_norm = cfg.post_layernorm
         self.sandwich = cfg.sandwich_norm
         self.input_layernorm = make_norm(cfg, cfg.hidden_size)
-        self.self_attn = Attention(cfg, dtype, fusion.rotary, fusion.qkv, index)
+        self.self_attn = Attention(cfg, dtype, fusion.rotary, fusion.qkv, index,
+                                   fusion.plain_attention)
         if not self.shared_norm:
             self.post_attention_layernorm = make_norm(cfg, cfg.hidden_size)
         if self.sandwich:  # Gemma 3

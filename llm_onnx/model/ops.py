@@ -14,6 +14,8 @@ the parity tests hold ONNX Runtime to:
                                      default RoPE runs inside GroupQueryAttention, do_rotary=1)
   llm_onnx::alibi_bias            -> a few shape ops (Range, Sub, Mul) feeding attention_bias
   llm_onnx::group_query_attention -> com.microsoft.GroupQueryAttention
+  llm_onnx::plain_attention       -> ScatterElements into the cache, MatMul, Softmax (the shapes
+                                     GroupQueryAttention refuses: attention_form)
   llm_onnx::moe                   -> com.microsoft.MoE (SwiGLU experts)
   llm_onnx::matmul_transposed     -> com.microsoft.FusedMatMul (transB=1: weights stay (out, in))
   llm_onnx::swiglu                -> Split, Sigmoid, Mul (ONNX Runtime fuses x*sigmoid(x))
@@ -333,6 +335,30 @@ def group_query_attention(
 @group_query_attention.register_fake
 def _(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
       sin_cache, num_heads, kv_num_heads, *args):
+    b, t, _ = query.shape
+    out = query.new_empty((b, t, num_heads * past_key.shape[-1]))
+    return out, torch.empty_like(past_key), torch.empty_like(past_value)
+
+
+@torch.library.custom_op("llm_onnx::plain_attention", mutates_args=())
+def plain_attention(
+    query: Tensor, key: Tensor, value: Tensor, past_key: Tensor, past_value: Tensor,
+    seqlens_k: Tensor, total_sequence_length: Tensor, positions: Tensor, num_heads: int,
+    kv_num_heads: int, scale: float, local_window_size: int,
+    attention_bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The attention of shapes GroupQueryAttention refuses (a head size that is not a multiple
+    of 16), in plain ONNX ops over the same in-place cache: GroupQueryAttention's contract
+    (attention_ref) without RoPE, which the caller applies. ``positions`` (B, T) are the new
+    tokens' positions (``device_positions``)."""
+    return attention_ref(query, key, value, past_key, past_value, seqlens_k,
+                         total_sequence_length, None, None, num_heads, kv_num_heads, scale,
+                         local_window_size, False, attention_bias)
+
+
+@plain_attention.register_fake
+def _(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, positions,
+      num_heads, *args):
     b, t, _ = query.shape
     out = query.new_empty((b, t, num_heads * past_key.shape[-1]))
     return out, torch.empty_like(past_key), torch.empty_like(past_value)

@@ -1,5 +1,5 @@
-"""Rotary position embedding tables (cos/sin caches), including Llama 3's frequency scaling and
-Phi-3's LongRoPE.
+"""Rotary position embedding tables (cos/sin caches), including Llama 3's frequency scaling,
+YaRN (Qwen3's long context) and Phi-3's LongRoPE.
 
 The rotation itself is ``ops.rotate``; these caches are what ORT's RotaryEmbedding and
 GroupQueryAttention take: (max_positions, rotary_dim / 2).
@@ -37,6 +37,8 @@ def attention_factor(cfg: ModelConfig) -> float:
     sqrt(1 + ln(factor) / ln(original context)) with ``factor`` = max_position_embeddings /
     original (transformers' default); 1 for every other kind of RoPE."""
     kind, scaling = _scaling(cfg)
+    if kind == "yarn":
+        return _yarn(cfg)[1]
     if kind != "longrope":
         return 1.0
     if scaling.get("attention_factor") is not None:
@@ -64,6 +66,10 @@ def inverse_frequencies(cfg: ModelConfig, max_positions: int | None = None) -> t
         scaled = torch.where(wavelen > old_len / low, inv / factor, inv)
         mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
         inv = torch.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
+    elif kind == "yarn":
+        # Qwen3's long context: frequencies above a ramp kept, below it divided by `factor`
+        # (NTK-by-parts), cos and sin scaled by an attention factor.
+        inv = _yarn(cfg)[0]
     elif kind == "longrope":
         # Phi-3: one factor per frequency, from the short or the long list (module docstring).
         long = uses_long_factors(cfg, max_positions or cfg.max_position_embeddings)
@@ -93,3 +99,38 @@ def sinusoidal_table(rows: int, dim: int) -> torch.Tensor:
     if dim % 2:
         table = torch.cat([table, torch.zeros(rows, 1, dtype=torch.float64)], dim=1)
     return table.float()
+
+
+def _yarn(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
+    """YaRN's (inverse frequencies (rotary_dim / 2,) float64, attention factor), with
+    transformers' defaults: ``original_max_position_embeddings`` the config's context,
+    ``factor`` the context over the original, beta_fast 32, beta_slow 1, the correction range
+    truncated to whole dimensions, and an attention factor of 0.1 ln(factor) + 1 (or the ratio
+    of two such terms with DeepSeek's ``mscale`` and ``mscale_all_dim``)."""
+    _, scaling = _scaling(cfg)
+    dim, base = cfg.rotary_dim, cfg.rope_theta
+    original = int(scaling.get("original_max_position_embeddings") or cfg.max_position_embeddings)
+    factor = float(scaling.get("factor") or cfg.max_position_embeddings / original)
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    fast, slow = float(scaling.get("beta_fast") or 32), float(scaling.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:  # the dimension turning `rotations` times
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = correction_dim(fast), correction_dim(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    extrapolation = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    keep = 1 - ramp  # 1: the original frequency, 0: divided by factor
+    return extrapolation / factor * (1 - keep) + extrapolation * keep, float(attention)
