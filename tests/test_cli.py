@@ -99,3 +99,18 @@ def test_export_command_reads_a_gpt2_checkpoint(tiny_hf, tmp_path):
     assert manifest["parity"]["scope"] == "whole model" and "tokenizer.json" in manifest["files"]
     result = run("generate", "--model", str(out), "-q", "--max-new-tokens", "3", "t1 t2")
     assert result.exit_code == 0 and len(result.output.split()) == 3, result.output
+
+
+def test_export_plain_attention_flag(tmp_path):
+    """--plain-attention forces the plain ONNX attention where the fused kernel would take the
+    shape; the manifest says so and why, and the graphs hold no GroupQueryAttention."""
+    import onnx
+
+    out = tmp_path / "plain"
+    result = run("export", "--config", "llama_tiny", "--random-weights", "--precision", "fp32",
+                 "--plain-attention", "--max-seq-len", "32", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    kv = json.loads((out / "manifest.json").read_text())["kv_cache"]
+    assert (kv["attention"], kv["attention_why"]) == ("plain", "asked for (plain_attention)")
+    ops = {n.op_type for n in onnx.load(str(out / "decode.onnx"), load_external_data=False).graph.node}
+    assert "GroupQueryAttention" not in ops and "ScatterElements" in ops

@@ -56,6 +56,10 @@ def _default_precision() -> str:
                    "built-in text).")
 @click.option("--all-logits", is_flag=True,
               help="The prefill graph returns logits for every position (default: last only).")
+@click.option("--plain-attention", is_flag=True,
+              help="Attention in plain ONNX ops even where ONNX Runtime's GroupQueryAttention "
+                   "takes the shape (chosen by itself for head sizes it refuses). Slower: for "
+                   "measuring, or ruling out a kernel.")
 @click.option("--target", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
               show_default=True,
               help="Execution provider the folder is built for. cuda: every node has a CUDA "
@@ -67,7 +71,7 @@ def _default_precision() -> str:
 @_handle_errors
 def export(config_name, checkpoint, random_weights, seed, precision, out, max_seq_len, block_size,
            float_embeddings, embedding_bits, accuracy_level, quant_scheme, quant_method, calibration_text,
-           all_logits, target, no_validate, force) -> None:
+           all_logits, plain_attention, target, no_validate, force) -> None:
     """Export a model to an ONNX model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
     manifest.json), then check it against torch in ONNX Runtime.
 
@@ -94,7 +98,8 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
                             quant_method=quant_method,
                             calibration_text=str(calibration_text) if calibration_text else None,
                             max_seq_len=max_seq_len,
-                            all_logits=all_logits, validate=not no_validate,
+                            all_logits=all_logits, plain_attention=plain_attention,
+                            validate=not no_validate,
                             target=None if target == "auto" else target)
     out = out or Path("models") / f"{ckpt.name}-{precision}"
     folder = export_model(ckpt, out, options, force=force, progress=True)

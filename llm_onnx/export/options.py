@@ -27,6 +27,9 @@ class ExportOptions:
             always use 4: ONNX Runtime has no fast fp32-activation kernel for them.
         max_seq_len: context length the graphs support (RoPE tables); default: the config's.
         fuse_qkv, fuse_gate_up, fuse_rotary: fused projections and RoPE inside attention.
+        plain_attention: attention in plain ONNX ops even where GroupQueryAttention takes the
+            shape (it is chosen by itself where not: decoder.attention_form). Slower; for
+            measuring that form and for a kernel one suspects.
         all_logits: the prefill graph returns logits for every position, not only the last.
         quant_scheme: how projections are quantized: "zero_point" (per-block uint8 zero points,
             the whole code range for one-sided blocks), "offset" (a float minimum per block added
@@ -57,6 +60,7 @@ class ExportOptions:
     fuse_qkv: bool = True
     fuse_gate_up: bool = True
     fuse_rotary: bool = True
+    plain_attention: bool = False
     all_logits: bool = False
     quant_scheme: str | None = None
     quant_method: str | None = None

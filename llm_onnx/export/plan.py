@@ -34,6 +34,17 @@ from llm_onnx.model.config import ModelConfig
 from llm_onnx.model.decoder import AttentionForm, Decoder, Fusion, attention_form
 
 
+def planned_attention(cfg: ModelConfig, options: ExportOptions) -> AttentionForm:
+    """The attention form of an export: the fastest ONNX Runtime takes for the shape
+    (decoder.attention_form), or a slower one the options ask for."""
+    form = attention_form(cfg)
+    if options.plain_attention and not form.plain:
+        return AttentionForm("plain", "asked for (plain_attention)")
+    if form.rotary_inside and not options.fuse_rotary:
+        return AttentionForm("rotary outside", "asked for (fuse_rotary off)")
+    return form
+
+
 @dataclass
 class ExportPlan:
     cfg: ModelConfig
@@ -48,7 +59,7 @@ class ExportPlan:
     @classmethod
     def build(cls, cfg: ModelConfig, options: ExportOptions, max_len: int) -> ExportPlan:
         dtype = torch.float16 if options.float16 else torch.float32
-        form = attention_form(cfg)  # what ONNX Runtime's attention kernels take of this shape
+        form = planned_attention(cfg, options)  # what ONNX Runtime's kernels take of the shape
         fusion = Fusion(rotary=options.fuse_rotary and form.rotary_inside, qkv=options.fuse_qkv,
                         gate_up=options.fuse_gate_up, plain_attention=form.plain)
         with torch.device("meta"):
@@ -103,9 +114,7 @@ class ExportPlan:
         """The cache the graphs read and write: one (B, Hkv, max_len, D) buffer per layer, in
         the graphs' compute dtype."""
         cfg = self.cfg
-        form = attention_form(cfg)
-        if form.rotary_inside and not self.options.fuse_rotary:
-            form = AttentionForm("rotary outside", "asked for (fuse_rotary off)")
+        form = planned_attention(cfg, self.options)
         return mf.KVCacheSpec(num_layers=cfg.num_hidden_layers,
                               num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                               dtype="float16" if self.options.float16 else "float32",

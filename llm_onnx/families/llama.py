@@ -59,8 +59,8 @@ def rope_fields(hf: Any) -> dict[str, Any]:
         if rope_type == "default":
             scaling = None
         elif rope_type not in ("linear", "llama3", "yarn"):
-            raise ConfigError(f"rope_scaling type '{rope_type}' is not supported; supported: "
-                              "linear, llama3, yarn.")
+            raise ConfigError(f"{hf.source}: rope_scaling type '{rope_type}' is not supported "
+                              f"for {hf.architecture}; supported: linear, llama3, yarn.")
     return {"rope_theta": float(theta), "rope_scaling": scaling}
 
 

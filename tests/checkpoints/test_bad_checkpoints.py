@@ -99,6 +99,19 @@ def test_missing_config_field(ckpt):
         open_checkpoint(ckpt)
 
 
+def test_unsupported_rope_scaling_is_one_line_naming_the_file(ckpt):
+    """Dynamic NTK scaling changes the frequencies with the running length, which a fixed table
+    cannot follow: refused when the config is read, before any work."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["rope_scaling"] = {"rope_type": "dynamic", "factor": 2.0}
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError) as e:
+        open_checkpoint(ckpt)
+    assert "\n" not in str(e.value)
+    assert "config.json: rope_scaling type 'dynamic' is not supported" in str(e.value)
+    assert "supported: linear, llama3, yarn" in str(e.value)
+
+
 def test_pickle_checkpoint_is_refused(tmp_path, good):
     folder = tmp_path / "pickled"
     folder.mkdir()
