@@ -142,10 +142,19 @@ def number(body: dict, name: str, low: float, high: float, *, low_open: bool = F
     return float(value)
 
 
+def whole(value: Any) -> Any:
+    """A JSON number with no fraction as an int (``6.0`` is the integer 6: JSON Schema's
+    "integer", which OpenAI's API description uses, counts it as one); anything else as is."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
+
+
 def integer(body: dict, name: str, low: int, high: int | None = None) -> int | None:
     value = body.get(name)
     if value is None:
         return None
+    value = whole(value)
     if not isinstance(value, int) or isinstance(value, bool):
         raise bad(name, f"'{name}' must be an integer, got {value!r}.")
     if value < low or (high is not None and value > high):
@@ -240,7 +249,7 @@ def sampling(body: dict, base: GenerationOptions, vocab: int) -> GenerationOptio
     top_k = integer(body, "top_k", -1)
     if top_k is not None:
         fields["top_k"] = max(top_k, 0)  # -1 (vLLM's "off") and 0 both mean off
-    seed = body.get("seed")
+    seed = whole(body.get("seed"))
     if seed is not None:
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise bad("seed", f"'seed' must be an integer, got {seed!r}.")

@@ -116,8 +116,7 @@ def response(plan: Plan, results: Sequence[Result], text: TokenText) -> dict[str
         choices.append(choice)
     return {"id": plan.id, "object": plan.kind, "created": plan.created, "model": plan.model,
             "choices": choices, "usage": usage(sum(len(p) for p in plan.prompts),
-                                               sum(len(r.token_ids) for r in results)),
-            "system_fingerprint": None}
+                                               sum(len(r.token_ids) for r in results))}
 
 
 def tool_call(call: ToolCall) -> dict[str, Any]:
@@ -142,8 +141,7 @@ def chunk(plan: Plan, choices: list[dict[str, Any]], usage_: dict[str, int] | No
           ) -> dict[str, Any]:
     """One server-sent event's object (``chat.completion.chunk`` or ``text_completion``)."""
     out = {"id": plan.id, "object": "chat.completion.chunk" if plan.kind == CHAT else COMPLETION,
-           "created": plan.created, "model": plan.model, "choices": choices,
-           "system_fingerprint": None}
+           "created": plan.created, "model": plan.model, "choices": choices}
     if plan.include_usage:
         out["usage"] = usage_
     return out

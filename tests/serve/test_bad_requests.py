@@ -76,6 +76,29 @@ def test_bad_fields_are_400s_naming_the_field(server, path, body, param, fragmen
     assert error["type"] == "invalid_request_error"
 
 
+def test_integers_written_with_a_zero_fraction_are_integers(server):
+    """JSON Schema's "integer" (OpenAI's API description) counts 6.0 as an integer: accepted as
+    6; a real fraction is still refused, naming the field."""
+    r = post(server, "/v1/completions", {"model": MODEL, "prompt": "t5 t6", "max_tokens": 3.0,
+                                         "best_of": 1.0, "n": 1, "seed": 7.0})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] <= 3
+    error = error_of(post(server, "/v1/completions", {"model": MODEL, "prompt": "t5",
+                                                      "max_tokens": 2.5}), 400)
+    assert error["param"] == "max_tokens" and "must be an integer" in error["message"]
+
+
+def test_no_null_where_openais_schema_has_a_string(server):
+    """system_fingerprint is an optional string in OpenAI's response schemas: left out rather
+    than null, in whole replies and in stream chunks."""
+    r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": 2})
+    assert r.status_code == 200 and "system_fingerprint" not in r.json()
+    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=30, json={
+            "model": MODEL, "messages": USER, "max_tokens": 2, "stream": True}) as s:
+        chunks = [line for line in s.iter_lines() if line.startswith("data: {")]
+    assert chunks and all("system_fingerprint" not in c for c in chunks)
+
+
 def test_context_overflow_has_openais_code(server):
     error = error_of(post(server, "/v1/completions", {"model": MODEL, "prompt": "t1 " * 5000}), 400)
     assert error["code"] == "context_length_exceeded"
