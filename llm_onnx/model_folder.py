@@ -34,7 +34,8 @@ SEQLENS_K = "seqlens_k"  # (B,) int32: valid tokens of each row (past + new) min
 TOTAL_SEQUENCE_LENGTH = "total_sequence_length"  # () int32: the batch's largest valid length
 PAST_KEY = "past_key_values.{}.key"  # (B, Hkv, max_len, D)
 PAST_VALUE = "past_key_values.{}.value"
-LOGITS = "logits"  # (B, T or 1, V) float32
+LOGITS = "logits"  # (B, T or W, V) float32
+LOGITS_WINDOW = "logits_window"  # (W,) int64, prefill only: logits of the last W new tokens
 PRESENT_KEY = "present.{}.key"  # same buffer as the past when bound in place
 PRESENT_VALUE = "present.{}.value"
 
@@ -67,7 +68,8 @@ class TensorSpec:
 @dataclass(frozen=True)
 class GraphSpec:
     file: str
-    logits: str  # "last": each row's last position only; "all": every position
+    logits: str  # "last": each row's last position; "all": every position; "window": the last W,
+    # W the length of the input logits_window (default 1: its initializer)
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
 

@@ -49,10 +49,12 @@ def write_folder(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
     finally:
         wf.close()
     for kind, graph in graphs.items():
-        missing = [n for n in graph.graph.initializers if n not in wf.tensors]
+        stored = {n: v for n, v in graph.graph.initializers.items()
+                  if n != mf.LOGITS_WINDOW}  # the one with its data in the graph
+        missing = [n for n in stored if n not in wf.tensors]
         if missing:
             raise ExportError(f"internal: no weights written for {missing[:3]} of the {kind} graph")
-        for name, value in graph.graph.initializers.items():
+        for name, value in stored.items():
             st = wf.tensors[name]
             value.const_value = ir.ExternalTensor(mf.WEIGHTS, st.offset, st.length, value.dtype,
                                                   shape=value.shape, name=name, base_dir=folder)

@@ -1,6 +1,10 @@
 """Trace the prefill and decode graphs of a (meta-device, export-form) Decoder into ONNX.
 
-prefill: input_ids (B, T), any T; logits of each row's last new token (or every position).
+prefill: input_ids (B, T), any T; logits of each row's last new token (or every position). Its
+         input logits_window (W,) asks for the last W instead: only its length counts, and an
+         initializer of the same name (length 1) stands in when the caller does not bind it, so
+         a run that binds nothing gets the last token's logits, as before (ONNX Runtime treats an
+         initializer that is also a graph input as a default the caller may override).
 decode:  input_ids (B, 1); the same computation with T fixed to 1 (batch and cache length stay
          symbolic). It serves RuntimeOptions(sessions="pair") and the parity gate's decode
          steps. CUDA graphs do not need it: one session over prefill.onnx captures a graph per
@@ -14,6 +18,7 @@ from __future__ import annotations
 import logging
 import warnings
 
+import numpy as np
 import onnx_ir as ir
 import torch
 
@@ -48,20 +53,37 @@ def trace_graph(model: Decoder, kind: str, *, all_logits: bool = False,
     dynamic = {"input_ids": ids_dims, "seqlens_k": {0: batch}, "total_sequence_length": None,
                "past": tuple({0: batch, 2: max_len} for _ in range(2 * layers)), "last_only": None}
     example = _example_inputs(model, 3 if kind == "prefill" else 1)
+    last_only = kind == "prefill" and not all_logits
+    kwargs: dict = {"last_only": last_only}
+    inputs = names.input_names(layers)
+    if last_only:  # example length 2: torch.export would fix a length of 1 as a constant
+        kwargs["logits_window"] = torch.zeros(2, dtype=torch.int64, device="meta")
+        dynamic["logits_window"] = {0: torch.export.Dim("window")}
+        inputs.append(names.LOGITS_WINDOW)
     with warnings.catch_warnings(), _quiet_exporter():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
-            model, example, kwargs={"last_only": kind == "prefill" and not all_logits},
+            model, example, kwargs=kwargs,
             dynamo=True, dynamic_shapes=dynamic, optimize=False, verbose=False,
             custom_translation_table=translation_table(rotary_fused),
-            input_names=names.input_names(layers), output_names=names.output_names(layers),
+            input_names=inputs, output_names=names.output_names(layers),
         )
     graph_model = program.model
+    if last_only:
+        _default_window(graph_model)
     fix_domains(graph_model)
     _static_vocab(graph_model, model)
     graph_model.graph.name = kind
     graph_model.producer_name = "llm-onnx"
     return graph_model
+
+
+def _default_window(model: ir.Model) -> None:
+    """logits_window defaults to one position: an initializer of the input's name (it holds its
+    data in the graph file, unlike the weights)."""
+    value = next(v for v in model.graph.inputs if v.name == names.LOGITS_WINDOW)
+    value.const_value = ir.tensor(np.zeros(1, dtype=np.int64), name=names.LOGITS_WINDOW)
+    model.graph.register_initializer(value)
 
 
 def _static_vocab(model: ir.Model, decoder: Decoder) -> None:

@@ -113,7 +113,7 @@ class ExportPlan:
                          for v in values)
 
         return {kind: mf.GraphSpec(f"{kind}.onnx",
-                                   "all" if kind == "decode" or self.options.all_logits else "last",
+                                   "all" if kind == "decode" or self.options.all_logits else "window",
                                    specs(graph.graph.inputs), specs(graph.graph.outputs))
                 for kind, graph in self.graphs.items()}
 

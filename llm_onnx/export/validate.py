@@ -167,6 +167,8 @@ def run_onnx(folder: Path, cfg, kv_dtype: np.dtype, vocab: int, fed: list[np.nda
 
     def record(out: list[np.ndarray]) -> None:
         logits = out[0][:, -1, :vocab].astype(np.float32)
+        if out[0].shape[1] > 1:  # an --all-logits prefill: each row's last prompt token
+            logits = out[0][np.arange(len(lens)), np.array(lens) - 1, :vocab].astype(np.float32)
         if not np.all(np.isfinite(logits)):
             raise ParityError(f"ONNX Runtime produced inf/NaN logits at step {len(steps.logits)}.")
         steps.logits.append(logits)

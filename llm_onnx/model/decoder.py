@@ -472,9 +472,14 @@ class Decoder(nn.Module):
         return pk, pv
 
     def forward(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
-                *past: Tensor, last_only: bool = False) -> tuple[Tensor, ...]:
+                *past: Tensor, last_only: bool = False,
+                logits_window: Tensor | None = None) -> tuple[Tensor, ...]:
         """Logits (B, T, V) fp32 (or (B, 1, V) at each row's last new token when ``last_only``)
-        and the updated caches, in the order of ``past``."""
+        and the updated caches, in the order of ``past``.
+
+        ``logits_window`` (with ``last_only``): a (W,) tensor whose length alone counts: the
+        logits of each row's last W new tokens, (B, W, V) (a speculative verify step reads the
+        k + 1 it ran; W = 1 is ``last_only``)."""
         cfg, m = self.config, self.model
         x = self.embed(input_ids, seqlens_k, total_sequence_length)
         present: list[Tensor] = []
@@ -487,7 +492,11 @@ class Decoder(nn.Module):
         else:
             assert branch is not None
             h, _ = self.model.norm.add(branch.float(), residual)  # (B, T, D)
-        if last_only:  # row b's last new token (clamped for padded decode rows)
+        if last_only and logits_window is not None:  # each row's last W new tokens
+            w = torch.arange(logits_window.shape[0], device=h.device, dtype=torch.int64)
+            index = (last[:, None] + 1 - logits_window.shape[0] + w[None, :]).clamp_min(0)
+            h = h.gather(1, index[:, :, None].expand(-1, -1, h.shape[-1]))  # (B, W, D)
+        elif last_only:  # row b's last new token (clamped for padded decode rows)
             h = h.gather(1, last[:, None, None].expand(-1, 1, h.shape[-1]))  # (B, 1, D)
         if cfg.embed_dim is not None:
             h = m.project_out(h.to(self.dtype))

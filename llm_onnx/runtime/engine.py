@@ -315,6 +315,31 @@ class Engine:
         Batch 1 over the row's slice of the buffers: GroupQueryAttention continues a prompt over
         a past only at batch 1, which is all a chunked prefill needs.
         """
+        return self._chunk(cache, row, ids, 1)[0]
+
+    @property
+    def verifies(self) -> bool:
+        """Whether a run can return the logits of every token it ran (``verify``): folders
+        exported since prefill.onnx took logits_window, or with --all-logits."""
+        return self.manifest.graphs["prefill"].logits in ("window", "all")
+
+    def cannot_verify(self) -> str:
+        return (f"{self.manifest.folder}: this folder's prefill.onnx returns the last token's "
+                "logits only, which speculative decoding cannot use; re-export it with this "
+                "version of llm-onnx (or decode without --speculative).")
+
+    def verify(self, cache: KVCache, row: int, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """``prefill`` that returns the (T, V) logits of every token it ran: a speculative step
+        checks the k drafted tokens after the last picked one in one run. Rejected positions are
+        dropped afterwards with ``cache.truncate``."""
+        if not self.verifies:
+            raise GenerationError(self.cannot_verify())
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        return self._chunk(cache, row, ids, ids.shape[0])
+
+    def _chunk(self, cache: KVCache, row: int, ids: Sequence[int] | np.ndarray,
+               window: int) -> np.ndarray:
+        """Run a chunk of one row; the (window, V) logits of its last ``window`` tokens."""
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
         t = ids.shape[1]
         past = cache.length_of(row)
@@ -328,12 +353,17 @@ class Engine:
         binding.bind_cpu_input(names.INPUT_IDS, ids)
         binding.bind_cpu_input(names.SEQLENS_K, np.array([total - 1], dtype=np.int32))
         binding.bind_cpu_input(names.TOTAL_SEQUENCE_LENGTH, np.array(total, dtype=np.int32))
+        every = self.manifest.graphs["prefill"].logits == "all"
+        if window > 1 and not every:
+            # an overridable initializer: bind_cpu_input does not find it, an OrtValue does
+            binding.bind_ortvalue_input(names.LOGITS_WINDOW, ort.OrtValue.ortvalue_from_numpy(
+                np.zeros(window, dtype=np.int64)))
         cache.bind(binding, row, row + 1)
-        logits = np.empty((1, 1, self.vocab_size), dtype=np.float32)
+        logits = np.empty((1, t if every else window, self.vocab_size), dtype=np.float32)
         binding.bind_ortvalue_output(names.LOGITS, ort.OrtValue.ortvalue_from_numpy(logits))
         self.prefill_session.run_with_iobinding(binding, self.run_options)
         cache.advance(row, t)
-        return logits[0, 0]
+        return logits[0, -window:]
 
     def decode(self, cache: KVCache, tokens: np.ndarray, active: np.ndarray | None = None,
                first_row: int = 0) -> np.ndarray:

@@ -41,6 +41,7 @@ from llm_onnx.runtime.constraint import Constraints, MaskBatch
 from llm_onnx.runtime.engine import CacheProtocol, EngineProtocol
 from llm_onnx.runtime.sampling import GenerationOptions
 from llm_onnx.runtime.sequence import Result, Sequence, TokenEvent
+from llm_onnx.runtime.speculative import SpeculativeOptions, Speculator, speculative_options
 
 
 class ModelLike(Protocol):
@@ -76,6 +77,17 @@ class RunStats:
     mask_wait_s: float = 0.0  # ... of which the steps waited for after their run
     mask_rows: int = 0  # masks filled
     forced_tokens: int = 0  # tokens constraints appended without a pick (fast-forward)
+    verify_runs: int = 0  # speculative steps: a row's last token and its draft in one run
+    verify_s: float = 0.0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0  # drafted tokens the model picked itself
+    draft_runs: int = 0  # draft-model runs (speculative method "draft")
+    draft_s: float = 0.0
+
+    @property
+    def acceptance(self) -> float:
+        """Accepted / drafted tokens (0 before any draft)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
 
 class Generator:
@@ -91,10 +103,13 @@ class Generator:
             None: sized to the first request and grown as needed, up to the model's context.
         prefill_chunk: most prompt tokens run per step, over all rows; None: a whole prompt at
             once. A long prompt then delays the rows already decoding by at most one chunk.
+        speculative: "off", "ngram", "draft" or SpeculativeOptions (llm_onnx.runtime.speculative);
+            None: the model's (``Model(..., speculative=...)``).
     """
 
     def __init__(self, model: ModelLike, options: GenerationOptions | None = None, *, batch: int = 1,
                  max_length: int | None = None, prefill_chunk: int | None = None,
+                 speculative: SpeculativeOptions | str | None = None,
                  **overrides: Any) -> None:
         if batch < 1:
             raise GenerationError(f"batch must be at least 1, got {batch}.")
@@ -119,6 +134,23 @@ class Generator:
         self._masks: MaskBatch | None = None  # constrained rows' bitmasks (made when first needed)
         self.overlap_masks = True  # fill them while the model runs (False: before; to measure)
         self._pending: collections.deque[TokenEvent] = collections.deque()
+        self.speculator = self._speculator(speculative)
+
+    def _speculator(self, speculative: SpeculativeOptions | str | None) -> Speculator | None:
+        explicit = speculative is not None
+        opts = speculative_options(speculative if explicit
+                                   else getattr(self.model, "speculative", None))
+        if not opts.on:
+            return None
+        if not getattr(self.engine, "verifies", False):
+            if explicit or not getattr(self.model, "speculative_is_default", False):
+                why = getattr(self.engine, "cannot_verify", None)
+                raise GenerationError(why() if why is not None else "this engine has no verify "
+                                      "step; speculative decoding needs one.")
+            return None  # on by default, but this folder cannot verify: plain decoding
+        if opts.method == "draft" and getattr(self.model, "draft_model", None) is not None:
+            opts = dataclasses.replace(opts, draft_model=self.model.draft_model)  # type: ignore[attr-defined]
+        return Speculator(opts, self.model, self.batch, self.stats)
 
     # ------------------------------------------------------------------ rows
 
@@ -169,6 +201,8 @@ class Generator:
                        constraint=constraint, shown_special=shown)
         seq.prefill_tokens = len(prompt) - reuse
         self._seqs[row] = seq
+        if self.speculator is not None and old is None:
+            self.speculator.reset(row)
         self._pending.clear()
         self._admitted[row] = next(self._counter)
 
@@ -321,13 +355,32 @@ class Generator:
 
     def decode_step(self) -> list[TokenEvent]:
         """One batched run of the decoding rows (see decoding_rows): each runs its next waiting
-        token; those with no more waiting pick their next."""
+        token; those with no more waiting pick their next. With speculation on and few rows
+        decoding, a row with a draft runs it instead, alone (see llm_onnx.runtime.speculative)."""
         if self._cache is None:
             return []
         cache = self._cache
         ready = self.decoding_rows
         if not ready:
             return []
+        events: list[TokenEvent] = []
+        spec = self.speculator
+        if spec is not None and len(ready) <= spec.options.max_rows:
+            plain = []
+            for r in ready:
+                seq = self._seqs[r]
+                assert seq is not None
+                draft = spec.draft(r, seq.tokens) \
+                    if len(seq.tokens) - cache.length_of(r) == 1 else []
+                room = min(cache.length - cache.length_of(r) - 1,
+                           seq.limit - len(seq.generated) - 1)
+                if draft and room > 0:
+                    events += self._verify(r, seq, draft[:room])
+                else:
+                    plain.append(r)
+            ready = plain
+            if not ready:
+                return events
         first, n = ready[0], ready[-1] + 1 - ready[0]  # rows in between ride along
         tokens = np.zeros(n, dtype=np.int64)
         active = np.zeros(n, dtype=bool)
@@ -342,14 +395,50 @@ class Generator:
         pending = self._start_masks(picking)
         began = time.perf_counter()
         logits = self.engine.decode(cache, tokens, active, first)
-        self.stats.decode_s += time.perf_counter() - began
+        took = time.perf_counter() - began
+        self.stats.decode_s += took
         self.stats.decode_runs += 1
         self.stats.decode_rows += len(ready)
         self.stats.decode_row_slots += n
+        if spec is not None:
+            spec.decoded(n, took)
         self._wait_masks(pending)
-        events: list[TokenEvent] = []
         for r in picking:
-            events += self._accept(self._seqs[r], logits[r - first], r, None)  # type: ignore[arg-type]
+            seq = self._seqs[r]
+            assert seq is not None
+            before = len(seq.tokens)
+            events += self._accept(seq, logits[r - first], r, None)
+            if spec is not None and len(seq.tokens) > before:
+                spec.observed(r, seq.tokens[:before], seq.tokens[before])
+        return events
+
+    def _verify(self, row: int, seq: Sequence, draft: list[int]) -> list[TokenEvent]:
+        """Row ``row``'s last picked token and ``draft`` in one run; the sequence picks from
+        each position's logits while its picks follow the draft (see speculative.py)."""
+        cache = self._cache
+        assert cache is not None and self.speculator is not None
+        base = cache.length_of(row)
+        run = seq.tokens[base:base + 1] + draft
+        began = time.perf_counter()
+        logits = self.engine.verify(cache, row, run)  # type: ignore[attr-defined]
+        took = time.perf_counter() - began
+        events: list[TokenEvent] = []
+        index = 0
+        while True:  # the sequence fills its own constraint masks, one position at a time
+            forced = seq.forced_tokens
+            events += seq.accept(logits[index], row, None)
+            self.stats.forced_tokens += seq.forced_tokens - forced
+            if seq.done:
+                break
+            new = seq.tokens[base:]
+            if len(new) > len(run) or new != run[:len(new)]:
+                break
+            index = len(new) - 1
+        new = seq.tokens[base:]
+        matched = _common_prefix(new, run)
+        cache.truncate(row, base + min(matched, max(len(new) - 1, 0)))
+        accepted = max(0, min(matched, len(run)) - 1)
+        self.speculator.verified(row, len(draft), min(accepted, len(draft)), took)
         return events
 
     def events(self) -> Iterator[TokenEvent]:
@@ -468,6 +557,7 @@ def _last_run_start(prompt_length: int) -> int:
 
 
 def _common_prefix(a: Seq[int], b: Seq[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
     n = min(len(a), len(b))
     if n == 0:
         return 0

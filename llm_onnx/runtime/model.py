@@ -35,9 +35,13 @@ from llm_onnx.runtime.generator import Generator, row_options
 from llm_onnx.runtime.reasoning import ChatPiece, ReasoningSplitter, has_think_tokens, opens_thought
 from llm_onnx.runtime.sampling import GenerationOptions
 from llm_onnx.runtime.sequence import Result
+from llm_onnx.runtime.speculative import (SpeculativeOptions, check_same_tokenizer,
+                                          load_draft_model, speculative_options)
 from llm_onnx.runtime.tools import ToolCallDelta, ToolChoice, detect_format, get_format
 
 Prompt = str | Sequence[int]
+# Speculation when a caller says nothing (decided from docs/speculative-decoding.md's figures)
+DEFAULT_SPECULATIVE = "off"
 Tools = Sequence[dict[str, Any]]
 
 
@@ -52,11 +56,20 @@ class Model:
             two-message conversation); the folder is not modified.
         tool_call_format: how replies write tool calls (hermes, llama3_json, mistral,
             phi4_mini); default: read off the chat template.
+        speculative: "off", "ngram" (prompt lookup), "draft" or SpeculativeOptions
+            (llm_onnx.runtime.speculative): several tokens per model run, the same output;
+            None: the default (``DEFAULT_SPECULATIVE``, off where the folder cannot verify).
+        num_speculative_tokens: most tokens drafted per step.
+        draft_model: a model folder (or a loaded Model) with the same tokenizer that drafts
+            for this one (implies speculative "draft").
     """
 
     def __init__(self, folder: Path | str, runtime: RuntimeOptions | None = None, *,
                  chat_template: Path | str | None = None,
-                 tool_call_format: str | None = None) -> None:
+                 tool_call_format: str | None = None,
+                 speculative: SpeculativeOptions | str | None = None,
+                 num_speculative_tokens: int | None = None,
+                 draft_model: Path | str | Model | None = None) -> None:
         start = time.perf_counter()
         engine = Engine(folder, runtime)
         m = engine.manifest
@@ -66,15 +79,38 @@ class Model:
             read_chat_template(chat_template, m.tokenizer.special_tokens)
         self._setup(engine, tokenizer, m.tokenizer.eos_token_ids, template,
                     m.tokenizer.special_tokens, m.generation, tool_call_format)
+        self.set_speculative(speculative, num_speculative_tokens=num_speculative_tokens,
+                             draft_model=draft_model)
         self.load_s = time.perf_counter() - start
 
     @classmethod
     def load(cls, folder: Path | str, *, chat_template: Path | str | None = None,
-             tool_call_format: str | None = None, **runtime: Any) -> Model:
+             tool_call_format: str | None = None,
+             speculative: SpeculativeOptions | str | None = None,
+             num_speculative_tokens: int | None = None,
+             draft_model: Path | str | Model | None = None, **runtime: Any) -> Model:
         """``Model.load(folder, provider="cpu", threads=2)``; keywords are RuntimeOptions fields
-        (and ``chat_template``, ``tool_call_format``: see the class)."""
+        (and ``chat_template``, ``tool_call_format``, ``speculative``,
+        ``num_speculative_tokens``, ``draft_model``: see the class)."""
         return cls(folder, RuntimeOptions(**runtime), chat_template=chat_template,
-                   tool_call_format=tool_call_format)
+                   tool_call_format=tool_call_format, speculative=speculative,
+                   num_speculative_tokens=num_speculative_tokens, draft_model=draft_model)
+
+    def set_speculative(self, speculative: SpeculativeOptions | str | None = None, *,
+                        num_speculative_tokens: int | None = None,
+                        draft_model: Path | str | Model | None = None) -> None:
+        """How this model's generators speculate from now on (see the class's arguments); a
+        draft model folder is loaded here, once."""
+        self.speculative_is_default = speculative is None and draft_model is None
+        opts = speculative_options(DEFAULT_SPECULATIVE if speculative is None else speculative,
+                                   num_tokens=num_speculative_tokens, draft_model=draft_model)
+        self.draft_model = None
+        if opts.method == "draft":
+            self.draft_model = load_draft_model(opts.draft_model,
+                                                getattr(self.engine, "options", None))
+            check_same_tokenizer(self.draft_model, self)
+            opts = dataclasses.replace(opts, draft_model=self.draft_model)
+        self.speculative = opts
 
     @classmethod
     def from_parts(cls, engine: Any, tokenizer: tokenizers.Tokenizer | None, eos_token_ids: Sequence[int] = (),
@@ -85,6 +121,8 @@ class Model:
         model = cls.__new__(cls)
         model._setup(engine, tokenizer, eos_token_ids, chat_template, special_tokens or {},
                      GenerationDefaults(), tool_call_format)
+        model.speculative = SpeculativeOptions()
+        model.speculative_is_default, model.draft_model = True, None
         model.load_s = 0.0
         return model
 
@@ -201,10 +239,11 @@ class Model:
 
     def generator(self, options: GenerationOptions | None = None, *, batch: int = 1,
                   max_length: int | None = None, prefill_chunk: int | None = None,
+                  speculative: SpeculativeOptions | str | None = None,
                   **overrides: Any) -> Generator:
         """A step-wise Generator over this model (see llm_onnx.runtime.generator)."""
         return Generator(self, options, batch=batch, max_length=max_length,
-                         prefill_chunk=prefill_chunk, **overrides)
+                         prefill_chunk=prefill_chunk, speculative=speculative, **overrides)
 
     def generate(self, prompt: Prompt | Sequence[Prompt], options: GenerationOptions | None = None,
                  **overrides: Any) -> Result | list[Result]:

@@ -104,6 +104,21 @@ class _Engine:
         self.calls.append(("decode", n, (first_row + np.flatnonzero(active)).tolist()))
         return out
 
+    verifies = True  # speculative decoding's verify step
+
+    def verify(self, cache: FakeCache, row: int, ids) -> np.ndarray:
+        """Like prefill, with the logits after each of ``ids``."""
+        ids = [int(i) for i in ids]
+        start = cache.length_of(row)
+        assert ids and start + len(ids) <= cache.length
+        out = []
+        for i, t in enumerate(ids):
+            cache.positions[row, start + i] = t
+            cache.lengths[row] = start + i + 1
+            out.append(self.logits(cache, row))
+        self.calls.append(("verify", row, ids))
+        return np.stack(out)
+
     def logits(self, cache: FakeCache, row: int) -> np.ndarray:
         raise NotImplementedError
 
@@ -129,6 +144,23 @@ class FakeEngine(_Engine):
         else:
             out[:] = item
         return out
+
+
+class MarkovEngine(_Engine):
+    """Logits that depend on the row's last ``order`` tokens only: a context that recurs gives
+    the same next token, so prompt lookup drafts it right (speculative decoding's tests)."""
+
+    def __init__(self, vocab_size: int = 40, order: int = 2, context_length: int = 256,
+                 scale: float = 3.0) -> None:
+        super().__init__(context_length)
+        self.vocab_size, self.order, self.scale = vocab_size, order, scale
+
+    def logits(self, cache: FakeCache, row: int) -> np.ndarray:
+        held = cache.held(row)
+        assert RIDE_ALONG not in held and -2 not in held, f"row {row} reads an invalid position"
+        seed = zlib.crc32(np.asarray(held[-self.order:], dtype=np.int64).tobytes())
+        return (np.random.default_rng(seed).standard_normal(self.vocab_size)
+                * self.scale).astype(np.float32)
 
 
 class HistoryEngine(_Engine):
