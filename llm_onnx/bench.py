@@ -244,6 +244,7 @@ def run_bench(model: Model, cfg: BenchConfig, rss_before_load_mib: float | None 
         "precision": m.precision.precision, "provider": model.engine.provider,
         "threads": threads, "batch": cfg.batch, "prompt_len": len(prompt),
         "new_tokens": cfg.new_tokens, "repeat": cfg.repeat, "load_s": model.load_s,
+        "speculative": getattr(getattr(model, "speculative", None), "method", "off"),
         "ttft_s": _stats(ttft), "prefill_tok_s": _stats(prefill), "decode_tok_s": _stats(decode),
         "peak_rss_mib": peak_rss, "rss_before_load_mib": rss_before_load_mib,
         "weight_bytes": m.weights.bytes,

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from llm_onnx.cli.app import _handle_errors, main
+from llm_onnx.cli.generating import speculative_options
 
 
 @main.command()
@@ -28,9 +29,10 @@ from llm_onnx.cli.app import _handle_errors, main
 @click.option("--profile", is_flag=True,
               help="Also show where one prefill and a decode step spend their time, by op type "
                    "(ONNX Runtime's profiler, in a separate session after the timed runs).")
+@speculative_options
 @_handle_errors
 def bench(model, prompt_len, new_tokens, batch, repeat, threads, provider, prompt_ids, as_json,
-          plot, profile) -> None:
+          plot, profile, speculative, draft_model, num_speculative_tokens) -> None:
     """Measure time to first token, prefill and decode speed, peak memory, and the decode speed
     the machine's memory bandwidth allows.
 
@@ -40,6 +42,10 @@ def bench(model, prompt_len, new_tokens, batch, repeat, threads, provider, promp
       llm-onnx bench --model models/qwen3-8b-int4 --prompt-len 512 --new-tokens 64 --json
       llm-onnx bench --model models/smollm2-int8 --plot decode.png
       llm-onnx bench --model models/smollm2-int8 --profile
+      llm-onnx bench --speculative ngram --prompt-ids edit-prompt-ids.json
+
+    bench measures plain decoding unless --speculative or --draft-model is given (a random
+    prompt gives prompt lookup nothing to draft; give --prompt-ids of a real task).
     """
     import json as _json
 
@@ -64,7 +70,9 @@ def bench(model, prompt_len, new_tokens, batch, repeat, threads, provider, promp
 
         model = default_model_folder(progress=True, provider=provider)
     before_load = peak_rss_mib()
-    loaded = Model.load(model, provider=provider, threads=threads)
+    loaded = Model.load(model, provider=provider, threads=threads,
+                        speculative=speculative or ("off" if draft_model is None else None),
+                        draft_model=draft_model, num_speculative_tokens=num_speculative_tokens)
     cfg = BenchConfig(prompt_len=prompt_len, new_tokens=new_tokens, batch=batch, repeat=repeat,
                       prompt_ids=ids)
     result = run_bench(loaded, cfg, before_load)

@@ -37,7 +37,33 @@ def _sampling_options(func):
     ]
     for option in reversed(options):
         func = option(func)
+    return speculative_options(func)
+
+
+def speculative_options(func):
+    """--speculative, --draft-model, --num-speculative-tokens (generate, chat, bench, serve)."""
+    options = [
+        click.option("--speculative", type=click.Choice(["off", "ngram", "draft"]),
+                     help="Speculative decoding: several tokens per model run, the same output. "
+                          "ngram: drafts from the prompt and answer so far (prompt lookup; "
+                          "pays off when the answer repeats the prompt: edits, code, quotes); "
+                          "draft: --draft-model drafts. Default: ngram for fp32 folders, else "
+                          "off."),
+        click.option("--draft-model", type=click.Path(path_type=Path, file_okay=False),
+                     help="A model folder with the same tokenizer that drafts tokens (e.g. an "
+                          "int4 export of the same model); implies --speculative draft."),
+        click.option("--num-speculative-tokens", type=click.IntRange(1, 32),
+                     help="Most tokens drafted per step (default 6; fewer while drafts fail)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
     return func
+
+
+def pop_speculative(kwargs: dict) -> dict:
+    """Model.load's speculation keywords from the CLI's options."""
+    return {"speculative": kwargs.pop("speculative"), "draft_model": kwargs.pop("draft_model"),
+            "num_speculative_tokens": kwargs.pop("num_speculative_tokens")}
 
 
 class _TemplateVar(click.ParamType):
@@ -208,7 +234,7 @@ def _load_model(kwargs: dict):
 
         folder = default_model_folder(progress=True, provider=kwargs["provider"])
     model = Model.load(folder, provider=kwargs.pop("provider"), threads=kwargs.pop("threads"),
-                       chat_template=kwargs.pop("chat_template"))
+                       chat_template=kwargs.pop("chat_template"), **pop_speculative(kwargs))
     if not kwargs.pop("quiet"):
         click.echo(f"[{model.engine.describe()}]", err=True)
     overrides = {k: kwargs.pop(k) for k in _SAMPLING_KEYS}
@@ -266,6 +292,8 @@ def generate(prompt, prompt_file, raw, system, as_json, no_think, template_var, 
       llm-onnx generate --json-schema person.schema.json "A person living in Paris, as JSON"
       llm-onnx generate --choice positive --choice negative "Sentiment of: I loved it"
       llm-onnx generate --regex '[0-9]{4}-[0-9]{2}-[0-9]{2}' "Today's date?"
+      llm-onnx generate --speculative ngram --prompt-file edit-this-paragraph.txt
+      llm-onnx generate --model models/qwen3-8b-fp32 --draft-model models/qwen3-8b-int4 "Hi"
     """
     import json as _json
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from llm_onnx.cli.app import _handle_errors, main
+from llm_onnx.cli.generating import speculative_options
 
 TOOL_FORMATS = ("hermes", "llama3_json", "mistral", "phi4_mini")  # llm_onnx.runtime.tools
 
@@ -53,16 +54,19 @@ TOOL_FORMATS = ("hermes", "llama3_json", "mistral", "phi4_mini")  # llm_onnx.run
               help="With --ray: scale between MIN and MAX replicas on load.")
 @click.option("--address", metavar="auto|ray://HOST:PORT",
               help="With --ray: join this Ray cluster (default: start a local Ray instance).")
+@speculative_options
 @_handle_errors
 def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, api_key,
           model_name, provider, threads, drain_timeout, cors_origins, log_level, chat_template,
-          tool_call_format, use_ray, replicas, autoscale, address) -> None:
+          tool_call_format, use_ray, replicas, autoscale, address, **speculation) -> None:
     """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests.
 
     Endpoints: POST /v1/chat/completions, POST /v1/completions (both with "stream": true),
     GET /v1/models, GET /health, GET /metrics (Prometheus). Structured output: response_format
     (json_object, json_schema), vLLM's structured_outputs (json, regex, choice, grammar), tools
-    with tool_choice auto / required / a named function.
+    with tool_choice auto / required / a named function. Speculative decoding (prompt lookup
+    by default on fp32 folders) runs while one request decodes; /metrics counts drafted and
+    accepted tokens.
 
     \b
     Examples:
@@ -74,11 +78,12 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, a
         -d '{"model": "smollm2-int8", "messages": [{"role": "user", "content": "Hi"}]}'
       llm-onnx serve --ray --replicas 2 --threads 1 --model models/smollm2-int8
       llm-onnx serve --ray --address auto --autoscale 1:4 --model /shared/smollm2-int8
+      llm-onnx serve --model models/qwen3-8b-fp16 --draft-model models/qwen3-8b-int4
     """
     if use_ray:
         return _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len,
                           api_key, model_name, provider, threads, replicas, autoscale, address,
-                          cors_origins, chat_template, tool_call_format)
+                          cors_origins, chat_template, tool_call_format, speculation)
     if replicas or autoscale or address:
         raise click.UsageError("--replicas, --autoscale and --address need --ray.")
     try:
@@ -95,7 +100,7 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, a
 
         model = default_model_folder(progress=True, provider=provider)
     loaded = Model.load(model, provider=provider, threads=threads, chat_template=chat_template,
-                        tool_call_format=tool_call_format)
+                        tool_call_format=tool_call_format, **speculation)
     service = Service(loaded, name=model_name, api_key=api_key, max_batch=max_batch,
                       max_queue=max_queue, prefill_chunk=prefill_chunk, max_length=max_seq_len)
     auth = "API key required" if service.api_key else "no API key"
@@ -108,7 +113,7 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, a
 
 def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, api_key,
                model_name, provider, threads, replicas, autoscale, address, cors_origins,
-               chat_template, tool_call_format) -> None:
+               chat_template, tool_call_format, speculation) -> None:
     try:
         from llm_onnx.serve import ray_app
     except ImportError as e:
@@ -139,7 +144,11 @@ def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_l
                                    api_key=api_key, max_batch=max_batch, max_queue=max_queue,
                                    prefill_chunk=prefill_chunk, max_seq_len=max_seq_len,
                                    threads=threads or 1, provider=provider,
-                                   chat_template=template, tool_call_format=tool_call_format)
+                                   chat_template=template, tool_call_format=tool_call_format,
+                                   speculative=speculation["speculative"],
+                                   draft_model=str(Path(speculation["draft_model"]).resolve())
+                                   if speculation["draft_model"] else None,
+                                   num_speculative_tokens=speculation["num_speculative_tokens"])
     scaling = ray_app.Scaling(replicas=replicas or 1,
                               autoscale=ray_app.parse_autoscale(autoscale) if autoscale else None)
     where = "a local Ray instance" if address is None else f"the Ray cluster at {address}"

@@ -40,8 +40,10 @@ from llm_onnx.runtime.speculative import (SpeculativeOptions, check_same_tokeniz
 from llm_onnx.runtime.tools import ToolCallDelta, ToolChoice, detect_format, get_format
 
 Prompt = str | Sequence[int]
-# Speculation when a caller says nothing (decided from docs/speculative-decoding.md's figures)
-DEFAULT_SPECULATIVE = "off"
+# Speculation when a caller says nothing (docs/speculative-decoding.md has the figures): prompt
+# lookup for fp32 folders, whose verify runs give single steps' logits (greedy output is the
+# same); quantized kernels round a chunk differently from a step, so there it is asked for.
+DEFAULT_SPECULATIVE = {"fp32": "ngram"}
 Tools = Sequence[dict[str, Any]]
 
 
@@ -58,7 +60,8 @@ class Model:
             phi4_mini); default: read off the chat template.
         speculative: "off", "ngram" (prompt lookup), "draft" or SpeculativeOptions
             (llm_onnx.runtime.speculative): several tokens per model run, the same output;
-            None: the default (``DEFAULT_SPECULATIVE``, off where the folder cannot verify).
+            None: the default (``DEFAULT_SPECULATIVE``: "ngram" for fp32 folders, else off;
+            off where the folder cannot verify).
         num_speculative_tokens: most tokens drafted per step.
         draft_model: a model folder (or a loaded Model) with the same tokenizer that drafts
             for this one (implies speculative "draft").
@@ -102,8 +105,12 @@ class Model:
         """How this model's generators speculate from now on (see the class's arguments); a
         draft model folder is loaded here, once."""
         self.speculative_is_default = speculative is None and draft_model is None
-        opts = speculative_options(DEFAULT_SPECULATIVE if speculative is None else speculative,
-                                   num_tokens=num_speculative_tokens, draft_model=draft_model)
+        if speculative is None and draft_model is None:
+            manifest = getattr(self.engine, "manifest", None)
+            precision = manifest.precision.precision if manifest is not None else None
+            speculative = DEFAULT_SPECULATIVE.get(precision, "off")
+        opts = speculative_options(speculative, num_tokens=num_speculative_tokens,
+                                   draft_model=draft_model)
         self.draft_model = None
         if opts.method == "draft":
             self.draft_model = load_draft_model(opts.draft_model,

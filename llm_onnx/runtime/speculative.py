@@ -214,7 +214,7 @@ def load_draft_model(value: Any, runtime: Any) -> Any:
 
 @dataclass
 class _Row:
-    accept: float = 0.5  # estimated probability that a drafted token is accepted
+    accept: float = 0.3  # estimated probability that a drafted token is accepted
     skip: int = 0  # plain steps left before the draft model tries again (backoff)
     misses: int = 0  # verify steps in a row that accepted nothing
 
@@ -231,7 +231,7 @@ class Speculator:
     def __init__(self, options: SpeculativeOptions, model: Any, rows: int, stats: Any) -> None:
         self.options = options
         self.k = options.num_tokens
-        self.rows = [_Row() for _ in range(rows)]
+        self.rows = [self._new_row() for _ in range(rows)]
         self.stats = stats  # the generator's RunStats: verify_runs, drafted_tokens, ...
         self.draft_model: DraftModel | None = None
         if options.method == "draft":
@@ -242,8 +242,13 @@ class Speculator:
         # cost of a verify run of k drafted tokens, in batch-1 decode runs (measured as it runs)
         self._ratio = [1.0] + [1 + self.FIXED + self.PER_TOKEN * k for k in range(1, self.k + 1)]
 
+    def _new_row(self) -> _Row:
+        # Priors: a draft model of the same family agrees often; prompt lookup rarely on free
+        # text (its estimate then follows every plain step's would-be first draft, for free).
+        return _Row(accept=0.6 if self.options.method == "draft" else 0.3)
+
     def reset(self, row: int) -> None:
-        self.rows[row] = _Row()
+        self.rows[row] = self._new_row()
 
     # ------------------------------------------------------------------ deciding
 
@@ -252,16 +257,29 @@ class Speculator:
         if not self.options.adaptive:
             return self.k
         state = self.rows[row]
+        if self._decode_s is None and self.draft_model is not None:
+            return 0  # one plain step first: the draft model's cost is measured against it
         if state.skip > 0:
             state.skip -= 1
             return 0
         a, best, best_gain = min(state.accept, 0.99), 0, self.MARGIN
+        drafting = self._draft_ratio()
         for k in range(1, self.k + 1):
             tokens = (1 - a ** (k + 1)) / (1 - a)  # expected tokens a verify of k yields
-            gain = tokens / self._ratio[k]
+            gain = tokens / (self._ratio[k] + drafting * k)
             if gain > best_gain:
                 best, best_gain = k, gain
         return best
+
+    def _draft_ratio(self) -> float:
+        """A draft model's seconds per drafted token, in decode runs of the target (0 for
+        prompt lookup; an optimistic 0.1 until both are measured)."""
+        if self.draft_model is None:
+            return 0.0
+        s = self.stats
+        if self._decode_s is None or s.drafted_tokens == 0:
+            return 0.1
+        return s.draft_s / s.drafted_tokens / self._decode_s
 
     def draft(self, row: int, tokens: Seq[int]) -> list[int]:
         k = self.length(row)
@@ -290,7 +308,7 @@ class Speculator:
         for hit in [1.0] * accepted + ([0.0] if accepted < drafted else []):
             state.accept += self.ALPHA * (hit - state.accept)
         if self._decode_s is not None and 0 < drafted <= self.k:
-            self._ratio[drafted] += 0.2 * (seconds / self._decode_s - self._ratio[drafted])
+            self._ratio[drafted] += 0.3 * (seconds / self._decode_s - self._ratio[drafted])
         state.misses = state.misses + 1 if accepted == 0 else 0
         if self.draft_model is not None and state.misses >= 2:
             state.skip = min(64, 2 ** state.misses)  # the draft model's runs are not free

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from llm_onnx.runtime.scheduler import Request, Scheduler
 from llm_onnx.runtime.sequence import Result, TokenEvent
@@ -132,6 +132,8 @@ class _SchedulerTimes:
                                    "phase.", labels=["phase"])
         runs.add_metric(["prefill"], stats.prefill_s)
         runs.add_metric(["decode"], stats.decode_s)
+        runs.add_metric(["verify"], stats.verify_s)
+        runs.add_metric(["draft"], stats.draft_s)
         yield runs
         yield CounterMetricFamily("llm_onnx_scheduler_step_seconds", "Seconds inside scheduler "
                                   "steps (model runs and host work).",
@@ -152,6 +154,19 @@ class _SchedulerTimes:
                                   value=stats.mask_rows)
         yield CounterMetricFamily("llm_onnx_forced_tokens", "Tokens a grammar forced (appended "
                                   "without a pick).", value=stats.forced_tokens)
+        yield CounterMetricFamily("llm_onnx_speculative_verify_runs", "Speculative steps: a "
+                                  "row's last token and its draft checked in one run.",
+                                  value=stats.verify_runs)
+        yield CounterMetricFamily("llm_onnx_speculative_drafted_tokens", "Tokens drafted "
+                                  "(prompt lookup or a draft model).", value=stats.drafted_tokens)
+        yield CounterMetricFamily("llm_onnx_speculative_accepted_tokens", "Drafted tokens the "
+                                  "model picked itself (kept).", value=stats.accepted_tokens)
+        yield CounterMetricFamily("llm_onnx_speculative_draft_runs", "Draft-model runs.",
+                                  value=stats.draft_runs)
+        acceptance = GaugeMetricFamily("llm_onnx_speculative_acceptance_ratio", "Accepted / "
+                                       "drafted tokens since the start (0 before any draft).",
+                                       value=stats.acceptance)
+        yield acceptance
 
 
 def merge_replicas(parts: list[tuple[str, str]]) -> bytes:

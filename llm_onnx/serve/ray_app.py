@@ -63,6 +63,9 @@ class ReplicaConfig:
     provider: str = "auto"
     chat_template: str | None = None  # a template's text (or a file the replicas can read)
     tool_call_format: str | None = None
+    speculative: str | None = None  # None: the model's default
+    draft_model: str | None = None  # a folder the replicas can read
+    num_speculative_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,9 @@ class ModelReplica:
         cfg = ReplicaConfig(**config)
         model = Model.load(cfg.model, provider=cfg.provider, threads=cfg.threads,
                            chat_template=cfg.chat_template,
-                           tool_call_format=cfg.tool_call_format)
+                           tool_call_format=cfg.tool_call_format, speculative=cfg.speculative,
+                           draft_model=cfg.draft_model,
+                           num_speculative_tokens=cfg.num_speculative_tokens)
         self.service = Service(model, name=cfg.name, api_key=cfg.api_key,
                                max_batch=cfg.max_batch, max_queue=cfg.max_queue,
                                prefill_chunk=cfg.prefill_chunk, max_length=cfg.max_seq_len)

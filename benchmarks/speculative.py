@@ -1,0 +1,169 @@
+"""Speculative decoding, measured on SmolLM2-135M-Instruct: decode tok/s, time to first token
+and acceptance, with and without speculation, on workloads whose answers repeat the prompt and
+on free text.
+
+    .venv/bin/python benchmarks/speculative.py --fp32 models/smollm2-fp32 --int8 models/smollm2-int8 \\
+        --int4 models/smollm2-int4 --out docs/speculative-2026-11-24.json --plot docs/speculative.png
+
+Workloads (chat prompts, greedy, up to --new-tokens tokens):
+  edit     return a paragraph with one spelling fixed
+  code     rename a variable in a Python function
+  quote    answer a question about a passage, quoting it
+  story    a short story (free text: little to look up)
+  chat     the third turn of a conversation
+
+Configurations: each folder plain ("off") and with prompt lookup ("ngram"); fp32 with the int4
+(or int8) folder as a draft model ("draft"). Each configuration runs every workload --repeat
+times, interleaved with plain runs on the same session (this machine's speed drifts, and two
+sessions over the same weights differ by up to 10%); medians.
+``same`` says whether the greedy tokens equal the plain run's (fp32: they must).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from llm_onnx.runtime import Model  # noqa: E402
+from llm_onnx.runtime.speculative import SpeculativeOptions  # noqa: E402
+
+PARAGRAPH = ("The quick brown fox jumpd over the lazy dog. It was a sunny day in the village, "
+             "and the children were playing in the park while their parents watched from the "
+             "benches. Nobody noticed the fox, who was very pleased with himself. Later that "
+             "afternoon, the baker closed his shop early and walked down to the river to feed "
+             "the ducks.")
+CODE = '''def total_price(items, tax_rate):
+    subtotal = 0
+    for item in items:
+        subtotal += item.price * item.quantity
+    tax = subtotal * tax_rate
+    return subtotal + tax
+'''
+WORKLOADS = {
+    "edit": [{"role": "user", "content": "Fix the spelling mistake in this paragraph and return "
+                                         f"the whole paragraph, otherwise unchanged:\n\n{PARAGRAPH}"}],
+    "code": [{"role": "user", "content": "Rename the variable `subtotal` to `net` in this "
+                                         f"function and return the whole function:\n\n{CODE}"}],
+    "quote": [{"role": "user", "content": f"{PARAGRAPH}\n\nWhat did the baker do? Quote the "
+                                          "sentence from the passage."}],
+    "story": [{"role": "user", "content": "Write a short story about a lighthouse keeper who "
+                                          "finds a message in a bottle."}],
+    "chat": [{"role": "user", "content": "What is a good name for a cat?"},
+             {"role": "assistant", "content": "How about Whiskers, Luna or Oliver?"},
+             {"role": "user", "content": "I like Luna. Can you suggest three more names like "
+                                         "Luna, and say why each one is like Luna?"}]}
+
+
+def run_one(model: Model, prompt: list[int], new_tokens: int, speculative) -> dict:
+    gen = model.generator(model.options(max_new_tokens=new_tokens, temperature=0),
+                          speculative=speculative)
+    start = time.perf_counter()
+    gen.append_tokens(prompt)
+    first = None
+    n = 0
+    for _ in gen.events():
+        n += 1
+        if first is None:
+            first = time.perf_counter()
+    end = time.perf_counter()
+    s = gen.stats
+    return {"tokens": gen.result().token_ids, "ttft_s": first - start,
+            "decode_tok_s": (n - 1) / (end - first) if n > 1 and end > first else 0.0,
+            "runs": s.decode_runs + s.verify_runs, "drafted": s.drafted_tokens,
+            "accepted": s.accepted_tokens}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fp32", type=Path, required=True)
+    ap.add_argument("--int8", type=Path)
+    ap.add_argument("--int4", type=Path)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--plot", type=Path)
+    args = ap.parse_args()
+
+    folders = {"fp32": args.fp32, "int8": args.int8, "int4": args.int4}
+    configs = [("fp32", "ngram", None)]
+    draft = args.int4 or args.int8
+    if draft is not None:
+        configs.append(("fp32", "draft", draft))
+    for precision in ("int8", "int4"):
+        if folders[precision] is not None:
+            configs.append((precision, "ngram", None))
+    models: dict = {}
+    rows = []
+    for precision, method, draft_folder in configs:
+        # One session per folder, plain and speculative runs alike: two sessions over the same
+        # weights differ by up to 10% in speed here, which would swamp what is measured.
+        if precision not in models:
+            models[precision] = Model.load(folders[precision], threads=args.threads,
+                                           speculative="off")
+        plain = models[precision]
+        speculative = SpeculativeOptions(method=method)
+        if draft_folder is not None:
+            speculative = SpeculativeOptions(method="draft", draft_model=Model.load(
+                draft_folder, threads=args.threads, speculative="off"))
+        for name in args.workloads:
+            prompt = plain.chat_prompt(WORKLOADS[name])
+            run_one(plain, prompt, 8, "off")  # warm-up
+            run_one(plain, prompt, 8, speculative)
+            base, spec = [], []
+            for _ in range(args.repeat):
+                base.append(run_one(plain, prompt, args.new_tokens, "off"))
+                spec.append(run_one(plain, prompt, args.new_tokens, speculative))
+            b = statistics.median(r["decode_tok_s"] for r in base)
+            f = statistics.median(r["decode_tok_s"] for r in spec)
+            drafted = sum(r["drafted"] for r in spec)
+            row = {"precision": precision, "method": method,
+                   "draft": draft_folder.name if draft_folder else None, "workload": name,
+                   "tokens": len(spec[0]["tokens"]),
+                   "plain_decode_tok_s": b, "decode_tok_s": f, "speedup": f / b if b else 0.0,
+                   "plain_ttft_s": statistics.median(r["ttft_s"] for r in base),
+                   "ttft_s": statistics.median(r["ttft_s"] for r in spec),
+                   "acceptance": sum(r["accepted"] for r in spec) / drafted if drafted else 0.0,
+                   "runs": spec[0]["runs"], "plain_runs": base[0]["runs"],
+                   "same": all(r["tokens"] == base[0]["tokens"] for r in spec)}
+            rows.append(row)
+            print(f"{precision:5} {method:5} {name:6} {row['tokens']:4d} tok  plain "
+                  f"{b:6.1f}  spec {f:6.1f} tok/s  x{row['speedup']:.2f}  acceptance "
+                  f"{row['acceptance']:.2f}  runs {row['runs']}/{row['plain_runs']}  "
+                  f"same {row['same']}", flush=True)
+    data = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(),
+            "threads": args.threads, "new_tokens": args.new_tokens, "repeat": args.repeat,
+            "model": "SmolLM2-135M-Instruct", "rows": rows}
+    if args.out:
+        args.out.write_text(json.dumps(data, indent=1) + "\n")
+    if args.plot:
+        from llm_onnx.bench import pyplot
+
+        plt = pyplot()
+        labels = [f"{r['precision']} {r['method']}" for r in rows if r["workload"] == rows[0]["workload"]]
+        fig, ax = plt.subplots(figsize=(9, 4))
+        width = 0.8 / max(1, len(labels))
+        for i, label in enumerate(labels):
+            pts = [r for r in rows if f"{r['precision']} {r['method']}" == label]
+            ax.bar([j + i * width for j in range(len(pts))], [r["speedup"] for r in pts], width,
+                   label=label)
+            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(pts))],
+                          [r["workload"] for r in pts])
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_ylabel("decode speed-up over plain")
+        ax.set_title("Speculative decoding, SmolLM2-135M, 2 CPU threads, greedy")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
