@@ -114,3 +114,24 @@ def test_export_plain_attention_flag(tmp_path):
     assert (kv["attention"], kv["attention_why"]) == ("plain", "asked for (plain_attention)")
     ops = {n.op_type for n in onnx.load(str(out / "decode.onnx"), load_external_data=False).graph.node}
     assert "GroupQueryAttention" not in ops and "ScatterElements" in ops
+
+
+def test_speculative_flags(tiny_export):
+    """--speculative picks the drafter (the same greedy text), --draft-model needs the same
+    tokenizer, and a draft method without a draft model is a one-line error."""
+    import json
+
+    folder = str(tiny_export("gpt2_tiny", "fp32"))
+    prompt = "t5 t6 t7 t8 t5 t6 t7 t8 t5 t6"
+    texts = []
+    for flags in (["--speculative", "off"], ["--speculative", "ngram",
+                                              "--num-speculative-tokens", "3"],
+                  ["--draft-model", folder]):
+        result = run("generate", "--model", folder, "-q", "--raw", "--json", "--max-new-tokens",
+                     "12", "--temperature", "0", prompt, *flags)
+        assert result.exit_code == 0, result.output
+        texts.append(json.loads(result.output)["token_ids"])
+    assert texts[0] == texts[1] == texts[2]
+    result = run("generate", "--model", folder, "-q", "--speculative", "draft", "hello")
+    assert result.exit_code == 1 and "needs a draft model" in result.output
+    assert len(result.output.strip().splitlines()) == 1

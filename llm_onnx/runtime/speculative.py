@@ -167,7 +167,8 @@ class DraftModel:
         if need > self.engine.context_length:
             return []
         if self.cache is None:
-            self.cache = self.engine.new_cache(self.rows, max(need, 256))
+            self.cache = self.engine.new_cache(self.rows, min(self.engine.context_length,
+                                                              max(need, 256)))
         elif self.cache.length < need:
             self.cache.grow(min(self.engine.context_length, max(need, 2 * self.cache.length)))
         held = self.held[row][:self.cache.length_of(row)]
