@@ -17,6 +17,16 @@ Configurations: each folder plain ("off") and with prompt lookup ("ngram"); fp32
 times, interleaved with plain runs on the same session (this machine's speed drifts, and two
 sessions over the same weights differ by up to 10%); medians.
 ``same`` says whether the greedy tokens equal the plain run's (fp32: they must).
+
+llama.cpp (--llama-server BIN --gguf FILE, e.g. serve_load.py's build and its f32 / q8_0 GGUFs
+of the same weights): llama-server at 2 threads, one slot, without speculation and with each
+of its n-gram drafters (--spec-type ngram-simple, ngram-mod, ngram-cache), the same chat
+messages, greedy, the same token budget; decode tok/s and draft counts from its response's
+``timings``, runs alternated, medians.
+
+    .venv/bin/python benchmarks/speculative.py --fp32 DIR --skip-ours \
+        --llama-server ~/.cache/llm-onnx-bench/bin/llama-server \
+        --gguf ~/.cache/llm-onnx-bench/models/llama-server/smollm2-135m-instruct-f32.gguf
 """
 
 from __future__ import annotations
@@ -80,6 +90,55 @@ def run_one(model: Model, prompt: list[int], new_tokens: int, speculative) -> di
             "accepted": s.accepted_tokens}
 
 
+def llama_part(args) -> list[dict]:
+    """llama-server without and with its n-gram speculation, the same workloads."""
+    import httpx
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from serve_load import Server, free_port  # noqa: E402
+
+    logs = Path(args.out).parent if args.out else Path(".")
+    rows = []
+    for gguf in args.gguf:
+        servers = {}
+        for spec in ["none"] + args.spec_types:
+            port = free_port()
+            cmd = [args.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", port, "-np",
+                   1, "-c", 4096, "-t", args.threads, "-tb", args.threads, "--no-webui",
+                   "--log-disable", "--spec-type", spec]
+            servers[spec] = Server(f"llama-server {spec}", cmd, port,
+                                   Path("/tmp") / f"llama-spec-{spec}.log")
+        try:
+            for name in args.workloads:
+                body = {"messages": WORKLOADS[name], "max_tokens": args.new_tokens,
+                        "temperature": 0, "cache_prompt": False}
+                got: dict = {spec: [] for spec in servers}
+                for _ in range(args.repeat + 1):  # the first round warms up
+                    for spec, server in servers.items():
+                        r = httpx.post(server.url + "/v1/chat/completions", json=body,
+                                       timeout=300).json()
+                        got[spec].append((r["timings"], r["choices"][0]["message"]["content"]))
+                base = statistics.median(t["predicted_per_second"] for t, _ in got["none"][1:])
+                for spec in args.spec_types:
+                    runs = got[spec][1:]
+                    speed = statistics.median(t["predicted_per_second"] for t, _ in runs)
+                    drafted = sum(t.get("draft_n", 0) for t, _ in runs)
+                    accepted = sum(t.get("draft_n_accepted", 0) for t, _ in runs)
+                    row = {"gguf": gguf.name, "spec_type": spec, "workload": name,
+                           "tokens": runs[0][0]["predicted_n"], "plain_decode_tok_s": base,
+                           "decode_tok_s": speed, "speedup": speed / base if base else 0.0,
+                           "acceptance": accepted / drafted if drafted else 0.0,
+                           "same": all(text == got["none"][1][1] for _, text in runs)}
+                    rows.append(row)
+                    print(f"llama.cpp {gguf.stem[-4:]} {spec:12} {name:6} {row['tokens']:4d} tok  "
+                          f"plain {base:6.1f}  spec {speed:6.1f} tok/s  x{row['speedup']:.2f}  "
+                          f"acceptance {row['acceptance']:.2f}  same {row['same']}", flush=True)
+        finally:
+            for server in servers.values():
+                server.stop()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fp32", type=Path, required=True)
@@ -89,6 +148,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--llama-server", type=Path, help="llama-server binary (llama.cpp's part)")
+    ap.add_argument("--gguf", type=Path, nargs="+", default=[], help="GGUF files for it")
+    ap.add_argument("--spec-types", nargs="+", default=["ngram-simple", "ngram-mod", "ngram-cache"])
+    ap.add_argument("--skip-ours", action="store_true", help="only llama.cpp's part")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--plot", type=Path)
     args = ap.parse_args()
@@ -103,7 +166,7 @@ def main() -> None:
             configs.append((precision, "ngram", None))
     models: dict = {}
     rows = []
-    for precision, method, draft_folder in configs:
+    for precision, method, draft_folder in ([] if args.skip_ours else configs):
         # One session per folder, plain and speculative runs alike: two sessions over the same
         # weights differ by up to 10% in speed here, which would swamp what is measured.
         if precision not in models:
@@ -142,6 +205,8 @@ def main() -> None:
     data = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(),
             "threads": args.threads, "new_tokens": args.new_tokens, "repeat": args.repeat,
             "model": "SmolLM2-135M-Instruct", "rows": rows}
+    if args.llama_server is not None:
+        data["llama_server"] = llama_part(args)
     if args.out:
         args.out.write_text(json.dumps(data, indent=1) + "\n")
     if args.plot:

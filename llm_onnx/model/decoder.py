@@ -493,8 +493,11 @@ class Decoder(nn.Module):
             assert branch is not None
             h, _ = self.model.norm.add(branch.float(), residual)  # (B, T, D)
         if last_only and logits_window is not None:  # each row's last W new tokens
+            # W on the device from the values (as ops.device_positions does for T): a host value
+            # in device arithmetic would make ONNX Runtime copy it over, ruling out CUDA graphs.
             w = torch.arange(logits_window.shape[0], device=h.device, dtype=torch.int64)
-            index = (last[:, None] + 1 - logits_window.shape[0] + w[None, :]).clamp_min(0)
+            count = (logits_window * 0 + 1).sum()
+            index = (last[:, None] + 1 - count + w[None, :]).clamp_min(0)
             h = h.gather(1, index[:, :, None].expand(-1, -1, h.shape[-1]))  # (B, W, D)
         elif last_only:  # row b's last new token (clamped for padded decode rows)
             h = h.gather(1, last[:, None, None].expand(-1, 1, h.shape[-1]))  # (B, 1, D)

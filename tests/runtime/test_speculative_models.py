@@ -30,7 +30,7 @@ def test_greedy_with_speculation_equals_greedy_without(arch, tiny_export):
     rng = np.random.default_rng(5)
     part = rng.integers(3, model.engine.vocab_size, 10).tolist()
     prompt = part + part[:5]
-    plain, _ = _generate(model, prompt, 24, temperature=0)
+    plain, _ = _generate(model, prompt, 24, "off", temperature=0)
     fast, stats = _generate(model, prompt, 24, ALWAYS, temperature=0)
     assert (fast.token_ids, fast.finish_reason) == (plain.token_ids, plain.finish_reason)
     assert stats.verify_runs > 0
@@ -47,7 +47,7 @@ def test_smollm2_edit_is_the_same_in_fewer_runs_with_ngram_and_with_a_draft_mode
         smollm2_export):
     model = Model.load(smollm2_export("fp32"), threads=2)
     prompt = model.chat_prompt([{"role": "user", "content": EDIT}])
-    plain, base = _generate(model, prompt, 64, temperature=0)
+    plain, base = _generate(model, prompt, 64, "off", temperature=0)
     fast, stats = _generate(model, prompt, 64, "ngram", temperature=0)
     assert fast.token_ids == plain.token_ids
     assert stats.accepted_tokens > 10
@@ -75,7 +75,7 @@ def test_constrained_rows_speculate_to_the_same_tokens(byte_model_folder, seed):
               "required": ["name", "tags"]}
     prompt = model.encode('{"name": "ab", "tags": ["a", "bb"]} {"name": "a')
     opts = dict(temperature=1.0, seed=seed, json_schema=schema)
-    plain, _ = _generate(model, prompt, 60, **opts)
+    plain, _ = _generate(model, prompt, 60, "off", **opts)
     fast, stats = _generate(model, prompt, 60, ALWAYS, **opts)
     assert (fast.token_ids, fast.text) == (plain.token_ids, plain.text)
     assert stats.verify_runs > 0
