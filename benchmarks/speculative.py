@@ -90,6 +90,36 @@ def run_one(model: Model, prompt: list[int], new_tokens: int, speculative) -> di
             "accepted": s.accepted_tokens}
 
 
+def crossover(args) -> list[dict]:
+    """n rows decoding together in one generator (the server's case), each speculating alone
+    (max_rows n) or all in one batched decode run (max_rows 0): aggregate tok/s."""
+    model = Model.load(args.fp32, threads=args.threads, speculative="off")
+    rows = []
+    for name in ("edit", "story"):
+        prompt = model.chat_prompt(WORKLOADS[name])
+        for n in args.crossover:
+            speeds: dict = {0: [], n: []}
+            for _ in range(args.repeat):
+                for max_rows in (0, n):
+                    spec = SpeculativeOptions(method="ngram", max_rows=max_rows)
+                    gen = model.generator(model.options(max_new_tokens=args.new_tokens,
+                                                        temperature=0), batch=n,
+                                          speculative=spec)
+                    for row in range(n):
+                        gen.append_tokens(prompt, row=row)
+                    gen.prefill_step()
+                    start, count = time.perf_counter(), 0
+                    for _ in gen.events():
+                        count += 1
+                    speeds[max_rows].append(count / (time.perf_counter() - start))
+            plain, fast = statistics.median(speeds[0]), statistics.median(speeds[n])
+            rows.append({"workload": name, "rows": n, "plain_tok_s": plain,
+                         "speculative_tok_s": fast, "ratio": fast / plain})
+            print(f"crossover {name:6} {n} rows: batched {plain:6.1f}  each speculating "
+                  f"{fast:6.1f} tok/s  x{fast / plain:.2f}", flush=True)
+    return rows
+
+
 def llama_part(args) -> list[dict]:
     """llama-server without and with its n-gram speculation, the same workloads."""
     import httpx
@@ -152,6 +182,8 @@ def main() -> None:
     ap.add_argument("--gguf", type=Path, nargs="+", default=[], help="GGUF files for it")
     ap.add_argument("--spec-types", nargs="+", default=["ngram-simple", "ngram-mod", "ngram-cache"])
     ap.add_argument("--skip-ours", action="store_true", help="only llama.cpp's part")
+    ap.add_argument("--crossover", type=int, nargs="*", default=[],
+                    help="also: N rows decoding together, speculating each or batched (e.g. 1 2 4)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--plot", type=Path)
     args = ap.parse_args()
@@ -205,6 +237,8 @@ def main() -> None:
     data = {"date": time.strftime("%Y-%m-%d"), "machine": platform.machine(),
             "threads": args.threads, "new_tokens": args.new_tokens, "repeat": args.repeat,
             "model": "SmolLM2-135M-Instruct", "rows": rows}
+    if args.crossover:
+        data["crossover"] = crossover(args)
     if args.llama_server is not None:
         data["llama_server"] = llama_part(args)
     if args.out:

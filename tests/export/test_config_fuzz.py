@@ -9,9 +9,9 @@ another attention form (decoder.attention_form) and records it in the manifest.
 
 The configs are drawn as our ModelConfig and written as transformers' config.json by the family
 (the same path as the tests' tiny checkpoints); transformers builds its model from that file, so
-it also has to accept the config as valid. Under the CI profile each family gets its simplest
-draw (the first choice of every field: a head size GroupQueryAttention refuses) and a random one;
-HYPOTHESIS_PROFILE=explore (or LLM_ONNX_CONFIG_EXAMPLES=N) searches further.
+it also has to accept the config as valid. Under the CI profile each family gets one draw
+(Hypothesis' first, derandomized; CI's time budget; the refused shapes are also tested
+explicitly below); HYPOTHESIS_PROFILE=explore (or LLM_ONNX_CONFIG_EXAMPLES=N) searches further.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from tests.tolerances import ORT_FP32
 
 ARCHS = TINY_ARCHS + FAMILY_ARCHS
 EXAMPLES = int(os.environ.get("LLM_ONNX_CONFIG_EXAMPLES") or
-               (40 if os.environ.get("HYPOTHESIS_PROFILE") == "explore" else 2))
+               (40 if os.environ.get("HYPOTHESIS_PROFILE") == "explore" else 1))
 
 # Families whose transformers classes derive the head size from hidden_size / heads (Phi-3's
 # validates its RoPE factors against that size), and those

@@ -81,8 +81,15 @@ QUANTIZED = [
 ]
 
 
-@pytest.mark.parametrize("precision, options, tol", QUANTIZED, ids=["int4-exact", "int8", "int4-fast"])
-@pytest.mark.parametrize("arch", ALL_ARCHS)
+# Every family at int4 exact and int8; int4 with int8 activations (the same kernels, a looser
+# bound) on the ladder's three families only, to keep CI within its time budget.
+QUANTIZED_CASES = [pytest.param(arch, *q, id=f"{arch}-{name}")
+                   for arch in ALL_ARCHS
+                   for q, name in zip(QUANTIZED, ["int4-exact", "int8", "int4-fast"])
+                   if name != "int4-fast" or arch in TINY_ARCHS]
+
+
+@pytest.mark.parametrize("arch, precision, options, tol", QUANTIZED_CASES)
 def test_quantized_matches_torch_with_dequantized_weights(arch, precision, options, tol, exports):
     folder = exports(arch, precision, **options)
     rows = rows_for(arch)

@@ -15,7 +15,7 @@ their shape but get the served model's name, at most 4 new tokens and 2 choices 
 both), so the run stays short; every other one is streamed (the generator rarely asks for it). The spec's OpenAPI 3.0 ``nullable`` is read as
 "or null" when validating.
 
-Bounded: LLM_ONNX_SPEC_EXAMPLES examples per operation (default 60; derandomized under the CI
+Bounded: LLM_ONNX_SPEC_EXAMPLES examples per operation (default 40; derandomized under the CI
 profile). HYPOTHESIS_PROFILE=explore or a larger LLM_ONNX_SPEC_EXAMPLES searches further.
 """
 
@@ -38,7 +38,7 @@ from tests.serve.conftest import ServerProcess
 SPEC_FILE = Path(__file__).parent.parent / "conformance" / "openai-openapi.subset.json"
 SPEC = json.loads(SPEC_FILE.read_text())
 EXAMPLES = int(os.environ.get("LLM_ONNX_SPEC_EXAMPLES") or
-               (500 if os.environ.get("HYPOTHESIS_PROFILE") == "explore" else 60))
+               (500 if os.environ.get("HYPOTHESIS_PROFILE") == "explore" else 40))
 OPERATIONS = {
     "/chat/completions": ("CreateChatCompletionResponse", "CreateChatCompletionStreamResponse"),
     "/completions": ("CreateCompletionResponse", "CreateCompletionResponse"),
