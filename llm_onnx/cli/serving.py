@@ -65,8 +65,8 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, a
     GET /v1/models, GET /health, GET /metrics (Prometheus). Structured output: response_format
     (json_object, json_schema), vLLM's structured_outputs (json, regex, choice, grammar), tools
     with tool_choice auto / required / a named function. Speculative decoding (prompt lookup
-    by default on fp32 folders) runs while one request decodes; /metrics counts drafted and
-    accepted tokens.
+    by default on fp32 folders) runs while at most two requests decode; /metrics counts drafted
+    and accepted tokens.
 
     \b
     Examples:

@@ -63,7 +63,9 @@ class SpeculativeOptions:
         draft_model: for "draft": a model folder (loaded with the target's runtime options) or
             a loaded ``Model``; it must have the target's tokenizer.
         max_rows: speculate only while at most this many rows decode (the batching scheduler);
-            above it, rows decode together in one batched run.
+            above it, rows decode together in one batched run (measured crossover on SmolLM2
+            fp32, 2 threads: 2 rows editing 2.06x, 2 rows of free text 0.99x; at 4 rows free
+            text lost 9%).
         ngram_max, ngram_min: the longest and shortest suffix the n-gram drafter looks up.
         adaptive: False drafts ``num_tokens`` whenever a draft is found (tests, measurements).
     """
@@ -71,7 +73,7 @@ class SpeculativeOptions:
     method: str = "off"
     num_tokens: int = 6
     draft_model: Any = None
-    max_rows: int = 1
+    max_rows: int = 2
     ngram_max: int = 4
     ngram_min: int = 2
     adaptive: bool = True
