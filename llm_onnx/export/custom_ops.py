@@ -193,12 +193,53 @@ def plain_attention(query, key, value, past_key, past_value, seqlens_k, total_se
 # SwiGLU (alpha 1.702, beta 1, limit 7) and newer CUDA QMoE reads a missing weights_prepacked
 # as "already in the CUTLASS layout". swiglu_limit 1e999 is +inf (no clamp); weights_prepacked=0
 # says the weights are plain block-quantized rows that the kernel packs itself at load.
+#
+# The nodes always renormalise (normalize_routing_weights=1), because ONNX Runtime 1.31.1's CPU
+# kernels get 0 wrong:
+# - MoE copies its input only when it renormalises, then zero-fills its output. It is registered
+#   MayInplace(0, 0), so when the planner gives the output the input's buffer (in our graphs it
+#   does: the normed hidden states are read by no later node), the experts read zeros and the
+#   layer adds nothing. A lone node fed from a graph input never runs in place, so it matched.
+# - QMoE ignores 0 and renormalises anyway (a softmax over the top-k logits).
+# Without renormalisation (norm_topk_prob false) the output is scaled back instead: see moe().
 @onnxscript.script(opset=_here)
-def moe(x: TFloat, router_logits: TFloat, fc1: TFloat, fc2: TFloat, k: int,
-        normalize_routing_weights: bool) -> TFloat:
+def moe_renormalized(x: TFloat, router_logits: TFloat, fc1: TFloat, fc2: TFloat,
+                     k: int) -> TFloat:
     return msft.MoE(x, router_logits, fc1, None, fc2, k=k, activation_type="swiglu",
                     swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0,
-                    swiglu_limit=1e999, normalize_routing_weights=normalize_routing_weights)
+                    swiglu_limit=1e999, normalize_routing_weights=1)
+
+
+@onnxscript.script(opset=_here)
+def qmoe_renormalized(x: TFloat, router_logits: TFloat, fc1_q: UINT8, fc1_scales: TFloat,
+                      fc2_q: UINT8, fc2_scales: TFloat, k: int, bits: int,
+                      block_size: int) -> TFloat:
+    return msft.QMoE(x, router_logits, fc1_q, fc1_scales, None, fc2_q, fc2_scales, k=k,
+                     activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0,
+                     activation_beta=0.0, swiglu_limit=1e999, normalize_routing_weights=1,
+                     expert_weight_bits=bits, block_size=block_size, weights_prepacked=0)
+
+
+def unrenormalized(out, router_logits, k: int):
+    """A renormalising MoE node's output scaled back to weights that are the softmax
+    probabilities themselves: sum_i p_i y_i = S * sum_i (p_i / S) y_i, S the top-k mass.
+
+        router_logits (N, E) --Cast fp32--Softmax--TopK k--ReduceSum--> S (N, 1)
+                                                                        | CastLike
+        out (N, D), renormalised -------------------------------------- Mul --> (N, D)
+
+    S is the sum of the k largest probabilities, whichever of two tied experts the kernel
+    picks. ORT's kernels also compute the softmax in fp32."""
+    probs = op18.Softmax(op18.Cast(router_logits, to=ir.DataType.FLOAT), axis=-1)
+    top, _ = op18.TopK(probs, op18.Constant(value_ints=[k]), axis=-1)
+    mass = op18.ReduceSum(top, op18.Constant(value_ints=[-1]), keepdims=1)
+    return op18.Mul(out, op18.CastLike(mass, out))
+
+
+def moe(x, router_logits, fc1, fc2, k: int, normalize_routing_weights: bool):
+    """ops.moe_ref's contract. Traced (a Python function: the flag picks the subgraph)."""
+    out = moe_renormalized(x, router_logits, fc1, fc2, k=k)
+    return out if normalize_routing_weights else unrenormalized(out, router_logits, k)
 
 
 @onnxscript.script(opset=_here)
@@ -232,15 +273,12 @@ def gather_nbits(qweight: UINT8, ids: INT64, scales: TFloat, k: int, bits: int,
                                      quantize_axis=1, gather_axis=0)
 
 
-@onnxscript.script(opset=_here)
-def qmoe(x: TFloat, router_logits: TFloat, fc1_q: UINT8, fc1_scales: TFloat, fc2_q: UINT8,
-         fc2_scales: TFloat, k: int, normalize_routing_weights: bool, bits: int,
-         block_size: int) -> TFloat:
-    return msft.QMoE(x, router_logits, fc1_q, fc1_scales, None, fc2_q, fc2_scales, k=k,
-                     activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0,
-                     activation_beta=0.0, swiglu_limit=1e999,
-                     normalize_routing_weights=normalize_routing_weights,
-                     expert_weight_bits=bits, block_size=block_size, weights_prepacked=0)
+def qmoe(x, router_logits, fc1_q, fc1_scales, fc2_q, fc2_scales, k: int,
+         normalize_routing_weights: bool, bits: int, block_size: int):
+    """quant.qmoe's contract. Traced, as moe()."""
+    out = qmoe_renormalized(x, router_logits, fc1_q, fc1_scales, fc2_q, fc2_scales, k=k,
+                            bits=bits, block_size=block_size)
+    return out if normalize_routing_weights else unrenormalized(out, router_logits, k)
 
 
 @onnxscript.script(opset=_here)
