@@ -25,7 +25,6 @@ import torch
 
 from llm_onnx import model_folder as mf
 from llm_onnx.checkpoints.load import Producer, param_producers
-from llm_onnx.errors import ExportError
 from llm_onnx.export.calibrate import Calibration
 from llm_onnx.export.graphs import GRAPHS, trace_graph
 from llm_onnx.export.modules import NBitsLinear, QuantEmbedding, QuantExperts, to_export_form
@@ -59,13 +58,6 @@ class ExportPlan:
 
     @classmethod
     def build(cls, cfg: ModelConfig, options: ExportOptions, max_len: int) -> ExportPlan:
-        if cfg.moe is not None and not cfg.moe.norm_topk_prob:
-            # Found by tests/export/test_config_fuzz.py: the exported graphs part from the torch
-            # decoder (logits off by up to ~0.6) when the top-k weights are not renormalised,
-            # though a lone MoE node matches ops.moe_ref; refused before any work until found.
-            raise ExportError("moe.norm_topk_prob false (top-k router weights not renormalised, "
-                              "as in Qwen1.5/Qwen2-MoE) is not exported yet: the graphs do not "
-                              "match the model; Qwen3-MoE checkpoints (true) export.")
         dtype = torch.float16 if options.float16 else torch.float32
         form = planned_attention(cfg, options)  # what ONNX Runtime's kernels take of the shape
         fusion = Fusion(rotary=options.fuse_rotary and form.rotary_inside, qkv=options.fuse_qkv,

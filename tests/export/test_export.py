@@ -16,6 +16,7 @@ import torch
 from llm_onnx.export import ExportOptions
 from llm_onnx.export.validate import load_stored
 from llm_onnx.families import get_config
+from llm_onnx.model.config import ModelConfig
 from tests.conftest import FAMILY_ARCHS, TINY_ARCHS
 from tests.ort_helpers import Graphs, batch_logits, fidelity, hf_logits
 from tests.perturb import ATTENTION_OUTPUT, perturbed
@@ -150,12 +151,14 @@ def clear_routing_prefix(model, rows: list[list[int]], k: int) -> list[int]:
     return prefixes
 
 
-def torch_reference(folder: Path, arch: str, opts: ExportOptions):
-    """The export-form torch decoder holding the tensors stored in weights.data."""
+def torch_reference(folder: Path, arch: str | ModelConfig, opts: ExportOptions):
+    """The export-form torch decoder holding the tensors stored in weights.data (``arch``: a
+    preset's name, or the config itself)."""
     from llm_onnx.export.plan import ExportPlan
     from llm_onnx.export.weights import StoredTensor
 
-    model = ExportPlan.build(get_config(arch), opts, 64).model
+    cfg = get_config(arch) if isinstance(arch, str) else arch
+    model = ExportPlan.build(cfg, opts, 64).model
     tensors = {}
     for path in ("prefill.onnx",):
         proto = onnx.load(str(folder / path), load_external_data=False)
