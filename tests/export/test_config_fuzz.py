@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from llm_onnx.errors import LlmOnnxError
+from llm_onnx.errors import LlmOnnxError, ParityError
 from llm_onnx.families import get_config
 from llm_onnx.model.decoder import attention_form
 from tests.conftest import FAMILY_ARCHS, TINY_ARCHS
@@ -109,6 +109,7 @@ def configs(draw, arch: str):
         changes["moe"] = dataclasses.replace(
             base.moe,
             num_experts=experts, num_experts_per_tok=draw(st.integers(1, experts)),
+            # False (Qwen1.5/Qwen2-MoE's router) is the simplest draw, so CI's one draw takes it
             norm_topk_prob=draw(st.booleans()),
             moe_intermediate_size=draw(st.sampled_from([16, 32])))
     return base, changes
@@ -133,6 +134,7 @@ def _check(base, changes, tmp_path) -> None:
                      ExportOptions(precision="fp32", max_seq_len=48), progress=False)
     except LlmOnnxError as e:  # refused: at once, in one line, nothing left on disk
         message = str(e)
+        assert not isinstance(e, ParityError), message  # graphs that part from the model: a bug
         assert "\n" not in message and "ONNXRuntimeError" not in message, message
         assert time.monotonic() - start < 5 and not out.exists(), message
         return
