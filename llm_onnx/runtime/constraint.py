@@ -44,7 +44,7 @@ THINKING = ("none", "optional", "open")
 # schema grammars allow). Unbounded whitespace lets a weak model pad forever.
 JSON_OPTIONS = {"whitespace_pattern": r"(?:\n[ \t]{0,20}| )?"}
 CACHE_SIZE = 64  # compiled grammars kept per model
-REWRITE_BUDGET_S = 3.0  # most time spent tightening a schema the engine refuses as written
+REWRITE_BUDGET_S = 8.0  # most time spent tightening a schema the engine refuses as written
 
 
 class ConstraintError(GenerationError):

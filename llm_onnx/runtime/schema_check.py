@@ -47,33 +47,34 @@ def dotted(where: str, path: list[str | int]) -> str:
 
 def subschemas(node: Any, path: list[str | int] | None = None,
                ) -> Iterator[tuple[list[str | int], dict]]:
-    """Every subschema that is an object, with its path, root first (depth first)."""
-    path = path or []
-    if not isinstance(node, dict):
-        return
-    yield path, node
-    for key in _SCHEMA_MAPS:
-        value = node.get(key)
-        if isinstance(value, dict):
-            for name, sub in value.items():
-                yield from subschemas(sub, path + [key, name])
-    for key in _SCHEMA_LISTS:
-        value = node.get(key)
-        if isinstance(value, list):
-            for i, sub in enumerate(value):
-                yield from subschemas(sub, path + [key, i])
-    for key in _SCHEMA_ONE:
-        yield from subschemas(node.get(key), path + [key])
-    items = node.get("items")
-    if isinstance(items, list):  # draft 4-7 tuples
-        for i, sub in enumerate(items):
-            yield from subschemas(sub, path + ["items", i])
-    else:
-        yield from subschemas(items, path + ["items"])
-    dependencies = node.get("dependencies")
-    if isinstance(dependencies, dict):
-        for name, sub in dependencies.items():
-            yield from subschemas(sub, path + ["dependencies", name])
+    """Every subschema that is an object, with its path, root first (depth first). A node's
+    children are read after the caller has seen it (it may rewrite them)."""
+    stack: list[tuple[list[str | int], Any]] = [(path or [], node)]
+    while stack:
+        here, node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        yield here, node
+        children: list[tuple[list[str | int], Any]] = []
+        for key in _SCHEMA_MAPS:
+            value = node.get(key)
+            if isinstance(value, dict):
+                children += [(here + [key, name], sub) for name, sub in value.items()]
+        for key in _SCHEMA_LISTS:
+            value = node.get(key)
+            if isinstance(value, list):
+                children += [(here + [key, i], sub) for i, sub in enumerate(value)]
+        children += [(here + [key], node.get(key)) for key in _SCHEMA_ONE]
+        items = node.get("items")
+        if isinstance(items, list):  # draft 4-7 tuples
+            children += [(here + ["items", i], sub) for i, sub in enumerate(items)]
+        else:
+            children.append((here + ["items"], items))
+        dependencies = node.get("dependencies")
+        if isinstance(dependencies, dict):
+            children += [(here + ["dependencies", name], sub)
+                         for name, sub in dependencies.items()]
+        stack += reversed(children)
 
 
 def check_schema(schema: Any) -> None:

@@ -284,12 +284,65 @@ TIGHTENED = [
     {"type": "object", "propertyNames": {"pattern": "^[a-c]{1,3}$"},
      "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9}, "maxProperties": 3,
      "not": {"anyOf": [{"required": ["ab"]}, {"required": ["ba"]}]}},
+    # definitions grouped under a plain key (Travis CI's form); unique items there
+    {"definitions": {"group": {"tags": {"type": "array", "uniqueItems": True, "minItems": 1,
+                                        "items": {"enum": ["x", "y"]}}}},
+     "type": "object", "properties": {"t": {"$ref": "#/definitions/group/tags"}},
+     "required": ["t"]},
+    # a oneOf of objects told apart by a key's constants (GitHub Actions' runs), and one whose
+    # closed branch forbids the key the other requires, their branches by reference
+    {"$defs": {"js": {"type": "object", "required": ["using", "main"],
+                      "properties": {"using": {"enum": ["node20", "node24"]},
+                                     "main": {"type": "string", "maxLength": 4}}},
+               "docker": {"type": "object", "required": ["using", "image"],
+                          "properties": {"using": {"const": "docker"},
+                                         "image": {"type": "string", "maxLength": 4}}},
+               "a": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0,
+                                                            "maximum": 9}},
+                     "required": ["a"], "additionalProperties": False},
+               "b": {"type": "object", "properties": {"b": {"type": "boolean"}},
+                     "required": ["b"]}},
+     "type": "object", "required": ["runs", "w"], "properties": {
+        "runs": {"oneOf": [{"$ref": "#/$defs/js"}, {"$ref": "#/$defs/docker"}]},
+        "w": {"oneOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}]}}},
+    # conditionals on one key's constant (GitHub issue forms), items that must differ at a
+    # place that may be absent, and counts of keys beside optional ones
+    {"type": "object", "required": ["item"], "properties": {
+        "item": {"type": "object", "required": ["type"],
+                 "properties": {"type": {"enum": ["text", "flag"]}},
+                 "allOf": [{"if": {"properties": {"type": {"const": "text"}}},
+                            "then": {"properties": {"type": {}, "v": {"type": "string",
+                                                                      "maxLength": 3}},
+                                     "required": ["type", "v"], "additionalProperties": False}},
+                           {"if": {"properties": {"type": {"const": "flag"}}},
+                            "then": {"properties": {"type": {}, "on": {"type": "boolean"}},
+                                     "required": ["type", "on"],
+                                     "additionalProperties": False}}]},
+        "pairs": {"type": "array", "items": {"type": "string", "maxLength": 2},
+                  "uniqueItems": True, "minItems": 2},
+        "opts": {"type": "object", "minProperties": 1, "maxProperties": 2,
+                 "properties": {"p": {"type": "boolean"}, "q": {"type": "boolean"},
+                                "r": {"type": "boolean"}}}}},
+    # a cycle of references with notes beside them (CircleCI's logic), a key's schema that
+    # holds when another key is there, and unevaluatedProperties beside additionalProperties
+    {"$defs": {"logic": {"oneOf": [{"type": "boolean"}, {
+        "type": "object", "additionalProperties": False, "maxProperties": 1,
+        "properties": {"not": {"$ref": "#/$defs/logic", "markdownDescription": "not"}}}]}},
+     "type": "object", "required": ["when"],
+     "properties": {"when": {"$ref": "#/$defs/logic", "description": "a condition"},
+                    "x": {"type": "integer", "minimum": 0, "maximum": 5}},
+     "dependentSchemas": {"x": {"required": ["when"]}},
+     "additionalProperties": False, "unevaluatedProperties": False},
 ]
 
 
 @pytest.mark.parametrize("schema", TIGHTENED)
 def test_schemas_the_engine_refuses_as_written_are_tightened_and_outputs_validate(model, schema):
     """Every output validates under the schema as the user wrote it (jsonschema)."""
+    import llguidance
+
+    as_written = Constraint.json_schema(schema).grammar_text()
+    assert llguidance.LLMatcher.validate_grammar(as_written, model.constraints.tokenizer)
     for seed in range(4):
         r = model.generate(prompt(model), json_schema=schema, temperature=1.0, seed=seed,
                            max_new_tokens=400)
