@@ -16,7 +16,10 @@ as written.
   ``9999999999999999``), as llama.cpp's schema grammars write at most 16 digits: a weak model
   otherwise repeats a digit until ``max_tokens`` (SmolLM2 greedy, "population": 1111...). Larger
   integers are beyond what JSON parsers read exactly (2^53) anyway; a schema's own bound is kept.
-  Numbers with a fraction are not bounded (their digits cannot be counted by a schema keyword).
+  Numbers get the same bounds and at most 10 digits after the point (``"multipleOf": 1e-10``,
+  the finest step the engine takes; llama.cpp's grammars allow 16): a weak model otherwise
+  writes ``0.33333...`` until ``max_tokens``. No exponent is written then (``1e5`` is
+  ``100000``). Listed values (``enum``, ``const``) and a schema's own ``multipleOf`` are kept.
 - ``format`` values the engine does not know (OpenAPI's ``byte``, a project's own) are dropped:
   JSON Schema makes an unknown format an annotation, which validators ignore, so this is exact.
 - A ``oneOf`` the engine cannot prove exclusive becomes an ``anyOf``: as it is when no value
@@ -82,17 +85,18 @@ _COMBINING = ("allOf", "if", "then", "else", "not", "dependentSchemas", "depende
 
 
 INTEGER_BOUND = 10**16 - 1  # 16 digits, as llama.cpp's schema grammars
+FRACTION_STEP = 1e-10  # 10 digits after the point (the engine takes steps down to 1e-10)
 
 
 def default_rewrite(schema: Any) -> Any | None:
     """``schema`` with required properties first, its open objects closed and its integers
-    bounded (see the module docstring); None if that changes nothing."""
+    and numbers bounded (see the module docstring); None if that changes nothing."""
     out = copy.deepcopy(schema)
     # definitions an allOf or a conditional reaches
     shared = _reached([node for path, node in subschemas(out) if _combined(path)], out)
     changed = False
     for path, node in subschemas(out):
-        changed |= _bound_integer(node)
+        changed |= _bound_digits(node)
         properties, required = node.get("properties"), node.get("required")
         if isinstance(properties, dict) and isinstance(required, list):
             first = [k for k in properties if k in required]
@@ -111,11 +115,14 @@ def default_rewrite(schema: Any) -> Any | None:
     return out if changed else None
 
 
-def _bound_integer(node: dict) -> bool:
-    """Give an integer schema without a lower or upper bound one of 16 digits (True if
-    changed). Left alone where a bound is a draft-4 flag or the new bound would leave nothing."""
+def _bound_digits(node: dict) -> bool:
+    """Give an integer or number schema without a lower or upper bound one of 16 digits, and a
+    number one without ``multipleOf`` at most 10 digits after the point (True if changed).
+    Left alone where a bound is a draft-4 flag, the value is listed (``enum``, ``const``) or the
+    new bound would leave nothing."""
     types = node.get("type")
-    if not (types == "integer" or isinstance(types, list) and "integer" in types):
+    types = types if isinstance(types, list) else [types]
+    if "integer" not in types and "number" not in types or "enum" in node or "const" in node:
         return False
     if isinstance(node.get("exclusiveMinimum"), bool) \
             or isinstance(node.get("exclusiveMaximum"), bool):
@@ -128,6 +135,9 @@ def _bound_integer(node: dict) -> bool:
         changed = True
     if not high and not any(v > INTEGER_BOUND for v in low):
         node["maximum"] = INTEGER_BOUND
+        changed = True
+    if "number" in types and "multipleOf" not in node:
+        node["multipleOf"] = FRACTION_STEP
         changed = True
     return changed
 

@@ -387,6 +387,27 @@ def test_integers_without_bounds_get_sixteen_digits(model):
     assert rewritten == {**own, "minimum": -(10**16 - 1)}
 
 
+def test_numbers_get_sixteen_digits_and_ten_after_the_point(model):
+    """Pushed to repeat a digit (logit_bias on '3', less on '.'), a number ends after 16 digits
+    before the point and 10 after it (3.333... would run to max_new_tokens); listed values and
+    a schema's own step are kept."""
+    schema = {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]}
+    three, point = model.encode("3")[0], model.encode(".")[0]
+    r = model.generate(prompt(model), json_schema=schema, logit_bias={three: 40.0, point: 20.0},
+                       max_new_tokens=200)
+    assert r.finish_reason == "stop", r
+    jsonschema.validate(json.loads(r.text), schema)
+    written = re.search(r'"x"\s*:\s*(\S+?)\s*}', r.text)
+    assert written, r.text
+    written = written.group(1)
+    whole, _, fraction = written.partition(".")
+    assert (len(whole.lstrip("-")), len(fraction)) == (16, 10), written
+    for kept in ({"type": "number", "const": 3.14159265358979}, {"type": "number",
+                                                               "multipleOf": 0.25}):
+        rewritten = json.loads(model.constraints.compile(Constraint.json_schema(kept)).source)
+        assert rewritten.get("multipleOf") == kept.get("multipleOf")
+
+
 def test_a_one_of_no_rewrite_can_keep_exact_is_still_refused(model):
     overlapping = {"oneOf": [{"type": "string", "minLength": 1}, {"type": "string",
                                                                    "maxLength": 3}]}
