@@ -111,6 +111,7 @@ function requestOptions() {
     if (parsed.length) {
       options.tools = parsed;
       options.tool_choice = $("tool-choice").value;
+      if (!$("parallel").checked) options.parallel_tool_calls = false;
     }
   }
   return options;
