@@ -104,8 +104,7 @@ def test_the_files_are_the_packaged_ones_and_nothing_else(server):
         assert r.status_code == 404 and "error" in r.json(), path
 
 
-def test_an_answer_streams_the_apis_greedy_answer_and_a_second_turn_continues(chat, server,
-                                                                              tmp_path):
+def test_an_answer_streams_the_apis_greedy_answer_and_a_second_turn_continues(chat, server):
     bodies = chat_requests(chat)
     chat.settings(temperature=0, max_tokens=12, system=SYSTEM)
     first = chat.ask("t30 t31 t32")
@@ -128,7 +127,6 @@ def test_an_answer_streams_the_apis_greedy_answer_and_a_second_turn_continues(ch
     assert chat.page.locator(".msg.user").all_inner_texts() == ["You\nt30 t31 t32",
                                                                 "You\nt40 t41"]
     assert chat.errors == [] and chat.off_server() == []
-    chat.screenshot("chat-page-tiny.png", tmp_path)
 
 
 def test_stop_ends_the_stream_and_the_server_frees_the_row(chat, server):

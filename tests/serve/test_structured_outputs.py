@@ -215,7 +215,7 @@ def test_a_second_turn_after_a_tool_result(client):
     assert second.usage.prompt_tokens > first.usage.prompt_tokens
 
 
-def test_the_chat_page_shows_tool_calls_and_json_answers(server, browser, tmp_path):
+def test_the_chat_page_shows_tool_calls_and_json_answers(server, browser):
     """Tool calls as cards (name, arguments as JSON) whose results go back as `tool` messages
     with the next turn; a JSON answer shown as JSON."""
     chat = ChatPage(browser, server).open()
@@ -234,7 +234,6 @@ def test_the_chat_page_shows_tool_calls_and_json_answers(server, browser, tmp_pa
         jsonschema.validate(json.loads(card.locator("pre").text_content()),
                             SCHEMAS["get_weather"])
     assert answer.locator(".numbers").inner_text().endswith("ms")  # no "cut at max tokens"
-    chat.screenshot("chat-page-tools.png", tmp_path)
     cards[0].locator("input.tool-result").fill("22 degrees")
     chat.settings(tool_choice="none", max_tokens=4)
     chat.ask("Thanks.")
