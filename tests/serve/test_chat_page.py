@@ -63,6 +63,7 @@ def test_the_page_loads_under_its_policy_with_nothing_from_elsewhere(chat):
     assert headers["x-content-type-options"] == "nosniff"
     assert chat.page.inner_text("#model-name") == MODEL
     assert chat.page.inner_text("#model-where") == "fp32 on CPU (1 thread) · llm-onnx serve"
+    assert f"Chat page: {chat.origin}/" in chat.server.output()  # the address to open
     card = httpx.get(chat.origin + "/v1/models").json()["data"][0]  # what the header shows
     assert {k: card[k] for k in ("id", "precision", "runs_on", "served_by", "reasoning",
                                  "tool_call_format")} == {
@@ -102,6 +103,39 @@ def test_the_files_are_the_packaged_ones_and_nothing_else(server):
     for path in ("/web/__init__.py", "/web/index.html", "/web/..%2Fapp.py", "/web/nothing.js"):
         r = httpx.get(server.url + path)
         assert r.status_code == 404 and "error" in r.json(), path
+
+
+# The page's Markdown subset (render.js), run in the page: each text -> the nodes it becomes,
+# as [tag, {data-lang or start}, children...] with text nodes as strings.
+MARKDOWN = [
+    ("Hello <b>world</b>\nsecond line", [["p", "Hello <b>world</b>\nsecond line"]]),
+    ("```python\nprint('<b>')\n```\nafter",
+     [["pre", {"lang": "python"}, ["code", "print('<b>')"]], ["p", "after"]]),
+    ("para\n```js\nlet x = '<script>'",  # a block still streaming: no closing fence yet
+     [["p", "para"], ["pre", {"lang": "js"}, ["code", "let x = '<script>'"]]]),
+    ("- one\n- **two**\n  more\n* three",
+     [["ul", ["li", "one"], ["li", ["strong", "two"], "\nmore"], ["li", "three"]]]),
+    ("3. a\n4. b", [["ol", {"start": 3}, ["li", "a"], ["li", "b"]]]),
+    ("# Title\ntext with `co*de*` and *em*",
+     [["h3", "Title"], ["p", "text with ", ["code", "co*de*"], " and ", ["em", "em"]]]),
+    ("> quoted\n> `q`", [["blockquote", ["p", "quoted\n", ["code", "q"]]]]),
+    ("<img src=x onerror=alert(1)> **<i>b</i>** [a](javascript:x) ![i](http://x/i.png)",
+     [["p", "<img src=x onerror=alert(1)> ", ["strong", "<i>b</i>"],
+       " [a](javascript:x) ![i](http://x/i.png)"]]),
+]
+WALK = """async (texts) => {
+  const {renderMarkdown} = await import('./web/render.js');
+  const walk = (n) => n.nodeType === Node.TEXT_NODE ? n.data : [n.tagName.toLowerCase(),
+    ...(n.dataset && n.dataset.lang ? [{lang: n.dataset.lang}] : []),
+    ...(n.start > 1 ? [{start: n.start}] : []), ...Array.from(n.childNodes, walk)];
+  return texts.map((text) => Array.from(renderMarkdown(text).childNodes, walk));
+}"""
+
+
+def test_the_markdown_subset_becomes_elements_and_text_only(chat):
+    texts = [text for text, _ in MARKDOWN]
+    assert chat.page.evaluate(WALK, texts) == [nodes for _, nodes in MARKDOWN]
+    assert chat.errors == []
 
 
 def test_an_answer_streams_the_apis_greedy_answer_and_a_second_turn_continues(chat, server):

@@ -130,7 +130,7 @@ function emphasis(parent, text) {
   while (rest) {
     const m = EMPHASIS.exec(rest);
     if (!m) break;
-    parent.append(document.createTextNode(rest.slice(0, m.index)));
+    if (m.index) parent.append(document.createTextNode(rest.slice(0, m.index)));
     parent.append(m[1] !== undefined ? emphasis(el("strong"), m[1]) : el("em", null, m[2]));
     rest = rest.slice(m.index + m[0].length);
   }
