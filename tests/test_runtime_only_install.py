@@ -29,6 +29,15 @@ def test_the_runtime_installs_and_generates_without_torch(tmp_path, tiny_export)
                             "import importlib.util as u; print(u.find_spec('torch') is None)"],
                            capture_output=True, text=True, check=True)
     assert probe.stdout.strip() == "True"  # the runtime's dependencies do not pull torch in
+    # The chat page's files are package data: the installed package carries them all.
+    listing = subprocess.run([str(venv / "bin" / "python"), "-c",
+                              "import llm_onnx, pathlib; web = pathlib.Path(llm_onnx.__file__)"
+                              ".parent / 'serve' / 'web'; print(sorted(p.name for p in "
+                              "web.iterdir() if p.is_file() and p.suffix != '.py'))"],
+                             capture_output=True, text=True, check=True, cwd=tmp_path)
+    web = ROOT / "llm_onnx" / "serve" / "web"
+    assert listing.stdout.strip() == str(sorted(p.name for p in web.iterdir()
+                                                if p.is_file() and p.suffix != ".py"))
     prompt = "t5 t9 t11 t2 t7 t40"
     run = subprocess.run([str(venv / "bin" / "llm-onnx"), "generate", "--model", str(folder), "-q",
                           "--json", "--temperature", "0", "--max-new-tokens", "8", prompt],

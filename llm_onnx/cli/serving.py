@@ -45,6 +45,8 @@ TOOL_FORMATS = ("hermes", "llama3_json", "mistral", "phi4_mini")  # llm_onnx.run
                    "folder's; the folder is not modified.")
 @click.option("--tool-call-format", type=click.Choice(sorted(TOOL_FORMATS)),
               help="How the model writes tool calls (default: read off the chat template).")
+@click.option("--web-ui/--no-web-ui", default=True, show_default=True,
+              help="The chat page at / (a conversation with the model in the browser).")
 @click.option("--ray", "use_ray", is_flag=True,
               help="Serve on Ray Serve: replicas of the model behind Ray's HTTP proxy "
                    "(pip install 'llm-onnx[ray]').")
@@ -58,11 +60,13 @@ TOOL_FORMATS = ("hermes", "llama3_json", "mistral", "phi4_mini")  # llm_onnx.run
 @_handle_errors
 def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, api_key,
           model_name, provider, threads, drain_timeout, cors_origins, log_level, chat_template,
-          tool_call_format, use_ray, replicas, autoscale, address, **speculation) -> None:
+          tool_call_format, web_ui, use_ray, replicas, autoscale, address,
+          **speculation) -> None:
     """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests.
 
     Endpoints: POST /v1/chat/completions, POST /v1/completions (both with "stream": true),
-    GET /v1/models, GET /health, GET /metrics (Prometheus). Structured output: response_format
+    GET /v1/models, GET /health, GET /metrics (Prometheus); a chat page at / (--no-web-ui:
+    none). Structured output: response_format
     (json_object, json_schema), vLLM's structured_outputs (json, regex, choice, grammar), tools
     with tool_choice auto / required / a named function. Speculative decoding (prompt lookup
     by default on fp32 folders) runs while at most two requests decode; /metrics counts drafted
@@ -83,7 +87,7 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, a
     if use_ray:
         return _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len,
                           api_key, model_name, provider, threads, replicas, autoscale, address,
-                          cors_origins, chat_template, tool_call_format, speculation)
+                          cors_origins, chat_template, tool_call_format, web_ui, speculation)
     if replicas or autoscale or address:
         raise click.UsageError("--replicas, --autoscale and --address need --ray.")
     try:
@@ -107,13 +111,22 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, a
     tools = f"tool calls: {loaded.tool_format}" if loaded.tool_format else "no tool calls"
     click.echo(f"Serving {service.name} ({loaded.engine.describe()}) at http://{host}:{port}/v1 "
                f"- max batch {max_batch}, {auth}, {tools}. Ctrl-C to stop.", err=True)
+    if web_ui:
+        click.echo(f"Chat page: {_page_url(host, port)}", err=True)
     server.run(service, host=host, port=port, drain_timeout=drain_timeout, log_level=log_level,
-               cors_origins=cors_origins)
+               cors_origins=cors_origins, web_ui=web_ui)
+
+
+def _page_url(host: str, port: int) -> str:
+    """The chat page's address to open (an any-interface host is reachable on loopback)."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else "[::1]" if host == "::" else \
+        f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/"
 
 
 def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, api_key,
                model_name, provider, threads, replicas, autoscale, address, cors_origins,
-               chat_template, tool_call_format, speculation) -> None:
+               chat_template, tool_call_format, web_ui, speculation) -> None:
     try:
         from llm_onnx.serve import ray_app
     except ImportError as e:
@@ -148,7 +161,8 @@ def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_l
                                    speculative=speculation["speculative"],
                                    draft_model=str(Path(speculation["draft_model"]).resolve())
                                    if speculation["draft_model"] else None,
-                                   num_speculative_tokens=speculation["num_speculative_tokens"])
+                                   num_speculative_tokens=speculation["num_speculative_tokens"],
+                                   web_ui=web_ui)
     scaling = ray_app.Scaling(replicas=replicas or 1,
                               autoscale=ray_app.parse_autoscale(autoscale) if autoscale else None)
     where = "a local Ray instance" if address is None else f"the Ray cluster at {address}"
@@ -158,5 +172,7 @@ def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_l
     def ready() -> None:
         click.echo(f"Serving {config.name} on {where}: {count} of {threads or 1} thread(s) each, "
                    f"at http://{host}:{port}/v1. Ctrl-C to stop.", err=True)
+        if web_ui:
+            click.echo(f"Chat page: {_page_url(host, port)}", err=True)
 
     ray_app.run(config, scaling, host=host, port=port, address=address, on_ready=ready)

@@ -294,11 +294,14 @@ class Engine:
             sessions.append(self.decode_session)
         return [Path(s.end_profiling()) for s in sessions]
 
-    def describe(self) -> str:
+    def where(self) -> str:
+        """Where the graphs run: 'CPU (2 threads)' or 'CUDA (device 0)'."""
         threads = self.options.threads or default_threads()
-        where = f"CUDA (device {self.options.cuda_device})" if self.provider == CUDA else \
+        return f"CUDA (device {self.options.cuda_device})" if self.provider == CUDA else \
             f"CPU ({threads} thread{'s' if threads > 1 else ''})"
-        return f"{self.manifest.name} [{self.manifest.precision.precision}] on {where}"
+
+    def describe(self) -> str:
+        return f"{self.manifest.name} [{self.manifest.precision.precision}] on {self.where()}"
 
     # ------------------------------------------------------------------ cache and steps
 

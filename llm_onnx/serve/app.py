@@ -6,6 +6,7 @@ scheduler, metrics, the served name and API key).
     POST /v1/completions          prompt(s) -> text; stream: true for server-sent events
     POST /v1/chat/completions     messages -> the assistant's answer, with the model's template
     GET  /metrics                 Prometheus text format
+    GET  /                        the chat page (llm_onnx/serve/web; off with web_ui=False)
 
 ``create_app(service)`` is the one app definition: ``llm-onnx serve`` runs it under uvicorn, the
 Ray Serve deployment mounts the same object.
@@ -37,7 +38,7 @@ from llm_onnx.runtime.reasoning import ChatPiece
 from llm_onnx.runtime.scheduler import QueueFull, Request as Job, Scheduler, SchedulerClosed
 from llm_onnx.runtime.sequence import Result, TokenEvent
 from llm_onnx.runtime.tools import ToolCallDelta
-from llm_onnx.serve import protocol as p, requests as rq, responses as rs, structured
+from llm_onnx.serve import protocol as p, requests as rq, responses as rs, structured, web
 from llm_onnx.serve.metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger("llm_onnx.serve")
@@ -55,12 +56,14 @@ class Service:
         name: the model id clients send (default: the model folder's name).
         api_key: when set, every endpoint but /health needs ``Authorization: Bearer <key>``.
         max_batch, max_queue, prefill_chunk, max_length: the Scheduler's.
+        served_by: what serves it, for the model card ("llm-onnx serve", "Ray Serve").
     """
 
     def __init__(self, model: Model, *, name: str | None = None, api_key: str | None = None,
                  max_batch: int = 8, max_queue: int | None = 64, prefill_chunk: int = 256,
-                 max_length: int | None = None) -> None:
+                 max_length: int | None = None, served_by: str = "llm-onnx serve") -> None:
         self.model = model
+        self.served_by = served_by
         manifest = getattr(model.engine, "manifest", None)
         self.name = name or (manifest.folder.name if manifest is not None else "model")
         self.api_key = api_key or None
@@ -114,8 +117,10 @@ class Service:
         self.compiler.shutdown(wait=False, cancel_futures=True)
 
 
-def create_app(service: Service, *, cors_origins: Sequence[str] = ()) -> FastAPI:
-    """The FastAPI app over ``service`` (its scheduler starts and stops with the app)."""
+def create_app(service: Service, *, cors_origins: Sequence[str] = (),
+               web_ui: bool = True) -> FastAPI:
+    """The FastAPI app over ``service`` (its scheduler starts and stops with the app), with the
+    chat page at ``/`` unless ``web_ui`` is False."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -169,8 +174,16 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = ()) -> FastAPI
         return Response(service.metrics.exposition(), media_type=CONTENT_TYPE)
 
     def model_card() -> dict[str, Any]:
+        # OpenAI's four fields, vLLM's max_model_len, and what the chat page shows: precision,
+        # where the graphs run, what serves them, whether replies think or call tools.
+        engine, manifest = service.model.engine, getattr(service.model.engine, "manifest", None)
+        where = engine.where() if hasattr(engine, "where") else None
         return {"id": service.name, "object": "model", "created": service.created,
-                "owned_by": "llm-onnx", "max_model_len": service.scheduler.max_length}
+                "owned_by": "llm-onnx", "max_model_len": service.scheduler.max_length,
+                "precision": manifest.precision.precision if manifest is not None else None,
+                "runs_on": where, "served_by": service.served_by,
+                "reasoning": service.model.splits_reasoning,
+                "tool_call_format": service.model.tool_format}
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])
     async def models(request: Request) -> JSONResponse:
@@ -199,6 +212,8 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = ()) -> FastAPI
         await service.prepare(plan)
         return await _answer(service, request, plan)
 
+    if web_ui:
+        web.add_routes(app)
     return app
 
 

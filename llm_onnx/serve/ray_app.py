@@ -66,6 +66,7 @@ class ReplicaConfig:
     speculative: str | None = None  # None: the model's default
     draft_model: str | None = None  # a folder the replicas can read
     num_speculative_tokens: int | None = None
+    web_ui: bool = True  # the chat page at /
 
 
 @dataclass(frozen=True)
@@ -97,8 +98,9 @@ class ModelReplica:
                            num_speculative_tokens=cfg.num_speculative_tokens)
         self.service = Service(model, name=cfg.name, api_key=cfg.api_key,
                                max_batch=cfg.max_batch, max_queue=cfg.max_queue,
-                               prefill_chunk=cfg.prefill_chunk, max_length=cfg.max_seq_len)
-        self.app = create_app(self.service)
+                               prefill_chunk=cfg.prefill_chunk, max_length=cfg.max_seq_len,
+                               served_by="Ray Serve")
+        self.app = create_app(self.service, web_ui=cfg.web_ui)
         self.service.start()
         self.id = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -328,6 +330,10 @@ def app(args: dict[str, str]) -> serve.Application:
 
 
 def _convert(key: str, raw: Any, kind: Any) -> Any:
+    if isinstance(raw, str) and str(kind) == "bool":
+        if raw.lower() not in ("true", "false", "1", "0"):
+            raise RayConfigError(f"{key}={raw!r}: expected true or false.")
+        return raw.lower() in ("true", "1")
     if not isinstance(raw, str) or "int" not in str(kind):
         return raw
     return _count(key, raw)

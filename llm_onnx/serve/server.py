@@ -45,9 +45,10 @@ def check_address(host: str, port: int) -> None:
 
 def run(service: Service, *, host: str = "127.0.0.1", port: int = 8000,
         drain_timeout: float = 5.0, log_level: str = "info",
-        cors_origins: Sequence[str] = ()) -> None:
-    """Serve until SIGTERM / Ctrl-C (blocks)."""
-    app = create_app(service, cors_origins=cors_origins)
+        cors_origins: Sequence[str] = (), web_ui: bool = True) -> None:
+    """Serve until SIGTERM / Ctrl-C (blocks); the chat page at ``/`` unless ``web_ui`` is
+    False."""
+    app = create_app(service, cors_origins=cors_origins, web_ui=web_ui)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=int(drain_timeout) + 5,
                             server_header=False)

@@ -123,6 +123,14 @@ def model(chat_model_folder):
     return Model.load(chat_model_folder, provider="cpu", threads=1)
 
 
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Chromium driven by Playwright (tests/serve/browser.py), one per session."""
+    from tests.serve.browser import launch
+
+    yield from launch()
+
+
 @pytest.fixture
 def client(server):
     from openai import OpenAI

@@ -177,11 +177,17 @@ def test_a_client_that_gives_up_on_a_plain_request_frees_its_row(server):
 
 @pytest.fixture(scope="module")
 def guarded(chat_model_folder):
-    """One row, a queue of one, and an API key."""
+    """One row, a queue of one, an API key, and no chat page."""
     proc = ServerProcess(chat_model_folder, "--max-batch", "1", "--max-queue", "1",
-                         api_key="sesame")
+                         "--no-web-ui", api_key="sesame")
     yield proc
     proc.stop()
+
+
+def test_no_web_ui_leaves_the_chat_page_out(guarded):
+    for path in ("/", "/favicon.ico", "/web/chat.js"):
+        error_of(httpx.get(guarded.url + path), 404)
+    assert httpx.get(guarded.url + "/v1/models", headers=guarded.headers).status_code == 200
 
 
 def test_api_key_is_required_except_for_health(guarded):

@@ -13,6 +13,7 @@ import pytest
 
 from llm_onnx.runtime import Model
 from tests.runtime.fakes import FakeEngine, tokenizer as fake_tokenizer
+from tests.serve.browser import ChatPage
 from tests.serve.conftest import ServerProcess
 from tests.thinking_model import thinking_model  # noqa: F401
 
@@ -66,6 +67,25 @@ def test_reasoning_content_beside_the_answer(client, model):
     kinds = [bool(getattr(d, "reasoning_content", None)) for d in deltas if
              d.content or getattr(d, "reasoning_content", None)]
     assert kinds == sorted(kinds, reverse=True)  # thinking first, then the answer
+
+
+def test_the_chat_page_shows_the_thinking_apart_and_folded(server, model, browser,
+                                                          tmp_path):
+    ref = model.chat(USER, max_new_tokens=8, temperature=0)
+    chat = ChatPage(browser, server).open()
+    chat.settings(temperature=0, max_tokens=8)
+    answer = chat.ask(USER[0]["content"])
+    thinking = answer.locator("details.reasoning")
+    assert thinking.is_visible() and thinking.get_attribute("open") is None  # folded
+    assert thinking.locator("summary").inner_text().startswith("Thought for ")
+    assert answer.locator(".reasoning-text").text_content() == ref.reasoning
+    assert chat.raw(answer) == ref.text and ref.text
+    thinking.locator("summary").click()
+    assert thinking.get_attribute("open") is not None and \
+        answer.locator(".reasoning-text").is_visible()
+    assert chat.errors == [] and chat.off_server() == []
+    chat.screenshot("chat-page-thinking.png", tmp_path)
+    chat.close()
 
 
 def test_chat_template_kwargs_switch_thinking_off(client, model):

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from tests.byte_model import byte_model_folder  # noqa: F401 (fixture)
+from tests.serve.browser import ChatPage
 from tests.serve.conftest import ServerProcess
 
 import ray.serve  # noqa: E402,F401  (the [ray] extra is a required test dependency)
@@ -88,6 +89,20 @@ def test_answers_equal_the_runtime_streamed_and_not(cluster, model):
                                           temperature=0, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in chat) == \
         model.chat(messages, max_new_tokens=12, temperature=0).text
+
+
+def test_the_chat_page_through_rays_proxy(cluster, model, browser):
+    """The page and its policy come through the Frontend; the answer streams from a replica."""
+    chat = ChatPage(browser, cluster).open()
+    assert "default-src 'none'" in chat.response.headers["content-security-policy"]
+    assert chat.page.inner_text("#model-where").endswith("· Ray Serve")
+    chat.settings(temperature=0, max_tokens=12)
+    answer = chat.ask("t7 t8 t9")
+    expected = model.chat([{"role": "user", "content": "t7 t8 t9"}], max_new_tokens=12,
+                          temperature=0).text
+    assert chat.raw(answer) == expected and answer.get_attribute("data-state") == "done"
+    assert chat.errors == [] and chat.off_server() == []
+    chat.close()
 
 
 def test_structured_output_and_tool_calls(cluster, model):
@@ -224,11 +239,13 @@ def test_the_ray_options_are_checked():
                            ({"model": "m", "replicas": "two"}, "whole number"),
                            ({"model": "m", "colour": "red"}, "unknown argument 'colour'"),
                            ({"model": "m", "replicas": "2", "autoscale": "1:3"}, "not both"),
-                           ({"model": "m", "autoscale": "3:1"}, "MIN:MAX")]:
+                           ({"model": "m", "autoscale": "3:1"}, "MIN:MAX"),
+                           ({"model": "m", "web_ui": "maybe"}, "true or false")]:
         with pytest.raises(ray_app.RayConfigError, match=fragment):
             ray_app.app(args)
     assert ray_app.parse_autoscale("0:4") == (0, 4)
-    built = ray_app.app({"model": "m", "autoscale": "1:4", "threads": "2", "max_batch": "16"})
+    built = ray_app.app({"model": "m", "autoscale": "1:4", "threads": "2", "max_batch": "16",
+                         "web_ui": "false"})
     assert built is not None
 
 

@@ -17,6 +17,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from tests.byte_model import HERMES_TEMPLATE, byte_model_folder  # noqa: F401 (fixture)
+from tests.serve.browser import ChatPage
 from tests.serve.conftest import ServerProcess
 
 NAME = "tiny-bytes"
@@ -212,6 +213,45 @@ def test_a_second_turn_after_a_tool_result(client):
                                             logit_bias={str(TOOL_CALL_TOKEN): -100})
     assert second.choices[0].finish_reason in ("stop", "length")
     assert second.usage.prompt_tokens > first.usage.prompt_tokens
+
+
+def test_the_chat_page_shows_tool_calls_and_json_answers(server, browser):
+    """Tool calls as cards (name, arguments as JSON) whose results go back as `tool` messages
+    with the next turn; a JSON answer shown as JSON."""
+    chat = ChatPage(browser, server).open()
+    bodies: list[dict] = []
+    chat.page.on("request", lambda r: r.url.endswith("/chat/completions") and
+                 bodies.append(r.post_data_json))
+    chat.settings(temperature=0, max_tokens=400, tools=json.dumps([WEATHER]),
+                  tool_choice="required", parallel=False)
+    answer = chat.ask("What is the weather in Paris?")
+    assert bodies[0]["tools"] == [WEATHER] and bodies[0]["tool_choice"] == "required"
+    assert bodies[0]["parallel_tool_calls"] is False
+    cards = answer.locator(".tool-call").all()
+    assert len(cards) == 1
+    for card in cards:
+        assert card.locator(".tool-name").text_content() == "get_weather"
+        jsonschema.validate(json.loads(card.locator("pre").text_content()),
+                            SCHEMAS["get_weather"])
+    assert answer.locator(".numbers").inner_text().endswith("ms")  # no "cut at max tokens"
+    cards[0].locator("input.tool-result").fill("22 degrees")
+    chat.settings(tool_choice="none", max_tokens=4)
+    chat.ask("Thanks.")
+    sent = bodies[1]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "user"]
+    assert sent[1]["content"] is None and len(sent[1]["tool_calls"]) == 1
+    assert sent[2] == {"role": "tool", "tool_call_id": sent[1]["tool_calls"][0]["id"],
+                       "content": "22 degrees"}
+
+    chat.page.click("#new-chat")
+    chat.settings(tools="", format="json_schema", schema=json.dumps(
+        {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+         "additionalProperties": False}), max_tokens=50)
+    answer = chat.ask("Is it warm?")
+    assert answer.locator(".json-answer .label").text_content() == "JSON answer"
+    assert isinstance(json.loads(answer.locator(".json-answer pre").text_content())["ok"], bool)
+    assert chat.errors == [] and chat.off_server() == []
+    chat.close()
 
 
 # ------------------------------------------------------------------ batches and metrics
