@@ -57,6 +57,7 @@ PEOPLE = {"type": "array", "minItems": 20, "items": {
     "type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
     "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                    "city": {"type": "string"}}}}
+TEXT_KEPT = 1500  # characters of each coverage reply kept in the results
 PEOPLE_PROMPT = "List twenty people with their name, age and city, as JSON."
 
 
@@ -336,7 +337,7 @@ def coverage(args, items: list[dict], folder: Path, llama_gguf: Path, binaries: 
     import httpx
 
     results: dict = {}
-    for system in ("llm-onnx", "llama-server"):
+    for system in args.systems:
         server = ours_server(args, folder, logs) if system == "llm-onnx" else \
             llama_server(args, binaries, llama_gguf, logs)
         rows = []
@@ -378,13 +379,14 @@ def _classify(item: dict, status: int, data: dict, seconds: float) -> dict:
     choice = data["choices"][0]
     text = choice["message"].get("content") or ""
     row["tokens"] = data.get("usage", {}).get("completion_tokens")
+    row["text"] = text[:TEXT_KEPT]  # what the model wrote: where it looped, what it chose
     if choice["finish_reason"] == "length":
         row["outcome"] = "length"
         return row
     why = validate(item["schema"], text)
     row["outcome"] = "valid" if why is None else "invalid"
     if why:
-        row["why"], row["text"] = why, text[:300]
+        row["why"] = why
     return row
 
 
@@ -443,6 +445,8 @@ def main() -> None:
     p.add_argument("--kubernetes", type=int, default=40,
                    help="Kubernetes schemas sampled into the corpus (fixed seed)")
     p.add_argument("--max-tokens", type=int, default=384, help="per coverage reply")
+    p.add_argument("--systems", nargs="+", default=["llm-onnx", "llama-server"],
+                   choices=["llm-onnx", "llama-server"], help="servers the coverage part asks")
     p.add_argument("--clients", nargs="+", type=int, default=[1, 8])
     p.add_argument("--requests", type=int, default=8, help="per speed run (at least 2 a client)")
     p.add_argument("--new-tokens", type=int, default=128)
