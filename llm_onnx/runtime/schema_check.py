@@ -64,11 +64,12 @@ def subschemas(node: Any, path: list[str | int] | None = None,
             value = node.get(key)
             if isinstance(value, list):
                 children += [(here + [key, i], sub) for i, sub in enumerate(value)]
-        children += [(here + [key], node.get(key)) for key in _SCHEMA_ONE]
+        children += [(here + [key], node[key]) for key in _SCHEMA_ONE
+                     if isinstance(node.get(key), dict)]
         items = node.get("items")
         if isinstance(items, list):  # draft 4-7 tuples
             children += [(here + ["items", i], sub) for i, sub in enumerate(items)]
-        else:
+        elif isinstance(items, dict):
             children.append((here + ["items"], items))
         dependencies = node.get("dependencies")
         if isinstance(dependencies, dict):

@@ -47,7 +47,51 @@ def conditionals(schema: Any) -> Any:
         parts = [condition, then] if "else" in node else [then]
         node.pop("else", None)
         node["allOf"] = list(node.get("allOf", [])) + [s for s in parts if s is not True]
+    for _path, node in subschemas(out):
+        _merge_required(node, out)
     return out
+
+
+def _merge_required(node: dict, root: Any) -> None:
+    """``allOf`` parts that only require keys of ``node`` (their properties, if any, say
+    nothing ``node``'s own do not: the same schema, a reference to it, or anything) merged into
+    its ``required`` (exact; the engine otherwise intersects the two, which can grow past its
+    size limit: Dependabot's "schedule is required unless ...")."""
+    parts = node.get("allOf")
+    if not isinstance(parts, list):
+        return
+    flat = []
+    for part in parts:  # an allOf inside an allOf part without other keys is the same allOf
+        inner = bare(part)
+        if isinstance(inner, dict) and set(inner) == {"allOf"} and isinstance(inner["allOf"],
+                                                                           list):
+            flat += inner["allOf"]
+        else:
+            flat.append(part)
+    own = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    kept = []
+    for part in flat:
+        inner = bare(part)
+        if isinstance(inner, dict) and not set(inner) - {"properties", "required", "type"} \
+                and inner.get("type", "object") == "object" and node.get("type") == "object" \
+                and all(k in own and (_same(sub, own[k], root)) for k, sub in
+                        (inner.get("properties") or {}).items()):
+            node["required"] = list(dict.fromkeys(required_of(node) + required_of(inner)))
+        else:
+            kept.append(part)
+    if kept:
+        node["allOf"] = kept
+    else:
+        del node["allOf"]
+
+
+def _same(sub: Any, mine: Any, root: Any) -> bool:
+    """True if property schema ``sub`` adds nothing to ``mine`` (the node's own)."""
+    sub = bare(sub)
+    if sub in (True, {}) or sub == bare(mine):
+        return True
+    return isinstance(sub, dict) and set(sub) == {"$ref"} and isinstance(sub["$ref"], str) \
+        and resolve(root, sub["$ref"]) is mine
 
 
 def _discriminated(node: dict, root: Any) -> None:
@@ -334,4 +378,24 @@ def unsatisfiable(schema: Any, message: str) -> Any | None:
     if isinstance(parent, dict) and key in parent and parent[key] is not False:
         parent[key] = False
         return out
+    return None
+
+
+def without_largest_definition(schema: Any) -> Any | None:
+    """For a schema the engine finds too large: its largest definition (by the size of its
+    JSON) that the schema lets be absent, made ``false`` and settled (``schema_settle``), so
+    the places that use it are left out; None if every definition is required."""
+    from llm_onnx.runtime.schema_settle import settle
+
+    if not isinstance(schema, dict):
+        return None
+    found = [(len(json.dumps(sub)), key, name) for key in ("$defs", "definitions")
+             if isinstance(schema.get(key), dict)
+             for name, sub in schema[key].items() if sub is not False]
+    for _size, key, name in sorted(found, reverse=True)[:3]:
+        out = copy.deepcopy(schema)
+        out[key][name] = False
+        settled = settle(out)
+        if settled is not None:
+            return settled
     return None

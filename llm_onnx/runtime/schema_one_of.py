@@ -115,8 +115,9 @@ def _first_by_required(branches: list, root: Any) -> list | None:
 
 
 def _types(branch: Any, root: Any, depth: int = 0) -> set[str] | None:
-    """The JSON types a branch accepts, as far as its ``type``, ``const``, ``enum`` or local
-    ``$ref`` say; ``number`` and ``integer`` both stand for every number. None: unknown."""
+    """The JSON types a branch accepts (or more), as far as its ``type``, ``const``, ``enum``,
+    local ``$ref`` or the branches of its ``anyOf`` / ``oneOf`` / ``allOf`` say; ``number`` and
+    ``integer`` both stand for every number. None: unknown."""
     if not isinstance(branch, dict) or depth > 16:
         return None
     if "$ref" in branch and isinstance(branch["$ref"], str) and branch["$ref"].startswith("#/"):
@@ -134,6 +135,20 @@ def _types(branch: Any, root: Any, depth: int = 0) -> set[str] | None:
         names = {_json_type(branch["const"])}
     elif isinstance(branch.get("enum"), list) and branch["enum"]:
         names = {_json_type(v) for v in branch["enum"]}
+    elif any(isinstance(branch.get(k), list) and branch[k] for k in ("anyOf", "oneOf")):
+        names = set()  # the types of its branches, all of them
+        for key in ("anyOf", "oneOf"):
+            for sub in branch.get(key) or []:
+                more = _types(sub, root, depth + 1)
+                if more is None:
+                    return None
+                names |= more
+    elif isinstance(branch.get("allOf"), list):  # the types every part it knows of allows
+        known = [t for t in (_types(sub, root, depth + 1) for sub in branch["allOf"])
+                 if t is not None]
+        if not known:
+            return None
+        names = set.intersection(*known)
     else:
         return None
     if names & {"integer", "number"}:

@@ -60,7 +60,8 @@ as written.
   ``schema_settle.settle`` leaves it out where the schema lets it be absent: an optional
   property is forbidden, an ``anyOf`` branch dropped, an array whose items can match nothing
   kept empty, through required keys, ``allOf`` parts and references up to the first such
-  place. A schema this leaves unsatisfiable is refused.
+  place. A schema this leaves unsatisfiable is refused. A schema the engine finds too large
+  loses its largest definition that may be absent, the same way, until it fits.
 
 ``default_rewrite(schema)`` (objects closed and ordered, integers bounded) is the default; ``tighten(schema, message)`` applies the rewrite the
 engine's refusal ``message`` asks for (None when none applies: the schema is refused).
@@ -76,7 +77,7 @@ from llm_onnx.runtime.schema_check import subschemas
 from llm_onnx.runtime.schema_keywords import (bare_refs, conditionals, dependencies, drop_format,
                                               not_required, property_counts, property_names,
                                               sibling_refs, unevaluated, unique_items,
-                                              unsatisfiable)
+                                              unsatisfiable, without_largest_definition)
 from llm_onnx.runtime.schema_one_of import exclusive_one_of
 from llm_onnx.runtime.schema_settle import at, hoist_refs, resolve, settle
 
@@ -181,6 +182,8 @@ def tighten(schema: Any, message: str) -> Any | None:
             rewritten = sibling_refs(schema, message)
     elif "Unsatisfiable" in message:
         rewritten = unsatisfiable(schema, message)
+    elif "schema too large" in message:
+        rewritten = without_largest_definition(schema)
     if rewritten is None or rewritten == schema:  # nothing to rewrite: leave the part out
         rewritten = _prune(schema, message)
     if rewritten is None or rewritten == schema:

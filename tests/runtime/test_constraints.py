@@ -352,6 +352,37 @@ def test_schemas_the_engine_refuses_as_written_are_tightened_and_outputs_validat
     assert tightened.source != json.dumps(schema)
 
 
+def test_a_schema_too_large_for_the_engine_leaves_its_largest_optional_definition_out(model):
+    """Azure Pipelines' form: a definition the engine finds too large (three choices of 40
+    that it multiplies out) used where the schema lets it be absent; a conditional that only
+    requires a key (Dependabot's form)."""
+    import llguidance
+
+    tasks = {"allOf": [{"anyOf": [{"type": "object", "properties": {f"k{j}": {"const": i}}}
+                                  for i in range(40)]} for j in range(3)]}
+    schema = {"definitions": {"task": tasks, "script": {"type": "string", "maxLength": 6}},
+              "type": "object", "required": ["steps", "name"], "additionalProperties": False,
+              "properties": {"name": {"type": "string", "maxLength": 5},
+                             "when": {"type": "string", "maxLength": 3},
+                             "steps": {"type": "array", "maxItems": 2, "items": {"anyOf": [
+                                 {"$ref": "#/definitions/task"},
+                                 {"$ref": "#/definitions/script"}]}}},
+              "allOf": [{"if": {"not": {"required": ["name"]}},
+                         "then": {"properties": {"when": {"$ref": "#/properties/when"}},
+                                  "required": ["when"]}}]}
+    error = llguidance.LLMatcher.validate_grammar(Constraint.json_schema(
+        {k: v for k, v in schema.items() if k != "allOf"}).grammar_text(),
+        model.constraints.tokenizer)
+    assert "too large" in error
+    run = json.loads(model.constraints.compile(Constraint.json_schema(schema)).source)
+    assert run["definitions"]["task"] is False and run["required"] == ["steps", "name", "when"]
+    for seed in range(3):
+        r = model.generate(prompt(model), json_schema=schema, temperature=1.0, seed=seed,
+                           max_new_tokens=300)
+        assert r.finish_reason == "stop", r
+        jsonschema.validate(json.loads(r.text), schema)
+
+
 def test_objects_are_closed_unless_the_schema_opens_them(model):
     """An object listing its properties gets no others (a weak model invents keys forever);
     "additionalProperties": true keeps it open; an allOf's parts stay as written."""
