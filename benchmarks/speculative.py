@@ -7,7 +7,7 @@ on free text.
 
 Workloads (chat prompts, greedy, up to --new-tokens tokens):
   edit     return a paragraph with one spelling fixed
-  code     rename a variable in a Python function
+  code     rename a variable in a 12-line Python function
   quote    answer a question about a passage, quoting it
   story    a short story (free text: little to look up)
   chat     the third turn of a conversation
@@ -49,18 +49,26 @@ PARAGRAPH = ("The quick brown fox jumpd over the lazy dog. It was a sunny day in
              "benches. Nobody noticed the fox, who was very pleased with himself. Later that "
              "afternoon, the baker closed his shop early and walked down to the river to feed "
              "the ducks.")
-CODE = '''def total_price(items, tax_rate):
-    subtotal = 0
-    for item in items:
-        subtotal += item.price * item.quantity
+CODE = '''def summarize_orders(orders, tax_rate, discount=0.0):
+    subtotal = 0.0
+    count = 0
+    for order in orders:
+        if order.cancelled:
+            continue
+        subtotal += order.price * order.quantity
+        count += 1
+    if discount:
+        subtotal -= subtotal * discount
     tax = subtotal * tax_rate
-    return subtotal + tax
+    return {"count": count, "subtotal": subtotal, "tax": tax, "total": subtotal + tax}
 '''
 WORKLOADS = {
     "edit": [{"role": "user", "content": "Fix the spelling mistake in this paragraph and return "
                                          f"the whole paragraph, otherwise unchanged:\n\n{PARAGRAPH}"}],
-    "code": [{"role": "user", "content": "Rename the variable `subtotal` to `net` in this "
-                                         f"function and return the whole function:\n\n{CODE}"}],
+    # SmolLM2-135M answered "Rename ... and return the whole function:" over a 6-line function
+    # with a sentence; it returns this one, though unrenamed (docs/speculative-decoding.md).
+    "code": [{"role": "user", "content": "Rewrite this function with the variable `subtotal` "
+                                         f"renamed to `net`:\n\n```python\n{CODE}```"}],
     "quote": [{"role": "user", "content": f"{PARAGRAPH}\n\nWhat did the baker do? Quote the "
                                           "sentence from the passage."}],
     "story": [{"role": "user", "content": "Write a short story about a lighthouse keeper who "
