@@ -16,7 +16,8 @@ channel k moves the output by about h_k times its square, so
 
 Nothing changes at run time: the graphs and their MatMulNBits layout are those of any
 zero-point int4 export; only the stored numbers differ. Memory stays bounded: the calibration
-holds one float32 layer and the calibration activations at a time.
+holds one float32 layer (less its experts, read one at a time) and the calibration activations
+at a time.
 """
 
 from __future__ import annotations
@@ -29,10 +30,13 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from llm_onnx.checkpoints.load import Checkpoint, _set_param, build_model, param_producers
+from llm_onnx.checkpoints.load import (Checkpoint, ExpertsProducer, _set_param, build_model,
+                                       param_producers)
+from llm_onnx.checkpoints.sources import TensorSource
 from llm_onnx.errors import ExportError
+from llm_onnx.model import ops
 from llm_onnx.model.config import ModelConfig
-from llm_onnx.model.decoder import Fusion, Linear
+from llm_onnx.model.decoder import Experts, Fusion, Linear
 
 ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 MAX_TOKENS = 512  # calibration tokens used (one sequence)
@@ -177,7 +181,11 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
         shape = (1, cfg.num_key_value_heads, t, cfg.head_dim)
         for i, layer in enumerate(m.layers):
             prefix = f"model.layers.{i}."
-            load(prefix)
+            load(prefix, keep=lambda n: ".mlp.experts." not in n)
+            if isinstance(getattr(layer.mlp, "experts", None), Experts):
+                experts = f"{prefix}mlp.experts."
+                layer.mlp.experts = StreamedExperts(producers[f"{experts}gate_up_proj"],
+                                                    producers[f"{experts}down_proj"], source)
             stats = _input_stats(layer)
             model.run_layer(i, x, seqlens_k, total, torch.zeros(shape), torch.zeros(shape))
             for hook in stats.pop("hooks"):
@@ -196,6 +204,34 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
             x = h.reshape(-1, h.shape[-1]).double()
             cal.importance["lm_head"] = _finite((x * x).mean(0).float())
     return cal
+
+
+class StreamedExperts(nn.Module):
+    """A layer's experts for the calibration run: each read from the checkpoint when a token
+    chooses it, in float32, and dropped after use (ops.moe_ref over per-expert sequences), so a
+    layer's stacked experts (2.3 GiB in float32 for Qwen3-30B-A3B) never exist."""
+
+    def __init__(self, gate_up: ExpertsProducer, down: ExpertsProducer,
+                 source: TensorSource) -> None:
+        super().__init__()
+        self.gate_up = _Experts(gate_up, source)
+        self.down = _Experts(down, source)
+
+    def forward(self, x: Tensor, router_logits: Tensor, k: int, normalize: bool) -> Tensor:
+        return ops.moe_ref(x, router_logits, self.gate_up, self.down, k, normalize)
+
+
+class _Experts:
+    """Expert e's float32 tensor on indexing, built then from the checkpoint."""
+
+    def __init__(self, producer: ExpertsProducer, source: TensorSource) -> None:
+        self.producer, self.source = producer, source
+
+    def __len__(self) -> int:
+        return self.producer.num_experts
+
+    def __getitem__(self, e: int) -> Tensor:
+        return self.producer.expert(self.source, e).float()
 
 
 def _finite(h: Tensor) -> Tensor:
