@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from llm_onnx.model import ops
+from llm_onnx.model_folder import fitting_block
 from llm_onnx.errors import ExportError
 from llm_onnx.export import quant
 from llm_onnx.export.options import ExportOptions
@@ -172,17 +173,6 @@ class RotaryTables(RotaryCache):
         cos, sin = self.tables()
         write_cast(wf, f"{prefix}cos_cache", cos, self.table_dtype)
         write_cast(wf, f"{prefix}sin_cache", sin, self.table_dtype)
-
-
-def fitting_block(dims: tuple[int, ...], block_size: int) -> int | None:
-    """The largest power-of-two block (16 <= b <= block_size) dividing every dim, or None.
-    GatherBlockQuantized and QMoE need whole blocks; MatMulNBits pads instead."""
-    b = block_size
-    while b >= 16:
-        if all(d % b == 0 for d in dims):
-            return b
-        b //= 2
-    return None
 
 
 def _set(root: nn.Module, path: str, module: nn.Module) -> None:
