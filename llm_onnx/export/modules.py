@@ -132,14 +132,19 @@ class QuantEmbedding(nn.Module):
 
 
 class QuantExperts(nn.Module):
-    """All experts of a layer, block-quantized for com.microsoft.QMoE (same row layout as Experts)."""
+    """All experts of a layer, block-quantized for com.microsoft.QMoE (same row layout as Experts).
 
-    def __init__(self, experts: Experts, bits: int, block_size: int) -> None:
+    Symmetric blocks. ``search``: each block's scale is searched (quant._search_scales over
+    weights.EXPERT_FACTORS), weighted by ``importance`` when the calibration measured it:
+    {"gate_up": (E, D), "down": (E, I)} router-weighted input statistics (calibrate.py)."""
+
+    def __init__(self, experts: Experts, bits: int, block_size: int, search: bool = False) -> None:
         super().__init__()
         e, two_i, d = experts.gate_up_proj.shape
         i = experts.down_proj.shape[-1]
         dtype = experts.gate_up_proj.dtype
-        self.bits, self.block_size = bits, block_size
+        self.bits, self.block_size, self.search = bits, block_size, search
+        self.importance: dict[str, Tensor] | None = None
         self.register_buffer("gate_up_qweight", torch.empty(e, two_i, d * bits // 8, dtype=torch.uint8))
         self.register_buffer("gate_up_scales", torch.empty(e, two_i, d // block_size, dtype=dtype))
         self.register_buffer("down_qweight", torch.empty(e, d, i * bits // 8, dtype=torch.uint8))
@@ -208,7 +213,7 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
             if block is None:
                 raise ExportError(f"{path}: expert sizes {d} and {two_i // 2} have no common "
                                   "power-of-two block >= 16; QMoE needs one. Export fp32 or fp16.")
-            _set(model, path, QuantExperts(module, bits, block))
+            _set(model, path, QuantExperts(module, bits, block, search=options.method == "awq"))
     cfg = model.config
     if cfg.position_embedding_type == "rope":
         model.model.rotary = RotaryTables(cfg, model.max_positions, model.dtype)
