@@ -27,6 +27,7 @@ import numpy as np
 import onnxruntime as ort
 
 from llm_onnx.errors import GenerationError
+from llm_onnx.model_folder import Manifest, fitting_block
 from llm_onnx.runtime.model import Model
 from llm_onnx.runtime.sequence import Result
 from llm_onnx.runtime.providers import CPU, CUDA, quiet_session_options
@@ -156,22 +157,66 @@ def bandwidth_probe(model: Model, threads: int) -> BandwidthProbe | DeviceBandwi
 
 
 def bytes_per_token(model: Model, context: int, batch: int) -> int:
-    """Weights read per decode step (all of weights.data, less the embedding rows not gathered)
-    plus the KV cache read at ``context`` positions."""
+    """Bytes a decode step of ``batch`` rows reads: the weights it reads (weight_bytes_read)
+    plus the KV cache at ``context`` positions."""
     m = model.engine.manifest
-    weights = m.weights.bytes
-    cfg = m.config
     kv = m.kv_cache
     kv_itemsize = 2 if kv.dtype == "float16" else 4
     kv_bytes = 2 * kv.num_layers * kv.num_key_value_heads * kv.head_dim * context \
         * kv_itemsize * batch
+    return weight_bytes_read(m, batch) + kv_bytes
+
+
+def weight_bytes_read(m: Manifest, batch: int = 1) -> int:
+    """Weights a decode step of ``batch`` rows reads: all of weights.data, less what it does not
+    touch. An untied embedding table is only gathered (a row per token); of a mixture of
+    experts' expert tensors a row reads its top-k experts, k/E of them, and ``batch`` rows routed
+    independently of one another 1 - (1 - k/E)^batch (the attention, norms, routers and the LM
+    head are read whole)."""
+    cfg = m.config
+    weights = m.weights.bytes
     if not cfg.tie_word_embeddings:
-        # An untied embedding table is only gathered (one row per token), not read whole.
-        quant = m.precision.quantization
-        bits = quant.embedding_bits if quant is not None else None
-        itemsize = {None: 2 if m.precision.precision == "fp16" else 4, 8: 1.0625, 4: 0.5625}[bits]
-        weights -= int(cfg.vocab_size * cfg.hidden_size * itemsize)
-    return weights + kv_bytes
+        table = embedding_bytes(m)
+        weights -= table - table * min(batch, cfg.vocab_size) // cfg.vocab_size
+    if cfg.moe is not None:
+        unread = (1 - cfg.moe.num_experts_per_tok / cfg.moe.num_experts) ** batch
+        weights -= round(expert_bytes(m) * unread)
+    return weights
+
+
+def _float_size(m: Manifest) -> int:
+    """Bytes of a float weight (and of a quantized block's scale): float16 graphs store float16."""
+    return 2 if m.kv_cache.dtype == "float16" else 4
+
+
+def embedding_bytes(m: Manifest) -> int:
+    """Bytes of the token table in weights.data: float, or GatherBlockQuantized's codes and one
+    scale per block."""
+    cfg, quant = m.config, m.precision.quantization
+    width, size = cfg.embed_width, _float_size(m)
+    bits = quant.embedding_bits if quant is not None else None
+    block = fitting_block((width,), quant.block_size) if quant is not None else None
+    if bits is None or block is None:
+        return cfg.vocab_size * width * size
+    return cfg.vocab_size * (width * bits // 8 + width // block * size)
+
+
+def expert_bytes(m: Manifest) -> int:
+    """Bytes of every layer's experts in weights.data (0 without experts): gate/up (E, 2I, D)
+    and down (E, D, I), float or QMoE's codes and one scale per block."""
+    cfg, quant = m.config, m.precision.quantization
+    if cfg.moe is None:
+        return 0
+    d, i = cfg.hidden_size, cfg.moe.moe_intermediate_size
+    per_layer = cfg.moe.num_experts * 3 * i * d  # weights
+    size = _float_size(m)
+    if quant is None:
+        per_layer *= size
+    else:
+        block = fitting_block((d, i), quant.block_size)
+        assert block is not None  # the exporter refuses experts without one
+        per_layer = per_layer * quant.bits // 8 + per_layer // block * size
+    return per_layer * sum(cfg.is_moe_layer(n) for n in range(cfg.num_hidden_layers))
 
 
 def _prompt(model: Model, cfg: BenchConfig) -> list[int]:
@@ -252,7 +297,7 @@ def run_bench(model: Model, cfg: BenchConfig, rss_before_load_mib: float | None 
         "bandwidth_probe": probe.label,  # repeat >= 1: the probe exists (closed, label kept)
         "memory_bandwidth_samples_gb_s": [bw / 1e9 for bw in bandwidth],
         "bytes_per_token": per_token,
-        "weight_bytes_per_token": bytes_per_token(model, 0, 1),  # without the KV cache
+        "weight_bytes_per_token": weight_bytes_read(m),  # batch 1, without the KV cache
         "decode_ceiling_tok_s": statistics.median(ceilings),
         # each run against the ceiling measured right after it, then the median
         "decode_ceiling_reached": statistics.median(d / c for d, c in zip(decode, ceilings)),

@@ -259,6 +259,18 @@ class Manifest:
         return cls(**values, folder=folder)
 
 
+def fitting_block(dims: tuple[int, ...], block_size: int) -> int | None:
+    """The largest power-of-two block (16 <= b <= block_size) dividing every dim, or None: the
+    block of a quantized export's embedding (GatherBlockQuantized) and experts (QMoE), which
+    need whole blocks (MatMulNBits pads instead). Decided by the exporter, read by the bench."""
+    b = block_size
+    while b >= 16:
+        if all(d % b == 0 for d in dims):
+            return b
+        b //= 2
+    return None
+
+
 def cuda_blockers(config: ModelConfig, float16: bool) -> list[str]:
     """What keeps a model's graphs from running wholly on ONNX Runtime's CUDA provider, read
     from its kernels (onnxruntime-gpu 1.31): GroupQueryAttention and QMoE/MoE have float16 and

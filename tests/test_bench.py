@@ -164,3 +164,61 @@ def test_decode_curve_measures_every_context_and_batch_that_fits(tiny_export):
     points = decode_curve(model, contexts + [61], [1, 2], tokens=4)  # 61 + 4 > 64: skipped
     assert [(p["batch"], p["context"]) for p in points] == [(b, c) for b in (1, 2) for c in contexts]
     assert all(p["decode_tok_s"] > 0 for p in points)
+
+
+def _stored_bytes(folder, match) -> int:
+    """Bytes in weights.data of the prefill graph's initializers whose names ``match``, as the
+    graph itself records them (external data lengths), each stored tensor counted once."""
+    graph = onnx.load(str(folder / "prefill.onnx"), load_external_data=False).graph
+    spans = set()
+    for t in graph.initializer:
+        if match(t.name):
+            info = {e.key: int(e.value) for e in t.external_data if e.key in ("offset", "length")}
+            spans.add((info["offset"], info["length"]))
+    return sum(length for _, length in spans)
+
+
+def test_moe_decode_step_reads_the_top_k_experts_share(tiny_export):
+    """A mixture of experts' decode step reads k of its E experts: the bytes bench divides the
+    bandwidth by, worked out by hand for the tiny Qwen3-MoE at int4 (qwen3_moe_tiny: vocabulary
+    256, hidden 64, 2 layers, 4 experts of width 32, top 2, untied 4-bit embedding), and those
+    hand figures checked against the tensors the graph stores."""
+    from llm_onnx.bench import weight_bytes_read
+    from llm_onnx.model_folder import read_manifest
+
+    folder = tiny_export("qwen3_moe_tiny", "int4")
+    m = read_manifest(folder)
+    V, D, L, E, K, I = 256, 64, 2, 4, 2, 32
+    assert (m.config.vocab_size, m.config.hidden_size, m.config.num_hidden_layers,
+            m.config.moe.num_experts, m.config.moe.num_experts_per_tok,
+            m.config.moe.moe_intermediate_size) == (V, D, L, E, K, I)
+    # int4 on CPU: half a byte per weight and a float32 scale per block of 32 inputs
+    gate_up = E * 2 * I * (D // 2 + D // 32 * 4)  # (E, 2I, D): 4 * 64 * 40 = 10240
+    down = E * D * (I // 2 + I // 32 * 4)  # (E, D, I): 4 * 64 * 20 = 5120
+    experts = L * (gate_up + down)  # 30720
+    row = D // 2 + D // 32 * 4  # a row of the 4-bit table: 40 bytes
+    table = V * row  # 10240
+    assert _stored_bytes(folder, lambda n: ".mlp.experts." in n) == experts
+    assert _stored_bytes(folder, lambda n: n.startswith("model.embed_tokens.")) == table
+    size = (folder / "weights.data").stat().st_size
+    # batch 1: 2 of 4 experts per layer, one row of the table, everything else whole
+    assert weight_bytes_read(m) == size - experts // 2 - table + row
+    # batch 2, rows routed independently: 1 - (1 - 2/4)^2 = 3/4 of the experts, two rows
+    assert weight_bytes_read(m, 2) == size - experts // 4 - table + 2 * row
+
+
+def test_dense_decode_step_reads_all_weights_but_the_table(tiny_export):
+    """A dense model's step reads every weight but the untied embedding table's other rows:
+    llama_tiny at int8 (vocabulary 256, hidden 48: 8-bit codes, a float32 scale per block of 16,
+    the largest power of two <= 32 dividing 48)."""
+    from llm_onnx.bench import weight_bytes_read
+    from llm_onnx.model_folder import read_manifest
+
+    folder = tiny_export("llama_tiny", "int8")
+    m = read_manifest(folder)
+    assert (m.config.vocab_size, m.config.hidden_size, m.config.tie_word_embeddings) == \
+        (256, 48, False)
+    row = 48 + 48 // 16 * 4  # 60 bytes
+    assert _stored_bytes(folder, lambda n: n.startswith("model.embed_tokens.")) == 256 * row
+    size = (folder / "weights.data").stat().st_size
+    assert weight_bytes_read(m) == size - 256 * row + row

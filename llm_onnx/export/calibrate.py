@@ -14,9 +14,14 @@ channel k moves the output by about h_k times its square, so
      scaled weights quantize with smaller relative error where it matters. s = h^(alpha/2),
      alpha per group from 0..0.6, the one whose round-to-nearest error sum(h * dW^2) is least.
 
+A mixture of experts' experts (QMoE: symmetric, no folds) get the search too, weighted per
+expert by the router-weighted statistics of the calibration tokens routed to it
+(StreamedExperts).
+
 Nothing changes at run time: the graphs and their MatMulNBits layout are those of any
 zero-point int4 export; only the stored numbers differ. Memory stays bounded: the calibration
-holds one float32 layer and the calibration activations at a time.
+holds one float32 layer (less its experts, read one at a time) and the calibration activations
+at a time.
 """
 
 from __future__ import annotations
@@ -29,10 +34,13 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from llm_onnx.checkpoints.load import Checkpoint, _set_param, build_model, param_producers
+from llm_onnx.checkpoints.load import (Checkpoint, ExpertsProducer, _set_param, build_model,
+                                       param_producers)
+from llm_onnx.checkpoints.sources import TensorSource
 from llm_onnx.errors import ExportError
+from llm_onnx.model import ops
 from llm_onnx.model.config import ModelConfig
-from llm_onnx.model.decoder import Fusion, Linear
+from llm_onnx.model.decoder import Experts, Fusion, Linear
 
 ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 MAX_TOKENS = 512  # calibration tokens used (one sequence)
@@ -177,12 +185,18 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
         shape = (1, cfg.num_key_value_heads, t, cfg.head_dim)
         for i, layer in enumerate(m.layers):
             prefix = f"model.layers.{i}."
-            load(prefix)
+            load(prefix, keep=lambda n: ".mlp.experts." not in n)
+            if isinstance(getattr(layer.mlp, "experts", None), Experts):
+                experts = f"{prefix}mlp.experts."
+                layer.mlp.experts = StreamedExperts(producers[f"{experts}gate_up_proj"],
+                                                    producers[f"{experts}down_proj"], source)
             stats = _input_stats(layer)
             model.run_layer(i, x, seqlens_k, total, torch.zeros(shape), torch.zeros(shape))
             for hook in stats.pop("hooks"):
                 hook.remove()
             _decide_layer(cal, cfg, layer, prefix, stats, block_size)
+            if isinstance(getattr(layer.mlp, "experts", None), StreamedExperts):
+                layer.mlp.experts.decide(cal, f"{prefix}mlp.experts")
             drop(layer)
             progress(1)
         if cfg.embed_dim is None:  # the LM head's input: the final norm's output
@@ -196,6 +210,61 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
             x = h.reshape(-1, h.shape[-1]).double()
             cal.importance["lm_head"] = _finite((x * x).mean(0).float())
     return cal
+
+
+class StreamedExperts(nn.Module):
+    """A layer's experts for the calibration run: each read from the checkpoint when a token
+    chooses it, in float32, and dropped after use (ops.moe_ref over per-expert sequences), so a
+    layer's stacked experts (2.3 GiB in float32 for Qwen3-30B-A3B) never exist.
+
+    It also records each expert's router-weighted input statistics: for expert e, over the
+    tokens routed to it with routing weights w, h_e = sum(w x^2) / sum(w) per input channel of
+    gate/up (x: the normed hidden state) and of down (x: act(gate) * up). They weight the
+    experts' block search as the activations weight the dense projections' (``decide``)."""
+
+    def __init__(self, gate_up: ExpertsProducer, down: ExpertsProducer,
+                 source: TensorSource) -> None:
+        super().__init__()
+        self.gate_up = _Experts(gate_up, source)
+        self.down = _Experts(down, source)
+        self.sums: dict[str, dict[int, Tensor]] = {"gate_up": {}, "down": {}}
+        self.weight: dict[int, float] = {}
+
+    def forward(self, x: Tensor, router_logits: Tensor, k: int, normalize: bool) -> Tensor:
+        return ops.moe_ref(x, router_logits, self.gate_up, self.down, k, normalize, self._observe)
+
+    def _observe(self, e: int, xe: Tensor, weight: Tensor, act: Tensor) -> None:
+        w = weight.double()[:, None]
+        for part, v in (("gate_up", xe), ("down", act)):
+            total = (w * v.double() ** 2).sum(0)
+            self.sums[part][e] = self.sums[part].get(e, 0) + total
+        self.weight[e] = self.weight.get(e, 0.0) + float(weight.double().sum())
+
+    def decide(self, cal: Calibration, path: str) -> None:
+        """cal.importance[f"{path}.gate_up_proj" | ".down_proj"]: (E, K) search weights. An
+        expert no calibration token chose gets the router-weighted mean over the layer's others
+        (its input's distribution, as far as the calibration saw it)."""
+        if not self.weight:
+            return
+        for part, sums in self.sums.items():
+            chosen = sorted(sums)
+            mean = sum(sums[e] for e in chosen) / sum(self.weight[e] for e in chosen)
+            rows = [sums[e] / self.weight[e] if e in sums and self.weight[e] > 0 else mean
+                    for e in range(len(self.gate_up))]
+            cal.importance[f"{path}.{part}_proj"] = _finite(torch.stack(rows).float())
+
+
+class _Experts:
+    """Expert e's float32 tensor on indexing, built then from the checkpoint."""
+
+    def __init__(self, producer: ExpertsProducer, source: TensorSource) -> None:
+        self.producer, self.source = producer, source
+
+    def __len__(self) -> int:
+        return self.producer.num_experts
+
+    def __getitem__(self, e: int) -> Tensor:
+        return self.producer.expert(self.source, e).float()
 
 
 def _finite(h: Tensor) -> Tensor:
@@ -225,8 +294,8 @@ def _decide_layer(cal: Calibration, cfg: ModelConfig, layer: nn.Module, prefix: 
     _group(cal, layer, prefix, qkv, stats, block_size,
            norm="input_layernorm" if plain else None)
     _group_o(cal, cfg, layer, prefix, stats, block_size)
-    if not hasattr(mlp, "down_proj"):  # MoE: experts are QMoE, not searched
-        return
+    if not hasattr(mlp, "down_proj"):  # MoE: the experts' search weights are per expert
+        return  # (StreamedExperts.decide); no scales are folded into them
     up = ["mlp.gate_up_proj"] if mlp.fuse_gate_up else \
         (["mlp.gate_proj", "mlp.up_proj"] if mlp.gated else ["mlp.up_proj"])
     _group(cal, layer, prefix, up, stats, block_size,

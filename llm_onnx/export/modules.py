@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from llm_onnx.model import ops
+from llm_onnx.model_folder import fitting_block
 from llm_onnx.errors import ExportError
 from llm_onnx.export import quant
 from llm_onnx.export.options import ExportOptions
@@ -131,14 +132,19 @@ class QuantEmbedding(nn.Module):
 
 
 class QuantExperts(nn.Module):
-    """All experts of a layer, block-quantized for com.microsoft.QMoE (same row layout as Experts)."""
+    """All experts of a layer, block-quantized for com.microsoft.QMoE (same row layout as Experts).
 
-    def __init__(self, experts: Experts, bits: int, block_size: int) -> None:
+    Symmetric blocks. ``search``: each block's scale is searched (quant._search_scales over
+    weights.EXPERT_FACTORS), weighted by ``importance`` when the calibration measured it:
+    {"gate_up": (E, D), "down": (E, I)} router-weighted input statistics (calibrate.py)."""
+
+    def __init__(self, experts: Experts, bits: int, block_size: int, search: bool = False) -> None:
         super().__init__()
         e, two_i, d = experts.gate_up_proj.shape
         i = experts.down_proj.shape[-1]
         dtype = experts.gate_up_proj.dtype
-        self.bits, self.block_size = bits, block_size
+        self.bits, self.block_size, self.search = bits, block_size, search
+        self.importance: dict[str, Tensor] | None = None
         self.register_buffer("gate_up_qweight", torch.empty(e, two_i, d * bits // 8, dtype=torch.uint8))
         self.register_buffer("gate_up_scales", torch.empty(e, two_i, d // block_size, dtype=dtype))
         self.register_buffer("down_qweight", torch.empty(e, d, i * bits // 8, dtype=torch.uint8))
@@ -174,17 +180,6 @@ class RotaryTables(RotaryCache):
         write_cast(wf, f"{prefix}sin_cache", sin, self.table_dtype)
 
 
-def fitting_block(dims: tuple[int, ...], block_size: int) -> int | None:
-    """The largest power-of-two block (16 <= b <= block_size) dividing every dim, or None.
-    GatherBlockQuantized and QMoE need whole blocks; MatMulNBits pads instead."""
-    b = block_size
-    while b >= 16:
-        if all(d % b == 0 for d in dims):
-            return b
-        b //= 2
-    return None
-
-
 def _set(root: nn.Module, path: str, module: nn.Module) -> None:
     parent, _, attr = path.rpartition(".")
     setattr(root.get_submodule(parent) if parent else root, attr, module)
@@ -218,7 +213,7 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
             if block is None:
                 raise ExportError(f"{path}: expert sizes {d} and {two_i // 2} have no common "
                                   "power-of-two block >= 16; QMoE needs one. Export fp32 or fp16.")
-            _set(model, path, QuantExperts(module, bits, block))
+            _set(model, path, QuantExperts(module, bits, block, search=options.method == "awq"))
     cfg = model.config
     if cfg.position_embedding_type == "rope":
         model.model.rotary = RotaryTables(cfg, model.max_positions, model.dtype)

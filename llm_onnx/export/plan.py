@@ -77,6 +77,10 @@ class ExportPlan:
         for path, module in self.model.named_modules():
             if isinstance(module, NBitsLinear):
                 module.importance = self.calibration.importance.get(path)
+            elif isinstance(module, QuantExperts):  # per expert: (E, K) for gate/up and down
+                parts = {p: self.calibration.importance.get(f"{path}.{p}_proj")
+                         for p in ("gate_up", "down")}
+                module.importance = {p: h for p, h in parts.items() if h is not None}
             elif isinstance(module, QuantEmbedding) and module.search:  # tied to the head
                 module.importance = self.calibration.importance.get("lm_head")
         return self.calibration.producers(self.producers)
@@ -138,8 +142,10 @@ class ExportPlan:
                                  f"{module.block_size}, activations {act})")
                 activations.setdefault(act, []).append(path)
             elif isinstance(module, (QuantEmbedding, QuantExperts)):
+                searched = (", scales searched with router-weighted activations"
+                            if isinstance(module, QuantExperts) and module.search else "")
                 quantized.append(f"{path} (int{module.bits} symmetric, block "
-                                 f"{module.block_size})")
+                                 f"{module.block_size}{searched})")
         if len(activations) == 1:
             acts = next(iter(activations))
         else:

@@ -43,7 +43,7 @@ def _blocks(w: Tensor, block_size: int) -> Tensor:
 
 def quantize(w: Tensor, bits: int, block_size: int, *, asymmetric: bool = False,
              search: bool = False, importance: Tensor | None = None,
-             ) -> tuple[Tensor, Tensor, Tensor | None]:
+             factors: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
     """Block quantization of W (N, K) -> (qweight uint8, scales float32, zero_points uint8 | None).
 
     Symmetric (no zero points; ORT's default zero point 2^(bits-1)): int8 scale = max|w| / 127;
@@ -53,7 +53,8 @@ def quantize(w: Tensor, bits: int, block_size: int, *, asymmetric: bool = False,
     weights ((N, ceil(k_blocks * bits / 8)) uint8), the form MatMulNBits' fast kernels take.
     ``search``: asymmetric blocks get ``search_zero_point`` (weighted least squares over
     candidate scales, weighted by ``importance`` (K,) when given: the mean square of each input
-    channel's activations); symmetric ones ``_search_scales`` with the same weights.
+    channel's activations); symmetric ones ``_search_scales`` with the same weights, over
+    the block's scale times each of ``factors`` (default SEARCH_FACTORS).
     """
     if bits not in SUPPORTED_BITS:
         raise ValueError(f"bits must be one of {SUPPORTED_BITS}")
@@ -75,7 +76,8 @@ def quantize(w: Tensor, bits: int, block_size: int, *, asymmetric: bool = False,
         scale = blocks.gather(-1, idx).squeeze(-1) / -(qmax + 1)
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)
     if search:
-        scale = _search_scales(blocks, scale, bits, block_weights(blocks, importance, block_size))
+        scale = _search_scales(blocks, scale, bits, block_weights(blocks, importance, block_size),
+                               SEARCH_FACTORS if factors is None else factors)
     codes = torch.clamp(torch.round(blocks / scale[..., None]), -(qmax + 1), qmax)
     codes = (codes + (qmax + 1)).to(torch.uint8)  # (N, B, bs)
     return _pack(codes, bits), scale.contiguous(), None
@@ -189,15 +191,20 @@ def _pack_zero_points(zp: Tensor, bits: int) -> Tensor:
     return _pack(zp, bits)
 
 
-def _search_scales(blocks: Tensor, scale: Tensor, bits: int, weights: Tensor) -> Tensor:
+# Symmetric search: the block's round-to-nearest scale times each factor, 0.70 ... 1.05.
+SEARCH_FACTORS = torch.linspace(0.70, 1.05, 22)
+
+
+def _search_scales(blocks: Tensor, scale: Tensor, bits: int, weights: Tensor,
+                   factors: Tensor) -> Tensor:
     """Per block, the symmetric scale with the least weighted squared error: candidates
-    ``scale * f`` (f in 0.70..1.05), each refitted to its codes by weighted least squares (error
-    in closed form, as in search_zero_point)."""
+    ``scale * f`` for f in ``factors``, each refitted to its codes by weighted least squares
+    (error in closed form, as in search_zero_point)."""
     qmax = 2 ** (bits - 1) - 1
     wx = weights * blocks
     total = (wx * blocks).sum(-1, dtype=torch.float64)  # float64: the error is a difference
     best: tuple[Tensor, Tensor] | None = None
-    for f in torch.linspace(0.70, 1.05, 22):
+    for f in factors:
         c = (blocks / (scale * f)[..., None]).round_().clamp_(-(qmax + 1), qmax)
         num = (wx * c).sum(-1, dtype=torch.float64)
         den = c.mul_(c).mul_(weights).sum(-1, dtype=torch.float64)

@@ -33,6 +33,7 @@ new tokens of row b sit at positions seqlens_k[b] + 1 - T ... seqlens_k[b].
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -175,19 +176,24 @@ def attention_ref(
     return out.to(query.dtype), present_key, present_value
 
 
-def moe_ref(x: Tensor, router_logits: Tensor, fc1: Tensor, fc2: Tensor, k: int,
-            normalize_routing_weights: bool) -> Tensor:
+def moe_ref(x: Tensor, router_logits: Tensor, fc1: Tensor | Sequence[Tensor],
+            fc2: Tensor | Sequence[Tensor], k: int, normalize_routing_weights: bool,
+            observe: Callable[[int, Tensor, Tensor, Tensor], None] | None = None) -> Tensor:
     """Sparse MoE with SwiGLU experts, ORT's MoE contract.
 
     x (N, D); router_logits (N, E) raw; fc1 (E, 2I, D) with gate/up rows interleaved
     (g0, u0, g1, u1, ...); fc2 (E, D, I). Softmax in fp32 -> top-k -> optional renormalisation.
+    fc1 and fc2 may also be sequences of per-expert tensors, read only for the experts some
+    token chooses (the calibration streams them from the checkpoint). ``observe(e, xe, weight,
+    act)``, when given, sees each chosen expert's inputs (n, D), their routing weights (n,) and
+    down's input (n, I).
     """
     probs = torch.softmax(router_logits.float(), dim=-1)  # (N, E)
     top_w, top_i = torch.topk(probs, k, dim=-1)  # (N, K)
     if normalize_routing_weights:
         top_w = top_w / top_w.sum(-1, keepdim=True)
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    for e in range(fc1.shape[0]):
+    for e in range(len(fc1)):
         weight = (top_w * (top_i == e)).sum(-1)  # (N,) zero where e is not chosen
         chosen = weight > 0
         if not bool(chosen.any()):
@@ -195,7 +201,10 @@ def moe_ref(x: Tensor, router_logits: Tensor, fc1: Tensor, fc2: Tensor, k: int,
         xe = x[chosen]
         h = xe @ fc1[e].t()  # (n, 2I)
         gate, up = h[:, 0::2], h[:, 1::2]
-        y = (F.silu(gate.float()) * up.float()).to(x.dtype) @ fc2[e].t()  # (n, D)
+        act = (F.silu(gate.float()) * up.float()).to(x.dtype)  # (n, I)
+        y = act @ fc2[e].t()  # (n, D)
+        if observe is not None:
+            observe(e, xe, weight[chosen], act)
         out[chosen] += weight[chosen, None] * y.float()
     return out.to(x.dtype)
 

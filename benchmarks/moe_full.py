@@ -1,0 +1,489 @@
+"""Qwen3-30B-A3B (qwen3_30b_a3b) at full size on this machine: export, load and decode, llama.cpp
+on a GGUF of the same shape, and `llm-onnx serve` at 1 and 4 clients; one command, one JSON, one
+table.
+
+    .venv/bin/python benchmarks/moe_full.py              # the whole model: hours; the machine alone
+    .venv/bin/python benchmarks/moe_full.py --layers 2   # the same pipeline on 2 of the 48 layers
+
+Stages, one process each, one after the other (peak RSS from wait4 or the kernel's VmHWM):
+  export   random weights of the preset (cut to --layers) with a word-level tokenizer of its
+           vocabulary (t0 ... t151935, so the server streams text), each --export precision:
+           time, peak RSS and its timeline by stage, weights.data, the parity gate's figures.
+  ours     each --run precision: Model.load (RSS, PSS, anonymous and file-backed memory after
+           loading, and after a --prompt-len prompt and --new-tokens tokens), then `llm-onnx
+           bench` (llm_onnx.bench.run_bench: TTFT, prefill, batch-1 decode, and the
+           active-parameter ceiling: the bytes a step reads (the top-k experts' share) over the
+           read bandwidth measured beside each run).
+  llama    a GGUF of the same shape, random Q4_0 (against int4) or Q8_0 (int8) blocks written
+           with gguf-py (moe_gguf.py), llama-server at --threads: load, RSS/PSS, one request of
+           the same prompt ids and --new-tokens tokens per --repeat (its own prompt and decode
+           timings).
+  serve    `llm-onnx serve` and llama-server with each --clients count of concurrent streaming
+           clients (serve_load.py's client): aggregate tok/s, TTFT, inter-token latency.
+
+Folders are written under --work and deleted after their stage (--keep keeps them): at full size
+int4 is 19 GB, int8 34 GB, Q4_0 17 GB, Q8_0 32 GB, never two at once. int8 and Q8_0 do not fit
+in 24 GiB of memory: by default they are only exported (--run int4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # serve_load, bench_env and moe_gguf beside this file
+
+MATCH = {"int4": "Q4_0", "int8": "Q8_0"}
+
+
+# ----------------------------------------------------------------------------- memory
+
+def memory(pid: int | str = "self") -> dict[str, float]:
+    """MiB: resident and proportional set size, anonymous and file-backed, the peak (VmHWM)."""
+    out: dict[str, float] = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            key, *rest = line.split()
+            if key in ("Rss:", "Pss:", "Anonymous:", "Pss_Anon:", "Pss_File:"):
+                out[key[:-1].lower()] = round(int(rest[0]) / 1024, 1)
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmHWM:", "RssFile:")):
+                key, value, _ = line.split()
+                out[key[:-1].lower()] = round(int(value) / 1024, 1)
+    return out
+
+
+def kv_bytes(cfg, positions: int) -> int:
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * positions * 4
+
+
+# ----------------------------------------------------------------------------- workers
+
+def word_tokenizer(vocab: int) -> bytes:
+    """t0 ... t{vocab-1}, split on whitespace (as the tests' tiny checkpoints have)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok.to_str().encode()
+
+
+def model_config(name: str, layers: int | None):
+    from llm_onnx.families import get_config
+
+    cfg = get_config(name)
+    return cfg if layers is None else cfg.replace(num_hidden_layers=layers)
+
+
+def worker_export(a: argparse.Namespace) -> dict:
+    """export_model (what `llm-onnx export --config NAME --random-weights` runs), in this process."""
+    from llm_onnx.checkpoints.load import random_checkpoint
+    from llm_onnx.export import ExportOptions, export_model
+    from llm_onnx.model_folder import read_manifest
+
+    cfg = model_config(a.config, a.layers)
+    ckpt = random_checkpoint(cfg, a.config)
+    ckpt.tokenizer_files = {"tokenizer.json": word_tokenizer(cfg.vocab_size)}
+    start = time.perf_counter()
+    export_model(ckpt, Path(a.folder), ExportOptions(precision=a.precision, target="cpu",
+                                                     block_size=a.block_size),
+                 force=True, progress=True)
+    m = read_manifest(Path(a.folder))
+    return {"seconds": round(time.perf_counter() - start, 1), "weights_bytes": m.weights.bytes,
+            "parity": {"scope": m.parity.scope, "kl": m.parity.kl_divergence,
+                       "greedy_agreement": m.parity.greedy_agreement},
+            "quantized": list(m.precision.quantization.quantized)
+            if m.precision.quantization else []}
+
+
+def worker_ours(a: argparse.Namespace) -> dict:
+    """Load the folder, generate once (memory after the prompt and the new tokens), then
+    llm-onnx bench's measurement (run_bench)."""
+    import numpy as np
+
+    from llm_onnx.bench import BenchConfig, expert_bytes, run_bench, weight_bytes_read
+    from llm_onnx.runtime import Model
+
+    before = memory()
+    start = time.perf_counter()
+    model = Model.load(a.folder, provider="cpu", threads=a.threads)
+    load_s = time.perf_counter() - start
+    loaded = memory()
+    m = model.engine.manifest
+    prompt = np.random.default_rng(0).integers(100, m.config.vocab_size, a.prompt_len).tolist()
+    first = model.generate(prompt, max_new_tokens=a.new_tokens, temperature=0.0, ignore_eos=True)
+    generated = memory()
+    bench = run_bench(model, BenchConfig(prompt_len=a.prompt_len, new_tokens=a.new_tokens,
+                                         repeat=a.repeat, prompt_ids=prompt), before["rss"])
+    t = first.timings
+    return {"load_s": round(load_s, 1), "memory_before_load": before, "memory_after_load": loaded,
+            "memory_after_generate": generated, "weights_bytes": m.weights.bytes,
+            "kv_bytes": kv_bytes(m.config, a.prompt_len + a.new_tokens),
+            "expert_bytes": expert_bytes(m), "weight_bytes_read_batch1": weight_bytes_read(m),
+            "first_run": {"ttft_s": t.ttft_s, "prefill_tok_s": t.prefill_tok_s,
+                          "decode_tok_s": t.decode_tok_s},
+            "bench": {k: v for k, v in bench.data.items() if k not in ("folder",)},
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+
+WORKERS = {"export": worker_export, "ours": worker_ours}
+
+
+def run_worker(kind: str, log: Path, **opts) -> dict:
+    """This script as a worker in a child process; its peak RSS from wait4, and its RSS sampled
+    every second with the export's progress-bar stage at that moment."""
+    result = log.with_suffix(".json")
+    result.unlink(missing_ok=True)
+    cmd = [sys.executable, __file__, "--worker", kind, "--result", str(result)]
+    for k, v in opts.items():
+        cmd += [f"--{k.replace('_', '-')}", str(v)]
+    samples: list[tuple[float, float, str]] = []
+    start = time.perf_counter()
+    with open(log, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=err, stderr=err)
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(1.0):
+                try:
+                    with open(f"/proc/{proc.pid}/status") as f:
+                        rss = next(int(x.split()[1]) for x in f if x.startswith("VmRSS:"))
+                except (OSError, StopIteration):
+                    continue
+                samples.append((round(time.perf_counter() - start, 1), round(rss / 1024),
+                                progress_stage(log)))
+
+        thread = threading.Thread(target=sample, daemon=True)
+        thread.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        done.set()
+        thread.join()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{kind} worker failed; see {log}:\n{log.read_text()[-2000:]}")
+    out = json.loads(result.read_text())
+    out["process_peak_rss_mib"] = round(usage.ru_maxrss / 1024, 1)
+    out["wall_s"] = round(time.perf_counter() - start, 1)
+    out["rss_timeline"] = samples
+    stages: dict[str, float] = {}
+    for _, rss, stage in samples:
+        stages[stage] = max(stages.get(stage, 0), rss)
+    out["peak_rss_by_stage_mib"] = stages
+    return out
+
+
+def progress_stage(log: Path) -> str:
+    """The export's progress-bar description last written to ``log`` (tqdm redraws with \\r)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 400))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    stages = re.findall(r"([A-Za-z][A-Za-z ]+?)\s+\d+%\|", tail)
+    return stages[-1].strip() if stages else ""
+
+
+# ----------------------------------------------------------------------------- llama.cpp
+
+def llama_run(a, gguf: Path, prompt: list[int], binaries: dict, logs: Path) -> dict:
+    """llama-server on ``gguf``: load time and memory, then --repeat requests of the prompt ids
+    and --new-tokens tokens (one warm-up first), with llama.cpp's own timings."""
+    import httpx
+
+    import serve_load
+
+    port = serve_load.free_port()
+    cmd = [binaries["llama-server"], "-m", gguf, "--host", "127.0.0.1", "--port", port,
+           "-np", 1, "-c", a.prompt_len + a.new_tokens + 16, "-t", a.threads, "-tb", a.threads,
+           "--no-webui"]
+    start = time.perf_counter()
+    server = SlowServer("llama-server", cmd, port, logs / f"llama-{gguf.stem}.log")
+    out: dict = {"load_s": round(time.perf_counter() - start, 1)}
+    try:
+        out["memory_after_load"] = memory(server.proc.pid)
+        body = {"prompt": prompt, "n_predict": a.new_tokens, "temperature": 0.0,
+                "ignore_eos": True, "cache_prompt": False}
+        runs = []
+        for i in range(a.repeat + 1):
+            r = httpx.post(server.url + "/completion", json=body, timeout=3600).json()
+            if i:  # the first is the warm-up
+                runs.append(r["timings"])
+        out["memory_after_generate"] = memory(server.proc.pid)
+        out["runs"] = runs
+        for key, name in (("prompt_per_second", "prefill_tok_s"),
+                          ("predicted_per_second", "decode_tok_s"), ("prompt_ms", "prompt_ms")):
+            out[name] = statistics.median(t[key] for t in runs)
+    finally:
+        server.stop()
+    return out
+
+
+def SlowServer(system: str, cmd: list, port: int, logfile: Path):
+    """serve_load's Server, given time to load a model of tens of GB (imported here: the workers
+    measure their own memory and import nothing they do not use)."""
+    import serve_load
+
+    class Slow(serve_load.Server):
+        def _wait(self, timeout: float = 1800) -> None:
+            super()._wait(timeout)
+
+    return Slow(system, cmd, port, logfile)
+
+
+# ----------------------------------------------------------------------------- serving
+
+def serve_runs(a, system: str, model: Path, name: str, binaries: dict, logs: Path,
+               prompts: list[list[int]]) -> list[dict]:
+    """``system`` (llm-onnx or llama-server) with each --clients count of streaming clients."""
+    import asyncio
+
+    import serve_load
+
+    rows = []
+    for clients in a.clients:
+        port = serve_load.free_port()
+        if system == serve_load.OURS:
+            cmd = [sys.executable, "-m", "llm_onnx.cli", "serve", "--model", model, "--port", port,
+                   "--threads", a.threads, "--log-level", "warning"]
+        else:
+            cmd = [binaries["llama-server"], "-m", model, "--host", "127.0.0.1", "--port", port,
+                   "-np", clients, "-c", (a.serve_prompt_len + a.serve_new_tokens + 16) * clients,
+                   "-t", a.threads, "-tb", a.threads, "-cb", "--no-webui"]
+        server = SlowServer(system, cmd, port, logs / f"serve-{system}-{clients}.log")
+        try:
+            asyncio.run(serve_load.warm_up(server.url, name, prompts[-1]))
+            row = asyncio.run(serve_load.load(server.url, name, prompts, clients,
+                                              a.serve_requests, a.serve_new_tokens))
+            row.update(system=system, clients=clients, memory=memory(server.proc.pid))
+        finally:
+            server.stop()
+        rows.append(row)
+    return rows
+
+
+# ----------------------------------------------------------------------------- the run
+
+def measure(a) -> dict:
+    import numpy as np
+
+    import serve_load
+    from bench_env import cpu_busy
+    from moe_gguf import write_random_gguf
+
+    cfg = model_config(a.config, a.layers)
+    work, logs = a.work, a.work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(100, cfg.vocab_size, a.prompt_len).tolist()  # what worker_ours sends
+    serve_prompts = [rng.integers(100, cfg.vocab_size, a.serve_prompt_len).tolist()
+                     for _ in range(max(a.clients) * a.serve_requests + 1)]
+    results: dict = {"machine": serve_load.machine(), "config": a.config,
+                     "layers": cfg.num_hidden_layers, "args": {k: str(v) for k, v in vars(a).items()},
+                     "export": {}, "ours": {}, "llama": {}, "serve": {}}
+    binaries = serve_load.llama_binaries(a.bench_work, logs) if a.llama else {}
+    for precision in dict.fromkeys(a.export + a.run):
+        block = "" if a.block_size == 32 else f"-b{a.block_size}"
+        folder = work / f"{a.config}-L{cfg.num_hidden_layers}-{precision}{block}"
+        log(f"export {precision} -> {folder}")
+        busy = cpu_busy()
+        results["export"][precision] = run_worker(
+            "export", logs / f"export-{precision}.log", config=a.config,
+            layers=cfg.num_hidden_layers, precision=precision, folder=folder,
+            block_size=a.block_size)
+        results["export"][precision]["cpu_busy_before"] = busy
+        log(f"  {results['export'][precision]['seconds']:.0f} s, peak RSS "
+            f"{results['export'][precision]['process_peak_rss_mib']:.0f} MiB")
+        if precision in a.run:
+            variants = [("", folder)]
+            if a.qmoe_int8_activations and precision == "int4":
+                variants.append(("qmoe-acc4", qmoe_variant(folder, work / f"{folder.name}-acc4")))
+            for label, path in variants:
+                key = f"{precision}-{label}" if label else precision
+                log(f"ours {key}: load, generate, bench")
+                busy = cpu_busy()
+                results["ours"][key] = run_worker("ours", logs / f"ours-{key}.log", folder=path,
+                                                  threads=a.threads, prompt_len=a.prompt_len,
+                                                  new_tokens=a.new_tokens, repeat=a.repeat)
+                results["ours"][key]["cpu_busy_before"] = busy
+            if a.serve:
+                log(f"serve llm-onnx {precision}")
+                results["serve"][precision] = serve_runs(a, serve_load.OURS, folder, folder.name,
+                                                         binaries, logs, serve_prompts)
+            for label, path in variants[1:]:
+                shutil.rmtree(path, ignore_errors=True)
+        if not a.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+        if a.llama and precision in a.run:
+            qtype = MATCH[precision]
+            gguf = work / f"{a.config}-L{cfg.num_hidden_layers}-{qtype}.gguf"
+            log(f"llama.cpp: random {qtype} GGUF -> {gguf}")
+            start = time.perf_counter()
+            write_random_gguf(cfg, qtype, gguf)
+            results["llama"][qtype] = {"gguf_bytes": gguf.stat().st_size,
+                                       "write_s": round(time.perf_counter() - start, 1)}
+            results["llama"][qtype]["cpu_busy_before"] = cpu_busy()
+            results["llama"][qtype].update(llama_run(a, gguf, prompt, binaries, logs))
+            if a.serve:
+                log(f"serve llama-server {qtype}")
+                results["serve"][qtype] = serve_runs(a, serve_load.LLAMA, gguf, gguf.stem,
+                                                     binaries, logs, serve_prompts)
+            if not a.keep:
+                gguf.unlink(missing_ok=True)
+    return results
+
+
+def qmoe_variant(folder: Path, out: Path) -> Path:
+    """``folder`` with its QMoE nodes at accuracy_level 4 (int8 activations), weights.data
+    hard-linked: the same bytes, ONNX Runtime's int8 kernels for the experts."""
+    import hashlib
+
+    import onnx
+
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for f in folder.iterdir():
+        if f.name == "weights.data":
+            os.link(f, out / f.name)
+        elif f.suffix != ".onnx":
+            shutil.copy2(f, out / f.name)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for graph in ("prefill.onnx", "decode.onnx"):
+        model = onnx.load(str(folder / graph), load_external_data=False)
+        for node in model.graph.node:
+            if node.op_type == "QMoE":
+                kept = [x for x in node.attribute if x.name != "accuracy_level"]
+                del node.attribute[:]
+                node.attribute.extend(kept + [onnx.helper.make_attribute("accuracy_level", 4)])
+        onnx.save(model, str(out / graph))
+        data = (out / graph).read_bytes()
+        manifest["files"][graph] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return out
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- report
+
+def gib(mib: float | None) -> str:
+    return "-" if mib is None else f"{mib / 1024:.2f}"
+
+
+def table(r: dict) -> str:
+    lines = [f"{r['config']}, {r['layers']} layers; {r['machine']['date']}, onnxruntime "
+             f"{r['machine']['onnxruntime']}, {r['machine']['cpus']} cores",
+             "", "| export | weights.data GiB | peak RSS GiB | time s | parity KL |",
+             "|---|---|---|---|---|"]
+    for p, e in r["export"].items():
+        lines.append(f"| {p} | {e['weights_bytes'] / 2**30:.2f} | {gib(e['process_peak_rss_mib'])}"
+                     f" | {e['seconds']:.0f} | {e['parity']['kl']:.2g} |")
+    for p, e in r["export"].items():
+        stages = ", ".join(f"{k} {v / 1024:.2f}" for k, v in e["peak_rss_by_stage_mib"].items() if k)
+        lines.append(f"export {p}, RSS sampled each second, peak by stage (GiB): {stages}")
+    lines += ["", "| system | load s | RSS / PSS after load GiB | after generate GiB | peak GiB | "
+              "TTFT s | prefill tok/s | decode tok/s | ceiling tok/s (reached) |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for key, o in r["ours"].items():
+        b, load, gen = o["bench"], o["memory_after_load"], o["memory_after_generate"]
+        lines.append(
+            f"| llm-onnx {key} | {o['load_s']:.1f} | {gib(load['rss'])} / {gib(load['pss'])} | "
+            f"{gib(gen['rss'])} / {gib(gen['pss'])} | {gib(b['peak_rss_mib'])} | "
+            f"{b['ttft_s']['median']:.2f} | {b['prefill_tok_s']['median']:.1f} | "
+            f"{b['decode_tok_s']['median']:.2f} | {b['decode_ceiling_tok_s']:.1f} "
+            f"({100 * b['decode_ceiling_reached']:.0f}%) |")
+    for q, l in r["llama"].items():
+        load, gen = l["memory_after_load"], l["memory_after_generate"]
+        lines.append(f"| llama.cpp {q} | {l['load_s']:.1f} | {gib(load['rss'])} / {gib(load['pss'])}"
+                     f" | {gib(gen['rss'])} / {gib(gen['pss'])} | {gib(gen.get('vmhwm'))} | "
+                     f"{l['prompt_ms'] / 1e3:.2f} | {l['prefill_tok_s']:.1f} | "
+                     f"{l['decode_tok_s']:.2f} | |")
+    lines.append("(peak: the process's before bench's 1 GiB bandwidth probe; llama.cpp: VmHWM)")
+    for key, o in r["ours"].items():
+        w = (o["weights_bytes"] + o["kv_bytes"]) / 2**20
+        peak, gen = o["bench"]["peak_rss_mib"], o["memory_after_generate"]["rss"]
+        lines.append(f"llm-onnx {key}: RSS after generating {gen / w:.2f} x and peak "
+                     f"{peak / w:.2f} x (weights + KV cache of {r['args']['prompt_len']}+"
+                     f"{r['args']['new_tokens']} positions, {w / 1024:.2f} GiB); a decode step "
+                     f"reads {o['weight_bytes_read_batch1'] / 2**30:.2f} GiB of weights, the "
+                     f"memory {o['bench']['memory_bandwidth_gb_s']:.1f} GB/s")
+    if r["serve"]:
+        lines += ["", "| serving | clients | aggregate tok/s | TTFT p50 / p99 s | inter-token "
+                  "p50 ms | per-request tok/s | errors |", "|---|---|---|---|---|---|---|"]
+        for key, rows in r["serve"].items():
+            for s in rows:
+                lines.append(f"| {s['system']} {key} | {s['clients']} | {s['aggregate_tok_s']:.2f} | "
+                             f"{s['ttft_p50_s'] or 0:.2f} / {s['ttft_p99_s'] or 0:.2f} | "
+                             f"{1e3 * (s['itl_p50_s'] or 0):.0f} | {s['per_request_tok_s'] or 0:.2f} "
+                             f"| {s['error_count']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        w = argparse.ArgumentParser()
+        w.add_argument("--worker")
+        w.add_argument("--result", type=Path)
+        for opt in ("config", "folder", "precision"):
+            w.add_argument(f"--{opt}")
+        for opt in ("layers", "threads", "prompt-len", "new-tokens", "repeat", "block-size"):
+            w.add_argument(f"--{opt}", type=int)
+        a = w.parse_args()
+        a.result.write_text(json.dumps(WORKERS[a.worker](a)))
+        return
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="qwen3_30b_a3b")
+    p.add_argument("--layers", type=int, help="cut the preset to this many layers (default: all)")
+    p.add_argument("--export", nargs="+", choices=list(MATCH), default=["int4", "int8"],
+                   help="precisions exported (time, peak RSS, size)")
+    p.add_argument("--run", nargs="*", choices=list(MATCH), default=["int4"],
+                   help="precisions also loaded, decoded, served and compared with llama.cpp")
+    p.add_argument("--block-size", type=int, default=32,
+                   help="the export's quantization block (experts: the largest power of two up "
+                        "to it that divides their widths)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--repeat", type=int, default=3, help="timed runs of ours and of llama.cpp")
+    p.add_argument("--clients", nargs="+", type=int, default=[1, 4])
+    p.add_argument("--serve-requests", type=int, default=2, help="requests per client")
+    p.add_argument("--serve-prompt-len", type=int, default=128)
+    p.add_argument("--serve-new-tokens", type=int, default=64)
+    p.add_argument("--no-llama", dest="llama", action="store_false")
+    p.add_argument("--no-serve", dest="serve", action="store_false")
+    p.add_argument("--qmoe-int8-activations", action="store_true",
+                   help="also load and decode the int4 folder with its QMoE nodes at "
+                        "accuracy_level 4 (int8 activations; ~50%% more memory for the experts)")
+    p.add_argument("--work", type=Path,
+                   default=Path.home() / ".cache" / "llm-onnx-bench" / "moe-full")
+    p.add_argument("--bench-work", type=Path, default=Path.home() / ".cache" / "llm-onnx-bench",
+                   help="where serve_load.py builds llama-server (shared with it)")
+    p.add_argument("--keep", action="store_true", help="keep the model folders and GGUFs")
+    p.add_argument("--out", type=Path, help="the JSON (default: WORK/results/moe-full-TIME.json)")
+    a = p.parse_args()
+    a.work.mkdir(parents=True, exist_ok=True)
+    results = measure(a)
+    out = a.out or a.work / "results" / f"moe-full-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    print(table(results))
+    print(f"\nresults: {out}")
+
+
+if __name__ == "__main__":
+    main()
