@@ -27,6 +27,12 @@ messages, greedy, the same token budget; decode tok/s and draft counts from its 
     .venv/bin/python benchmarks/speculative.py --fp32 DIR --skip-ours \
         --llama-server ~/.cache/llm-onnx-bench/bin/llama-server \
         --gguf ~/.cache/llm-onnx-bench/models/llama-server/smollm2-135m-instruct-f32.gguf
+
+Rows re-measured for one workload (--workloads code --out new.json) can be merged into the
+earlier JSON by hand and the plot drawn again from it:
+
+    .venv/bin/python benchmarks/speculative.py --replot docs/speculative-2026-11-24.json \
+        --plot docs/speculative.png
 """
 
 from __future__ import annotations
@@ -179,7 +185,7 @@ def llama_part(args) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--fp32", type=Path, required=True)
+    ap.add_argument("--fp32", type=Path)
     ap.add_argument("--int8", type=Path)
     ap.add_argument("--int4", type=Path)
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -194,7 +200,16 @@ def main() -> None:
                     help="also: N rows decoding together, speculating each or batched (e.g. 1 2 4)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--plot", type=Path)
+    ap.add_argument("--replot", type=Path, metavar="JSON",
+                    help="only draw --plot from the rows of an earlier run's JSON")
     args = ap.parse_args()
+    if args.replot is not None:
+        if args.plot is None:
+            ap.error("--replot JSON needs --plot PNG")
+        plot(json.loads(args.replot.read_text())["rows"], args.plot)
+        return
+    if args.fp32 is None:
+        ap.error("--fp32 DIR is required (the target model folder)")
 
     folders = {"fp32": args.fp32, "int8": args.int8, "int4": args.int4}
     configs = [("fp32", "ngram", None)]
@@ -252,25 +267,30 @@ def main() -> None:
     if args.out:
         args.out.write_text(json.dumps(data, indent=1) + "\n")
     if args.plot:
-        from llm_onnx.bench import pyplot
+        plot(rows, args.plot)
 
-        plt = pyplot()
-        labels = [f"{r['precision']} {r['method']}" for r in rows if r["workload"] == rows[0]["workload"]]
-        fig, ax = plt.subplots(figsize=(9, 4))
-        width = 0.8 / max(1, len(labels))
-        for i, label in enumerate(labels):
-            pts = [r for r in rows if f"{r['precision']} {r['method']}" == label]
-            ax.bar([j + i * width for j in range(len(pts))], [r["speedup"] for r in pts], width,
-                   label=label)
-            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(pts))],
-                          [r["workload"] for r in pts])
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_ylabel("decode speed-up over plain")
-        ax.set_title("Speculative decoding, SmolLM2-135M, 2 CPU threads, greedy")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=110)
 
+def plot(rows: list[dict], path: Path) -> None:
+    """Bars of the speed-up per workload, one colour per precision and drafter."""
+    from llm_onnx.bench import pyplot
+
+    plt = pyplot()
+    order = [w for w in WORKLOADS if any(r["workload"] == w for r in rows)]
+    labels = list(dict.fromkeys(f"{r['precision']} {r['method']}" for r in rows))
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / max(1, len(labels))
+    for i, label in enumerate(labels):
+        by_workload = {r["workload"]: r for r in rows if f"{r['precision']} {r['method']}" == label}
+        xs = [j for j, w in enumerate(order) if w in by_workload]
+        ax.bar([j + i * width for j in xs], [by_workload[order[j]]["speedup"] for j in xs], width,
+               label=label)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(order))], order)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_ylabel("decode speed-up over plain")
+    ax.set_title("Speculative decoding, SmolLM2-135M, 2 CPU threads, greedy")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 if __name__ == "__main__":
     main()
