@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -138,19 +137,3 @@ class ChatPage:
         self.context.close()
 
 
-def wait_until(condition, timeout: float = 20.0, step: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(step)
-
-
-def metric(server, name: str) -> float:
-    """The sum of a Prometheus metric's samples (``name`` or ``name{labels}``) on ``server``."""
-    import httpx
-
-    total = 0.0
-    for line in httpx.get(server.url + "/metrics", headers=server.headers).text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total

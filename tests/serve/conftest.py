@@ -33,6 +33,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until(condition, timeout: float = 20.0, step: float = 0.05) -> None:
+    """Poll ``condition`` until it holds; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(step)
+
+
 class ServerProcess:
     """`llm-onnx serve ...` in a subprocess; ``stop()`` sends SIGTERM and waits for the exit."""
 
@@ -65,6 +73,16 @@ class ServerProcess:
             time.sleep(0.1)
         self.stop()
         raise RuntimeError(f"server did not come up in {timeout} s: {self.output()}")
+
+    def metric(self, name: str) -> float:
+        """The sum of a Prometheus metric's samples (``name`` or ``name{labels}``) in /metrics."""
+        import httpx
+
+        total = 0.0
+        for line in httpx.get(self.url + "/metrics", headers=self.headers).text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
 
     def output(self) -> str:
         if not self._log.closed:

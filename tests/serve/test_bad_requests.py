@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from tests.serve.conftest import ServerProcess
+from tests.serve.conftest import ServerProcess, wait_until
 
 MODEL = "tiny-chat"
 USER = [{"role": "user", "content": "t5 t6"}]
@@ -133,46 +133,31 @@ def test_the_server_keeps_serving_after_bad_requests(server, model):
                                                             temperature=0).text
 
 
-def metric(server, name: str) -> float:
-    total = 0.0
-    for line in httpx.get(server.url + "/metrics", headers=server.headers).text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-def wait_for(condition, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 LONG = {"model": MODEL, "prompt": "t7 t8 t9", "max_tokens": 4000, "temperature": 0,
         "ignore_eos": True}
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_row(server):
-    cancelled = metric(server, 'llm_onnx_request_finish_total{reason="cancelled"}')
+    cancelled = server.metric('llm_onnx_request_finish_total{reason="cancelled"}')
     with httpx.stream("POST", server.url + "/v1/completions", json={**LONG, "stream": True},
                       timeout=30) as response:
         lines = response.iter_lines()
         got = [next(lines) for _ in range(6)]
         assert all(line.startswith("data: ") or line == "" for line in got)
-        assert metric(server, "llm_onnx_running_requests") == 1
+        assert server.metric("llm_onnx_running_requests") == 1
     # the connection is closed: the request is cancelled and its row freed, long before its
     # 4000 tokens could have been generated
-    wait_for(lambda: metric(server, "llm_onnx_running_requests") == 0, timeout=5)
-    assert metric(server, 'llm_onnx_request_finish_total{reason="cancelled"}') == cancelled + 1
-    assert metric(server, 'llm_onnx_requests_total{endpoint="/v1/completions",status="499"}') >= 1
+    wait_until(lambda: server.metric("llm_onnx_running_requests") == 0, timeout=5)
+    assert server.metric('llm_onnx_request_finish_total{reason="cancelled"}') == cancelled + 1
+    assert server.metric('llm_onnx_requests_total{endpoint="/v1/completions",status="499"}') >= 1
 
 
 def test_a_client_that_gives_up_on_a_plain_request_frees_its_row(server):
-    cancelled = metric(server, 'llm_onnx_request_finish_total{reason="cancelled"}')
+    cancelled = server.metric('llm_onnx_request_finish_total{reason="cancelled"}')
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/completions", json=LONG, timeout=0.5)
-    wait_for(lambda: metric(server, "llm_onnx_running_requests") == 0, timeout=5)
-    assert metric(server, 'llm_onnx_request_finish_total{reason="cancelled"}') == cancelled + 1
+    wait_until(lambda: server.metric("llm_onnx_running_requests") == 0, timeout=5)
+    assert server.metric('llm_onnx_request_finish_total{reason="cancelled"}') == cancelled + 1
 
 
 @pytest.fixture(scope="module")
@@ -218,9 +203,9 @@ def test_a_full_queue_answers_429_at_once(guarded):
 
     threads = [threading.Thread(target=long_request, args=(n,)) for n in ("a", "b")]
     threads[0].start()
-    wait_for(lambda: metric(guarded, "llm_onnx_running_requests") == 1)
+    wait_until(lambda: guarded.metric("llm_onnx_running_requests") == 1)
     threads[1].start()
-    wait_for(lambda: metric(guarded, "llm_onnx_queue_depth") == 1)
+    wait_until(lambda: guarded.metric("llm_onnx_queue_depth") == 1)
     start = time.monotonic()
     r = post(guarded, "/v1/completions", {**LONG, "max_tokens": 5}, headers=guarded.headers)
     assert time.monotonic() - start < 1.0

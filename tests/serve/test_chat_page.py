@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tests.serve.browser import ChatPage, metric, wait_until
-from tests.serve.conftest import ServerProcess
+from tests.serve.browser import ChatPage
+from tests.serve.conftest import ServerProcess, wait_until
 
 MODEL = "tiny-chat"
 WEB = Path(__file__).resolve().parents[2] / "llm_onnx" / "serve" / "web"
@@ -165,17 +165,17 @@ def test_an_answer_streams_the_apis_greedy_answer_and_a_second_turn_continues(ch
 
 def test_stop_ends_the_stream_and_the_server_frees_the_row(chat, server):
     chat.settings(temperature=0, max_tokens=4000)
-    cancelled = metric(server, 'llm_onnx_request_finish_total{reason="cancelled"}')
+    cancelled = server.metric('llm_onnx_request_finish_total{reason="cancelled"}')
     answer = chat.send("t10 t11 t12")  # greedy, this prompt runs to max_tokens: seconds
     chat.page.wait_for_function("a => a.querySelector('pre.raw').textContent.length > 0",
                                 arg=answer.element_handle())
     assert answer.get_attribute("data-state") == "streaming"
     assert chat.page.is_visible("#stop") and not chat.page.is_visible("#send")
-    assert metric(server, "llm_onnx_running_requests") == 1
+    assert server.metric("llm_onnx_running_requests") == 1
     chat.page.click("#stop")
     assert chat.wait_done(answer, 10_000) == "stopped"
-    wait_until(lambda: metric(server, "llm_onnx_running_requests") == 0, timeout=5)
-    assert metric(server, 'llm_onnx_request_finish_total{reason="cancelled"}') == cancelled + 1
+    wait_until(lambda: server.metric("llm_onnx_running_requests") == 0, timeout=5)
+    assert server.metric('llm_onnx_request_finish_total{reason="cancelled"}') == cancelled + 1
     text = chat.raw(answer)
     time.sleep(0.3)
     assert chat.raw(answer) == text  # nothing more arrives
