@@ -42,6 +42,12 @@ def _default_precision() -> str:
               help="int4 on CPU: MatMulNBits accuracy level of the projections: 4 = int8 "
                    "activations (fast; the default), 0 = fp32 activations (the default for a "
                    "4-bit GGUF kept exactly). int8 always uses 4.")
+@click.option("--experts-accuracy-level", type=click.Choice(["0", "4"]), default="0",
+              show_default=True,
+              help="int8/int4 mixture of experts on CPU: QMoE accuracy level of the experts: 4 = "
+                   "int8 activations (1.9x faster decode on qwen3_30b_a3b, but ONNX Runtime "
+                   "repacks the experts 1.25-1.5x larger in memory; with --block-size 64 it fits "
+                   "24 GiB), 0 = fp32 activations.")
 @click.option("--quant-scheme", type=click.Choice(["zero_point", "offset", "symmetric"]),
               help="int8/int4 blocks: uint8 zero points (the default), float block minimums "
                    "(the int4 default for a Q4_0/Q4_1/Q4_K GGUF on CPU: keeps its blocks "
@@ -70,8 +76,9 @@ def _default_precision() -> str:
               "folder is complete).")
 @_handle_errors
 def export(config_name, checkpoint, random_weights, seed, precision, out, max_seq_len, block_size,
-           float_embeddings, embedding_bits, accuracy_level, quant_scheme, quant_method, calibration_text,
-           all_logits, plain_attention, target, no_validate, force) -> None:
+           float_embeddings, embedding_bits, accuracy_level, experts_accuracy_level, quant_scheme,
+           quant_method, calibration_text, all_logits, plain_attention, target, no_validate,
+           force) -> None:
     """Export a model to an ONNX model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
     manifest.json), then check it against torch in ONNX Runtime.
 
@@ -79,6 +86,8 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
     Examples:
       llm-onnx export --checkpoint ./SmolLM2-135M-Instruct.Q4_1.gguf --precision fp32
       llm-onnx export --checkpoint ~/ckpt/Qwen3-30B-A3B --precision int4 --out models/q3moe
+      llm-onnx export --checkpoint ~/ckpt/Qwen3-30B-A3B --precision int4 --block-size 64 \
+          --experts-accuracy-level 4 --out models/q3moe-fast    # 1.9x decode, 24 GiB machine
       llm-onnx export --config qwen3_8b --random-weights --precision fp16
       llm-onnx export --checkpoint ./Qwen3-8B --precision int4 --target cuda
       llm-onnx export --checkpoint ./Qwen3-8B --precision int4 --calibration-text my-domain.txt
@@ -94,7 +103,9 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
     options = ExportOptions(precision=precision, block_size=int(block_size),
                             embedding_bits=None if float_embeddings else
                             (int(embedding_bits) if embedding_bits else "auto"),
-                            accuracy_level=accuracy_level, quant_scheme=quant_scheme,
+                            accuracy_level=accuracy_level,
+                            experts_accuracy_level=int(experts_accuracy_level),
+                            quant_scheme=quant_scheme,
                             quant_method=quant_method,
                             calibration_text=str(calibration_text) if calibration_text else None,
                             max_seq_len=max_seq_len,

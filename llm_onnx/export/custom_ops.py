@@ -213,11 +213,12 @@ def moe_renormalized(x: TFloat, router_logits: TFloat, fc1: TFloat, fc2: TFloat,
 @onnxscript.script(opset=_here)
 def qmoe_renormalized(x: TFloat, router_logits: TFloat, fc1_q: UINT8, fc1_scales: TFloat,
                       fc2_q: UINT8, fc2_scales: TFloat, k: int, bits: int,
-                      block_size: int) -> TFloat:
+                      block_size: int, accuracy_level: int) -> TFloat:
     return msft.QMoE(x, router_logits, fc1_q, fc1_scales, None, fc2_q, fc2_scales, k=k,
                      activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0,
                      activation_beta=0.0, swiglu_limit=1e999, normalize_routing_weights=1,
-                     expert_weight_bits=bits, block_size=block_size, weights_prepacked=0)
+                     expert_weight_bits=bits, block_size=block_size, weights_prepacked=0,
+                     accuracy_level=accuracy_level)
 
 
 def unrenormalized(out, router_logits, k: int):
@@ -274,10 +275,10 @@ def gather_nbits(qweight: UINT8, ids: INT64, scales: TFloat, k: int, bits: int,
 
 
 def qmoe(x, router_logits, fc1_q, fc1_scales, fc2_q, fc2_scales, k: int,
-         normalize_routing_weights: bool, bits: int, block_size: int):
+         normalize_routing_weights: bool, bits: int, block_size: int, accuracy_level: int = 0):
     """quant.qmoe's contract. Traced, as moe()."""
     out = qmoe_renormalized(x, router_logits, fc1_q, fc1_scales, fc2_q, fc2_scales, k=k,
-                            bits=bits, block_size=block_size)
+                            bits=bits, block_size=block_size, accuracy_level=accuracy_level)
     return out if normalize_routing_weights else unrenormalized(out, router_logits, k)
 
 

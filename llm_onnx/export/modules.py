@@ -138,12 +138,14 @@ class QuantExperts(nn.Module):
     weights.EXPERT_FACTORS), weighted by ``importance`` when the calibration measured it:
     {"gate_up": (E, D), "down": (E, I)} router-weighted input statistics (calibrate.py)."""
 
-    def __init__(self, experts: Experts, bits: int, block_size: int, search: bool = False) -> None:
+    def __init__(self, experts: Experts, bits: int, block_size: int, search: bool = False,
+                 accuracy_level: int = 0) -> None:
         super().__init__()
         e, two_i, d = experts.gate_up_proj.shape
         i = experts.down_proj.shape[-1]
         dtype = experts.gate_up_proj.dtype
         self.bits, self.block_size, self.search = bits, block_size, search
+        self.accuracy_level = accuracy_level  # ExportOptions.experts_accuracy_level
         self.importance: dict[str, Tensor] | None = None
         self.register_buffer("gate_up_qweight", torch.empty(e, two_i, d * bits // 8, dtype=torch.uint8))
         self.register_buffer("gate_up_scales", torch.empty(e, two_i, d // block_size, dtype=dtype))
@@ -153,7 +155,7 @@ class QuantExperts(nn.Module):
     def forward(self, x: Tensor, router_logits: Tensor, k: int, normalize: bool) -> Tensor:
         return quant.qmoe(x, router_logits, self.gate_up_qweight, self.gate_up_scales,
                           self.down_qweight, self.down_scales, k, normalize, self.bits,
-                          self.block_size)
+                          self.block_size, self.accuracy_level)
 
     def write_tensors(self, prefix: str, produce: Produce, wf: WeightFile,
                       written: dict[int, str]) -> None:
@@ -213,7 +215,8 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
             if block is None:
                 raise ExportError(f"{path}: expert sizes {d} and {two_i // 2} have no common "
                                   "power-of-two block >= 16; QMoE needs one. Export fp32 or fp16.")
-            _set(model, path, QuantExperts(module, bits, block, search=options.method == "awq"))
+            _set(model, path, QuantExperts(module, bits, block, search=options.method == "awq",
+                                           accuracy_level=options.experts_accuracy_level))
     cfg = model.config
     if cfg.position_embedding_type == "rope":
         model.model.rotary = RotaryTables(cfg, model.max_positions, model.dtype)

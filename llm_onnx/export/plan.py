@@ -142,10 +142,13 @@ class ExportPlan:
                                  f"{module.block_size}, activations {act})")
                 activations.setdefault(act, []).append(path)
             elif isinstance(module, (QuantEmbedding, QuantExperts)):
-                searched = (", scales searched with router-weighted activations"
-                            if isinstance(module, QuantExperts) and module.search else "")
+                experts = isinstance(module, QuantExperts)
+                notes = (", scales searched with router-weighted activations"
+                         if experts and module.search else "")
+                if experts and module.accuracy_level == 4:
+                    notes += ", activations int8 per block"
                 quantized.append(f"{path} (int{module.bits} symmetric, block "
-                                 f"{module.block_size}{searched})")
+                                 f"{module.block_size}{notes})")
         if len(activations) == 1:
             acts = next(iter(activations))
         else:

@@ -287,9 +287,11 @@ def _(qweight, ids, scales, k, bits, block_size):
 @torch.library.custom_op("llm_onnx::qmoe", mutates_args=())
 def qmoe(x: Tensor, router_logits: Tensor, fc1_q: Tensor, fc1_scales: Tensor, fc2_q: Tensor,
          fc2_scales: Tensor, k: int, normalize_routing_weights: bool, bits: int,
-         block_size: int) -> Tensor:
+         block_size: int, accuracy_level: int = 0) -> Tensor:
     """MoE with block-quantized experts (ORT's QMoE): fc1_q (E, 2I, D*bits/8) gate/up interleaved,
-    fc2_q (E, D, I*bits/8), scales (E, rows, K/block). Reference: dequantize, then moe_ref."""
+    fc2_q (E, D, I*bits/8), scales (E, rows, K/block). Reference: dequantize, then moe_ref
+    (``accuracy_level`` 4, int8 activations in the kernel, is not modelled: the parity gate's
+    int8-activation tolerances cover it)."""
     from llm_onnx.model.ops import moe_ref
 
     def deq(q: Tensor, s: Tensor) -> Tensor:
@@ -305,5 +307,5 @@ def qmoe(x: Tensor, router_logits: Tensor, fc1_q: Tensor, fc1_scales: Tensor, fc
 
 @qmoe.register_fake
 def _(x, router_logits, fc1_q, fc1_scales, fc2_q, fc2_scales, k, normalize_routing_weights, bits,
-      block_size):
+      block_size, accuracy_level=0):
     return torch.empty_like(x)
