@@ -98,8 +98,9 @@ def worker_export(a: argparse.Namespace) -> dict:
     ckpt = random_checkpoint(cfg, a.config)
     ckpt.tokenizer_files = {"tokenizer.json": word_tokenizer(cfg.vocab_size)}
     start = time.perf_counter()
-    export_model(ckpt, Path(a.folder), ExportOptions(precision=a.precision, target="cpu",
-                                                     block_size=a.block_size),
+    export_model(ckpt, Path(a.folder), ExportOptions(
+        precision=a.precision, target="cpu", block_size=a.block_size,
+        experts_accuracy_level=a.experts_accuracy_level or 0),
                  force=True, progress=True)
     m = read_manifest(Path(a.folder))
     return {"seconds": round(time.perf_counter() - start, 1), "weights_bytes": m.weights.bytes,
@@ -296,13 +297,14 @@ def measure(a) -> dict:
     binaries = serve_load.llama_binaries(a.bench_work, logs) if a.llama else {}
     for precision in dict.fromkeys(a.export + a.run):
         block = "" if a.block_size == 32 else f"-b{a.block_size}"
+        block += "-acc4" if a.experts_accuracy_level == 4 else ""
         folder = work / f"{a.config}-L{cfg.num_hidden_layers}-{precision}{block}"
         log(f"export {precision} -> {folder}")
         busy = cpu_busy()
         results["export"][precision] = run_worker(
             "export", logs / f"export-{precision}.log", config=a.config,
             layers=cfg.num_hidden_layers, precision=precision, folder=folder,
-            block_size=a.block_size)
+            block_size=a.block_size, experts_accuracy_level=a.experts_accuracy_level)
         results["export"][precision]["cpu_busy_before"] = busy
         log(f"  {results['export'][precision]['seconds']:.0f} s, peak RSS "
             f"{results['export'][precision]['process_peak_rss_mib']:.0f} MiB")
@@ -440,7 +442,8 @@ def main() -> None:
         w.add_argument("--result", type=Path)
         for opt in ("config", "folder", "precision"):
             w.add_argument(f"--{opt}")
-        for opt in ("layers", "threads", "prompt-len", "new-tokens", "repeat", "block-size"):
+        for opt in ("layers", "threads", "prompt-len", "new-tokens", "repeat", "block-size",
+                    "experts-accuracy-level"):
             w.add_argument(f"--{opt}", type=int)
         a = w.parse_args()
         a.result.write_text(json.dumps(WORKERS[a.worker](a)))
@@ -456,6 +459,9 @@ def main() -> None:
     p.add_argument("--block-size", type=int, default=32,
                    help="the export's quantization block (experts: the largest power of two up "
                         "to it that divides their widths)")
+    p.add_argument("--experts-accuracy-level", type=int, choices=(0, 4), default=0,
+                   help="the export's QMoE accuracy level (llm-onnx export "
+                        "--experts-accuracy-level): 4 = int8 activations, also when serving")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=128)
