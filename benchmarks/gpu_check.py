@@ -55,7 +55,7 @@ PLACEMENT_MODELS = ("qwen3_tiny", "qwen3_moe_tiny", "bloom_tiny")
 def environment() -> dict:
     import onnxruntime as ort
 
-    from llm_onnx.runtime.providers import cuda_status
+    from llm_onnx.runtime.core.providers import cuda_status
 
     env = {"python": platform.python_version(), "onnxruntime": ort.__version__,
            "providers": ort.get_available_providers(), "cuda_usable": list(cuda_status())}
@@ -117,7 +117,7 @@ def raw_placement(path: Path, device_id: int = 0) -> dict:
     """Where ONNX Runtime puts each node of one graph on CUDA (its verbose log, captured)."""
     import onnxruntime as ort
 
-    from llm_onnx.runtime.providers import CPU, CUDA, captured_output, parse_placement
+    from llm_onnx.runtime.core.providers import CPU, CUDA, captured_output, parse_placement
 
     so = ort.SessionOptions()
     so.log_severity_level = 0
@@ -134,7 +134,7 @@ def raw_placement(path: Path, device_id: int = 0) -> dict:
 
 def check_placement(root: Path, provider: str) -> dict:
     from llm_onnx.errors import LlmOnnxError
-    from llm_onnx.runtime.engine import Engine, RuntimeOptions
+    from llm_onnx.runtime.core.engine import Engine, RuntimeOptions
 
     results = {}
     for name in PLACEMENT_MODELS:
@@ -197,7 +197,7 @@ def _run_conversation(engine, vocab: int, seed: int = 0) -> list[np.ndarray]:
 
 def check_parity(root: Path, provider: str) -> dict:
     from llm_onnx.model_folder import read_manifest
-    from llm_onnx.runtime.engine import Engine, RuntimeOptions
+    from llm_onnx.runtime.core.engine import Engine, RuntimeOptions
 
     results = {}
     for name in ("qwen3_tiny", "qwen3_moe_tiny"):
@@ -278,7 +278,7 @@ def check_matmulnbits(provider: str) -> dict:
     import torch
 
     from llm_onnx.export import quant
-    from llm_onnx.runtime.providers import CPU, CUDA
+    from llm_onnx.runtime.core.providers import CPU, CUDA
 
     providers = [CUDA, CPU] if provider == "cuda" else [CPU]
     rng = np.random.default_rng(0)
@@ -357,8 +357,8 @@ def bench_kernels(provider: str, shapes: dict[str, tuple[int, int]] | None = Non
     path's output is checked against numpy on the first 64 output rows."""
     import onnxruntime as ort
 
-    from llm_onnx.runtime.engine import FPA_INTB_ENTRY
-    from llm_onnx.runtime.providers import CPU, CUDA
+    from llm_onnx.runtime.core.engine import FPA_INTB_ENTRY
+    from llm_onnx.runtime.core.providers import CPU, CUDA
 
     shapes = shapes or KERNEL_SHAPES
     device = "cuda" if provider == "cuda" else "cpu"
@@ -458,8 +458,8 @@ def measure_speed(folder: Path, provider: str, batches: tuple[int, ...], steps: 
     RuntimeOptions.cuda_fpa_intb, ``graph_modes`` the CUDA-graph settings to load it with."""
     from llm_onnx.bench import DeviceBandwidthProbe
     from llm_onnx.model_folder import read_manifest
-    from llm_onnx.runtime.engine import Engine, RuntimeOptions
-    from llm_onnx.runtime.providers import CUDA
+    from llm_onnx.runtime.core.engine import Engine, RuntimeOptions
+    from llm_onnx.runtime.core.providers import CUDA
 
     m = read_manifest(folder)
     vocab = m.vocab_size

@@ -48,7 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llm_onnx.runtime import Model  # noqa: E402
-from llm_onnx.runtime.speculative import SpeculativeOptions  # noqa: E402
+from llm_onnx.runtime.generation.speculative import SpeculativeOptions  # noqa: E402
 
 PARAGRAPH = ("The quick brown fox jumpd over the lazy dog. It was a sunny day in the village, "
              "and the children were playing in the park while their parents watched from the "

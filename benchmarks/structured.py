@@ -139,7 +139,7 @@ def validate(schema: dict, text: str) -> str | None:
 
 def replayed_outputs(model, items: list[dict], max_tokens: int) -> list[tuple]:
     """(constraint, token ids) of our greedy reply to each schema the engine takes."""
-    from llm_onnx.runtime.constraint import Constraint, ConstraintError
+    from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
 
     out = []
     for item in items:
@@ -159,7 +159,7 @@ def replayed_outputs(model, items: list[dict], max_tokens: int) -> list[tuple]:
 def mask_costs(model, replies: list[tuple]) -> dict:
     import numpy as np
 
-    from llm_onnx.runtime.constraint import MaskBatch
+    from llm_onnx.runtime.structured.matcher import MaskBatch
 
     engine = model.constraints
     logits = np.random.default_rng(0).standard_normal(engine.vocab_size).astype(np.float32)
@@ -205,7 +205,7 @@ def mask_costs(model, replies: list[tuple]) -> dict:
 def engine_speed(model, rounds: int, new_tokens: int) -> list[dict]:
     """Generator runs, batch 1 and 8: free text (eos ignored), a schema (fast-forward on and
     off; masks overlapping the run or not)."""
-    from llm_onnx.runtime.constraint import Constraint
+    from llm_onnx.runtime.structured.constraint import Constraint
 
     prompt = model.chat_prompt([{"role": "user", "content": PEOPLE_PROMPT}])
     compact = Constraint.json_schema({**PEOPLE, "x-guidance": {"whitespace_flexible": False}})

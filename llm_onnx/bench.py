@@ -29,9 +29,9 @@ import onnxruntime as ort
 from llm_onnx.errors import GenerationError
 from llm_onnx.model_folder import Manifest, fitting_block
 from llm_onnx.runtime.model import Model
-from llm_onnx.runtime.sequence import Result
-from llm_onnx.runtime.providers import CPU, CUDA, quiet_session_options
-from llm_onnx.runtime.engine import default_threads
+from llm_onnx.runtime.generation.sequence import Result
+from llm_onnx.runtime.core.providers import CPU, CUDA, quiet_session_options
+from llm_onnx.runtime.core.engine import default_threads
 
 BANDWIDTH_BYTES = 1 << 30  # 1 GiB: far beyond any cache
 

@@ -61,7 +61,7 @@ def default_model_folder(progress: bool = True, provider: str = "auto") -> Path:
     CPU, fp16 built for CUDA when ``provider`` may use a GPU and one is usable."""
     precision = PRECISION
     if provider != "cpu":
-        from llm_onnx.runtime.providers import cuda_status
+        from llm_onnx.runtime.core.providers import cuda_status
 
         if cuda_status()[0]:
             precision = CUDA_PRECISION

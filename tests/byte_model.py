@@ -24,7 +24,7 @@ EOS = 2
 CONTEXT = 4096  # a tools prompt is several hundred byte tokens; Ray's tests run for seconds
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
 # The package's ChatML tools template (what `--chat-template chatml-tools` names)
-HERMES_TEMPLATE = Path(__file__).parents[1] / "llm_onnx" / "runtime" / "templates" / \
+HERMES_TEMPLATE = Path(__file__).parents[1] / "llm_onnx" / "runtime" / "chat" / "templates" / \
     "chatml-tools.jinja"
 # The folder's own template: ChatML without tools (a tools template comes by --chat-template).
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "

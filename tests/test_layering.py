@@ -8,8 +8,14 @@
     serve                                     the runtime behind HTTP
     cli, bench                                on top
 
-and no import cycles among llm_onnx's modules (imports at module level; the lazy imports inside
-functions are how a layer reaches up on purpose, e.g. the CLI importing the exporter)."""
+and no import cycles among llm_onnx's modules, lazy imports inside functions included (a lazy
+import is how a layer reaches another on purpose, e.g. the CLI importing the exporter, never a
+way around a circle). Inside the runtime, its subpackages import one way:
+
+    core  <-  generation  <-  chat  <-  model, chat_session (the API)
+    structured  (used by generation and chat; imports none of them)
+
+and no file of llm_onnx is longer than 500 lines."""
 
 from __future__ import annotations
 
@@ -58,17 +64,19 @@ def _module_level(tree: ast.Module) -> list[ast.stmt]:
     return out
 
 
-def module_imports() -> dict[str, set[str]]:
-    """Each llm_onnx module -> the llm_onnx modules it imports at module level."""
+def module_imports(package: Path = PACKAGE, lazy: bool = False) -> dict[str, set[str]]:
+    """Each module of ``package`` -> the modules of ``package`` it imports at module level (and,
+    with ``lazy``, inside functions too)."""
     names = {}
-    for path in PACKAGE.rglob("*.py"):
-        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    for path in package.rglob("*.py"):
+        rel = path.relative_to(package.parent).with_suffix("")
         parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
         names[".".join(parts)] = path
     graph: dict[str, set[str]] = {}
     for name, path in names.items():
         edges = set()
-        for node in _module_level(ast.parse(path.read_text(encoding="utf-8"))):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree) if lazy else _module_level(tree):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -82,6 +90,26 @@ def module_imports() -> dict[str, set[str]]:
             edges.update(t for t in targets if t in names and t != name)
         graph[name] = edges
     return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Every circle found by a depth-first walk of ``graph``, as 'a -> b -> a'."""
+    cycles = []
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return cycles
 
 
 def test_layers_import_downwards_only():
@@ -104,23 +132,52 @@ def test_layers_import_downwards_only():
 
 
 def test_no_import_cycles():
-    graph = module_imports()
-    cycles = []
-    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    assert import_cycles(module_imports(lazy=True)) == []
 
-    def visit(node: str, stack: list[str]) -> None:
-        state[node] = 1
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
-            elif nxt not in state:
-                visit(nxt, stack + [nxt])
-        state[node] = 2
 
-    for node in sorted(graph):
-        if node not in state:
-            visit(node, [node])
-    assert cycles == []
+def test_a_lazy_import_that_closes_a_circle_is_found(tmp_path):
+    """The circle generator -> speculative -> model -> generator was closed by an import inside
+    a function, which a module-level check does not see."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "generator.py").write_text("from pkg.speculative import draft\n")
+    (pkg / "speculative.py").write_text("def draft():\n    from pkg.model import Model\n")
+    (pkg / "model.py").write_text("from pkg.generator import draft\n")
+    assert import_cycles(module_imports(pkg)) == []
+    assert import_cycles(module_imports(pkg, lazy=True)) == [
+        "pkg.generator -> pkg.speculative -> pkg.model -> pkg.generator"]
+
+
+RUNTIME_LAYERS = {  # subpackage -> the runtime subpackages it must not import, lazily or not
+    "core": ("structured", "generation", "chat", "model", "chat_session"),
+    "structured": ("core", "generation", "chat", "model", "chat_session"),
+    "generation": ("chat", "model", "chat_session"),
+    "chat": ("core", "model", "chat_session"),
+}
+
+
+def test_runtime_subpackages_import_one_way():
+    bad = []
+    for module, targets in module_imports(lazy=True).items():
+        parts = module.split(".")
+        if parts[:2] != ["llm_onnx", "runtime"] or len(parts) < 4:
+            continue
+        banned = RUNTIME_LAYERS.get(parts[2], ())
+        bad += [f"{module} imports {t}" for t in targets
+                if t.startswith("llm_onnx.runtime.") and t.split(".")[2] in banned]
+    assert bad == []
+    # every module of the runtime lives in one of the packages, or is the API on top
+    loose = {p.stem for p in (PACKAGE / "runtime").glob("*.py")}
+    assert loose == {"__init__", "model", "chat_session"}
+    assert {p.name for p in (PACKAGE / "runtime").iterdir() if p.is_dir()
+            and (p / "__init__.py").exists()} == set(RUNTIME_LAYERS)
+
+
+def test_no_file_past_500_lines():
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
+    assert long == {}
 
 
 def test_type_checking_imports_count():
@@ -129,4 +186,5 @@ def test_type_checking_imports_count():
                      "    from llm_onnx.runtime.model import Model\n")
     found = [n for n in _module_level(tree) if isinstance(n, ast.ImportFrom)]
     assert [n.module for n in found] == ["typing", "llm_onnx.runtime.model"]
-    assert "llm_onnx.runtime.model" not in module_imports()["llm_onnx.runtime.generator"]
+    assert "llm_onnx.runtime.model" not in module_imports(lazy=True)[
+        "llm_onnx.runtime.generation.generator"]

@@ -12,7 +12,7 @@ from llm_onnx.cli.app import _handle_errors, main
 
 
 def _default_precision() -> str:
-    from llm_onnx.runtime.providers import cuda_status
+    from llm_onnx.runtime.core.providers import cuda_status
 
     return "fp16" if cuda_status()[0] else "int8"
 

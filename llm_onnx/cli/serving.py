@@ -9,7 +9,7 @@ import click
 from llm_onnx.cli.app import _handle_errors, main
 from llm_onnx.cli.generating import speculative_options
 
-TOOL_FORMATS = ("hermes", "llama3_json", "mistral", "phi4_mini")  # llm_onnx.runtime.tools
+TOOL_FORMATS = ("hermes", "llama3_json", "mistral", "phi4_mini")  # llm_onnx.runtime.chat.tools
 
 
 @main.command()
@@ -150,7 +150,7 @@ def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_l
     manifest = load_manifest(folder, verify=False)  # a bad folder fails here, not in every replica
     template = None
     if chat_template is not None:  # read and checked here; its text travels to the replicas
-        from llm_onnx.runtime.chat_tools import read_chat_template
+        from llm_onnx.runtime.chat.request import read_chat_template
 
         template = read_chat_template(chat_template, manifest.tokenizer.special_tokens)
     config = ray_app.ReplicaConfig(model=str(folder), name=model_name or folder.name,

@@ -196,7 +196,7 @@ def resolve_target(options: ExportOptions, cfg) -> ExportOptions:
         return options
     if blockers:
         return replace(options, target="cpu")
-    from llm_onnx.runtime.providers import cuda_status  # lazy: the export does not need ORT-GPU
+    from llm_onnx.runtime.core.providers import cuda_status  # lazy: the export does not need ORT-GPU
 
     return replace(options, target="cuda" if cuda_status()[0] else "cpu")
 

@@ -88,7 +88,7 @@ def _compare_folder(plan: ExportPlan, folder: Path, tensors: dict[str, StoredTen
     onnx_steps = run_onnx(folder, cfg, kv_dtype, cfg.vocab_size, fed)
     report = compare(torch_steps, onnx_steps, limits)
     if options.cuda and _cuda_usable():
-        from llm_onnx.runtime.engine import Engine, RuntimeOptions  # lazy: the GPU case only
+        from llm_onnx.runtime.core.engine import Engine, RuntimeOptions  # lazy: the GPU case only
 
         manifest = provisional_manifest(plan, folder)
         engine = Engine.from_manifest(manifest, RuntimeOptions(provider="cuda", verify=False))
@@ -102,7 +102,7 @@ def _compare_folder(plan: ExportPlan, folder: Path, tensors: dict[str, StoredTen
 
 
 def _cuda_usable() -> bool:
-    from llm_onnx.runtime.providers import cuda_status
+    from llm_onnx.runtime.core.providers import cuda_status
 
     return cuda_status()[0]
 

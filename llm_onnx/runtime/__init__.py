@@ -5,22 +5,30 @@
     result = model.chat([{"role": "user", "content": "What is the capital of France?"}])
     print(result.text, result.finish_reason, result.timings.decode_tok_s)
 
-Layers, each a client of the one below: ``Engine`` (ONNX Runtime sessions, KV cache bound in
-place) -> ``Generator`` (step-wise generation of one or several sequences) -> ``Model``
-(generate, stream, chat) and ``Scheduler`` (continuous batching of concurrent requests). A
-``Constraint`` (JSON schema, regex, grammar, choice) holds an answer to a form; chat replies with
-tools come back with ``ToolCall``s.
+Subpackages, each a client of those before it (imports flow one way):
+
+    core/        the engine: ONNX Runtime sessions over a model folder, the per-row state
+                 (KV cache) bound in place, execution providers, the folder's safety check
+    structured/  constrained decoding: a Constraint (JSON schema, regex, grammar, choice), the
+                 llguidance matcher, the schema rewrites; knows nothing of generation or chat
+    generation/  the loop: options, sampling, a sequence's bookkeeping, the step-wise
+                 Generator, speculative decoding, the batching Scheduler, text streaming
+    chat/        chat templates, tool-call formats, the reasoning split, a chat request
+    model.py     Model (load, generate, stream, chat) and chat_session.py (ChatSession): the API
+
+The names below are the public API; everything else may move between releases.
 """
 
-from llm_onnx.runtime.constraint import Constraint, ConstraintError
-from llm_onnx.runtime.engine import Engine, EngineProtocol, RuntimeOptions
-from llm_onnx.runtime.generator import Generator
-from llm_onnx.runtime.kv_cache import KVCache
-from llm_onnx.runtime.model import ChatSession, Model
-from llm_onnx.runtime.reasoning import ChatPiece
-from llm_onnx.runtime.sampling import GenerationOptions
-from llm_onnx.runtime.sequence import Result, Timings, TokenEvent, TokenLogprob, ToolCall
-from llm_onnx.runtime.tools import ToolCallDelta
+from llm_onnx.runtime.chat.reasoning import ChatPiece
+from llm_onnx.runtime.chat.tools import ToolCallDelta
+from llm_onnx.runtime.chat_session import ChatSession
+from llm_onnx.runtime.core.engine import Engine, EngineProtocol, RuntimeOptions
+from llm_onnx.runtime.core.kv_cache import KVCache
+from llm_onnx.runtime.generation.generator import Generator
+from llm_onnx.runtime.generation.options import GenerationOptions
+from llm_onnx.runtime.generation.sequence import Result, Timings, TokenEvent, TokenLogprob, ToolCall
+from llm_onnx.runtime.model import Model
+from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
 
 __all__ = ["ChatPiece", "ChatSession", "Constraint", "ConstraintError", "Engine", "EngineProtocol",
            "GenerationOptions", "Generator", "KVCache", "Model", "Result", "RuntimeOptions",

@@ -26,18 +26,21 @@ import tokenizers
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.model_folder import GenerationDefaults
-from llm_onnx.runtime.chat import Message, check_template_vars, render_chat
-from llm_onnx.runtime.chat_tools import (ChatRequest, check_tool_choice, check_tools,
+from llm_onnx.runtime.chat.render import Message, check_template_vars, render_chat
+from llm_onnx.runtime.chat.request import (ChatRequest, check_tool_choice, check_tools,
                                          read_chat_template)
-from llm_onnx.runtime.constraint import Constraints, constraint_shorthand
-from llm_onnx.runtime.engine import Engine, RuntimeOptions
-from llm_onnx.runtime.generator import Generator, row_options
-from llm_onnx.runtime.reasoning import ChatPiece, ReasoningSplitter, has_think_tokens, opens_thought
-from llm_onnx.runtime.sampling import GenerationOptions
-from llm_onnx.runtime.sequence import Result
-from llm_onnx.runtime.speculative import (SpeculativeOptions, check_same_tokenizer,
-                                          load_draft_model, speculative_options)
-from llm_onnx.runtime.tools import ToolCallDelta, ToolChoice, detect_format, get_format
+from llm_onnx.runtime.structured.constraint import constraint_shorthand
+from llm_onnx.runtime.structured.matcher import Constraints
+from llm_onnx.runtime.core.engine import Engine, RuntimeOptions
+from llm_onnx.runtime.chat_session import ChatSession
+from llm_onnx.runtime.generation.generator import Generator
+from llm_onnx.runtime.generation.options import row_options
+from llm_onnx.runtime.chat.reasoning import ChatPiece, ReasoningSplitter, has_think_tokens, opens_thought
+from llm_onnx.runtime.generation.options import GenerationOptions
+from llm_onnx.runtime.generation.sequence import Result
+from llm_onnx.runtime.generation.speculative import (SpeculativeOptions, check_same_tokenizer,
+                                                     speculative_options)
+from llm_onnx.runtime.chat.tools import ToolCallDelta, ToolChoice, detect_format, get_format
 
 Prompt = str | Sequence[int]
 # Speculation when a caller says nothing (docs/speculative-decoding.md has the figures): prompt
@@ -59,7 +62,7 @@ class Model:
         tool_call_format: how replies write tool calls (hermes, llama3_json, mistral,
             phi4_mini); default: read off the chat template.
         speculative: "off", "ngram" (prompt lookup), "draft" or SpeculativeOptions
-            (llm_onnx.runtime.speculative): several tokens per model run, the same output;
+            (llm_onnx.runtime.generation.speculative): several tokens per model run, the same output;
             None: the default (``DEFAULT_SPECULATIVE``: "ngram" for fp32 folders, else off;
             off where the folder cannot verify).
         num_speculative_tokens: most tokens drafted per step.
@@ -113,17 +116,22 @@ class Model:
                                    draft_model=draft_model)
         self.draft_model = None
         if opts.method == "draft":
-            self.draft_model = load_draft_model(opts.draft_model,
-                                                getattr(self.engine, "options", None))
+            self.draft_model = self.load_draft_model(opts.draft_model)
             check_same_tokenizer(self.draft_model, self)
             opts = dataclasses.replace(opts, draft_model=self.draft_model)
         self.speculative = opts
+
+    def load_draft_model(self, draft: Path | str | Model) -> Model:
+        """A draft model: a folder loaded with this model's runtime options, or a Model as is."""
+        if isinstance(draft, (str, Path)):
+            return Model(draft, getattr(self.engine, "options", None))
+        return draft
 
     @classmethod
     def from_parts(cls, engine: Any, tokenizer: tokenizers.Tokenizer | None, eos_token_ids: Sequence[int] = (),
                    chat_template: str | None = None, special_tokens: dict[str, str] | None = None,
                    tool_call_format: str | None = None) -> Model:
-        """A Model over any engine implementing ``EngineProtocol`` (llm_onnx.runtime.engine):
+        """A Model over any engine implementing ``EngineProtocol`` (llm_onnx.runtime.core.engine):
         how tests drive the generator with scripted logits."""
         model = cls.__new__(cls)
         model._setup(engine, tokenizer, eos_token_ids, chat_template, special_tokens or {},
@@ -145,7 +153,7 @@ class Model:
         self.special_tokens = dict(special_tokens)
         # <think>...</think> in chat replies is returned apart (Result.reasoning, ChatPiece)
         self.splits_reasoning = has_think_tokens(tokenizer)
-        # How replies write tool calls (llm_onnx.runtime.tools); None: the template has no tools
+        # How replies write tool calls (llm_onnx.runtime.chat.tools); None: the template has no tools
         self.tool_format = get_format(tool_call_format).name if tool_call_format else \
             detect_format(chat_template)
         # The checkpoint's sampling defaults, unless it says not to sample.
@@ -208,7 +216,8 @@ class Model:
         return render_chat(self.chat_template, messages, self.special_tokens, add_generation_prompt,
                            tools=tools, **check_template_vars(template_vars))
 
-    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """A prompt (text, encoded with special tokens, or token ids) as checked token ids."""
         if isinstance(prompt, str):
             if not prompt:
                 raise GenerationError("the prompt is empty.")
@@ -248,7 +257,7 @@ class Model:
                   max_length: int | None = None, prefill_chunk: int | None = None,
                   speculative: SpeculativeOptions | str | None = None,
                   **overrides: Any) -> Generator:
-        """A step-wise Generator over this model (see llm_onnx.runtime.generator)."""
+        """A step-wise Generator over this model (see llm_onnx.runtime.generation.generator)."""
         return Generator(self, options, batch=batch, max_length=max_length,
                          prefill_chunk=prefill_chunk, speculative=speculative, **overrides)
 
@@ -259,7 +268,7 @@ class Model:
         samples with ``seed + i``."""
         opts = self.options(options, overrides)
         batch = _is_batch(prompt)
-        prompts = [self._prompt_ids(p) for p in (prompt if batch else [prompt])]  # type: ignore[union-attr]
+        prompts = [self.prompt_ids(p) for p in (prompt if batch else [prompt])]  # type: ignore[union-attr]
         gen = self._start(prompts, opts)
         for _ in gen.events():
             pass
@@ -270,7 +279,7 @@ class Model:
                **overrides: Any) -> Iterator[str]:
         """Text pieces of one prompt's answer as they become valid UTF-8."""
         opts = self.options(options, overrides)
-        return _text(self._start([self._prompt_ids(prompt)], opts))
+        return self._start([self.prompt_ids(prompt)], opts).texts()
 
     def chat(self, messages: Sequence[Message], options: GenerationOptions | None = None, *,
              tools: Tools | None = None, tool_choice: ToolChoice | None = None,
@@ -287,7 +296,7 @@ class Model:
         A constraint (``json_schema=``, ...) applies to the answer after any thinking."""
         request, opts = self._chat_request(messages, options, overrides, tools, tool_choice,
                                            parallel_tool_calls, template_vars)
-        result = self.generate(self._encode_chat(request.prompt), opts)
+        result = self.generate(self.encode_chat(request.prompt), opts)
         return request.read(result)  # type: ignore[arg-type]
 
     def stream_chat(self, messages: Sequence[Message], options: GenerationOptions | None = None, *,
@@ -300,7 +309,7 @@ class Model:
         request, opts = self._chat_request(messages, options, overrides, tools, tool_choice,
                                            parallel_tool_calls, template_vars)
         reply = request.stream()
-        gen = self._start([self._prompt_ids(self._encode_chat(request.prompt))], opts)
+        gen = self._start([self.prompt_ids(self.encode_chat(request.prompt))], opts)
 
         def pieces() -> Iterator[ChatPiece | ToolCallDelta]:
             for event in gen.events():
@@ -327,7 +336,7 @@ class Model:
                     template_vars: dict[str, Any] | None = None) -> list[int]:
         """The token ids of ``messages`` rendered with the model's chat template, ready for the
         assistant's answer (the template writes any BOS token itself)."""
-        return self._encode_chat(self.render_chat(messages, tools=tools,
+        return self.encode_chat(self.render_chat(messages, tools=tools,
                                                   template_vars=template_vars))
 
     def chat_session(self, system: str | None = None, *, tools: Tools | None = None,
@@ -335,10 +344,11 @@ class Model:
         """A multi-turn conversation that keeps earlier turns in the KV cache."""
         return ChatSession(self, system, tools=tools, template_vars=template_vars)
 
-    def _encode_chat(self, prompt: str) -> list[int]:
+    def encode_chat(self, prompt: str) -> list[int]:
+        """A rendered chat prompt's token ids (the template wrote any special tokens)."""
         return self.encode(prompt, add_special_tokens=False)
 
-    def _splitter(self, prompt: str) -> ReasoningSplitter | None:
+    def reasoning_splitter(self, prompt: str) -> ReasoningSplitter | None:
         """A reasoning splitter for the reply to ``prompt`` (None: the model has no think
         tokens, the reply is all answer)."""
         return ReasoningSplitter(opens_thought(prompt)) if self.splits_reasoning else None
@@ -352,87 +362,6 @@ class Model:
         for row, ids in enumerate(prompts):
             gen.append_tokens(ids, row=row, options=row_options(opts, row))
         return gen
-
-
-class ChatSession:
-    """A conversation whose earlier turns stay in the KV cache: each turn's prompt is the whole
-    conversation, and the generator runs only the tokens after the longest prefix its cache
-    already holds. That prefix is all of the cache when the template renders earlier turns as
-    they were generated; when it rewrites them (Qwen3 drops an earlier answer's ``<think>``
-    block), the cache is cut back to the tokens the new prompt still starts with and the rest
-    runs again. ``last.timings.prefill_tokens`` counts the tokens run.
-
-    Args:
-        model: the loaded Model.
-        system: a system message opening the conversation.
-        tools, template_vars: passed to the chat template on every turn (see Model.chat).
-    """
-
-    def __init__(self, model: Model, system: str | None = None, *, tools: Tools | None = None,
-                 template_vars: dict[str, Any] | None = None) -> None:
-        self.model = model
-        self.system = system
-        self.tools = tools
-        self.template_vars = check_template_vars(template_vars)
-        self._generator = model.generator()
-        self.reset()
-
-    def reset(self) -> None:
-        self.messages: list[Message] = ([{"role": "system", "content": self.system}]
-                                        if self.system else [])
-        self._generator.clear()
-        self.last: Result | None = None
-
-    def stream(self, text: str, options: GenerationOptions | None = None,
-               **overrides: Any) -> Iterator[ChatPiece]:
-        """The answer to ``text`` as streamed pieces; the turn is recorded when the stream ends
-        (the answer as the assistant's content, any thinking as its ``reasoning_content``)."""
-        model = self.model
-        opts = model.options(options, overrides)
-        if not isinstance(text, str) or not text.strip():
-            raise GenerationError("the message is empty.")
-        messages = self.messages + [{"role": "user", "content": text}]
-        prompt = model.render_chat(messages, tools=self.tools, template_vars=self.template_vars)
-        ids = model._prompt_ids(model._encode_chat(prompt))
-        opts = ChatRequest(model, prompt, opts.constraint).options_for(opts)
-        gen = self._generator
-        gen.release()  # the previous turn's keys and values stay: the new prompt starts with them
-        gen.append_tokens(ids, options=opts)
-        splitter = model._splitter(prompt)
-        yield from _chat_pieces(_text(gen), splitter)
-        result = gen.result()
-        reply: Message = {"role": "assistant", "content": result.text}
-        if splitter is not None:
-            result = dataclasses.replace(result, text=splitter.answer, reasoning=splitter.reasoning)
-            reply = {"role": "assistant", "content": result.text}
-            if result.reasoning:
-                reply["reasoning_content"] = result.reasoning
-        self.messages = messages + [reply]
-        self.last = result
-
-    def send(self, text: str, options: GenerationOptions | None = None, **overrides: Any) -> Result:
-        for _ in self.stream(text, options, **overrides):
-            pass
-        assert self.last is not None
-        return self.last
-
-
-def _text(gen: Generator) -> Iterator[str]:
-    """Row 0's text pieces as the generator picks its tokens."""
-    for event in gen.events():
-        if event.text and event.row == 0:
-            yield event.text
-
-
-def _chat_pieces(pieces: Iterator[str], splitter: ReasoningSplitter | None) -> Iterator[ChatPiece]:
-    """Text pieces of a chat reply as ChatPieces, split into thinking and answer if ``splitter``."""
-    if splitter is None:
-        for piece in pieces:
-            yield ChatPiece(piece)
-        return
-    for piece in pieces:
-        yield from splitter.push(piece)
-    yield from splitter.flush()
 
 
 def _is_batch(prompt: Any) -> bool:

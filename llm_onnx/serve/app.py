@@ -32,12 +32,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.chat_tools import ReplyStream
+from llm_onnx.runtime.chat.request import ReplyStream
 from llm_onnx.runtime.model import Model
-from llm_onnx.runtime.reasoning import ChatPiece
-from llm_onnx.runtime.scheduler import QueueFull, Request as Job, Scheduler, SchedulerClosed
-from llm_onnx.runtime.sequence import Result, TokenEvent
-from llm_onnx.runtime.tools import ToolCallDelta
+from llm_onnx.runtime.chat.reasoning import ChatPiece
+from llm_onnx.runtime.generation.scheduler import QueueFull, Request as Job, Scheduler, SchedulerClosed
+from llm_onnx.runtime.generation.sequence import Result, TokenEvent
+from llm_onnx.runtime.chat.tools import ToolCallDelta
 from llm_onnx.serve import protocol as p, requests as rq, responses as rs, structured, web
 from llm_onnx.serve.metrics import CONTENT_TYPE, Metrics
 

@@ -45,8 +45,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from llm_onnx.runtime.scheduler import Request, Scheduler
-from llm_onnx.runtime.sequence import Result, TokenEvent
+from llm_onnx.runtime.generation.scheduler import Request, Scheduler
+from llm_onnx.runtime.generation.sequence import Result, TokenEvent
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.chat_tools import ChatRequest
-from llm_onnx.runtime.constraint import Constraint
-from llm_onnx.runtime.generator import row_options
-from llm_onnx.runtime.sampling import GenerationOptions
+from llm_onnx.runtime.chat.request import ChatRequest
+from llm_onnx.runtime.structured.constraint import Constraint
+from llm_onnx.runtime.generation.options import row_options
+from llm_onnx.runtime.generation.options import GenerationOptions
 
 CHAT, COMPLETION = "chat.completion", "text_completion"
 

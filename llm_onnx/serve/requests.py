@@ -8,9 +8,9 @@ from dataclasses import replace
 from typing import Any
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.chat import check_template_vars
-from llm_onnx.runtime.chat_tools import ChatRequest
-from llm_onnx.runtime.constraint import ConstraintError
+from llm_onnx.runtime.chat.render import check_template_vars
+from llm_onnx.runtime.chat.request import ChatRequest
+from llm_onnx.runtime.structured.constraint import ConstraintError
 from llm_onnx.runtime.model import Model
 from llm_onnx.serve.protocol import (_CHAT, _COMPLETIONS, CHAT, COMPLETION,
                                      COMPLETIONS_DEFAULT_MAX_TOKENS, MAX_N, Plan, bad,

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from llm_onnx.runtime.model import Model
-from llm_onnx.runtime.sequence import Result, TokenLogprob, ToolCall
-from llm_onnx.runtime.tools import ToolCallDelta
+from llm_onnx.runtime.generation.sequence import Result, TokenLogprob, ToolCall
+from llm_onnx.runtime.chat.tools import ToolCallDelta
 from llm_onnx.serve.protocol import CHAT, COMPLETION, Plan
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llm_onnx.runtime.providers import cuda_status
+from llm_onnx.runtime.core.providers import cuda_status
 from tests.scripts import load_benchmark
 
 pytestmark = [pytest.mark.gpu,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from llm_onnx.runtime import GenerationOptions, Model, Result
-from llm_onnx.runtime.scheduler import Scheduler
+from llm_onnx.runtime.generation.scheduler import Scheduler
 
 
 def together_and_alone(model: Model, prompts: list[list[int]], options: list[GenerationOptions],

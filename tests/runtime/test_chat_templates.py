@@ -20,7 +20,7 @@ import pytest
 import transformers
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.chat import render_chat, template_variables
+from llm_onnx.runtime.chat.render import render_chat, template_variables
 
 
 QWEN3 = (Path(__file__).parents[1] / "fixtures" / "chat_templates" / "qwen3.jinja").read_text(
@@ -178,7 +178,7 @@ def test_tojson_keeps_non_ascii_and_takes_jsons_options(expression):
     ({1: True}, "not a valid name"),
 ])
 def test_bad_template_variables_are_one_line_errors(variables, fragment):
-    from llm_onnx.runtime.chat import check_template_vars
+    from llm_onnx.runtime.chat.render import check_template_vars
 
     with pytest.raises(GenerationError, match=fragment):
         check_template_vars(variables)

@@ -11,9 +11,9 @@ import pytest
 from llm_onnx.errors import ConfigError, ExportError, ProviderError
 from llm_onnx.export import ExportOptions
 from llm_onnx.model_folder import load_manifest
-from llm_onnx.runtime import engine as engine_mod
-from llm_onnx.runtime import providers
-from llm_onnx.runtime.engine import Engine, RuntimeOptions, graph_bucket
+from llm_onnx.runtime.core import engine as engine_mod
+from llm_onnx.runtime.core import providers
+from llm_onnx.runtime.core.engine import Engine, RuntimeOptions, graph_bucket
 from tests.export.test_export import PROMPT_LENS, STEPS, rows_for
 from tests.ort_helpers import Graphs, batch_logits, fidelity, hf_logits
 from tests.perturb import ATTENTION_OUTPUT, perturbed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llm_onnx.errors import ProviderError
-from llm_onnx.runtime import providers
+from llm_onnx.runtime.core import providers
 
 
 @pytest.fixture(autouse=True)

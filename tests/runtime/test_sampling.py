@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.sampling import GenerationOptions, Sampler, filter_logits
+from llm_onnx.runtime.generation.options import GenerationOptions
+from llm_onnx.runtime.generation.sampling import Sampler, filter_logits
 
 V = 64
 
@@ -322,7 +323,7 @@ def test_validated_normalises_lists_and_numpy_scalars() -> None:
 
 def test_runtime_modules_do_not_import_torch() -> None:
     code = (
-        "import sys, llm_onnx.runtime.sampling, llm_onnx.runtime.textstream; "
+        "import sys, llm_onnx.runtime.generation.sampling, llm_onnx.runtime.generation.textstream; "
         "assert not {'torch', 'transformers'} & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -10,7 +10,7 @@ import pytest
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime import GenerationOptions, Model
-from llm_onnx.runtime.scheduler import QueueFull, Scheduler, SchedulerClosed
+from llm_onnx.runtime.generation.scheduler import QueueFull, Scheduler, SchedulerClosed
 from tests.runtime.fakes import FakeEngine, HistoryEngine, tokenizer
 
 

@@ -9,7 +9,7 @@ import copy
 import jsonschema
 import pytest
 
-from llm_onnx.runtime.schema_settle import hoist_refs, settle
+from llm_onnx.runtime.structured.schema_settle import hoist_refs, settle
 
 
 def valid(schema, document) -> bool:

@@ -15,9 +15,9 @@ from hypothesis import given, strategies as st
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime import Model
-from llm_onnx.runtime.generator import Generator
-from llm_onnx.runtime.sampling import GenerationOptions
-from llm_onnx.runtime.speculative import SpeculativeOptions, Speculator, ngram_draft
+from llm_onnx.runtime.generation.generator import Generator
+from llm_onnx.runtime.generation.options import GenerationOptions
+from llm_onnx.runtime.generation.speculative import SpeculativeOptions, Speculator, ngram_draft
 from tests.runtime.fakes import HistoryEngine, MarkovEngine
 
 ALWAYS = dict(adaptive=False, ngram_min=1)  # draft whenever any suffix recurs

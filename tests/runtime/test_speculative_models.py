@@ -9,7 +9,7 @@ import pytest
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime import Model
-from llm_onnx.runtime.speculative import SpeculativeOptions
+from llm_onnx.runtime.generation.speculative import SpeculativeOptions
 from tests.byte_model import byte_model_folder  # noqa: F401 (fixture)
 from tests.conftest import FAMILY_ARCHS, TINY_ARCHS
 

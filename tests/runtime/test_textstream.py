@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from llm_onnx.runtime.textstream import StopMatcher, StreamDecoder
+from llm_onnx.runtime.generation.textstream import StopMatcher, StreamDecoder
 
 CORPUS = [
     "Hello world, this is a small test corpus for streaming.",

@@ -15,10 +15,10 @@ import pytest
 from tokenizers import Tokenizer
 
 from llm_onnx.runtime import Model
-from llm_onnx.runtime.chat_tools import collect_calls
-from llm_onnx.runtime.constraint import ConstraintError
-from llm_onnx.runtime.reasoning import ChatPiece
-from llm_onnx.runtime.tools import FORMATS, ToolCallDelta, ToolCallStream, detect_format, parse
+from llm_onnx.runtime.chat.request import collect_calls
+from llm_onnx.runtime.structured.constraint import ConstraintError
+from llm_onnx.runtime.chat.reasoning import ChatPiece
+from llm_onnx.runtime.chat.tools import FORMATS, ToolCallDelta, ToolCallStream, detect_format, parse
 from tests.byte_model import HERMES_TEMPLATE, byte_model_folder, save_byte_tokenizer  # noqa: F401
 from tests.runtime.fakes import FakeEngine
 from tests.thinking_model import QWEN3_TEMPLATE

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from llm_onnx.errors import ModelFolderError
 from llm_onnx.runtime import Model
-from llm_onnx.runtime.onnx_check import check_external_data, external_data_locations
+from llm_onnx.runtime.core.onnx_check import check_external_data, external_data_locations
 
 
 def graph_with_location(folder, location: str, in_attribute: bool = False):

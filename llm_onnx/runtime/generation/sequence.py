@@ -19,9 +19,10 @@ import numpy as np
 import tokenizers
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.constraint import RowConstraint
-from llm_onnx.runtime.sampling import GenerationOptions, Sampler
-from llm_onnx.runtime.textstream import StopMatcher, StreamDecoder
+from llm_onnx.runtime.structured.matcher import RowConstraint
+from llm_onnx.runtime.generation.options import GenerationOptions
+from llm_onnx.runtime.generation.sampling import Sampler
+from llm_onnx.runtime.generation.textstream import StopMatcher, StreamDecoder
 
 # Why a sequence ended: an end-of-sequence token (or its constraint complete), a stop string, its
 # token limit, it was cancelled (a scheduler request whose caller went away), or its constraint's
@@ -182,7 +183,7 @@ class Sequence:
         limit: most tokens to generate (``options.max_new_tokens`` cut to the room left).
         logprobs: None = off; k >= 0 = the chosen token's logprob and k alternatives.
         rng: the sampler's random generator (default: from ``options.seed``).
-        constraint: the matcher of ``options.constraint`` (llm_onnx.runtime.constraint): each
+        constraint: the matcher of ``options.constraint`` (llm_onnx.runtime.structured.constraint): each
             pick is masked to what it allows, tokens it forces are appended without a pick.
         shown_special: special tokens whose text the reply keeps (tool-call markers).
     """

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from llm_onnx.errors import GenerationError, LlmOnnxError
-from llm_onnx.runtime.generator import Generator, ModelLike
-from llm_onnx.runtime.sampling import GenerationOptions
-from llm_onnx.runtime.sequence import Result, TokenEvent
+from llm_onnx.runtime.generation.generator import Generator, ModelLike
+from llm_onnx.runtime.generation.options import GenerationOptions
+from llm_onnx.runtime.generation.sequence import Result, TokenEvent
 
 
 class QueueFull(LlmOnnxError):

@@ -73,13 +73,13 @@ import copy
 import re
 from typing import Any
 
-from llm_onnx.runtime.schema_check import subschemas
-from llm_onnx.runtime.schema_keywords import (bare_refs, conditionals, dependencies, drop_format,
+from llm_onnx.runtime.structured.schema_check import subschemas
+from llm_onnx.runtime.structured.schema_keywords import (bare_refs, conditionals, dependencies, drop_format,
                                               not_required, property_counts, property_names,
                                               sibling_refs, unevaluated, unique_items,
                                               unsatisfiable, without_largest_definition)
-from llm_onnx.runtime.schema_one_of import exclusive_one_of
-from llm_onnx.runtime.schema_settle import at, hoist_refs, resolve, settle
+from llm_onnx.runtime.structured.schema_one_of import exclusive_one_of
+from llm_onnx.runtime.structured.schema_settle import at, hoist_refs, resolve, settle
 
 
 _COMBINING = ("allOf", "if", "then", "else", "not", "dependentSchemas", "dependencies")
@@ -194,7 +194,7 @@ def tighten(schema: Any, message: str) -> Any | None:
 def _prune(schema: Any, message: str) -> Any | None:
     """The subschema holding the keyword the engine refuses made ``false`` (``settle`` then
     leaves it out where the schema lets it be absent); None where it is the whole schema."""
-    from llm_onnx.runtime.schema_check import locate
+    from llm_onnx.runtime.structured.schema_check import locate
 
     found = locate(schema, message)
     if found is None or len(found[0]) < 2:

@@ -26,10 +26,11 @@ import onnxruntime as ort
 
 from llm_onnx.errors import GenerationError, ProviderError
 from llm_onnx import model_folder as names
-from llm_onnx.runtime.kv_cache import KVCache, KVLayout
+from llm_onnx.runtime.core.kv_cache import KVCache, KVLayout
+from llm_onnx.runtime.core.state import CacheProtocol
 from llm_onnx.model_folder import Manifest, load_manifest
-from llm_onnx.runtime.onnx_check import check_external_data
-from llm_onnx.runtime.providers import (CPU, CUDA, captured_output, parse_placement,
+from llm_onnx.runtime.core.onnx_check import check_external_data
+from llm_onnx.runtime.core.providers import (CPU, CUDA, captured_output, parse_placement,
                                         quiet_run_options, quiet_session_options,
                                         resolve_provider)
 
@@ -121,22 +122,6 @@ def graph_bucket(rows: int, first_row: int, cache_rows: int) -> int | None:
 
 class _NodesOnCpu(ProviderError):
     """A CUDA session that ONNX Runtime would partly run on the CPU."""
-
-
-@runtime_checkable
-class CacheProtocol(Protocol):
-    """What a generator reads of a cache (KVCache; the fakes' caches)."""
-
-    batch: int
-    length: int
-
-    def length_of(self, row: int) -> int: ...
-
-    def truncate(self, row: int, length: int) -> None: ...
-
-    def grow(self, length: int) -> None: ...
-
-    def copy_prefix(self, src: int, dst: int, length: int) -> bool: ...
 
 
 @runtime_checkable

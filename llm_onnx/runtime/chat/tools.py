@@ -26,9 +26,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llm_onnx.runtime.constraint import JSON_OPTIONS, Constraint, ConstraintError
-from llm_onnx.runtime.json_scan import WHITESPACE, scan_object, skip_space
-from llm_onnx.runtime.sequence import ToolCall
+from llm_onnx.runtime.structured.constraint import (JSON_OPTIONS, Constraint, ConstraintError,
+                                                    grammar_list)
+from llm_onnx.runtime.structured.json_scan import WHITESPACE, scan_object, skip_space
+from llm_onnx.runtime.generation.sequence import ToolCall
 
 ToolChoice = str | dict  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}
 
@@ -73,7 +74,7 @@ def detect_format(template: str | None) -> str | None:
     if "<|start_header_id|>" in template and ("<|python_tag|>" in template or
                                              "parameters" in template):
         return "llama3_json"
-    from llm_onnx.runtime.chat import template_variables
+    from llm_onnx.runtime.chat.render import template_variables
 
     return "hermes" if "tools" in template_variables(template) else None
 
@@ -182,9 +183,7 @@ def tool_constraint(fmt: ToolFormat, tools: Sequence[dict], choice: ToolChoice, 
 
 
 def _subgrammars(answer: Constraint) -> list[dict[str, Any]]:
-    from llm_onnx.runtime.constraint import _grammars
-
-    grammars = _grammars(answer.grammar_text())
+    grammars = grammar_list(answer.grammar_text())
     grammars[0] = {**grammars[0], "name": "llm_onnx_answer"}
     return grammars
 

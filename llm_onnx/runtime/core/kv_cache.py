@@ -29,7 +29,7 @@ import onnxruntime as ort
 
 from llm_onnx.errors import GenerationError
 from llm_onnx import model_folder as names
-from llm_onnx.runtime.providers import quiet_run_options
+from llm_onnx.runtime.core.providers import quiet_run_options
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from llm_onnx.runtime.schema_check import TYPES, subschemas
-from llm_onnx.runtime.schema_settle import constants, deref, killed, required_of
+from llm_onnx.runtime.structured.schema_check import TYPES, subschemas
+from llm_onnx.runtime.structured.schema_settle import constants, deref, killed, required_of
 
 
 def exclusive_one_of(schema: Any) -> Any:

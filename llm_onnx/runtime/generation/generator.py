@@ -30,18 +30,21 @@ import itertools
 import math
 import time
 from collections.abc import Iterator, Sequence as Seq
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import tokenizers
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.constraint import Constraints, MaskBatch
-from llm_onnx.runtime.engine import CacheProtocol, EngineProtocol
-from llm_onnx.runtime.sampling import GenerationOptions
-from llm_onnx.runtime.sequence import Result, Sequence, TokenEvent
-from llm_onnx.runtime.speculative import SpeculativeOptions, Speculator, speculative_options
+from llm_onnx.runtime.structured.matcher import Constraints, MaskBatch
+from llm_onnx.runtime.core.engine import EngineProtocol
+from llm_onnx.runtime.core.state import CacheProtocol
+from llm_onnx.runtime.generation.options import GenerationOptions
+from llm_onnx.runtime.generation.sequence import Result, Sequence, TokenEvent
+from llm_onnx.runtime.generation.speculative import SpeculativeOptions, Speculator, speculative_options
+from llm_onnx.runtime.generation.prefix import Prefixes, last_run_start
+from llm_onnx.runtime.generation.stats import RunStats
 
 
 class ModelLike(Protocol):
@@ -60,34 +63,9 @@ class ModelLike(Protocol):
     def options(self, options: GenerationOptions | None = None,
                 overrides: dict[str, Any] | None = None, **fields: Any) -> GenerationOptions: ...
 
-
-@dataclass
-class RunStats:
-    """Where a generator's time went: seconds inside the engine's prefill and decode runs, prompt
-    tokens run, decode runs and the rows they decoded (rows / runs = the mean batch)."""
-
-    prefill_s: float = 0.0
-    prefill_tokens: int = 0
-    decode_s: float = 0.0
-    decode_runs: int = 0
-    decode_rows: int = 0
-    decode_row_slots: int = 0  # rows in the runs' ranges, those riding along included
-    copied_tokens: int = 0  # cached prefix positions copied from another row
-    mask_s: float = 0.0  # constraint masks: seconds filling them (overlapping the model runs)
-    mask_wait_s: float = 0.0  # ... of which the steps waited for after their run
-    mask_rows: int = 0  # masks filled
-    forced_tokens: int = 0  # tokens constraints appended without a pick (fast-forward)
-    verify_runs: int = 0  # speculative steps: a row's last token and its draft in one run
-    verify_s: float = 0.0
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0  # drafted tokens the model picked itself
-    draft_runs: int = 0  # draft-model runs (speculative method "draft")
-    draft_s: float = 0.0
-
-    @property
-    def acceptance(self) -> float:
-        """Accepted / drafted tokens (0 before any draft)."""
-        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+    def load_draft_model(self, folder: str | Path) -> Any:
+        """A draft model loaded from ``folder`` (speculative method "draft")."""
+        ...
 
 
 class Generator:
@@ -103,7 +81,7 @@ class Generator:
             None: sized to the first request and grown as needed, up to the model's context.
         prefill_chunk: most prompt tokens run per step, over all rows; None: a whole prompt at
             once. A long prompt then delays the rows already decoding by at most one chunk.
-        speculative: "off", "ngram", "draft" or SpeculativeOptions (llm_onnx.runtime.speculative);
+        speculative: "off", "ngram", "draft" or SpeculativeOptions (llm_onnx.runtime.generation.speculative);
             None: the model's (``Model(..., speculative=...)``).
     """
 
@@ -127,7 +105,7 @@ class Generator:
             raise GenerationError(f"max_length must be at least 2, got {max_length}.")
         self._cache: CacheProtocol | None = None
         self._seqs: list[Sequence | None] = [None] * batch
-        self._held: list[list[int]] = [[] for _ in range(batch)]  # tokens a free row's cache holds
+        self._prefixes = Prefixes(batch)  # the tokens each row's cache holds
         self._admitted = [0] * batch  # admission order (oldest prompt chunks run first)
         self._counter = itertools.count()
         self.stats = RunStats()
@@ -148,7 +126,9 @@ class Generator:
                 raise GenerationError(why() if why is not None else "this engine has no verify "
                                       "step; speculative decoding needs one.")
             return None  # on by default, but this folder cannot verify: plain decoding
-        if opts.method == "draft" and getattr(self.model, "draft_model", None) is not None:
+        if opts.method == "draft" and isinstance(opts.draft_model, (str, Path)):
+            opts = dataclasses.replace(opts, draft_model=self.model.load_draft_model(opts.draft_model))
+        elif opts.method == "draft" and getattr(self.model, "draft_model", None) is not None:
             opts = dataclasses.replace(opts, draft_model=self.model.draft_model)  # type: ignore[attr-defined]
         return Speculator(opts, self.model, self.batch, self.stats)
 
@@ -193,7 +173,8 @@ class Generator:
             shown = frozenset(i for i in map(constraints.token_id, opts.constraint.markers)
                               if i is not None)
         cache = self._reserve(len(prompt) + limit)
-        reuse = self._reuse(row, prompt, new_sequence=old is None)
+        reuse = self._prefixes.reuse(self._cache, row, prompt, self.free_rows,
+                                     old.tokens if old is not None else None, self.stats)
         cache.truncate(row, reuse)
         seq = Sequence(prompt, opts, vocab_size=vocab, tokenizer=self.model.tokenizer,
                        eos_token_ids=self.model.eos_token_ids, limit=limit, logprobs=logprobs,
@@ -213,7 +194,7 @@ class Generator:
         seq = self._seqs[row]
         if seq is None:
             return None
-        self._held[row] = self._held_tokens(row)
+        self._prefixes.released[row] = self._prefixes.held(self._cache, row, seq.tokens)
         self._seqs[row] = None
         return seq.result()
 
@@ -229,7 +210,7 @@ class Generator:
         """Release every row and forget every cached prefix."""
         for row in range(self.batch):
             self.release(row)
-            self._held[row] = []
+            self._prefixes.released[row] = []
             if self._cache is not None:
                 self._cache.truncate(row, 0)
 
@@ -243,9 +224,9 @@ class Generator:
         self._pending.clear()
         assert self._cache is not None
         # The last remaining token runs again (its logits were the ones dropped): one decode
-        # step after a generated token, a prompt's last run (see _last_run_start) otherwise.
+        # step after a generated token, a prompt's last run (see last_run_start) otherwise.
         length = len(seq.tokens)
-        self._cache.truncate(row, length - 1 if seq.generated else _last_run_start(length))
+        self._cache.truncate(row, length - 1 if seq.generated else last_run_start(length))
 
     @property
     def free_rows(self) -> list[int]:
@@ -340,7 +321,7 @@ class Generator:
             start = cache.length_of(row)
             waiting = len(seq.tokens) - start
             n = int(min(waiting, left))
-            if waiting - n == 1:  # never leave a prompt's last token alone (see _last_run_start)
+            if waiting - n == 1:  # never leave a prompt's last token alone (see last_run_start)
                 n = n - 1 if n > 1 else n + 1
             last = start + n == len(seq.tokens)
             pending = self._start_masks([row]) if last else None
@@ -356,7 +337,7 @@ class Generator:
     def decode_step(self) -> list[TokenEvent]:
         """One batched run of the decoding rows (see decoding_rows): each runs its next waiting
         token; those with no more waiting pick their next. With speculation on and few rows
-        decoding, a row with a draft runs it instead, alone (see llm_onnx.runtime.speculative)."""
+        decoding, a row with a draft runs it instead, alone (see llm_onnx.runtime.generation.speculative)."""
         if self._cache is None:
             return []
         cache = self._cache
@@ -375,7 +356,7 @@ class Generator:
                 room = min(cache.length - cache.length_of(r) - 1,
                            seq.limit - len(seq.generated) - 1)
                 if draft and room > 0:
-                    events += self._verify(r, seq, draft[:room])
+                    events += spec.verify(self.engine, cache, r, seq, draft[:room])
                 else:
                     plain.append(r)
             ready = plain
@@ -412,39 +393,16 @@ class Generator:
                 spec.observed(r, seq.tokens[:before], seq.tokens[before])
         return events
 
-    def _verify(self, row: int, seq: Sequence, draft: list[int]) -> list[TokenEvent]:
-        """Row ``row``'s last picked token and ``draft`` in one run; the sequence picks from
-        each position's logits while its picks follow the draft (see speculative.py)."""
-        cache = self._cache
-        assert cache is not None and self.speculator is not None
-        base = cache.length_of(row)
-        run = seq.tokens[base:base + 1] + draft
-        began = time.perf_counter()
-        logits = self.engine.verify(cache, row, run)  # type: ignore[attr-defined]
-        took = time.perf_counter() - began
-        events: list[TokenEvent] = []
-        index = 0
-        while True:  # the sequence fills its own constraint masks, one position at a time
-            forced = seq.forced_tokens
-            events += seq.accept(logits[index], row, None)
-            self.stats.forced_tokens += seq.forced_tokens - forced
-            if seq.done:
-                break
-            new = seq.tokens[base:]
-            if len(new) > len(run) or new != run[:len(new)]:
-                break
-            index = len(new) - 1
-        new = seq.tokens[base:]
-        matched = _common_prefix(new, run)
-        cache.truncate(row, base + min(matched, max(len(new) - 1, 0)))
-        accepted = max(0, min(matched, len(run)) - 1)
-        self.speculator.verified(row, len(draft), min(accepted, len(draft)), took)
-        return events
-
     def events(self) -> Iterator[TokenEvent]:
         """Step until every row has finished, yielding each token as it is picked."""
         while not self.all_done():
             yield from self.step()
+
+    def texts(self, row: int = 0) -> Iterator[str]:
+        """``events``, as row ``row``'s text pieces (valid UTF-8 each)."""
+        for event in self.events():
+            if event.text and event.row == row:
+                yield event.text
 
     # ------------------------------------------------------------------ internals
 
@@ -498,33 +456,6 @@ class Generator:
             raise GenerationError(f"row {row} has no sequence: append_tokens first.")
         return seq
 
-    def _reuse(self, row: int, prompt: list[int], new_sequence: bool) -> int:
-        """How many leading tokens of ``prompt`` row ``row`` keeps in its cache. A new sequence
-        may take a longer prefix from another free row's cache (copied into this row, far
-        cheaper than running it again); every prompt's last run keeps two or more tokens."""
-        limit = _last_run_start(len(prompt))
-        here = min(_common_prefix(self._held_tokens(row), prompt), limit)
-        if not new_sequence or self._cache is None:
-            return here
-        best, source = here, row
-        for other in self.free_rows:
-            if other != row:
-                shared = min(_common_prefix(self._held_tokens(other), prompt), limit)
-                if shared > best:
-                    best, source = shared, other
-        if source != row and self._cache.copy_prefix(source, row, best):
-            self.stats.copied_tokens += best
-            return best
-        return here
-
-    def _held_tokens(self, row: int) -> list[int]:
-        """The tokens whose keys and values row ``row`` of the cache holds."""
-        if self._cache is None:
-            return []
-        seq = self._seqs[row]
-        held = seq.tokens if seq is not None else self._held[row]
-        return held[:self._cache.length_of(row)]
-
     def _reserve(self, positions: int) -> CacheProtocol:
         """The cache, with room for ``positions`` per row (allocated or grown as needed)."""
         positions = min(positions, self.max_length)
@@ -534,32 +465,3 @@ class Generator:
         elif self._cache.length < positions:
             self._cache.grow(positions)
         return self._cache
-
-
-def row_options(options: GenerationOptions, index: int) -> GenerationOptions:
-    """The options of the ``index``-th of several sequences asked for together (a batch, the
-    choices of one request): the same, but seed + index, so they differ yet repeat."""
-    if index == 0 or options.seed is None:
-        return options
-    return dataclasses.replace(options, seed=options.seed + index)
-
-
-def _last_run_start(prompt_length: int) -> int:
-    """Where the last run of a prompt starts at the latest: two tokens before its end (a
-    one-token prompt: at 0).
-
-    A prompt's first token is picked from the logits of a prefill run of at least two tokens,
-    never from a one-token (decode) run, however the prompt was chunked or reused. ONNX Runtime's
-    8-bit MatMulNBits rounds a (B, 1, K) input differently from a (1, T >= 2, K) one (measured on
-    SmolLM2 int8: up to 0.9 apart in the logits; fp32 agrees to 2e-5), so this keeps a request's
-    tokens the same alone and in a batch, and a reused prefix costs at most one extra token."""
-    return max(0, prompt_length - 2)
-
-
-def _common_prefix(a: Seq[int], b: Seq[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(differ[0]) if differ.shape[0] else n

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from llm_onnx.errors import GenerationError
+from llm_onnx.runtime.generation.prefix import common_prefix
 
 METHODS = ("off", "ngram", "draft")
 
@@ -174,7 +175,7 @@ class DraftModel:
         elif self.cache.length < need:
             self.cache.grow(min(self.engine.context_length, max(need, 2 * self.cache.length)))
         held = self.held[row][:self.cache.length_of(row)]
-        keep = min(_common_prefix(held, tokens), len(tokens) - 1)
+        keep = min(common_prefix(held, tokens), len(tokens) - 1)
         self.cache.truncate(row, keep)
         began = time.perf_counter()
         logits = self.engine.prefill(self.cache, row, tokens[keep:])
@@ -203,15 +204,6 @@ def check_same_tokenizer(draft: Any, target: Any) -> None:
                               "model's; a draft model must share the target's vocabulary.")
 
 
-def load_draft_model(value: Any, runtime: Any) -> Any:
-    """A loaded Model from a folder path (with the target's runtime options) or a Model."""
-    if isinstance(value, (str, Path)):
-        from llm_onnx.runtime.model import Model  # import cycle: model imports the generator
-
-        return Model(value, runtime)
-    return value
-
-
 # ----------------------------------------------------------------------------- the controller
 
 
@@ -238,9 +230,10 @@ class Speculator:
         self.stats = stats  # the generator's RunStats: verify_runs, drafted_tokens, ...
         self.draft_model: DraftModel | None = None
         if options.method == "draft":
-            runtime = getattr(model.engine, "options", None)
-            self.draft_model = DraftModel(load_draft_model(options.draft_model, runtime),
-                                          model, rows)
+            if isinstance(options.draft_model, (str, Path)):
+                raise GenerationError("the draft model must be loaded before a Speculator is "
+                                      "made (Model.load_draft_model).")
+            self.draft_model = DraftModel(options.draft_model, model, rows)
         self._decode_s: float | None = None  # average batch-1 decode run
         # cost of a verify run of k drafted tokens, in batch-1 decode runs (measured as it runs)
         self._ratio = [1.0] + [1 + self.FIXED + self.PER_TOKEN * k for k in range(1, self.k + 1)]
@@ -297,6 +290,37 @@ class Speculator:
         self.stats.draft_runs += self.draft_model.runs - before[1]
         return out
 
+    # ------------------------------------------------------------------ verifying
+
+    def verify(self, engine: Any, cache: Any, row: int, seq: Any, draft: list[int]) -> list[Any]:
+        """Row ``row``'s last picked token and ``draft`` in one run (``engine.verify``); the
+        sequence picks from each position's logits while its picks follow the draft, exactly as
+        it would one step at a time. Rejected positions leave the cache; returns the sequence's
+        TokenEvents."""
+        base = cache.length_of(row)
+        run = seq.tokens[base:base + 1] + draft
+        began = time.perf_counter()
+        logits = engine.verify(cache, row, run)
+        took = time.perf_counter() - began
+        events: list[Any] = []
+        index = 0
+        while True:  # the sequence fills its own constraint masks, one position at a time
+            forced = seq.forced_tokens
+            events += seq.accept(logits[index], row, None)
+            self.stats.forced_tokens += seq.forced_tokens - forced
+            if seq.done:
+                break
+            new = seq.tokens[base:]
+            if len(new) > len(run) or new != run[:len(new)]:
+                break
+            index = len(new) - 1
+        new = seq.tokens[base:]
+        matched = common_prefix(new, run)
+        cache.truncate(row, base + min(matched, max(len(new) - 1, 0)))
+        accepted = max(0, min(matched, len(run)) - 1)
+        self.verified(row, len(draft), min(accepted, len(draft)), took)
+        return events
+
     # ------------------------------------------------------------------ learning
 
     def verified(self, row: int, drafted: int, accepted: int, seconds: float) -> None:
@@ -332,11 +356,3 @@ class Speculator:
         if guess:
             state = self.rows[row]
             state.accept += self.ALPHA * (float(guess[0] == picked) - state.accept)
-
-
-def _common_prefix(a: Seq[int], b: Seq[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

@@ -9,8 +9,8 @@ import json
 import re
 from typing import Any
 
-from llm_onnx.runtime.schema_check import subschemas
-from llm_onnx.runtime.schema_settle import (ANNOTATIONS, bare, constants, killed,
+from llm_onnx.runtime.structured.schema_check import subschemas
+from llm_onnx.runtime.structured.schema_settle import (ANNOTATIONS, bare, constants, killed,
                                             required_of, resolve)
 
 
@@ -385,7 +385,7 @@ def without_largest_definition(schema: Any) -> Any | None:
     """For a schema the engine finds too large: its largest definition (by the size of its
     JSON) that the schema lets be absent, made ``false`` and settled (``schema_settle``), so
     the places that use it are left out; None if every definition is required."""
-    from llm_onnx.runtime.schema_settle import settle
+    from llm_onnx.runtime.structured.schema_settle import settle
 
     if not isinstance(schema, dict):
         return None

@@ -17,11 +17,12 @@ from typing import Any, Protocol
 import tokenizers
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.chat import Message, render_chat
-from llm_onnx.runtime.constraint import Constraint, ConstraintError, Constraints
-from llm_onnx.runtime.reasoning import THINK_END, THINK_START, ChatPiece, ReasoningSplitter, opens_thought
-from llm_onnx.runtime.sequence import Result, ToolCall
-from llm_onnx.runtime.tools import (ToolCallDelta, ToolCallStream, ToolChoice, ToolFormat,
+from llm_onnx.runtime.chat.render import render_chat
+from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
+from llm_onnx.runtime.structured.matcher import Constraints
+from llm_onnx.runtime.chat.reasoning import THINK_END, THINK_START, ChatPiece, ReasoningSplitter, opens_thought
+from llm_onnx.runtime.generation.sequence import Result, ToolCall
+from llm_onnx.runtime.chat.tools import (ToolCallDelta, ToolCallStream, ToolChoice, ToolFormat,
                                     get_format, parse, tool_constraint)
 
 TOOL_CHOICES = ("none", "auto", "required")

@@ -30,7 +30,7 @@ import json
 import re
 from typing import Any
 
-from llm_onnx.runtime.schema_check import subschemas
+from llm_onnx.runtime.structured.schema_check import subschemas
 
 ANNOTATIONS = frozenset({"description", "title", "$comment", "markdownDescription", "examples",
                          "default", "deprecated", "readOnly", "writeOnly", "$id", "$schema"})

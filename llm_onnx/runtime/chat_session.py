@@ -1,0 +1,111 @@
+"""A multi-turn conversation over a Model that keeps its earlier turns in the KV cache."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from llm_onnx.errors import GenerationError
+from llm_onnx.runtime.chat.reasoning import ChatPiece, ReasoningSplitter
+from llm_onnx.runtime.chat.render import Message, check_template_vars
+from llm_onnx.runtime.chat.request import ChatModel, ChatRequest
+from llm_onnx.runtime.generation.generator import Generator
+from llm_onnx.runtime.generation.options import GenerationOptions
+from llm_onnx.runtime.generation.sequence import Result
+
+Tools = Sequence[dict[str, Any]]
+
+
+class SessionModel(ChatModel, Protocol):
+    """What a ChatSession needs of its model (llm_onnx.runtime.Model is one)."""
+
+    def generator(self, options: GenerationOptions | None = None, **kwargs: Any) -> Generator: ...
+
+    def options(self, options: GenerationOptions | None = None,
+                overrides: dict[str, Any] | None = None, **fields: Any) -> GenerationOptions: ...
+
+    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True, *,
+                    tools: Tools | None = None,
+                    template_vars: dict[str, Any] | None = None) -> str: ...
+
+    def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]: ...
+
+    def encode_chat(self, prompt: str) -> list[int]: ...
+
+    def reasoning_splitter(self, prompt: str) -> ReasoningSplitter | None: ...
+
+
+class ChatSession:
+    """A conversation whose earlier turns stay in the KV cache: each turn's prompt is the whole
+    conversation, and the generator runs only the tokens after the longest prefix its cache
+    already holds. That prefix is all of the cache when the template renders earlier turns as
+    they were generated; when it rewrites them (Qwen3 drops an earlier answer's ``<think>``
+    block), the cache is cut back to the tokens the new prompt still starts with and the rest
+    runs again. ``last.timings.prefill_tokens`` counts the tokens run.
+
+    Args:
+        model: the loaded Model.
+        system: a system message opening the conversation.
+        tools, template_vars: passed to the chat template on every turn (see Model.chat).
+    """
+
+    def __init__(self, model: SessionModel, system: str | None = None, *, tools: Tools | None = None,
+                 template_vars: dict[str, Any] | None = None) -> None:
+        self.model = model
+        self.system = system
+        self.tools = tools
+        self.template_vars = check_template_vars(template_vars)
+        self._generator = model.generator()
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages: list[Message] = ([{"role": "system", "content": self.system}]
+                                        if self.system else [])
+        self._generator.clear()
+        self.last: Result | None = None
+
+    def stream(self, text: str, options: GenerationOptions | None = None,
+               **overrides: Any) -> Iterator[ChatPiece]:
+        """The answer to ``text`` as streamed pieces; the turn is recorded when the stream ends
+        (the answer as the assistant's content, any thinking as its ``reasoning_content``)."""
+        model = self.model
+        opts = model.options(options, overrides)
+        if not isinstance(text, str) or not text.strip():
+            raise GenerationError("the message is empty.")
+        messages = self.messages + [{"role": "user", "content": text}]
+        prompt = model.render_chat(messages, tools=self.tools, template_vars=self.template_vars)
+        ids = model.prompt_ids(model.encode_chat(prompt))
+        opts = ChatRequest(model, prompt, opts.constraint).options_for(opts)
+        gen = self._generator
+        gen.release()  # the previous turn's keys and values stay: the new prompt starts with them
+        gen.append_tokens(ids, options=opts)
+        splitter = model.reasoning_splitter(prompt)
+        yield from _chat_pieces(gen.texts(), splitter)
+        result = gen.result()
+        reply: Message = {"role": "assistant", "content": result.text}
+        if splitter is not None:
+            result = dataclasses.replace(result, text=splitter.answer, reasoning=splitter.reasoning)
+            reply = {"role": "assistant", "content": result.text}
+            if result.reasoning:
+                reply["reasoning_content"] = result.reasoning
+        self.messages = messages + [reply]
+        self.last = result
+
+    def send(self, text: str, options: GenerationOptions | None = None, **overrides: Any) -> Result:
+        for _ in self.stream(text, options, **overrides):
+            pass
+        assert self.last is not None
+        return self.last
+
+
+def _chat_pieces(pieces: Iterator[str], splitter: ReasoningSplitter | None) -> Iterator[ChatPiece]:
+    """Text pieces of a chat reply as ChatPieces, split into thinking and answer if ``splitter``."""
+    if splitter is None:
+        for piece in pieces:
+            yield ChatPiece(piece)
+        return
+    for piece in pieces:
+        yield from splitter.push(piece)
+    yield from splitter.flush()
