@@ -214,6 +214,12 @@ def test_the_docs_build_as_a_site_in_strict_mode(tmp_path):
     assert (tmp_path / "site" / "index.html").is_file()
 
 
+def test_the_docs_home_page_lists_every_page():
+    index = (ROOT / "docs" / "index.md").read_text()
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")} - {"index.md"}
+    assert not {page for page in pages if f"]({page})" not in index}
+
+
 def test_a_broken_link_fails_the_strict_build(tmp_path):
     """The same configuration over a two-page site: it builds, then fails on a broken link, a
     broken anchor and a page left out of the navigation."""
