@@ -1,4 +1,4 @@
-"""Tolerances of the parity ladder (README.md, Tests), in one place."""
+"""Tolerances of the parity ladder (docs/testing.md), in one place."""
 
 # our torch decoder vs transformers, fp32, same weights.
 TORCH_VS_HF_FP32 = 1e-4

@@ -1,8 +1,8 @@
-"""The README's structured-output walk-through on the real SmolLM2-135M-Instruct behind
-`llm-onnx serve --chat-template chatml-tools`, through the official client: a validated
-pydantic object from ``parse()``, JSON schemas at temperature 1 (every choice validates:
-jsonschema), a parsed tool call and a second turn after the tool's result. The same on the chat
-page, whose screenshots in docs/ come from here."""
+"""The structured-output walk-through of docs/structured-output.md on the real
+SmolLM2-135M-Instruct behind `llm-onnx serve --chat-template chatml-tools`, through the official
+client: a validated pydantic object from ``parse()``, JSON schemas at temperature 1 (every
+choice validates: jsonschema), a parsed tool call and a second turn after the tool's result. The
+same on the chat page, whose screenshots in docs/ come from here."""
 
 from __future__ import annotations
 
