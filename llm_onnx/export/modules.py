@@ -225,7 +225,7 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
                                                     model.dtype)
     if cfg.position_embedding_type == "sinusoidal":
         table = model.model.embed_positions
-        model.model.embed_positions = SinusoidalTable(table.rows, table.dim)
+        model.model.embed_positions = SinusoidalTable(table.rows, table.dim, table.zero_row)
     emb_bits = options.head_bits if bits is not None else None
     width = cfg.embed_width  # OPT-350m's embeddings are narrower than its layers
     emb_block = fitting_block((width,), options.block_size)

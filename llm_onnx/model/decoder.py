@@ -357,17 +357,17 @@ class RotaryCache(nn.Module):
 
 
 class SinusoidalPositions(nn.Module):
-    """XGLM's fixed position table, read like a learned one; computed, never loaded (on the meta
-    device a placeholder until ``materialize()``)."""
+    """XGLM's fixed position table, read like a learned one, row ``zero_row`` zeroed; computed,
+    never loaded (on the meta device a placeholder until ``materialize()``)."""
 
-    def __init__(self, rows: int, dim: int) -> None:
+    def __init__(self, rows: int, dim: int, zero_row: int | None = None) -> None:
         super().__init__()
-        self.rows, self.dim = rows, dim
-        self.register_buffer("weight", sinusoidal_table(rows, dim), persistent=False)
+        self.rows, self.dim, self.zero_row = rows, dim, zero_row
+        self.register_buffer("weight", sinusoidal_table(rows, dim, zero_row), persistent=False)
 
     def table(self) -> Tensor:
         with torch.device("cpu"):
-            return sinusoidal_table(self.rows, self.dim)
+            return sinusoidal_table(self.rows, self.dim, self.zero_row)
 
     def materialize(self) -> None:
         self.weight = self.table()
@@ -395,7 +395,8 @@ class DecoderModel(nn.Module):
             self.embed_positions.weight.requires_grad_(False)
         if cfg.position_embedding_type == "sinusoidal":  # XGLM
             self.embed_positions = SinusoidalPositions(
-                cfg.max_position_embeddings + cfg.position_offset, cfg.hidden_size)
+                cfg.max_position_embeddings + cfg.position_offset, cfg.hidden_size,
+                cfg.position_padding_idx)
         if cfg.embedding_layernorm:  # BLOOM
             self.embed_layernorm = make_norm(cfg, cfg.hidden_size)
         self.layers = nn.ModuleList(
