@@ -84,6 +84,14 @@ def configs(draw, arch: str):
         changes["mlp_bias"] = draw(st.booleans())
     if kind == "FalconForCausalLM":
         changes["attention_bias"] = changes["mlp_bias"] = draw(st.booleans())
+    if kind == "XGLMForCausalLM":
+        # transformers zeroes row pad_token_id of XGLM's table, read from row 2 on: 2 (the
+        # simplest draw) zeroes position 0's row, up to 16 a row the prompts here read, 0 and
+        # 1 rows no position reads, None none. (OPT's learned table has no padding row, and
+        # the token embedding's padding_idx only initialises a row every checkpoint stores, so
+        # no other family's positions depend on pad_token_id.)
+        changes["position_padding_idx"] = draw(st.one_of(st.integers(2, 16),
+                                                         st.sampled_from([None, 0, 1])))
     if kind == "MistralForCausalLM":
         changes["sliding_window"] = draw(st.one_of(st.integers(2, 8), st.none()))
     if kind == "Phi3ForCausalLM":
