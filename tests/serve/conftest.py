@@ -123,8 +123,9 @@ class ServerProcess:
 @pytest.fixture(scope="session")
 def chat_model_folder(tmp_path_factory) -> Path:
     """llama_tiny (vocab 256) with a 4096-token context, a word tokenizer, a chat template and
-    t2 (its eos id) ending turns, exported fp32. The long context lets a request run for
-    seconds (disconnects, full queues and shutdowns happen while it runs)."""
+    t2 (its eos id) ending turns, exported fp32. The long context takes requests of thousands
+    of tokens; tests that need one still running when they act hold the server
+    (``ServerProcess(held=N)``) rather than count on its length."""
     from llm_onnx.checkpoints import open_checkpoint
     from llm_onnx.export import ExportOptions, export_model
     from llm_onnx.families import get_config
