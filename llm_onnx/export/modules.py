@@ -27,8 +27,10 @@ from llm_onnx.export import quant
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.weights import (Produce, WeightFile, np_dtype, write_cast,
                                      write_experts_quantized, write_quantized)
-from llm_onnx.model.decoder import (Decoder, Experts, Linear, RotaryCache,
-                                    SinusoidalPositions, local_rope)
+from llm_onnx.model.decoder import Decoder
+from llm_onnx.model.layers import Linear
+from llm_onnx.model.mlp import Experts
+from llm_onnx.model.positions import RotaryCache, SinusoidalPositions, local_rope
 
 
 class MatMulLinear(nn.Module):
