@@ -114,7 +114,7 @@ class KVCacheSpec:
     dtype: str  # "float32" | "float16"
     layout: str = "BNSH"
     shared_buffer: bool = True  # past and present are bound to one buffer, updated in place
-    # The attention reading and writing it (decoder.attention_form): "fused" (GroupQueryAttention
+    # The attention reading and writing it (attention.attention_form): "fused" (GroupQueryAttention
     # with RoPE inside), "rotary outside" (RoPE as its own op) or "plain" (plain ONNX ops, for
     # head sizes GroupQueryAttention refuses), and what ruled out the faster forms.
     attention: str = "fused"

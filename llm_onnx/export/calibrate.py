@@ -40,7 +40,9 @@ from llm_onnx.checkpoints.sources import TensorSource
 from llm_onnx.errors import ExportError
 from llm_onnx.model import ops
 from llm_onnx.model.config import ModelConfig
-from llm_onnx.model.decoder import Experts, Fusion, Linear
+from llm_onnx.model.decoder import Fusion
+from llm_onnx.model.layers import Linear
+from llm_onnx.model.mlp import Experts
 
 ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 MAX_TOKENS = 512  # calibration tokens used (one sequence)

@@ -27,8 +27,10 @@ from llm_onnx.export import quant
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.weights import (Produce, WeightFile, np_dtype, write_cast,
                                      write_experts_quantized, write_quantized)
-from llm_onnx.model.decoder import (Decoder, Experts, Linear, RotaryCache,
-                                    SinusoidalPositions, local_rope)
+from llm_onnx.model.decoder import Decoder
+from llm_onnx.model.layers import Linear
+from llm_onnx.model.mlp import Experts
+from llm_onnx.model.positions import RotaryCache, SinusoidalPositions, local_rope
 
 
 class MatMulLinear(nn.Module):
@@ -225,7 +227,7 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
                                                     model.dtype)
     if cfg.position_embedding_type == "sinusoidal":
         table = model.model.embed_positions
-        model.model.embed_positions = SinusoidalTable(table.rows, table.dim)
+        model.model.embed_positions = SinusoidalTable(table.rows, table.dim, table.zero_row)
     emb_bits = options.head_bits if bits is not None else None
     width = cfg.embed_width  # OPT-350m's embeddings are narrower than its layers
     emb_block = fitting_block((width,), options.block_size)

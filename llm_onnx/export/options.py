@@ -33,7 +33,7 @@ class ExportOptions:
         max_seq_len: context length the graphs support (RoPE tables); default: the config's.
         fuse_qkv, fuse_gate_up, fuse_rotary: fused projections and RoPE inside attention.
         plain_attention: attention in plain ONNX ops even where GroupQueryAttention takes the
-            shape (it is chosen by itself where not: decoder.attention_form). Slower; for
+            shape (it is chosen by itself where not: attention.attention_form). Slower; for
             measuring that form and for a kernel one suspects.
         all_logits: the prefill graph returns logits for every position, not only the last.
         quant_scheme: how projections are quantized: "zero_point" (per-block uint8 zero points,

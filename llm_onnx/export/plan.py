@@ -31,12 +31,13 @@ from llm_onnx.export.modules import NBitsLinear, QuantEmbedding, QuantExperts, t
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.progress import Progress
 from llm_onnx.model.config import ModelConfig
-from llm_onnx.model.decoder import AttentionForm, Decoder, Fusion, attention_form
+from llm_onnx.model.attention import AttentionForm, attention_form
+from llm_onnx.model.decoder import Decoder, Fusion
 
 
 def planned_attention(cfg: ModelConfig, options: ExportOptions) -> AttentionForm:
     """The attention form of an export: the fastest ONNX Runtime takes for the shape
-    (decoder.attention_form), or a slower one the options ask for."""
+    (attention.attention_form), or a slower one the options ask for."""
     form = attention_form(cfg)
     if options.plain_attention and not form.plain:
         return AttentionForm("plain", "asked for (plain_attention)")

@@ -18,6 +18,7 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    if name in ("ops", "rope", "shapes", "decoder", "config"):
+    if name in ("ops", "rope", "shapes", "decoder", "config", "layers", "attention", "mlp",
+                "positions"):
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

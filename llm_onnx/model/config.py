@@ -55,6 +55,9 @@ class ModelConfig:
             included.
         position_offset: OPT, XGLM: the position table has this many leading rows that no
             position uses (position p reads row p + offset).
+        position_padding_idx: XGLM: the row of the sinusoidal table that is zero (transformers
+            zeroes row ``pad_token_id``, offset rows included, so pad_token_id 2 zeroes
+            position 0's row); None: no row is zeroed.
         embedding_multiplier: XGLM, Gemma 3 (sqrt of the width): the token embeddings are scaled
             by it.
         layer_types: Gemma 3: "sliding_attention" or "full_attention" per layer; sliding layers
@@ -100,6 +103,7 @@ class ModelConfig:
     parallel_attn_shared_norm: bool = True  # Falcon-7B: one norm feeds both branches
     sliding_window: int | None = None  # Mistral: attend to at most this many keys
     position_offset: int = 0  # OPT, XGLM: position p reads row p + 2 of the position table
+    position_padding_idx: int | None = None  # XGLM: this row of the table is zero
     embedding_multiplier: float = 1.0  # XGLM, Gemma 3: token embeddings times sqrt(width)
     layer_types: tuple[str, ...] | None = None  # Gemma 3: sliding / full attention per layer
     rope_local_theta: float | None = None  # Gemma 3: RoPE base of the sliding layers
@@ -138,6 +142,15 @@ class ModelConfig:
                             f"{self.sliding_window!r}")
         if self.position_offset and self.position_embedding_type not in ("learned", "sinusoidal"):
             problems.append("position_offset needs a table of positions (learned or sinusoidal)")
+        if self.position_padding_idx is not None:
+            rows = self.max_position_embeddings + self.position_offset
+            if self.position_embedding_type != "sinusoidal":
+                problems.append("position_padding_idx needs a sinusoidal position table")
+            elif (not isinstance(self.position_padding_idx, int)
+                  or isinstance(self.position_padding_idx, bool)
+                  or not 0 <= self.position_padding_idx < rows):
+                problems.append(f"position_padding_idx must be a row of the position table "
+                                f"(0 to {rows - 1}), got {self.position_padding_idx!r}")
         if self.post_layernorm and (self.parallel_attn or self.embedding_layernorm):
             problems.append("post_layernorm with parallel attention or an embedding norm is not "
                             "supported")

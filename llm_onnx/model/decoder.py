@@ -1,10 +1,18 @@
 """The decoder: one configurable module family for every supported family (llm_onnx/families/).
 
-The older families differ from Llama by flags of the config, each one line here: LayerNorm instead
-of RMSNorm, a plain GELU or ReLU MLP instead of SwiGLU, learned absolute positions (GPT-2, OPT with
-its offset), a fixed sinusoidal table (XGLM) or ALiBi (BLOOM) instead of RoPE, a LayerNorm after the embedding (BLOOM), attention
-and MLP in parallel from one norm (Falcon), a sliding attention window (Mistral), post-LN layers
-and embeddings narrower than the layers (OPT-350m).
+The older families differ from Llama by flags of the config, each one line here or in the
+modules it is built of: LayerNorm instead of RMSNorm, a plain GELU or ReLU MLP instead of
+SwiGLU, learned absolute positions (GPT-2, OPT with its offset), a fixed sinusoidal table (XGLM)
+or ALiBi (BLOOM) instead of RoPE, a LayerNorm after the embedding (BLOOM), attention and MLP in
+parallel from one norm (Falcon), a sliding attention window (Mistral), post-LN layers and
+embeddings narrower than the layers (OPT-350m).
+
+This module is the stack (the layers, the embeddings, the head); its parts live beside it:
+
+    layers.py     Linear, RMSNorm, LayerNorm
+    attention.py  Attention, and attention_form (which form ONNX Runtime runs for a config)
+    mlp.py        MLP, and Qwen3-MoE's SparseMoE over stacked Experts
+    positions.py  the computed position tables (RoPE's caches, XGLM's sinusoidal table)
 
 The model is a pure function
 
@@ -24,26 +32,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from llm_onnx.model import ops
+from llm_onnx.model.attention import Attention
 from llm_onnx.model.config import ModelConfig
-from llm_onnx.model.rope import rope_cache, sinusoidal_table
-
-
-class Linear(nn.Module):
-    """y = x W^T + b with Hugging Face's (out, in) weight layout."""
-
-    def __init__(self, n_in: int, n_out: int, bias: bool, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.in_features, self.out_features = n_in, n_out
-        self.weight = nn.Parameter(torch.empty(n_out, n_in, dtype=dtype), requires_grad=False)
-        self.bias = (nn.Parameter(torch.empty(n_out, dtype=dtype), requires_grad=False)
-                     if bias else None)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.linear(x, self.weight, self.bias)
+from llm_onnx.model.layers import Linear, make_norm
+from llm_onnx.model.mlp import MLP, SparseMoE
+from llm_onnx.model.positions import RotaryCache, SinusoidalPositions, local_rope
 
 
 @dataclass(frozen=True)
@@ -60,223 +56,6 @@ class Fusion:
     qkv: bool = False
     gate_up: bool = False
     plain_attention: bool = False
-
-
-@dataclass(frozen=True)
-class AttentionForm:
-    """How a config's attention is exported: GroupQueryAttention with RoPE inside (the fused
-    kernel, fastest), GroupQueryAttention with RoPE as its own op, or plain ONNX ops. ``why``
-    says what ruled out the faster forms (None for the fused one)."""
-
-    name: str  # "fused" | "rotary outside" | "plain"
-    why: str | None = None
-
-    @property
-    def rotary_inside(self) -> bool:
-        return self.name == "fused"
-
-    @property
-    def plain(self) -> bool:
-        return self.name == "plain"
-
-
-def attention_form(cfg: ModelConfig) -> AttentionForm:
-    """The fastest attention ONNX Runtime (1.31) runs for ``cfg`` on the CPU: its
-    GroupQueryAttention refuses a head size that is not a multiple of 16, and RoPE inside it a
-    rotary width whose half is not a multiple of 8 (measured; see docs/export.md)."""
-    if cfg.head_dim % 16:
-        return AttentionForm("plain", f"head_dim {cfg.head_dim} is not a multiple of 16, which "
-                                      "ONNX Runtime's GroupQueryAttention requires")
-    half = cfg.rotary_dim // 2
-    if cfg.position_embedding_type == "rope" and half % 8:
-        return AttentionForm("rotary outside",
-                             f"the rotary width {cfg.rotary_dim} (head_dim {cfg.head_dim} x "
-                             f"partial_rotary_factor {cfg.partial_rotary_factor:g}) halves to "
-                             f"{half}, not a multiple of 8, which GroupQueryAttention's RoPE "
-                             "requires")
-    return AttentionForm("fused")
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm with fp32 statistics and an fp32 weight; ``add`` fuses the residual sum before it."""
-
-    def __init__(self, width: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(width), requires_grad=False)
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        return ops.rms_norm(x, self.weight, self.eps)
-
-    def add(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
-        """(norm(x + residual), x + residual)."""
-        return ops.add_rms_norm(x, residual, self.weight, self.eps)
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm with fp32 statistics, weight and bias; ``add`` fuses the residual sum before it."""
-
-    def __init__(self, width: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(width), requires_grad=False)
-        self.bias = nn.Parameter(torch.zeros(width), requires_grad=False)
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        return ops.layer_norm(x, self.weight, self.bias, self.eps)
-
-    def add(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
-        """(norm(x + residual), x + residual)."""
-        return ops.add_layer_norm(x, residual, self.weight, self.bias, self.eps)
-
-
-def make_norm(cfg: ModelConfig, width: int) -> RMSNorm | LayerNorm:
-    if cfg.norm_type == "layer":  # GPT-2, BLOOM, Falcon
-        return LayerNorm(width, cfg.layer_norm_epsilon)
-    return RMSNorm(width, cfg.rms_norm_eps)
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fused_rotary: bool,
-                 fuse_qkv: bool, layer: int = 0, plain: bool = False) -> None:
-        super().__init__()
-        self.num_heads, self.kv_heads, self.head_dim = (
-            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-        self.q_width, self.kv_width = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
-        d = cfg.hidden_size
-        self.fuse_qkv = fuse_qkv
-        if fuse_qkv:  # one matmul; rows q, then k, then v (GQA's packed QKV layout)
-            self.qkv_proj = Linear(d, self.q_width + 2 * self.kv_width, cfg.attention_bias, dtype)
-        else:
-            self.q_proj = Linear(d, self.q_width, cfg.attention_bias, dtype)
-            self.k_proj = Linear(d, self.kv_width, cfg.attention_bias, dtype)
-            self.v_proj = Linear(d, self.kv_width, cfg.attention_bias, dtype)
-        self.o_proj = Linear(self.q_width, d, cfg.o_proj_bias, dtype)
-        self.qk_norm = cfg.qk_norm
-        if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE
-            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.scale = cfg.attention_scale or self.head_dim ** -0.5
-        # Mistral: each query sees its last `sliding_window` keys, itself included, which is what
-        # GroupQueryAttention's local_window_size means (measured: see ops.attention_ref).
-        # Gemma 3: only its sliding layers.
-        self.window = cfg.layer_window(layer) or -1
-        self.rope = cfg.position_embedding_type == "rope"
-        self.plain = plain
-        self.fused_rotary = fused_rotary and self.rope and not plain
-
-    def forward(self, x: Tensor, seqlens_k: Tensor, total: Tensor, cos: Tensor | None,
-                sin: Tensor | None, positions: Tensor, past_key: Tensor, past_value: Tensor,
-                bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """bias: ALiBi's (1, H, T, S) attention bias, or None."""
-        b, t, _ = x.shape
-        k: Tensor | None
-        v: Tensor | None
-        if self.fuse_qkv:
-            q, k, v = self.qkv_proj(x), None, None  # (B, T, H*D + 2*Hkv*D)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, H*D), (B, T, Hkv*D) x2
-        if self.qk_norm or (self.rope and not self.fused_rotary) or self.plain:
-            if k is None:
-                # Slices, not split(): torch.split exports as SplitToSequence, which has no
-                # CUDA kernel in ONNX Runtime (the node would run on the CPU).
-                qw, kw = self.q_width, self.kv_width
-                q, k, v = q[..., :qw], q[..., qw:qw + kw], q[..., qw + kw:]
-            if self.qk_norm:
-                q = self.q_norm(q.reshape(b, t, self.num_heads, self.head_dim)).reshape(b, t, -1)
-                k = self.k_norm(k.reshape(b, t, self.kv_heads, self.head_dim)).reshape(b, t, -1)
-                q, k = q.to(x.dtype), k.to(x.dtype)
-        if self.rope and not self.fused_rotary:
-            assert k is not None and v is not None and cos is not None and sin is not None
-            q = ops.rotary_embedding(q, positions, cos, sin, self.num_heads, False)
-            k = ops.rotary_embedding(k, positions, cos, sin, self.kv_heads, False)
-        if self.plain:
-            assert k is not None and v is not None
-            out, pk, pv = ops.plain_attention(
-                q, k, v, past_key, past_value, seqlens_k, total, positions, self.num_heads,
-                self.kv_heads, self.scale, self.window, bias)
-            return self.o_proj(out), pk, pv
-        if not self.fused_rotary:
-            cos = sin = None  # RoPE applied above, or none at all (learned positions, ALiBi)
-        out, pk, pv = ops.group_query_attention(
-            q, k, v, past_key, past_value, seqlens_k, total, cos, sin,
-            self.num_heads, self.kv_heads, self.scale, self.window, False, bias)
-        return self.o_proj(out), pk, pv
-
-
-# hidden_act (transformers' names) -> function. The tanh variants are one formula written three
-# ways; BLOOM's BloomGelu is that formula too.
-_ACT = {"silu": F.silu, "gelu": ops.gelu, "gelu_new": ops.fast_gelu,
-        "gelu_pytorch_tanh": ops.fast_gelu, "gelu_fast": ops.fast_gelu, "relu": F.relu}
-
-
-class MLP(nn.Module):
-    """Gated (SwiGLU): down(silu(gate(x)) * up(x)), gate and up possibly one matmul (rows gate,
-    then up). Plain (GPT-2, BLOOM, Falcon): down(gelu(up(x)))."""
-
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fuse_gate_up: bool) -> None:
-        super().__init__()
-        d, i = cfg.hidden_size, cfg.intermediate_size
-        self.gated = cfg.gated_mlp
-        self.fuse_gate_up = fuse_gate_up and cfg.gated_mlp
-        if self.fuse_gate_up:
-            self.gate_up_proj = Linear(d, 2 * i, cfg.mlp_bias, dtype)
-        elif self.gated:
-            self.gate_proj = Linear(d, i, cfg.mlp_bias, dtype)
-        if not self.fuse_gate_up:
-            self.up_proj = Linear(d, i, cfg.mlp_bias, dtype)
-        self.down_proj = Linear(i, d, cfg.mlp_bias, dtype)
-        self.act = _ACT[cfg.hidden_act]
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not self.gated:
-            return self.down_proj(self.act(self.up_proj(x)))
-        if self.fuse_gate_up and self.act is F.silu:
-            return self.down_proj(ops.swiglu(self.gate_up_proj(x)))  # one Split, not a sequence
-        if self.fuse_gate_up:
-            gate_up = self.gate_up_proj(x)  # sliced, not chunk(): see Attention.forward
-            half = gate_up.shape[-1] // 2
-            gate, up = gate_up[..., :half], gate_up[..., half:]
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(self.act(gate) * up)
-
-
-class Experts(nn.Module):
-    """All experts of a layer stacked in ORT's MoE layout.
-
-    gate_up_proj (E, 2I, D) with gate and up rows interleaved (g0, u0, g1, u1, ...);
-    down_proj (E, D, I). Loaders build these from Hugging Face's per-expert tensors.
-    """
-
-    def __init__(self, num_experts: int, d: int, i: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * i, d, dtype=dtype),
-                                         requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(num_experts, d, i, dtype=dtype), requires_grad=False)
-
-    def forward(self, x: Tensor, router_logits: Tensor, k: int, normalize: bool) -> Tensor:
-        """x (N, D), router_logits (N, E) -> (N, D)."""
-        return ops.moe(x, router_logits, self.gate_up_proj, self.down_proj, k, normalize)
-
-
-class SparseMoE(nn.Module):
-    """Qwen3-MoE MLP: fp32 softmax router over E experts, top-k, optional renormalisation."""
-
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
-        super().__init__()
-        moe = cfg.moe
-        assert moe is not None
-        self.top_k, self.normalize = moe.num_experts_per_tok, moe.norm_topk_prob
-        self.gate = Linear(cfg.hidden_size, moe.num_experts, False, dtype)  # router
-        self.experts = Experts(moe.num_experts, cfg.hidden_size, moe.moe_intermediate_size, dtype)
-
-    def forward(self, x: Tensor) -> Tensor:
-        b, t, d = x.shape
-        flat = x.reshape(b * t, d)  # (N, D)
-        logits = self.gate(flat).float()  # (N, E), router in fp32
-        out = self.experts(flat, logits.to(flat.dtype), self.top_k, self.normalize)
-        return out.reshape(b, t, d)
 
 
 class DecoderLayer(nn.Module):
@@ -330,52 +109,6 @@ class DecoderLayer(nn.Module):
         return self.mlp(h.to(self.dtype)), residual, pk, pv
 
 
-def local_rope(cfg: ModelConfig) -> ModelConfig:
-    """The config whose RoPE tables Gemma 3's sliding layers take: the local base, unscaled."""
-    assert cfg.rope_local_theta is not None
-    return cfg.replace(rope_theta=cfg.rope_local_theta, rope_scaling=None)
-
-
-class RotaryCache(nn.Module):
-    """cos/sin tables shared by all layers: (max_positions, rotary_dim / 2). Computed, never
-    loaded: on the meta device they are placeholders until ``materialize()``."""
-
-    def __init__(self, cfg: ModelConfig, max_positions: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.cfg, self.max_positions, self.table_dtype = cfg, max_positions, dtype
-        cos, sin = rope_cache(cfg, max_positions, dtype)  # meta tensors under torch.device("meta")
-        self.register_buffer("cos_cache", cos, persistent=False)
-        self.register_buffer("sin_cache", sin, persistent=False)
-
-    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The real cos and sin tables (on the CPU, whatever device the module is on)."""
-        with torch.device("cpu"):
-            return rope_cache(self.cfg, self.max_positions, self.table_dtype)
-
-    def materialize(self) -> None:
-        self.cos_cache, self.sin_cache = self.tables()
-
-
-class SinusoidalPositions(nn.Module):
-    """XGLM's fixed position table, read like a learned one; computed, never loaded (on the meta
-    device a placeholder until ``materialize()``)."""
-
-    def __init__(self, rows: int, dim: int) -> None:
-        super().__init__()
-        self.rows, self.dim = rows, dim
-        self.register_buffer("weight", sinusoidal_table(rows, dim), persistent=False)
-
-    def table(self) -> Tensor:
-        with torch.device("cpu"):
-            return sinusoidal_table(self.rows, self.dim)
-
-    def materialize(self) -> None:
-        self.weight = self.table()
-
-    def forward(self, positions: Tensor) -> Tensor:
-        return F.embedding(positions, self.weight)
-
-
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fusion: Fusion,
                  max_positions: int) -> None:
@@ -395,7 +128,8 @@ class DecoderModel(nn.Module):
             self.embed_positions.weight.requires_grad_(False)
         if cfg.position_embedding_type == "sinusoidal":  # XGLM
             self.embed_positions = SinusoidalPositions(
-                cfg.max_position_embeddings + cfg.position_offset, cfg.hidden_size)
+                cfg.max_position_embeddings + cfg.position_offset, cfg.hidden_size,
+                cfg.position_padding_idx)
         if cfg.embedding_layernorm:  # BLOOM
             self.embed_layernorm = make_norm(cfg, cfg.hidden_size)
         self.layers = nn.ModuleList(

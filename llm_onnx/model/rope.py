@@ -88,16 +88,19 @@ def rope_cache(cfg: ModelConfig, max_positions: int, dtype: torch.dtype = torch.
     return (torch.cos(angles) * scale).to(dtype), (torch.sin(angles) * scale).to(dtype)
 
 
-def sinusoidal_table(rows: int, dim: int) -> torch.Tensor:
+def sinusoidal_table(rows: int, dim: int, zero_row: int | None = None) -> torch.Tensor:
     """Fixed sinusoidal position embeddings (rows, dim), float32, in tensor2tensor's layout as
     fairseq and XGLM use it: row n = [sin(n f_0), ..., sin(n f_{h-1}), cos(n f_0), ...] with
-    f_i = 10000^(-i / (h - 1)), h = dim / 2 (an odd dim gets a zero last column)."""
+    f_i = 10000^(-i / (h - 1)), h = dim / 2 (an odd dim gets a zero last column). Row
+    ``zero_row`` (XGLM's padding_idx) is all zeros."""
     half = dim // 2
     freqs = torch.exp(torch.arange(half, dtype=torch.float64) * -(math.log(10000.0) / (half - 1)))
     angles = torch.arange(rows, dtype=torch.float64)[:, None] * freqs[None, :]
     table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
     if dim % 2:
         table = torch.cat([table, torch.zeros(rows, 1, dtype=torch.float64)], dim=1)
+    if zero_row is not None:
+        table[zero_row] = 0.0
     return table.float()
 
 

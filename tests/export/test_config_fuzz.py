@@ -5,7 +5,7 @@ is refused before any work with a one-line message. Never an ONNX Runtime intern
 
 Shapes ONNX Runtime's GroupQueryAttention refuses (head sizes that are not a multiple of 16,
 rotary widths whose half is not a multiple of 8) are drawn on purpose: the export then picks
-another attention form (decoder.attention_form) and records it in the manifest.
+another attention form (attention.attention_form) and records it in the manifest.
 
 The configs are drawn as our ModelConfig and written as transformers' config.json by the family
 (the same path as the tests' tiny checkpoints); transformers builds its model from that file, so
@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from llm_onnx.errors import LlmOnnxError, ParityError
 from llm_onnx.families import get_config
-from llm_onnx.model.decoder import attention_form
+from llm_onnx.model.attention import attention_form
 from tests.conftest import FAMILY_ARCHS, TINY_ARCHS
 from tests.ort_helpers import Graphs, batch_logits, hf_logits
 from tests.runtime.test_runtime_models import hf_greedy_run
@@ -84,6 +84,14 @@ def configs(draw, arch: str):
         changes["mlp_bias"] = draw(st.booleans())
     if kind == "FalconForCausalLM":
         changes["attention_bias"] = changes["mlp_bias"] = draw(st.booleans())
+    if kind == "XGLMForCausalLM":
+        # transformers zeroes row pad_token_id of XGLM's table, read from row 2 on: 2 (the
+        # simplest draw) zeroes position 0's row, up to 16 a row the prompts here read, 0 and
+        # 1 rows no position reads, None none. (OPT's learned table has no padding row, and
+        # the token embedding's padding_idx only initialises a row every checkpoint stores, so
+        # no other family's positions depend on pad_token_id.)
+        changes["position_padding_idx"] = draw(st.one_of(st.integers(2, 16),
+                                                         st.sampled_from([None, 0, 1])))
     if kind == "MistralForCausalLM":
         changes["sliding_window"] = draw(st.one_of(st.integers(2, 8), st.none()))
     if kind == "Phi3ForCausalLM":

@@ -138,7 +138,7 @@ def clearly_routed_rows(model, arch: str, k: int) -> tuple[list[list[int]], list
 def clear_routing_prefix(model, rows: list[list[int]], k: int) -> list[int]:
     """Per row, how many leading positions route clearly in every MoE layer of the torch
     reference: the k-th chosen expert's router logit leads the next one's by ROUTING_GAP."""
-    from llm_onnx.model.decoder import SparseMoE
+    from llm_onnx.model.mlp import SparseMoE
 
     gaps: list[np.ndarray] = []
 

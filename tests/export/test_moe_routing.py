@@ -167,7 +167,7 @@ def test_unrenormalized_router_int4_matches_torch_with_dequantized_weights(expor
     """Rung 4 at int4 with fp32 activations (QMoE): ONNX Runtime computes the dequantized math,
     up to each row's first near-tie in the routing (as test_export's quantized rung); the same
     reference with renormalising routers is outside the tolerance."""
-    from llm_onnx.model.decoder import SparseMoE
+    from llm_onnx.model.mlp import SparseMoE
 
     folder = export_unrenormalized("int4", **EXACT_INT4)
     reference = torch_reference(folder, UNRENORMALIZED,

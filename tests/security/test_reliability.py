@@ -17,6 +17,21 @@ from llm_onnx.runtime import Model
 from tests.runtime.fakes import FakeEngine
 
 
+def _someone_waits_on(path) -> bool:
+    """Whether a process is blocked on the flock of ``path``: Linux lists waiters in
+    /proc/locks ("->" lines, by device:inode). Elsewhere: after a pause, assumed."""
+    import os
+    from pathlib import Path
+
+    locks = Path("/proc/locks")
+    if not locks.is_file():
+        time.sleep(0.3)
+        return True
+    inode = os.stat(path).st_ino
+    return any("->" in line and line.split()[6].endswith(f":{inode}")
+               for line in locks.read_text().splitlines())
+
+
 def _slow_export(folder_str: str, log_str: str, arrived_str: str) -> None:
     from pathlib import Path
 
@@ -25,11 +40,14 @@ def _slow_export(folder_str: str, log_str: str, arrived_str: str) -> None:
     def export(out: Path) -> None:
         with open(log_str, "a") as log:
             log.write(f"export start {time.time()}\n")
-        # Hold the lock until both processes have asked for the folder (or 30 s pass).
+        # Hold the lock until both processes have asked for the folder and the other one waits
+        # on the lock (or 30 s pass: the assertions then tell what went wrong).
         deadline = time.monotonic() + 30
         while len(Path(arrived_str).read_text().split()) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.3)  # the other process is now waiting on the lock, not before it
+        while not _someone_waits_on(out.parent / f".{out.name}.lock") and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
         out.mkdir()
         (out / "manifest.json").write_text("{}")
         with open(log_str, "a") as log:

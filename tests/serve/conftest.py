@@ -25,6 +25,7 @@ CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}t4{% else
 
 
 CONTEXT = 4096
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -42,16 +43,26 @@ def wait_until(condition, timeout: float = 20.0, step: float = 0.05) -> None:
 
 
 class ServerProcess:
-    """`llm-onnx serve ...` in a subprocess; ``stop()`` sends SIGTERM and waits for the exit."""
+    """`llm-onnx serve ...` in a subprocess; ``stop()`` sends SIGTERM and waits for the exit.
+
+    ``held=N``: the same command with its model runs held after the first N
+    (tests/serve/held_server.py) until a request that had not finished is cancelled or the
+    test calls ``release()``: a request then cannot finish before the test lets it, however
+    fast the machine, and what a test sees meanwhile cannot move."""
 
     def __init__(self, folder: Path, *args: str, api_key: str | None = None,
-                 timeout: float = 90) -> None:
+                 timeout: float = 90, held: int | None = None) -> None:
         self.port = free_port()
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         env = {"LLM_ONNX_API_KEY": api_key} if api_key else {}
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = folder.parent / f"serve-{self.port}.log"
-        cmd = [sys.executable, "-m", "llm_onnx.cli", "serve", "--model", str(folder),
+        command = ["llm_onnx.cli"]
+        if held is not None:
+            command = ["tests.serve.held_server", str(held)]
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+        cmd = [sys.executable, "-m", *command, "serve", "--model", str(folder),
                "--port", str(self.port), "--threads", "1", "--log-level", "warning", *args]
         self._log = open(self.log, "w")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
@@ -92,6 +103,10 @@ class ServerProcess:
     def signal(self, sig: int = signal.SIGTERM) -> None:
         self.proc.send_signal(sig)
 
+    def release(self) -> None:
+        """Let a held server's model run freely from now on."""
+        self.proc.send_signal(signal.SIGUSR1)
+
     def stop(self, timeout: float = 30) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -108,8 +123,9 @@ class ServerProcess:
 @pytest.fixture(scope="session")
 def chat_model_folder(tmp_path_factory) -> Path:
     """llama_tiny (vocab 256) with a 4096-token context, a word tokenizer, a chat template and
-    t2 (its eos id) ending turns, exported fp32. The long context lets a request run for
-    seconds (disconnects, full queues and shutdowns happen while it runs)."""
+    t2 (its eos id) ending turns, exported fp32. The long context takes requests of thousands
+    of tokens; tests that need one still running when they act hold the server
+    (``ServerProcess(held=N)``) rather than count on its length."""
     from llm_onnx.checkpoints import open_checkpoint
     from llm_onnx.export import ExportOptions, export_model
     from llm_onnx.families import get_config

@@ -24,7 +24,7 @@ SYSTEM = "t5 t6"
 
 @pytest.fixture(scope="module")
 def server(chat_model_folder):
-    """Speculation off: a long answer then takes seconds, time enough to press Stop."""
+    """The page's server: two rows, speculation off."""
     proc = ServerProcess(chat_model_folder, "--max-batch", "2", "--speculative", "off")
     yield proc
     assert proc.stop() in (0, -signal.SIGTERM), proc.output()
@@ -163,26 +163,36 @@ def test_an_answer_streams_the_apis_greedy_answer_and_a_second_turn_continues(ch
     assert chat.errors == [] and chat.off_server() == []
 
 
-def test_stop_ends_the_stream_and_the_server_frees_the_row(chat, server):
-    chat.settings(temperature=0, max_tokens=4000)
-    cancelled = server.metric('llm_onnx_request_finish_total{reason="cancelled"}')
-    answer = chat.send("t10 t11 t12")  # greedy, this prompt runs to max_tokens: seconds
-    chat.page.wait_for_function("a => a.querySelector('pre.raw').textContent.length > 0",
-                                arg=answer.element_handle())
-    assert answer.get_attribute("data-state") == "streaming"
-    assert chat.page.is_visible("#stop") and not chat.page.is_visible("#send")
-    assert server.metric("llm_onnx_running_requests") == 1
-    chat.page.click("#stop")
-    assert chat.wait_done(answer, 10_000) == "stopped"
-    wait_until(lambda: server.metric("llm_onnx_running_requests") == 0, timeout=5)
-    assert server.metric('llm_onnx_request_finish_total{reason="cancelled"}') == cancelled + 1
-    text = chat.raw(answer)
-    time.sleep(0.3)
-    assert chat.raw(answer) == text  # nothing more arrives
-    assert 0 < len(text.split()) < 4000
-    assert "stopped" in answer.locator(".numbers").inner_text()
-    assert chat.page.is_visible("#send") and not chat.page.is_visible("#stop")
-    assert chat.errors == []
+def test_stop_ends_the_stream_and_the_server_frees_the_row(browser, chat_model_folder):
+    """On a held server (ServerProcess(held=4)) the answer streams its first tokens and then
+    cannot go on: it is still streaming when Stop is pressed, however fast the machine."""
+    server = ServerProcess(chat_model_folder, "--max-batch", "2", "--speculative", "off",
+                           held=4)
+    chat = ChatPage(browser, server).open()
+    try:
+        chat.settings(temperature=0, max_tokens=4000)
+        answer = chat.send("t10 t11 t12")
+        chat.page.wait_for_function("a => a.querySelector('pre.raw').textContent.length > 0",
+                                    arg=answer.element_handle())
+        assert answer.get_attribute("data-state") == "streaming"
+        assert chat.page.is_visible("#stop") and not chat.page.is_visible("#send")
+        assert server.metric("llm_onnx_running_requests") == 1
+        chat.page.click("#stop")
+        assert chat.wait_done(answer, 10_000) == "stopped"
+        # cancelled, and the row freed (the running gauge drops a moment before the count)
+        wait_until(lambda: server.metric(
+            'llm_onnx_request_finish_total{reason="cancelled"}') == 1
+            and server.metric("llm_onnx_running_requests") == 0)
+        text = chat.raw(answer)
+        time.sleep(0.3)
+        assert chat.raw(answer) == text  # nothing more arrives
+        assert 0 < len(text.split()) < 4000
+        assert "stopped" in answer.locator(".numbers").inner_text()
+        assert chat.page.is_visible("#send") and not chat.page.is_visible("#stop")
+        assert chat.errors == []
+    finally:
+        chat.close()
+        server.stop()
 
 
 def test_new_conversation_starts_over(chat):

@@ -17,7 +17,7 @@ import pytest
 
 from tests.byte_model import byte_model_folder  # noqa: F401 (fixture)
 from tests.serve.browser import ChatPage
-from tests.serve.conftest import ServerProcess
+from tests.serve.conftest import ServerProcess, wait_until
 
 import ray.serve  # noqa: E402,F401  (the [ray] extra is a required test dependency)
 
@@ -192,9 +192,13 @@ def test_a_killed_replica_is_replaced_and_no_request_hangs(cluster, model):
             outcome[i] = ("error", type(e).__name__, str(e))
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    started = cluster.metric("llm_onnx_prompt_tokens_total")  # of started requests
     for t in threads:
         t.start()
-    time.sleep(1.5)
+    # Not a fixed sleep: a slow machine would kill the replica before the requests reached it.
+    # All 8 have started on the replicas (a count that only grows: some may already be done).
+    wait_until(lambda: cluster.metric("llm_onnx_prompt_tokens_total") >= started + 8 * 3,
+               timeout=60)
     os.kill(victim, signal.SIGKILL)
     for t in threads:
         t.join(90)

@@ -1,0 +1,117 @@
+"""Attention: the module (q/k/v/o projections, Qwen3's q/k norms, RoPE outside or inside
+GroupQueryAttention, plain ONNX ops for the head sizes the kernel refuses) and the choice of
+the fastest form ONNX Runtime runs for a config (``attention_form``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from llm_onnx.model import ops
+from llm_onnx.model.config import ModelConfig
+from llm_onnx.model.layers import Linear, RMSNorm
+
+
+@dataclass(frozen=True)
+class AttentionForm:
+    """How a config's attention is exported: GroupQueryAttention with RoPE inside (the fused
+    kernel, fastest), GroupQueryAttention with RoPE as its own op, or plain ONNX ops. ``why``
+    says what ruled out the faster forms (None for the fused one)."""
+
+    name: str  # "fused" | "rotary outside" | "plain"
+    why: str | None = None
+
+    @property
+    def rotary_inside(self) -> bool:
+        return self.name == "fused"
+
+    @property
+    def plain(self) -> bool:
+        return self.name == "plain"
+
+
+def attention_form(cfg: ModelConfig) -> AttentionForm:
+    """The fastest attention ONNX Runtime (1.31) runs for ``cfg`` on the CPU: its
+    GroupQueryAttention refuses a head size that is not a multiple of 16, and RoPE inside it a
+    rotary width whose half is not a multiple of 8 (measured; see docs/export.md)."""
+    if cfg.head_dim % 16:
+        return AttentionForm("plain", f"head_dim {cfg.head_dim} is not a multiple of 16, which "
+                                      "ONNX Runtime's GroupQueryAttention requires")
+    half = cfg.rotary_dim // 2
+    if cfg.position_embedding_type == "rope" and half % 8:
+        return AttentionForm("rotary outside",
+                             f"the rotary width {cfg.rotary_dim} (head_dim {cfg.head_dim} x "
+                             f"partial_rotary_factor {cfg.partial_rotary_factor:g}) halves to "
+                             f"{half}, not a multiple of 8, which GroupQueryAttention's RoPE "
+                             "requires")
+    return AttentionForm("fused")
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fused_rotary: bool,
+                 fuse_qkv: bool, layer: int = 0, plain: bool = False) -> None:
+        super().__init__()
+        self.num_heads, self.kv_heads, self.head_dim = (
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        self.q_width, self.kv_width = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
+        d = cfg.hidden_size
+        self.fuse_qkv = fuse_qkv
+        if fuse_qkv:  # one matmul; rows q, then k, then v (GQA's packed QKV layout)
+            self.qkv_proj = Linear(d, self.q_width + 2 * self.kv_width, cfg.attention_bias, dtype)
+        else:
+            self.q_proj = Linear(d, self.q_width, cfg.attention_bias, dtype)
+            self.k_proj = Linear(d, self.kv_width, cfg.attention_bias, dtype)
+            self.v_proj = Linear(d, self.kv_width, cfg.attention_bias, dtype)
+        self.o_proj = Linear(self.q_width, d, cfg.o_proj_bias, dtype)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.scale = cfg.attention_scale or self.head_dim ** -0.5
+        # Mistral: each query sees its last `sliding_window` keys, itself included, which is what
+        # GroupQueryAttention's local_window_size means (measured: see ops.attention_ref).
+        # Gemma 3: only its sliding layers.
+        self.window = cfg.layer_window(layer) or -1
+        self.rope = cfg.position_embedding_type == "rope"
+        self.plain = plain
+        self.fused_rotary = fused_rotary and self.rope and not plain
+
+    def forward(self, x: Tensor, seqlens_k: Tensor, total: Tensor, cos: Tensor | None,
+                sin: Tensor | None, positions: Tensor, past_key: Tensor, past_value: Tensor,
+                bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """bias: ALiBi's (1, H, T, S) attention bias, or None."""
+        b, t, _ = x.shape
+        k: Tensor | None
+        v: Tensor | None
+        if self.fuse_qkv:
+            q, k, v = self.qkv_proj(x), None, None  # (B, T, H*D + 2*Hkv*D)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, H*D), (B, T, Hkv*D) x2
+        if self.qk_norm or (self.rope and not self.fused_rotary) or self.plain:
+            if k is None:
+                # Slices, not split(): torch.split exports as SplitToSequence, which has no
+                # CUDA kernel in ONNX Runtime (the node would run on the CPU).
+                qw, kw = self.q_width, self.kv_width
+                q, k, v = q[..., :qw], q[..., qw:qw + kw], q[..., qw + kw:]
+            if self.qk_norm:
+                q = self.q_norm(q.reshape(b, t, self.num_heads, self.head_dim)).reshape(b, t, -1)
+                k = self.k_norm(k.reshape(b, t, self.kv_heads, self.head_dim)).reshape(b, t, -1)
+                q, k = q.to(x.dtype), k.to(x.dtype)
+        if self.rope and not self.fused_rotary:
+            assert k is not None and v is not None and cos is not None and sin is not None
+            q = ops.rotary_embedding(q, positions, cos, sin, self.num_heads, False)
+            k = ops.rotary_embedding(k, positions, cos, sin, self.kv_heads, False)
+        if self.plain:
+            assert k is not None and v is not None
+            out, pk, pv = ops.plain_attention(
+                q, k, v, past_key, past_value, seqlens_k, total, positions, self.num_heads,
+                self.kv_heads, self.scale, self.window, bias)
+            return self.o_proj(out), pk, pv
+        if not self.fused_rotary:
+            cos = sin = None  # RoPE applied above, or none at all (learned positions, ALiBi)
+        out, pk, pv = ops.group_query_attention(
+            q, k, v, past_key, past_value, seqlens_k, total, cos, sin,
+            self.num_heads, self.kv_heads, self.scale, self.window, False, bias)
+        return self.o_proj(out), pk, pv

@@ -1,0 +1,64 @@
+"""The decoder's basic layers: Linear in Hugging Face's (out, in) layout, and RMSNorm and
+LayerNorm with fp32 statistics whose ``add`` fuses the residual sum before them."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from llm_onnx.model import ops
+from llm_onnx.model.config import ModelConfig
+
+
+class Linear(nn.Module):
+    """y = x W^T + b with Hugging Face's (out, in) weight layout."""
+
+    def __init__(self, n_in: int, n_out: int, bias: bool, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.in_features, self.out_features = n_in, n_out
+        self.weight = nn.Parameter(torch.empty(n_out, n_in, dtype=dtype), requires_grad=False)
+        self.bias = (nn.Parameter(torch.empty(n_out, dtype=dtype), requires_grad=False)
+                     if bias else None)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with fp32 statistics and an fp32 weight; ``add`` fuses the residual sum before it."""
+
+    def __init__(self, width: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.rms_norm(x, self.weight, self.eps)
+
+    def add(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """(norm(x + residual), x + residual)."""
+        return ops.add_rms_norm(x, residual, self.weight, self.eps)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with fp32 statistics, weight and bias; ``add`` fuses the residual sum before it."""
+
+    def __init__(self, width: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(width), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return ops.layer_norm(x, self.weight, self.bias, self.eps)
+
+    def add(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """(norm(x + residual), x + residual)."""
+        return ops.add_layer_norm(x, residual, self.weight, self.bias, self.eps)
+
+
+def make_norm(cfg: ModelConfig, width: int) -> RMSNorm | LayerNorm:
+    if cfg.norm_type == "layer":  # GPT-2, BLOOM, Falcon
+        return LayerNorm(width, cfg.layer_norm_epsilon)
+    return RMSNorm(width, cfg.rms_norm_eps)

@@ -1,0 +1,86 @@
+"""The feed-forward blocks: the dense MLP (gated SwiGLU or plain GELU / ReLU) and Qwen3-MoE's
+sparse mixture of experts (an fp32 router over experts stacked in ONNX Runtime's MoE layout)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from llm_onnx.model import ops
+from llm_onnx.model.config import ModelConfig
+from llm_onnx.model.layers import Linear
+
+# hidden_act (transformers' names) -> function. The tanh variants are one formula written three
+# ways; BLOOM's BloomGelu is that formula too.
+_ACT = {"silu": F.silu, "gelu": ops.gelu, "gelu_new": ops.fast_gelu,
+        "gelu_pytorch_tanh": ops.fast_gelu, "gelu_fast": ops.fast_gelu, "relu": F.relu}
+
+
+class MLP(nn.Module):
+    """Gated (SwiGLU): down(silu(gate(x)) * up(x)), gate and up possibly one matmul (rows gate,
+    then up). Plain (GPT-2, BLOOM, Falcon): down(gelu(up(x)))."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fuse_gate_up: bool) -> None:
+        super().__init__()
+        d, i = cfg.hidden_size, cfg.intermediate_size
+        self.gated = cfg.gated_mlp
+        self.fuse_gate_up = fuse_gate_up and cfg.gated_mlp
+        if self.fuse_gate_up:
+            self.gate_up_proj = Linear(d, 2 * i, cfg.mlp_bias, dtype)
+        elif self.gated:
+            self.gate_proj = Linear(d, i, cfg.mlp_bias, dtype)
+        if not self.fuse_gate_up:
+            self.up_proj = Linear(d, i, cfg.mlp_bias, dtype)
+        self.down_proj = Linear(i, d, cfg.mlp_bias, dtype)
+        self.act = _ACT[cfg.hidden_act]
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.gated:
+            return self.down_proj(self.act(self.up_proj(x)))
+        if self.fuse_gate_up and self.act is F.silu:
+            return self.down_proj(ops.swiglu(self.gate_up_proj(x)))  # one Split, not a sequence
+        if self.fuse_gate_up:
+            gate_up = self.gate_up_proj(x)  # sliced, not chunk(): see attention.Attention
+            half = gate_up.shape[-1] // 2
+            gate, up = gate_up[..., :half], gate_up[..., half:]
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(self.act(gate) * up)
+
+
+class Experts(nn.Module):
+    """All experts of a layer stacked in ORT's MoE layout.
+
+    gate_up_proj (E, 2I, D) with gate and up rows interleaved (g0, u0, g1, u1, ...);
+    down_proj (E, D, I). Loaders build these from Hugging Face's per-expert tensors.
+    """
+
+    def __init__(self, num_experts: int, d: int, i: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * i, d, dtype=dtype),
+                                         requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(num_experts, d, i, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: Tensor, router_logits: Tensor, k: int, normalize: bool) -> Tensor:
+        """x (N, D), router_logits (N, E) -> (N, D)."""
+        return ops.moe(x, router_logits, self.gate_up_proj, self.down_proj, k, normalize)
+
+
+class SparseMoE(nn.Module):
+    """Qwen3-MoE MLP: fp32 softmax router over E experts, top-k, optional renormalisation."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        moe = cfg.moe
+        assert moe is not None
+        self.top_k, self.normalize = moe.num_experts_per_tok, moe.norm_topk_prob
+        self.gate = Linear(cfg.hidden_size, moe.num_experts, False, dtype)  # router
+        self.experts = Experts(moe.num_experts, cfg.hidden_size, moe.moe_intermediate_size, dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, d = x.shape
+        flat = x.reshape(b * t, d)  # (N, D)
+        logits = self.gate(flat).float()  # (N, E), router in fp32
+        out = self.experts(flat, logits.to(flat.dtype), self.top_k, self.normalize)
+        return out.reshape(b, t, d)
