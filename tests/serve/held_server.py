@@ -62,7 +62,7 @@ class HeldEngine:
 def main(argv: list[str]) -> None:
     from llm_onnx.cli import main as cli
     from llm_onnx.runtime import Model
-    from llm_onnx.runtime.scheduler import Request
+    from llm_onnx.runtime.generation.scheduler import Request
 
     gate = Gate(int(argv[0]))
     load = Model.load.__func__  # type: ignore[attr-defined]
