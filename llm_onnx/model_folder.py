@@ -15,6 +15,7 @@ import json
 import os
 import types
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,20 +39,35 @@ LOGITS = "logits"  # (B, T or W, V) float32
 LOGITS_WINDOW = "logits_window"  # (W,) int64, prefill only: logits of the last W new tokens
 PRESENT_KEY = "present.{}.key"  # same buffer as the past when bound in place
 PRESENT_VALUE = "present.{}.value"
+# A linear-attention layer's state instead of keys and values (Qwen3.5's Gated DeltaNet)
+PAST_CONV = "past_state.{}.conv"  # (B, K-1, C): the convolution's last K-1 inputs
+PAST_RECURRENT = "past_state.{}.recurrent"  # (B, Hv, dk, dv) float32
+PRESENT_CONV = "present_state.{}.conv"
+PRESENT_RECURRENT = "present_state.{}.recurrent"
+VALID_TOKENS = "valid_tokens"  # (B,) int32, models with such layers: new tokens each row runs
 
 
-def input_names(num_layers: int) -> list[str]:
-    names = [INPUT_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH]
+def state_names(num_layers: int, linear: Collection[int] = ()) -> list[tuple[str, str]]:
+    """(past, present) graph names of every layer's two state tensors, in the graphs' order:
+    keys and values, or a linear-attention layer's conv and recurrent states."""
+    out = []
     for i in range(num_layers):
-        names += [PAST_KEY.format(i), PAST_VALUE.format(i)]
-    return names
+        if i in linear:
+            out += [(PAST_CONV.format(i), PRESENT_CONV.format(i)),
+                    (PAST_RECURRENT.format(i), PRESENT_RECURRENT.format(i))]
+        else:
+            out += [(PAST_KEY.format(i), PRESENT_KEY.format(i)),
+                    (PAST_VALUE.format(i), PRESENT_VALUE.format(i))]
+    return out
 
 
-def output_names(num_layers: int) -> list[str]:
-    names = [LOGITS]
-    for i in range(num_layers):
-        names += [PRESENT_KEY.format(i), PRESENT_VALUE.format(i)]
-    return names
+def input_names(num_layers: int, linear: Collection[int] = ()) -> list[str]:
+    return [INPUT_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH] + [
+        past for past, _ in state_names(num_layers, linear)]
+
+
+def output_names(num_layers: int, linear: Collection[int] = ()) -> list[str]:
+    return [LOGITS] + [present for _, present in state_names(num_layers, linear)]
 
 
 # ----------------------------------------------------------------------------- sections
@@ -119,6 +135,42 @@ class KVCacheSpec:
     # head sizes GroupQueryAttention refuses), and what ruled out the faster forms.
     attention: str = "fused"
     attention_why: str | None = None
+    # The layers that own a buffer (None: every layer; Qwen3.5: its full-attention layers only)
+    layers: tuple[int, ...] | None = None
+
+    @property
+    def layer_indices(self) -> tuple[int, ...]:
+        return self.layers if self.layers is not None else tuple(range(self.num_layers))
+
+
+# The kinds of per-row recurrent state this llm-onnx reads (RecurrentStateSpec.kind).
+STATE_KINDS = ("gated_delta",)
+
+
+@dataclass(frozen=True)
+class RecurrentStateSpec:
+    """The per-row state of a model's linear-attention layers (Qwen3.5's Gated DeltaNet): each
+    of ``layers`` has a conv state (``conv_shape`` per row: the convolution's last K-1 inputs)
+    and a recurrent state (``recurrent_shape`` per row: (Hv, dk, dv)), both graph inputs and
+    outputs bound in place. Unlike a KV cache it has no positions: it cannot be cut back, so the
+    runtime keeps copies of it (checkpoints) where a row may be rewound to."""
+
+    kind: str  # "gated_delta"
+    layers: tuple[int, ...]
+    conv_shape: tuple[int, ...]
+    recurrent_shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row's state (every linear-attention layer, both tensors)."""
+        per = 1
+        for d in self.conv_shape:
+            per *= d
+        rec = 1
+        for d in self.recurrent_shape:
+            rec *= d
+        return len(self.layers) * (per + rec) * (2 if self.dtype == "float16" else 4)
 
 
 @dataclass(frozen=True)
@@ -156,6 +208,7 @@ class ParityReport:
     kl_divergence: float | None = None
     greedy_agreement: float | None = None
     present_kv_max_abs_diff: float | None = None
+    present_state_max_abs_diff: float | None = None  # linear-attention layers' states
     thresholds: dict[str, float] = field(default_factory=dict)
     # The same prompts through the runtime on CUDA (exports for a GPU, made where one is usable).
     cuda_relative_logits_diff: float | None = None
@@ -200,6 +253,7 @@ class Manifest:
     tools: dict[str, str]
     created: str
     files: dict[str, FileEntry]
+    recurrent_state: RecurrentStateSpec | None = None  # models with linear-attention layers
     folder: Path | None = field(default=None, compare=False)
 
     # -------------------------------------------------------------- reading
@@ -250,12 +304,20 @@ class Manifest:
             if f.name == "folder":
                 continue
             if f.name not in data:
+                if f.default is not dataclasses.MISSING:  # an optional section, newer than the file
+                    continue
                 raise ModelFolderError(f"{where}: {MANIFEST} lacks the '{f.name}' section.")
             try:
                 values[f.name] = _typed(hints[f.name], data[f.name], f.name)
             except (TypeError, ValueError, KeyError) as e:
                 raise ModelFolderError(f"{where}: {MANIFEST} section '{f.name}' is not what "
                                        f"this llm-onnx reads ({e}).") from None
+        state = values.get("recurrent_state")
+        if state is not None and state.kind not in STATE_KINDS:
+            raise ModelFolderError(f"{where}: {MANIFEST} describes a recurrent state of kind "
+                                   f"{state.kind!r}, which this llm-onnx does not know (it "
+                                   f"knows {', '.join(STATE_KINDS)}); upgrade llm-onnx or "
+                                   "re-export the model with this version.")
         return cls(**values, folder=folder)
 
 

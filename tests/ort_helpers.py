@@ -18,6 +18,9 @@ class Graphs:
         kv = self.manifest["kv_cache"]
         self.layers, self.kv_heads, self.head_dim = kv["num_layers"], kv["num_key_value_heads"], kv["head_dim"]
         self.kv_dtype = np.float16 if kv["dtype"] == "float16" else np.float32
+        # linear-attention layers (Qwen3.5): a conv and a recurrent state instead of keys and values
+        self.state = self.manifest.get("recurrent_state")
+        self.linear = set(self.state["layers"]) if self.state else set()
         so = ort.SessionOptions()
         so.log_severity_level = 3
         self.sessions = {g: ort.InferenceSession(str(self.folder / f"{g}.onnx"), so,
@@ -26,14 +29,31 @@ class Graphs:
 
     def new_cache(self, batch: int, length: int) -> list[np.ndarray]:
         shape = (batch, self.kv_heads, length, self.head_dim)
-        return [np.zeros(shape, self.kv_dtype) for _ in range(2 * self.layers)]
+        out = []
+        for i in range(self.layers):
+            if i in self.linear:
+                out += [np.zeros((batch, *self.state[k]), np.float32)
+                        for k in ("conv_shape", "recurrent_shape")]
+            else:
+                out += [np.zeros(shape, self.kv_dtype) for _ in range(2)]
+        return out
 
-    def run(self, graph: str, ids: np.ndarray, seqlens: list[int], total: int, cache: list[np.ndarray]):
+    def run(self, graph: str, ids: np.ndarray, seqlens: list[int], total: int, cache: list[np.ndarray],
+            valid: list[int] | None = None):
+        """``valid``: how many new tokens of each row advance the linear-attention states (default:
+        a right-padded first prompt's lengths, else every new token)."""
         feed = {"input_ids": ids.astype(np.int64), "seqlens_k": np.array(seqlens, np.int32),
                 "total_sequence_length": np.array(total, np.int32)}
         for i in range(self.layers):
-            feed[f"past_key_values.{i}.key"] = cache[2 * i]
-            feed[f"past_key_values.{i}.value"] = cache[2 * i + 1]
+            names = ("past_state.{}.conv", "past_state.{}.recurrent") if i in self.linear else \
+                ("past_key_values.{}.key", "past_key_values.{}.value")
+            feed[names[0].format(i)] = cache[2 * i]
+            feed[names[1].format(i)] = cache[2 * i + 1]
+        if self.linear:
+            t = ids.shape[1]
+            if valid is None:
+                valid = [n + 1 for n in seqlens] if total == t else [t] * len(seqlens)
+            feed["valid_tokens"] = np.array(valid, np.int32)
         out = self.sessions[graph].run(None, feed)
         return out[0], out[1:]
 

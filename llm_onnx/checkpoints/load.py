@@ -142,7 +142,7 @@ Producer = Callable[[TensorSource], torch.Tensor]
 
 # Fused projections: parameter suffix -> the checkpoint projections concatenated (rows) into it.
 _FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
-          "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+          "gate_up_proj": ("gate_proj", "up_proj")}  # mlp.gate_up_proj, mlp.shared_expert.gate_up_proj
 
 
 def param_producers(model: nn.Module) -> Iterator[tuple[str, Producer]]:

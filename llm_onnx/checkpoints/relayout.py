@@ -38,6 +38,12 @@ class FamilySource:
         for i in range(cfg.num_hidden_layers):
             table.update(fam.checkpoint_layer(cfg, i))
         table = {name: replace(part, source=prefix + part.source) for name, part in table.items()}
+        if fam.checkpoint_nested is not None:  # Qwen3.5: the text model under model.language_model.
+            short, nested = fam.checkpoint_nested
+            if any(n.startswith(nested) for n in present):
+                table = {name: replace(part, source=nested + part.source[len(short):])
+                         if part.source.startswith(short) else part
+                         for name, part in table.items()}
         self._checkpoint_names = {name: part.source for name, part in table.items()}
         self._parts = {name: part for name, part in table.items() if part.source in present}
         if "lm_head.weight" in present:

@@ -266,6 +266,8 @@ class GGUFSource:
         self._tensors = {t.name: t for t in self.reader.tensors}
         self._map: dict[str, tuple[str, int | None]] = {}  # hf name -> (gguf name, expert index)
         self._last: tuple[str, np.ndarray] | None = None  # stacked experts are read E times
+        # llama.cpp appends a model's multi-token-prediction layers as blocks after its own
+        mtp = int(gguf_field(self.reader, f"{names.arch}.nextn_predict_layers") or 0) > 0
         for gname, t in self._tensors.items():
             if gname in names.globals:
                 self._map[names.globals[gname]] = (gname, None)
@@ -273,6 +275,8 @@ class GGUFSource:
             parts = gname.split(".", 2)
             if parts[0] != "blk" or len(parts) < 3:
                 continue  # e.g. rope_freqs.weight: derived from metadata instead
+            if mtp and int(parts[1]) >= self.cfg.num_hidden_layers:
+                continue  # multi-token-prediction layers after the model's own (not run)
             prefix = f"model.layers.{parts[1]}"
             if parts[2] in names.layer:
                 self._map[f"{prefix}.{names.layer[parts[2]]}"] = (gname, None)
@@ -294,6 +298,9 @@ class GGUFSource:
     def shape(self, name: str) -> Shape:
         gname, expert = self._map[name]
         shape = tuple(int(d) for d in reversed(self._tensors[gname].shape))
+        if self.names_table.relayout is not None:  # a re-layout may change the shape
+            meta = torch.empty(shape, device="meta")
+            shape = tuple(self.names_table.relayout(gname, meta, self.cfg).shape)
         return shape[1:] if expert is not None else shape
 
     def _dequantize(self, gname: str) -> np.ndarray:
@@ -320,8 +327,12 @@ class GGUFSource:
             heads = (self.cfg.num_attention_heads if gname.endswith("attn_q.weight")
                      else self.cfg.num_key_value_heads)
             w = _unpermute(w, heads)
-        if self.names_table.norm_shift and gname.endswith("norm.weight"):
-            w = w - self.names_table.norm_shift
+        table = self.names_table
+        if table.relayout is not None:
+            w = table.relayout(gname, w, self.cfg)
+        if table.norm_shift and gname.endswith("norm.weight") \
+                and not gname.endswith(table.norm_shift_skip):
+            w = w - table.norm_shift
         return w.contiguous()
 
     def describe(self, name: str) -> str:

@@ -184,7 +184,6 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
         for name, mod in m.named_children():
             if name != "layers" and not name.startswith("rotary"):
                 drop(mod)
-        shape = (1, cfg.num_key_value_heads, t, cfg.head_dim)
         for i, layer in enumerate(m.layers):
             prefix = f"model.layers.{i}."
             load(prefix, keep=lambda n: ".mlp.experts." not in n)
@@ -193,7 +192,7 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
                 layer.mlp.experts = StreamedExperts(producers[f"{experts}gate_up_proj"],
                                                     producers[f"{experts}down_proj"], source)
             stats = _input_stats(layer)
-            model.run_layer(i, x, seqlens_k, total, torch.zeros(shape), torch.zeros(shape))
+            model.run_layer(i, x, seqlens_k, total, *model.new_layer_cache(i, 1, t))
             for hook in stats.pop("hooks"):
                 hook.remove()
             _decide_layer(cal, cfg, layer, prefix, stats, block_size)
@@ -289,26 +288,46 @@ def _input_stats(layer: nn.Module) -> dict:
 def _decide_layer(cal: Calibration, cfg: ModelConfig, layer: nn.Module, prefix: str,
                   stats: dict, block_size: int) -> None:
     """Scales and search weights of one layer's groups (see the module docstring)."""
-    attn, mlp = layer.self_attn, layer.mlp
+    mlp = layer.mlp
     plain = not (cfg.parallel_attn or cfg.post_layernorm or cfg.sandwich_norm)
-    qkv = ["self_attn.qkv_proj"] if attn.fuse_qkv else \
-        ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
-    _group(cal, layer, prefix, qkv, stats, block_size,
-           norm="input_layernorm" if plain else None)
-    _group_o(cal, cfg, layer, prefix, stats, block_size)
+    if layer.linear:  # Qwen3.5's linear attention: every projection of the normed input (the
+        # float in_proj_b / in_proj_a too, so the fold into the norm keeps them exact), and
+        # out_proj, whose input the gated norm's weight scales per value-head channel
+        _group(cal, layer, prefix, [f"linear_attn.in_proj_{p}" for p in ("qkv", "z", "b", "a")],
+               stats, block_size, norm="input_layernorm" if plain else None)
+        _group_shared(cal, layer, prefix, "linear_attn.out_proj", "linear_attn.norm", stats,
+                      block_size, layer.linear_attn.la.num_value_heads)
+    else:
+        attn = layer.self_attn
+        qkv = ["self_attn.qkv_proj"] if attn.fuse_qkv else \
+            ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
+        _group(cal, layer, prefix, qkv, stats, block_size,
+               norm="input_layernorm" if plain else None)
+        _group_o(cal, cfg, layer, prefix, stats, block_size)
     if not hasattr(mlp, "down_proj"):  # MoE: the experts' search weights are per expert
-        return  # (StreamedExperts.decide); no scales are folded into them
-    up = ["mlp.gate_up_proj"] if mlp.fuse_gate_up else \
-        (["mlp.gate_proj", "mlp.up_proj"] if mlp.gated else ["mlp.up_proj"])
-    _group(cal, layer, prefix, up, stats, block_size,
-           norm="post_attention_layernorm" if plain else None)
+        # (StreamedExperts.decide); no scales are folded into them, nor into the norm they
+        # share with a shared expert, whose down_proj still folds into its up_proj
+        if getattr(mlp, "shared", False):
+            _mlp_groups(cal, cfg, layer, prefix, "mlp.shared_expert.", stats, block_size, None)
+        return
+    _mlp_groups(cal, cfg, layer, prefix, "mlp.", stats, block_size,
+                "post_attention_layernorm" if plain else None)
+
+
+def _mlp_groups(cal: Calibration, cfg: ModelConfig, layer: nn.Module, prefix: str, at: str,
+                stats: dict, block_size: int, norm: str | None) -> None:
+    """A dense MLP's groups (``at``: its path in the layer, "mlp." or "mlp.shared_expert.")."""
+    mlp = layer.get_submodule(at.rstrip("."))
+    up = [f"{at}gate_up_proj"] if mlp.fuse_gate_up else \
+        ([f"{at}gate_proj", f"{at}up_proj"] if mlp.gated else [f"{at}up_proj"])
+    _group(cal, layer, prefix, up, stats, block_size, norm=norm)
     # down's input is act(gate) * up (or act(up)): a scale folds into up's rows when the
     # activation commutes with it (gated, or ReLU: positively homogeneous)
     rows = None
     if mlp.gated or cfg.hidden_act == "relu":
-        rows = ("mlp.gate_up_proj", cfg.intermediate_size) if mlp.fuse_gate_up else \
-            ("mlp.up_proj", 0)
-    _group(cal, layer, prefix, ["mlp.down_proj"], stats, block_size, rows=rows)
+        width = mlp.down_proj.in_features
+        rows = (f"{at}gate_up_proj", width) if mlp.fuse_gate_up else (f"{at}up_proj", 0)
+    _group(cal, layer, prefix, [f"{at}down_proj"], stats, block_size, rows=rows)
 
 
 def _pick(weights: list[Tensor], h: Tensor, block_size: int, shared: Tensor | None = None,
@@ -378,6 +397,21 @@ def _group_o(cal: Calibration, cfg: ModelConfig, layer: nn.Module, prefix: str, 
         _fold_rows(cal, layer, prefix, "self_attn.qkv_proj", attn.q_width + attn.kv_width, inv_v)
     else:
         _fold_rows(cal, layer, prefix, "self_attn.v_proj", 0, inv_v)
+
+
+def _group_shared(cal: Calibration, layer: nn.Module, prefix: str, path: str, norm: str,
+                  stats: dict, block_size: int, heads: int) -> None:
+    """A projection whose input ``norm``'s weight scales per channel of a head, the same for
+    every head (Qwen3.5's out_proj after the gated norm): one scale per head channel, folded
+    into that weight."""
+    h = _finite(stats[path].float())
+    per = h.reshape(heads, -1).mean(0)  # (channels of a head,)
+    shared = per[None, :].expand(heads, -1).reshape(-1)
+    alpha, s = _pick([layer.get_submodule(path).weight.float()], h, block_size, shared=shared)
+    _apply(cal, prefix, [path], h, s, alpha)
+    if alpha:
+        inv = 1 / s[:per.shape[0]]
+        cal.fold(f"{prefix}{norm}.weight", lambda t, inv=inv: t * inv)
 
 
 def _apply(cal: Calibration, prefix: str, paths: list[str], h: Tensor, s: Tensor,

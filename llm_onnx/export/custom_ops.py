@@ -20,6 +20,7 @@ from onnxscript.function_libs.torch_lib.tensor_typing import TFloat
 from onnxscript.onnx_types import FLOAT, INT32, INT64, UINT8
 
 from llm_onnx.export import quant  # noqa: F401  (registers torch.ops.llm_onnx.* of quantization)
+from llm_onnx.model import linear_attention as _la  # noqa: F401  (its torch.ops.llm_onnx.*)
 from llm_onnx.model import ops  # noqa: F401  (registers torch.ops.llm_onnx.* of the decoder)
 
 msft = onnxscript.values.Opset("com.microsoft", 1)
@@ -282,6 +283,27 @@ def qmoe(x, router_logits, fc1_q, fc1_scales, fc2_q, fc2_scales, k: int,
     return out if normalize_routing_weights else unrenormalized(out, router_logits, k)
 
 
+# Gated DeltaNet (llm_onnx/model/linear_attention.py). LinearAttention maps value head h to key
+# head h // (Hv / Hk) itself (the key head count is read off the key's width), takes the decay in
+# log space and scales by 1/sqrt(d_k) when scale is 0; it does not L2-normalise q and k (the
+# graph does, before). Its state may be bound in place: the kernel copies past to present first.
+@onnxscript.script(opset=_here)
+def linear_attention(q: FLOAT, k: FLOAT, v: FLOAT, past_state: FLOAT, g: FLOAT, beta: FLOAT,
+                     num_key_heads: int, num_value_heads: int,
+                     scale: float) -> tuple[FLOAT, FLOAT]:
+    out, present = msft.LinearAttention(q, k, v, past_state, g, beta, q_num_heads=num_key_heads,
+                                        kv_num_heads=num_value_heads, update_rule="gated_delta",
+                                        scale=scale)
+    return out, present
+
+
+# epsilon always set: the kernel's default (1e-5) is not Qwen3.5's (1e-6), and on small
+# activations the difference is large.
+@onnxscript.script(opset=_here)
+def gated_rms_norm(x: FLOAT, gate: FLOAT, weight: FLOAT, eps: float) -> FLOAT:
+    return msft.GatedRMSNorm(x, weight, gate, activation="silu", epsilon=eps)
+
+
 @onnxscript.script(opset=_here)
 def swiglu(gate_up: TFloat) -> TFloat:
     gate, up = op18.Split(gate_up, axis=-1, num_outputs=2)
@@ -306,6 +328,8 @@ def translation_table(rotary_fused: bool) -> dict:
         t.moe.default: moe,
         t.matmul_transposed.default: matmul_transposed,
         t.swiglu.default: swiglu,
+        t.linear_attention.default: linear_attention,
+        t.gated_rms_norm.default: gated_rms_norm,
         t.matmul_nbits.default: matmul_nbits,
         t.matmul_nbits_offset.default: matmul_nbits_offset,
         t.gather_nbits.default: gather_nbits,

@@ -154,7 +154,7 @@ def build_manifest(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
         config=cfg, num_parameters=num_parameters(cfg), context_length=plan.max_len,
         precision=precision, graphs=plan.graph_specs,
         weights=mf.WeightsSpec(mf.WEIGHTS, (folder / mf.WEIGHTS).stat().st_size),
-        kv_cache=plan.kv_cache,
+        kv_cache=plan.kv_cache, recurrent_state=plan.recurrent_state,
         tokenizer=mf.TokenizerSpec(
             files=tuple(tokenizer_files), bos_token_id=checkpoint.bos_token_id,
             eos_token_ids=tuple(checkpoint.eos_token_ids),

@@ -11,6 +11,9 @@ decode:  input_ids (B, 1); the same computation with T fixed to 1 (batch and cac
          decode batch size (fixed shapes at replay come from fixed bindings, not from the file).
 Both take the KV cache as one max-length buffer per layer, (B, Hkv, max_len, D), which ORT's
 GroupQueryAttention updates in place when the runtime binds past and present to the same memory.
+A linear-attention layer (Qwen3.5) takes its conv and recurrent states instead, (B, K-1, C) and
+(B, Hv, dk, dv), also updated in place, and the graphs take valid_tokens (B,): how many of each
+row's new tokens advance those states.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import onnx_ir as ir
 import torch
 
 from llm_onnx.model.decoder import Decoder
+from llm_onnx.model.linear_attention import state_shapes
 from llm_onnx.export.custom_ops import fix_domains, translation_table
 from llm_onnx import model_folder as names
 
@@ -33,11 +37,19 @@ def _example_inputs(model: Decoder, seq_len: int) -> tuple[torch.Tensor, ...]:
     cfg = model.config
     b, p = 2, 8  # example sizes only; batch, sequence and cache length are dynamic
     kv = (b, cfg.num_key_value_heads, p, cfg.head_dim)
+    states: list[torch.Tensor] = []
+    for i in range(cfg.num_hidden_layers):
+        if cfg.is_linear_layer(i):  # float32 states, whatever the compute dtype
+            assert cfg.linear_attention is not None
+            states += [torch.zeros((b, *shape), device="meta")
+                       for shape in state_shapes(cfg.linear_attention)]
+        else:
+            states += [torch.zeros(kv, dtype=model.dtype, device="meta") for _ in range(2)]
     return (
         torch.zeros(b, seq_len, dtype=torch.int64, device="meta"),
         torch.zeros(b, dtype=torch.int32, device="meta"),
         torch.tensor(seq_len, dtype=torch.int32, device="meta"),
-        *[torch.zeros(kv, dtype=model.dtype, device="meta") for _ in range(2 * cfg.num_hidden_layers)],
+        *states,
     )
 
 
@@ -46,16 +58,23 @@ def trace_graph(model: Decoder, kind: str, *, all_logits: bool = False,
     """Export one graph; initializers keep the module names and hold no data yet."""
     if kind not in GRAPHS:
         raise ValueError(kind)
-    layers = model.config.num_hidden_layers
+    cfg = model.config
+    layers, linear = cfg.num_hidden_layers, cfg.linear_layers
     batch = torch.export.Dim("batch")
     max_len = torch.export.Dim("max_len")
     ids_dims = {0: batch, 1: torch.export.Dim("sequence")} if kind == "prefill" else {0: batch}
+    past_dims = tuple({0: batch} if i // 2 in linear else {0: batch, 2: max_len}
+                      for i in range(2 * layers))
     dynamic = {"input_ids": ids_dims, "seqlens_k": {0: batch}, "total_sequence_length": None,
-               "past": tuple({0: batch, 2: max_len} for _ in range(2 * layers)), "last_only": None}
+               "past": past_dims, "last_only": None}
     example = _example_inputs(model, 3 if kind == "prefill" else 1)
     last_only = kind == "prefill" and not all_logits
     kwargs: dict = {"last_only": last_only}
-    inputs = names.input_names(layers)
+    inputs = names.input_names(layers, linear)
+    if linear:  # how many new tokens of each row advance the linear-attention states
+        kwargs["valid_tokens"] = torch.zeros(2, dtype=torch.int32, device="meta")
+        dynamic["valid_tokens"] = {0: batch}
+        inputs.append(names.VALID_TOKENS)
     if last_only:  # example length 2: torch.export would fix a length of 1 as a constant
         kwargs["logits_window"] = torch.zeros(2, dtype=torch.int64, device="meta")
         dynamic["logits_window"] = {0: torch.export.Dim("window")}
@@ -66,7 +85,7 @@ def trace_graph(model: Decoder, kind: str, *, all_logits: bool = False,
             model, example, kwargs=kwargs,
             dynamo=True, dynamic_shapes=dynamic, optimize=False, verbose=False,
             custom_translation_table=translation_table(rotary_fused),
-            input_names=inputs, output_names=names.output_names(layers),
+            input_names=inputs, output_names=names.output_names(layers, linear),
         )
     graph_model = program.model
     if last_only:

@@ -10,7 +10,9 @@
 
 Each export form writes its own tensors (``write_tensors``): weights.py only walks the modules.
 
-The router (mlp.gate) stays float: routing decisions are sensitive and the matrix is small.
+The router (mlp.gate) stays float: routing decisions are sensitive and the matrix is small. So do
+Qwen3.5's shared-expert gate (one row) and its linear attention's decay and beta projections
+(in_proj_a, in_proj_b: one row per value head, read through exp and sigmoid).
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ from llm_onnx.model.decoder import Decoder
 from llm_onnx.model.layers import Linear
 from llm_onnx.model.mlp import Experts
 from llm_onnx.model.positions import RotaryCache, SinusoidalPositions, local_rope
+
+
+# Projections that stay float in quantized exports (see the module docstring).
+KEPT_FLOAT = ("mlp.gate", "mlp.shared_expert_gate", "linear_attn.in_proj_a",
+              "linear_attn.in_proj_b")
 
 
 class MatMulLinear(nn.Module):
@@ -201,7 +208,7 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
         if isinstance(module, Linear) and path != "lm_head":
             bias = module.bias is not None
             dtype = module.weight.dtype
-            if bits is None or path.endswith("mlp.gate"):
+            if bits is None or path.endswith(KEPT_FLOAT):
                 new: nn.Module = MatMulLinear(module.in_features, module.out_features, bias, dtype)
             else:
                 scheme = options.scheme

@@ -71,6 +71,7 @@ def validate(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
         prompt_lengths=tuple(int(n) for n in report["prompt_lengths"]),
         decode_steps=int(report["decode_steps"]),
         thresholds={k: float(v) for k, v in report["thresholds"].items()},
+        present_state_max_abs_diff=report.get("present_state_max_abs_diff"),
         **{k: float(report[k]) for k in ("logits_max_abs_diff", "logits_max_abs",
                                          "relative_logits_diff", "kl_divergence",
                                          "greedy_agreement", "present_kv_max_abs_diff")})
@@ -116,7 +117,7 @@ def provisional_manifest(plan: ExportPlan, folder: Path) -> mf.Manifest:
         weights=mf.WeightsSpec(mf.WEIGHTS, 0), kv_cache=plan.kv_cache,
         tokenizer=mf.TokenizerSpec((), None, (), False, None, {}),
         generation=mf.GenerationDefaults(), parity=mf.ParityReport(scope="pending"), tools={},
-        created="", files={}, folder=folder)
+        created="", files={}, recurrent_state=plan.recurrent_state, folder=folder)
 
 
 class _ScratchSource:

@@ -33,6 +33,7 @@ from llm_onnx.export.progress import Progress
 from llm_onnx.model.config import ModelConfig
 from llm_onnx.model.attention import AttentionForm, attention_form
 from llm_onnx.model.decoder import Decoder, Fusion
+from llm_onnx.model.linear_attention import state_shapes
 
 
 def planned_attention(cfg: ModelConfig, options: ExportOptions) -> AttentionForm:
@@ -92,11 +93,11 @@ class ExportPlan:
         return sum(1 for m in self.model.modules() if _writes(m))
 
     def trace(self, progress: Progress) -> dict[str, ir.Model]:
+        attention = self.model.model.layers[self.cfg.attention_layers[0]].self_attn
         for kind in GRAPHS:
             progress.stage(f"tracing {kind}")
-            self.graphs[kind] = trace_graph(
-                self.model, kind, all_logits=self.options.all_logits,
-                rotary_fused=self.model.model.layers[0].self_attn.fused_rotary)
+            self.graphs[kind] = trace_graph(self.model, kind, all_logits=self.options.all_logits,
+                                            rotary_fused=attention.fused_rotary)
             progress.advance(1)
         return self.graphs
 
@@ -120,10 +121,22 @@ class ExportPlan:
         the graphs' compute dtype."""
         cfg = self.cfg
         form = planned_attention(cfg, self.options)
+        attention = cfg.attention_layers
         return mf.KVCacheSpec(num_layers=cfg.num_hidden_layers,
                               num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                               dtype="float16" if self.options.float16 else "float32",
-                              attention=form.name, attention_why=form.why)
+                              attention=form.name, attention_why=form.why,
+                              layers=None if len(attention) == cfg.num_hidden_layers else attention)
+
+    @property
+    def recurrent_state(self) -> mf.RecurrentStateSpec | None:
+        """The linear-attention layers' per-row state (None: a model without such layers)."""
+        cfg = self.cfg
+        if cfg.linear_attention is None:
+            return None
+        conv, recurrent = state_shapes(cfg.linear_attention)
+        return mf.RecurrentStateSpec(kind="gated_delta", layers=cfg.linear_layers,
+                                     conv_shape=conv, recurrent_shape=recurrent)
 
     @functools.cached_property
     def precision(self) -> mf.Precision:
@@ -158,6 +171,10 @@ class ExportPlan:
         words = {"zero_point": f"uint{options.bits} zero points",
                  "offset": "float block minimums (Q4_1's form)", "symmetric": "symmetric"}
         kept = ["norms", "router (mlp.gate)" if cfg.moe else None,
+                "shared expert gate (mlp.shared_expert_gate)"
+                if cfg.moe and cfg.moe.shared_expert_intermediate_size else None,
+                "linear attention's convolution, decay and beta (conv1d, A_log, dt_bias, "
+                "in_proj_a, in_proj_b) and gated norm" if cfg.linear_attention else None,
                 None if options.head_bits else "embedding and lm_head",
                 "position table (model.embed_positions)"
                 if cfg.position_embedding_type == "learned" else None]

@@ -10,19 +10,24 @@ layers and the first rows of the vocabulary, exported the same way into a scratc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from llm_onnx.model.decoder import Decoder
+from llm_onnx.model.linear_attention import state_shapes
 from llm_onnx.errors import ParityError
 from llm_onnx.export.weights import StoredTensor
 from llm_onnx import model_folder as names
 
 PROMPT_LENGTHS = (11, 7, 4)
 DECODE_STEPS = 4
+# The linear-attention states are held to the logits' relative limit times this: they sum a
+# whole prompt (float32 in both; quantized weights move them as they move the logits).
+STATE_MARGIN = 10.0
 
 
 @dataclass(frozen=True)
@@ -103,10 +108,37 @@ def prompts(vocab_size: int, seed: int = 1234) -> list[list[int]]:
 
 @dataclass
 class _Steps:
-    """Per step: logits (B, V) float32 and the first layer's present key (B, Hkv, L, D)."""
+    """Per step: logits (B, V) float32, the first attention layer's present key (B, Hkv, L, D)
+    and, for models with linear-attention layers, every such layer's present states."""
 
     logits: list[np.ndarray]
     keys: list[np.ndarray]
+    states: list[list[np.ndarray]] = field(default_factory=list)
+
+    def record(self, logits: np.ndarray, present: list) -> None:
+        """A step's logits and what it wrote: ``present`` in the graphs' output order."""
+        cfg = self.cfg
+        self.logits.append(logits)
+        first = cfg.attention_layers[0]
+        self.keys.append(np.asarray(present[2 * first], dtype=np.float32))
+        self.states.append([np.asarray(present[2 * i + j], dtype=np.float32)
+                            for i in cfg.linear_layers for j in (0, 1)])
+
+    cfg: Any = None
+
+
+def new_states(cfg, batch: int, length: int, kv_dtype: np.dtype) -> list[np.ndarray]:
+    """Zeroed inputs for every layer's two state tensors, in the graphs' order: a KV buffer of
+    ``length`` positions, or a linear-attention layer's conv and recurrent states (float32)."""
+    out = []
+    for i in range(cfg.num_hidden_layers):
+        if cfg.is_linear_layer(i):
+            out += [np.zeros((batch, *shape), dtype=np.float32)
+                    for shape in state_shapes(cfg.linear_attention)]
+        else:
+            shape = (batch, cfg.num_key_value_heads, length, cfg.head_dim)
+            out += [np.zeros(shape, dtype=kv_dtype), np.zeros(shape, dtype=kv_dtype)]
+    return out
 
 
 def _batch(vocab: int) -> tuple[np.ndarray, list[int]]:
@@ -123,7 +155,7 @@ def run_reference(reference: Decoder, vocab: int) -> tuple[_Steps, list[np.ndarr
     ids, lens = _batch(vocab)
     b, t = ids.shape
     cache = reference.new_cache(b, t + DECODE_STEPS + 1)
-    steps = _Steps([], [])
+    steps = _Steps([], [], cfg=reference.config)
     fed: list[np.ndarray] = []
     seqlens, total, tokens, last_only = [n - 1 for n in lens], t, torch.from_numpy(ids), True
     with torch.no_grad():
@@ -131,8 +163,7 @@ def run_reference(reference: Decoder, vocab: int) -> tuple[_Steps, list[np.ndarr
             out = reference(tokens, torch.tensor(seqlens, dtype=torch.int32),
                             torch.tensor(total, dtype=torch.int32), *cache, last_only=last_only)
             logits = out[0][:, -1, :vocab].float().numpy()
-            steps.logits.append(logits)
-            steps.keys.append(out[1].float().numpy())
+            steps.record(logits, [t.float().numpy() for t in out[1:]])
             cache = list(out[1:])
             nxt = logits.argmax(-1)[:, None].astype(np.int64)
             fed.append(nxt)
@@ -151,18 +182,18 @@ def run_onnx(folder: Path, cfg, kv_dtype: np.dtype, vocab: int, fed: list[np.nda
 
     ids, lens = _batch(vocab)
     b, t = ids.shape
-    kv_shape = (b, cfg.num_key_value_heads, t + DECODE_STEPS + 1, cfg.head_dim)
-    cache = [np.zeros(kv_shape, dtype=kv_dtype) for _ in range(2 * cfg.num_hidden_layers)]
+    cache = new_states(cfg, b, t + DECODE_STEPS + 1, kv_dtype)
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    steps = _Steps([], [])
+    steps = _Steps([], [], cfg=cfg)
+    state_names = names.state_names(cfg.num_hidden_layers, cfg.linear_layers)
 
-    def feed(tokens: np.ndarray, seqlens: list[int], total: int) -> dict:
+    def feed(tokens: np.ndarray, seqlens: list[int], total: int, valid: list[int]) -> dict:
         out = {names.INPUT_IDS: tokens, names.SEQLENS_K: np.array(seqlens, dtype=np.int32),
                names.TOTAL_SEQUENCE_LENGTH: np.array(total, dtype=np.int32)}
-        for i in range(cfg.num_hidden_layers):
-            out[names.PAST_KEY.format(i)] = cache[2 * i]
-            out[names.PAST_VALUE.format(i)] = cache[2 * i + 1]
+        out.update({past: cache[j] for j, (past, _) in enumerate(state_names)})
+        if cfg.linear_layers:
+            out[names.VALID_TOKENS] = np.array(valid, dtype=np.int32)
         return out
 
     def record(out: list[np.ndarray]) -> None:
@@ -171,18 +202,17 @@ def run_onnx(folder: Path, cfg, kv_dtype: np.dtype, vocab: int, fed: list[np.nda
             logits = out[0][np.arange(len(lens)), np.array(lens) - 1, :vocab].astype(np.float32)
         if not np.all(np.isfinite(logits)):
             raise ParityError(f"ONNX Runtime produced inf/NaN logits at step {len(steps.logits)}.")
-        steps.logits.append(logits)
-        steps.keys.append(out[1].astype(np.float32))
+        steps.record(logits, out[1:])
         cache[:] = out[1:]
 
     session = ort.InferenceSession(str(folder / "prefill.onnx"), so, providers=["CPUExecutionProvider"])
-    record(session.run(None, feed(ids, [n - 1 for n in lens], t)))
+    record(session.run(None, feed(ids, [n - 1 for n in lens], t, lens)))
     del session
     gc.collect()
     session = ort.InferenceSession(str(folder / "decode.onnx"), so, providers=["CPUExecutionProvider"])
     seqlens = list(lens)
     for step in range(DECODE_STEPS):
-        record(session.run(None, feed(fed[step], seqlens, max(seqlens) + 1)))
+        record(session.run(None, feed(fed[step], seqlens, max(seqlens) + 1, [1] * len(lens))))
         seqlens = [n + 1 for n in seqlens]
     return steps
 
@@ -251,6 +281,17 @@ def compare(torch_steps: _Steps, onnx_steps: _Steps, limits: Thresholds) -> dict
         "present_kv_max_abs_diff": kv_diff,
         "thresholds": {"relative_logits": limits.relative_logits, "kl": limits.kl},
     }
+    states = [s for step in torch_steps.states for s in step]
+    if states:  # linear-attention layers: their states, relative to the states' own size
+        diff = max(float(np.abs(a - b).max()) for x, y in zip(torch_steps.states,
+                                                            onnx_steps.states)
+                   for a, b in zip(x, y))
+        scale = max(1.0, max(float(np.abs(a).max()) for a in states))
+        report["present_state_max_abs_diff"] = diff
+        if not diff / scale <= limits.relative_logits * STATE_MARGIN:
+            raise ParityError(f"ONNX vs torch: linear-attention states max|diff| {diff:.3g} "
+                              f"(relative {diff / scale:.3g}, limit "
+                              f"{limits.relative_logits * STATE_MARGIN:g}).")
     if _beyond(stats, limits):
         raise ParityError(_logits_message("ONNX", stats, limits)
                           + f", present KV max|diff| {kv_diff:.3g}.")

@@ -12,6 +12,10 @@ from Llama, in one place:
     hf_config      the transformers config.json of a ModelConfig (the tests' reference twin)
     NORM_WEIGHT_OFFSET  Gemma: norms multiply by (1 + stored weight), so the twin's random norm
                    weights are drawn around 0 rather than 1
+    ALIASES        other Hugging Face classes whose checkpoints hold this model (Qwen3.5's
+                   multimodal class, whose text model is read)
+    CHECKPOINT_NESTED  (canonical prefix, nested prefix): checkpoints that keep the text model's
+                   tensors under a longer prefix (``model.language_model.``) are read as well
 
     from llm_onnx import families
     families.get_config("qwen3_8b")                 # a preset, or a ConfigError naming close ones
@@ -39,7 +43,7 @@ from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.model.config import ModelConfig
 
 __all__ = ["Family", "GGUFNames", "HFConfig", "Part", "REGISTRY", "PRESETS", "TINY", "HF_REPOS",
-           "SUPPORTED_ARCHITECTURES", "GGUF_ARCHITECTURES", "family", "get_config",
+           "SUPPORTED_ARCHITECTURES", "GGUF_ARCHITECTURES", "ALIASES", "family", "get_config",
            "from_hf_config", "load_hf_config", "suggest"]
 
 class HFConfig:
@@ -85,6 +89,8 @@ class Family:
     gguf: GGUFNames | None = None
     summary: str = ""
     norm_weight_offset: float = 0.0  # Gemma: its norms multiply by (offset + stored weight)
+    aliases: tuple[str, ...] = ()  # other classes whose checkpoints hold this model
+    checkpoint_nested: tuple[str, str] | None = None  # (canonical prefix, nested prefix)
 
     def config(self, hf: HFConfig) -> ModelConfig:
         fields = dict(self.config_fields(hf), architecture=self.architecture)
@@ -113,7 +119,9 @@ def _load() -> dict[str, Family]:
             checkpoint_layer=getattr(module, "checkpoint_layer", None),
             checkpoint_skip=getattr(module, "CHECKPOINT_SKIP", None),
             gguf=getattr(module, "GGUF", None), summary=(module.__doc__ or "").strip(),
-            norm_weight_offset=getattr(module, "NORM_WEIGHT_OFFSET", 0.0))
+            norm_weight_offset=getattr(module, "NORM_WEIGHT_OFFSET", 0.0),
+            aliases=tuple(getattr(module, "ALIASES", ())),
+            checkpoint_nested=getattr(module, "CHECKPOINT_NESTED", None))
         registry[fam.architecture] = fam
     return registry
 
@@ -124,10 +132,12 @@ GGUF_ARCHITECTURES: dict[str, str] = {f.gguf.arch: a for a, f in REGISTRY.items(
 PRESETS: dict[str, ModelConfig] = {k: v for f in REGISTRY.values() for k, v in f.presets.items()}
 TINY: frozenset[str] = frozenset(name for name in PRESETS if name.endswith("_tiny"))
 HF_REPOS: dict[str, str] = {k: v for f in REGISTRY.values() for k, v in f.hf_repos.items()}
+ALIASES: dict[str, str] = {a: f.architecture for f in REGISTRY.values() for a in f.aliases}
 
 
 def family(architecture: str) -> Family:
     """The family of a Hugging Face architecture name (ConfigError if not supported)."""
+    architecture = ALIASES.get(architecture, architecture)
     if architecture not in REGISTRY:
         raise ConfigError(f"architecture {architecture!r} is not supported. "
                           f"Supported: {', '.join(SUPPORTED_ARCHITECTURES)}.")
@@ -151,10 +161,11 @@ def from_hf_config(data: dict[str, Any], source: str = "config.json") -> ModelCo
     """Map a Hugging Face config.json dict to a ModelConfig; ConfigError naming the file and the
     field for an unsupported architecture, variant or a missing field."""
     hf = HFConfig(data, source)
-    if hf.architecture not in REGISTRY:
+    architecture = ALIASES.get(hf.architecture, hf.architecture)  # type: ignore[arg-type]
+    if architecture not in REGISTRY:
         raise ConfigError(f"{source}: architecture {hf.architecture!r} is not supported. "
                           f"Supported: {', '.join(SUPPORTED_ARCHITECTURES)}.")
-    return REGISTRY[hf.architecture].config(hf)
+    return REGISTRY[architecture].config(hf)
 
 
 def load_hf_config(path: Path) -> ModelConfig:

@@ -50,6 +50,10 @@ class GGUFNames:
     # added by llama.cpp's converter to every ``*norm.weight`` (Gemma 3 stores 1 + w), taken off
     # again on reading so the family's own checkpoint layout applies as to safetensors
     norm_shift: float = 0.0
+    norm_shift_skip: tuple[str, ...] = ()  # block suffixes of norms the converter left alone
+    # (GGUF tensor name, tensor, config) -> the tensor as the family's checkpoints hold it: what a
+    # converter did to a tensor beyond renaming (Qwen3.5: value heads re-ordered, -exp(A_log))
+    relayout: Callable[[str, Any, Any], Any] | None = None
 
 
 QKV = ("q_proj", "k_proj", "v_proj")

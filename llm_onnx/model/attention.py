@@ -1,5 +1,6 @@
-"""Attention: the module (q/k/v/o projections, Qwen3's q/k norms, RoPE outside or inside
-GroupQueryAttention, plain ONNX ops for the head sizes the kernel refuses) and the choice of
+"""Attention: the module (q/k/v/o projections, Qwen3's q/k norms, Qwen3.5's output gate, RoPE
+outside or inside GroupQueryAttention, plain ONNX ops for the head sizes the kernel refuses) and
+the choice of
 the fastest form ONNX Runtime runs for a config (``attention_form``)."""
 
 from __future__ import annotations
@@ -57,11 +58,14 @@ class Attention(nn.Module):
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         self.q_width, self.kv_width = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
         d = cfg.hidden_size
-        self.fuse_qkv = fuse_qkv
-        if fuse_qkv:  # one matmul; rows q, then k, then v (GQA's packed QKV layout)
+        # Qwen3.5: q_proj also emits a gate per head, rows [query_h | gate_h] for each head h
+        self.output_gate = cfg.attention_output_gate
+        self.fuse_qkv = fuse_qkv and not self.output_gate
+        if self.fuse_qkv:  # one matmul; rows q, then k, then v (GQA's packed QKV layout)
             self.qkv_proj = Linear(d, self.q_width + 2 * self.kv_width, cfg.attention_bias, dtype)
         else:
-            self.q_proj = Linear(d, self.q_width, cfg.attention_bias, dtype)
+            self.q_proj = Linear(d, self.q_width * (2 if self.output_gate else 1),
+                                 cfg.attention_bias, dtype)
             self.k_proj = Linear(d, self.kv_width, cfg.attention_bias, dtype)
             self.v_proj = Linear(d, self.kv_width, cfg.attention_bias, dtype)
         self.o_proj = Linear(self.q_width, d, cfg.o_proj_bias, dtype)
@@ -89,6 +93,11 @@ class Attention(nn.Module):
             q, k, v = self.qkv_proj(x), None, None  # (B, T, H*D + 2*Hkv*D)
         else:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, H*D), (B, T, Hkv*D) x2
+        gate = None
+        if self.output_gate:  # Qwen3.5: (B, T, H, 2D) -> query and gate, each (B, T, H*D)
+            qg = q.reshape(b, t, self.num_heads, 2 * self.head_dim)
+            q = qg[..., :self.head_dim].reshape(b, t, self.q_width)
+            gate = qg[..., self.head_dim:].reshape(b, t, self.q_width)
         if self.qk_norm or (self.rope and not self.fused_rotary) or self.plain:
             if k is None:
                 # Slices, not split(): torch.split exports as SplitToSequence, which has no
@@ -108,10 +117,12 @@ class Attention(nn.Module):
             out, pk, pv = ops.plain_attention(
                 q, k, v, past_key, past_value, seqlens_k, total, positions, self.num_heads,
                 self.kv_heads, self.scale, self.window, bias)
-            return self.o_proj(out), pk, pv
-        if not self.fused_rotary:
-            cos = sin = None  # RoPE applied above, or none at all (learned positions, ALiBi)
-        out, pk, pv = ops.group_query_attention(
-            q, k, v, past_key, past_value, seqlens_k, total, cos, sin,
-            self.num_heads, self.kv_heads, self.scale, self.window, False, bias)
+        else:
+            if not self.fused_rotary:
+                cos = sin = None  # RoPE applied above, or none at all (learned positions, ALiBi)
+            out, pk, pv = ops.group_query_attention(
+                q, k, v, past_key, past_value, seqlens_k, total, cos, sin,
+                self.num_heads, self.kv_heads, self.scale, self.window, False, bias)
+        if gate is not None:  # Qwen3.5: the output gated per channel, before o_proj
+            out = out * torch.sigmoid(gate.float()).to(out.dtype)
         return self.o_proj(out), pk, pv

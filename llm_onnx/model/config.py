@@ -25,6 +25,36 @@ class MoEConfig:
     norm_topk_prob: bool = True  # renormalise the top-k router probabilities to sum to 1
     decoder_sparse_step: int = 1  # every Nth layer is sparse (Qwen3-MoE: 1 = all)
     mlp_only_layers: tuple[int, ...] = ()  # layers that keep a dense MLP
+    # Qwen3.5-MoE, Qwen3-Next: a SwiGLU expert every token takes, scaled by sigmoid(x . w) of a
+    # learned (1, D) gate and added to the routed sum; None: no shared expert
+    shared_expert_intermediate_size: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinearAttentionConfig:
+    """Gated DeltaNet linear attention (Qwen3.5, Qwen3.6, Qwen3-Next): a causal depthwise
+    convolution over the projected q, k, v, then the gated delta rule over a (value_heads,
+    key_head_dim, value_head_dim) state per row. Its memory of the past is that fixed-size state
+    and the convolution's last ``conv_kernel - 1`` inputs, not a cache per position."""
+
+    num_key_heads: int  # q and k heads; value head h reads key head h // (value / key heads)
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int = 4
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the convolution: q, k and v side by side."""
+        return 2 * self.key_dim + self.value_dim
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +93,12 @@ class ModelConfig:
         layer_types: Gemma 3: "sliding_attention" or "full_attention" per layer; sliding layers
             attend to their last ``sliding_window`` keys and take RoPE base
             ``rope_local_theta`` (unscaled), full layers ``rope_theta`` and ``rope_scaling``.
+            Qwen3.5: "linear_attention" or "full_attention" per layer.
+        linear_attention: the Gated DeltaNet layers' shape (Qwen3.5, Qwen3-Next); their layers
+            are those ``layer_types`` names "linear_attention".
+        attention_output_gate: Qwen3.5: q_proj emits each head's query and a gate of the same
+            width ([query_h | gate_h] per head); the attention's output is multiplied by
+            sigmoid(gate) before o_proj.
         attention_scale: the attention's score scale when it is not head_dim ** -0.5 (Gemma 3:
             query_pre_attn_scalar ** -0.5).
         sandwich_norm: Gemma 3: four norms per layer, on the attention's output and on the MLP's
@@ -105,7 +141,9 @@ class ModelConfig:
     position_offset: int = 0  # OPT, XGLM: position p reads row p + 2 of the position table
     position_padding_idx: int | None = None  # XGLM: this row of the table is zero
     embedding_multiplier: float = 1.0  # XGLM, Gemma 3: token embeddings times sqrt(width)
-    layer_types: tuple[str, ...] | None = None  # Gemma 3: sliding / full attention per layer
+    layer_types: tuple[str, ...] | None = None  # Gemma 3, Qwen3.5: the kind of each layer
+    linear_attention: LinearAttentionConfig | None = None  # Qwen3.5: Gated DeltaNet layers
+    attention_output_gate: bool = False  # Qwen3.5: output * sigmoid(gate from q_proj)
     rope_local_theta: float | None = None  # Gemma 3: RoPE base of the sliding layers
     attention_scale: float | None = None  # None: head_dim ** -0.5
     sandwich_norm: bool = False  # Gemma 3: norms after attention and MLP as well as before
@@ -158,13 +196,43 @@ class ModelConfig:
             problems.append(f"embed_dim must be a positive integer or None, got {self.embed_dim!r}")
         if self.layer_types is not None and (
                 len(self.layer_types) != self.num_hidden_layers
-                or set(self.layer_types) - {"sliding_attention", "full_attention"}):
-            problems.append("layer_types must name sliding_attention or full_attention for each "
-                            "layer")
+                or set(self.layer_types) - set(LAYER_TYPES)):
+            problems.append(f"layer_types must name {', '.join(LAYER_TYPES)} for each layer")
+        elif self.layer_types is not None and "linear_attention" in self.layer_types \
+                and self.linear_attention is None:
+            problems.append("layer_types names linear_attention layers but linear_attention "
+                            "(their shape) is not given")
+        la = self.linear_attention
+        if la is not None:
+            for name in ("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim",
+                         "conv_kernel"):
+                value = getattr(la, name)
+                if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                    problems.append(f"linear_attention.{name} must be a positive integer, got "
+                                    f"{value!r}")
+            if not problems and la.num_value_heads % la.num_key_heads:
+                problems.append(f"linear_attention.num_value_heads ({la.num_value_heads}) must be "
+                                f"a multiple of num_key_heads ({la.num_key_heads})")
+            if self.layer_types is None or "linear_attention" not in self.layer_types:
+                problems.append("linear_attention is given but layer_types names no "
+                                "linear_attention layer")
         if self.moe is not None and self.moe.num_experts_per_tok > self.moe.num_experts:
             problems.append("moe.num_experts_per_tok exceeds moe.num_experts")
         if problems:
             raise ConfigError("Invalid model config: " + "; ".join(problems) + ".")
+
+    def is_linear_layer(self, layer: int) -> bool:
+        """Whether ``layer`` is a Gated DeltaNet layer (a recurrent state, no KV cache)."""
+        return self.layer_types is not None and self.layer_types[layer] == "linear_attention"
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers that attend over a KV cache (all of them but linear-attention layers)."""
+        return tuple(i for i in range(self.num_hidden_layers) if not self.is_linear_layer(i))
+
+    @property
+    def linear_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.num_hidden_layers) if self.is_linear_layer(i))
 
     def layer_window(self, layer: int) -> int | None:
         """The attention window of ``layer`` (None: the whole context)."""
@@ -211,6 +279,8 @@ class ModelConfig:
             moe = dict(data["moe"])
             moe["mlp_only_layers"] = tuple(moe.get("mlp_only_layers", ()))
             data["moe"] = MoEConfig(**moe)
+        if data.get("linear_attention") is not None:
+            data["linear_attention"] = LinearAttentionConfig(**data["linear_attention"])
         return cls(**data)
 
 
@@ -221,4 +291,5 @@ def longrope_attention_factor(factor: float, original: int) -> float:
     return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
 _ACTIVATIONS = {"silu", "gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu"}

@@ -5,13 +5,15 @@ modules it is built of: LayerNorm instead of RMSNorm, a plain GELU or ReLU MLP i
 SwiGLU, learned absolute positions (GPT-2, OPT with its offset), a fixed sinusoidal table (XGLM)
 or ALiBi (BLOOM) instead of RoPE, a LayerNorm after the embedding (BLOOM), attention and MLP in
 parallel from one norm (Falcon), a sliding attention window (Mistral), post-LN layers and
-embeddings narrower than the layers (OPT-350m).
+embeddings narrower than the layers (OPT-350m). Qwen3.5's linear-attention layers (Gated
+DeltaNet) take the place of attention in the layers ``layer_types`` names so.
 
 This module is the stack (the layers, the embeddings, the head); its parts live beside it:
 
     layers.py     Linear, RMSNorm, LayerNorm
     attention.py  Attention, and attention_form (which form ONNX Runtime runs for a config)
-    mlp.py        MLP, and Qwen3-MoE's SparseMoE over stacked Experts
+    mlp.py        MLP, and Qwen3-MoE's SparseMoE over stacked Experts (and a shared expert)
+    linear_attention.py  GatedDeltaNet, the linear-attention layer of Qwen3.5 and Qwen3-Next
     positions.py  the computed position tables (RoPE's caches, XGLM's sinusoidal table)
 
 The model is a pure function
@@ -20,7 +22,8 @@ The model is a pure function
 
 with no cache buffers of its own, so prefill and decode are the same code traced with different
 shapes. ``past`` is [key_0, value_0, key_1, value_1, ...], each (B, Hkv, P, D) (see ops.py for the
-position conventions). Module attributes copy Hugging Face's names, so checkpoints load by name and
+position conventions); a linear-attention layer's pair is its conv state (B, K-1, C) and its
+recurrent state (B, Hv, dk, dv) instead, which ``valid_tokens`` (B,) says how far to advance. Module attributes copy Hugging Face's names, so checkpoints load by name and
 ONNX initializers read ``model.layers.0.self_attn.q_proj...``.
 
 Precision: the residual stream, norms, router softmax and logits stay fp32; projections and
@@ -38,6 +41,7 @@ from llm_onnx.model import ops
 from llm_onnx.model.attention import Attention
 from llm_onnx.model.config import ModelConfig
 from llm_onnx.model.layers import Linear, make_norm
+from llm_onnx.model.linear_attention import GatedDeltaNet, state_shapes
 from llm_onnx.model.mlp import MLP, SparseMoE
 from llm_onnx.model.positions import RotaryCache, SinusoidalPositions, local_rope
 
@@ -67,27 +71,41 @@ class DecoderLayer(nn.Module):
         self.post_norm = cfg.post_layernorm
         self.sandwich = cfg.sandwich_norm
         self.input_layernorm = make_norm(cfg, cfg.hidden_size)
-        self.self_attn = Attention(cfg, dtype, fusion.rotary, fusion.qkv, index,
-                                   fusion.plain_attention)
+        self.linear = cfg.is_linear_layer(index)
+        if self.linear:  # Qwen3.5: Gated DeltaNet in place of attention
+            self.linear_attn = GatedDeltaNet(cfg, dtype)
+        else:
+            self.self_attn = Attention(cfg, dtype, fusion.rotary, fusion.qkv, index,
+                                       fusion.plain_attention)
         if not self.shared_norm:
             self.post_attention_layernorm = make_norm(cfg, cfg.hidden_size)
         if self.sandwich:  # Gemma 3
             self.pre_feedforward_layernorm = make_norm(cfg, cfg.hidden_size)
             self.post_feedforward_layernorm = make_norm(cfg, cfg.hidden_size)
-        self.mlp = (SparseMoE(cfg, dtype) if cfg.is_moe_layer(index)
+        self.mlp = (SparseMoE(cfg, dtype, fusion.gate_up) if cfg.is_moe_layer(index)
                     else MLP(cfg, dtype, fusion.gate_up))
+
+    def mix(self, h: Tensor, seqlens_k: Tensor, total: Tensor, cos: Tensor | None,
+            sin: Tensor | None, positions: Tensor, past_key: Tensor, past_value: Tensor,
+            bias: Tensor | None, valid: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """The layer's attention, or its linear attention (past_key, past_value: its states)."""
+        if self.linear:
+            assert valid is not None
+            return self.linear_attn(h, valid, past_key, past_value)
+        return self.self_attn(h, seqlens_k, total, cos, sin, positions, past_key, past_value,
+                              bias)
 
     def forward(self, branch: Tensor | None, residual: Tensor, seqlens_k: Tensor, total: Tensor,
                 cos: Tensor | None, sin: Tensor | None, positions: Tensor, past_key: Tensor,
-                past_value: Tensor, bias: Tensor | None = None,
+                past_value: Tensor, bias: Tensor | None = None, valid: Tensor | None = None,
                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """branch: what the previous layer adds to the residual stream (None: nothing);
         residual: the fp32 stream. Returns (branch, residual, present key, present value)."""
         if self.post_norm:  # OPT-350m: x = norm(x + attn(x)); x = norm(x + mlp(x))
             if branch is not None:  # layer 0: the position embeddings
                 residual = residual + branch.float()
-            attn, pk, pv = self.self_attn(residual.to(self.dtype), seqlens_k, total, cos, sin,
-                                          positions, past_key, past_value, bias)
+            attn, pk, pv = self.mix(residual.to(self.dtype), seqlens_k, total, cos, sin,
+                                    positions, past_key, past_value, bias, valid)
             h, _ = self.input_layernorm.add(attn.float(), residual)
             out, _ = self.post_attention_layernorm.add(self.mlp(h.to(self.dtype)).float(), h)
             return None, out, pk, pv
@@ -95,8 +113,8 @@ class DecoderLayer(nn.Module):
             h = self.input_layernorm(residual)
         else:
             h, residual = self.input_layernorm.add(branch.float(), residual)
-        attn, pk, pv = self.self_attn(h.to(self.dtype), seqlens_k, total, cos, sin, positions,
-                                      past_key, past_value, bias)
+        attn, pk, pv = self.mix(h.to(self.dtype), seqlens_k, total, cos, sin, positions,
+                                past_key, past_value, bias, valid)
         if self.sandwich:  # Gemma 3: x += norm(attn(norm(x))); x += norm(mlp(norm(x)))
             h, residual = self.pre_feedforward_layernorm.add(
                 self.post_attention_layernorm(attn.float()), residual)
@@ -142,7 +160,8 @@ class DecoderModel(nn.Module):
 class LayerInputs:
     """What flows into the layers: the branch the previous layer adds to the residual stream
     (None at first, or the position embeddings), the fp32 residual stream, the positions, each
-    row's last index, the RoPE tables (global, local; None without RoPE) and ALiBi's bias."""
+    row's last index, the RoPE tables (global, local; None without RoPE), ALiBi's bias and the
+    tokens each row really runs (linear-attention layers advance their state over those only)."""
 
     branch: Tensor | None
     residual: Tensor
@@ -151,6 +170,7 @@ class LayerInputs:
     rope: tuple[Tensor | None, Tensor | None]
     local: tuple[Tensor | None, Tensor | None]
     bias: Tensor | None
+    valid: Tensor | None = None
 
 
 class Decoder(nn.Module):
@@ -171,7 +191,7 @@ class Decoder(nn.Module):
                              if cfg.position_embedding_type == "alibi" else [])
 
     def embed(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
-              ) -> LayerInputs:
+              valid_tokens: Tensor | None = None) -> LayerInputs:
         """Everything before the layers: the residual stream and what every layer takes."""
         cfg, m = self.config, self.model
         positions, last = ops.device_positions(input_ids, seqlens_k)
@@ -194,7 +214,10 @@ class Decoder(nn.Module):
         bias = None
         if cfg.position_embedding_type == "alibi":  # BLOOM: one bias for all layers
             bias = ops.alibi_bias(input_ids, total_sequence_length, self.alibi_slopes).to(self.dtype)
-        return LayerInputs(branch, residual, positions, last, rope, local, bias)
+        valid = None
+        if cfg.linear_attention is not None:  # default: up to each row's last new token
+            valid = (last + 1).to(torch.int32) if valid_tokens is None else valid_tokens
+        return LayerInputs(branch, residual, positions, last, rope, local, bias, valid)
 
     def run_layer(self, i: int, x: LayerInputs, seqlens_k: Tensor, total_sequence_length: Tensor,
                   past_key: Tensor, past_value: Tensor) -> tuple[Tensor, Tensor]:
@@ -202,20 +225,24 @@ class Decoder(nn.Module):
         cos, sin = x.local if self.config.layer_is_local(i) else x.rope
         x.branch, x.residual, pk, pv = self.model.layers[i](
             x.branch, x.residual, seqlens_k, total_sequence_length, cos, sin, x.positions,
-            past_key, past_value, x.bias)
+            past_key, past_value, x.bias, x.valid)
         return pk, pv
 
     def forward(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
-                *past: Tensor, last_only: bool = False,
-                logits_window: Tensor | None = None) -> tuple[Tensor, ...]:
+                *past: Tensor, last_only: bool = False, logits_window: Tensor | None = None,
+                valid_tokens: Tensor | None = None) -> tuple[Tensor, ...]:
         """Logits (B, T, V) fp32 (or (B, 1, V) at each row's last new token when ``last_only``)
         and the updated caches, in the order of ``past``.
 
         ``logits_window`` (with ``last_only``): a (W,) tensor whose length alone counts: the
         logits of each row's last W new tokens, (B, W, V) (a speculative verify step reads the
-        k + 1 it ran; W = 1 is ``last_only``)."""
+        k + 1 it ran; W = 1 is ``last_only``).
+
+        ``valid_tokens`` (B,) int32 (models with linear-attention layers): how many of its T new
+        tokens each row really runs; the others (padding, a row riding along in a batched
+        step) leave its states as they were. Default: up to each row's last new token."""
         cfg, m = self.config, self.model
-        x = self.embed(input_ids, seqlens_k, total_sequence_length)
+        x = self.embed(input_ids, seqlens_k, total_sequence_length, valid_tokens)
         present: list[Tensor] = []
         for i in range(len(m.layers)):
             present += self.run_layer(i, x, seqlens_k, total_sequence_length, past[2 * i],
@@ -243,8 +270,17 @@ class Decoder(nn.Module):
             logits = torch.tanh(logits / cap) * cap
         return (logits, *present)
 
-    def new_cache(self, batch: int, length: int) -> list[Tensor]:
-        """Zeroed KV buffers (B, Hkv, length, D) for every layer, in the order forward expects."""
+    def new_layer_cache(self, i: int, batch: int, length: int) -> list[Tensor]:
+        """Layer ``i``'s two zeroed state tensors (see new_cache)."""
         cfg = self.config
+        if cfg.is_linear_layer(i):
+            assert cfg.linear_attention is not None
+            return [torch.zeros((batch, *shape)) for shape in state_shapes(cfg.linear_attention)]
         shape = (batch, cfg.num_key_value_heads, length, cfg.head_dim)
-        return [torch.zeros(shape, dtype=self.dtype) for _ in range(2 * cfg.num_hidden_layers)]
+        return [torch.zeros(shape, dtype=self.dtype) for _ in range(2)]
+
+    def new_cache(self, batch: int, length: int) -> list[Tensor]:
+        """Zeroed KV buffers (B, Hkv, length, D) for every layer (a linear-attention layer's
+        states, float32, instead), in the order forward expects."""
+        return [t for i in range(self.config.num_hidden_layers)
+                for t in self.new_layer_cache(i, batch, length)]

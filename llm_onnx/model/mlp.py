@@ -21,9 +21,10 @@ class MLP(nn.Module):
     """Gated (SwiGLU): down(silu(gate(x)) * up(x)), gate and up possibly one matmul (rows gate,
     then up). Plain (GPT-2, BLOOM, Falcon): down(gelu(up(x)))."""
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fuse_gate_up: bool) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fuse_gate_up: bool,
+                 width: int | None = None) -> None:
         super().__init__()
-        d, i = cfg.hidden_size, cfg.intermediate_size
+        d, i = cfg.hidden_size, width or cfg.intermediate_size
         self.gated = cfg.gated_mlp
         self.fuse_gate_up = fuse_gate_up and cfg.gated_mlp
         if self.fuse_gate_up:
@@ -68,19 +69,28 @@ class Experts(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """Qwen3-MoE MLP: fp32 softmax router over E experts, top-k, optional renormalisation."""
+    """Qwen3-MoE MLP: fp32 softmax router over E experts, top-k, optional renormalisation.
+    Qwen3.5-MoE, Qwen3-Next: plus a shared expert every token takes, scaled by
+    sigmoid(shared_expert_gate(x)) and added to the routed sum."""
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fuse_gate_up: bool = False) -> None:
         super().__init__()
         moe = cfg.moe
         assert moe is not None
         self.top_k, self.normalize = moe.num_experts_per_tok, moe.norm_topk_prob
         self.gate = Linear(cfg.hidden_size, moe.num_experts, False, dtype)  # router
         self.experts = Experts(moe.num_experts, cfg.hidden_size, moe.moe_intermediate_size, dtype)
+        self.shared = moe.shared_expert_intermediate_size is not None
+        if self.shared:
+            self.shared_expert = MLP(cfg, dtype, fuse_gate_up, moe.shared_expert_intermediate_size)
+            self.shared_expert_gate = Linear(cfg.hidden_size, 1, False, dtype)  # (1, D)
 
     def forward(self, x: Tensor) -> Tensor:
         b, t, d = x.shape
         flat = x.reshape(b * t, d)  # (N, D)
         logits = self.gate(flat).float()  # (N, E), router in fp32
         out = self.experts(flat, logits.to(flat.dtype), self.top_k, self.normalize)
+        if self.shared:  # a (N, 1) gate per token
+            gate = torch.sigmoid(self.shared_expert_gate(flat).float())
+            out = (out.float() + gate * self.shared_expert(flat).float()).to(flat.dtype)
         return out.reshape(b, t, d)

@@ -31,13 +31,27 @@ def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape]:
     p = f"model.layers.{i}"
     out: dict[str, Shape] = {}
     _norm(out, f"{p}.input_layernorm", cfg, d)
-    _linear(out, f"{p}.self_attn.q_proj", q_width, d, cfg.attention_bias)
-    _linear(out, f"{p}.self_attn.k_proj", kv_width, d, cfg.attention_bias)
-    _linear(out, f"{p}.self_attn.v_proj", kv_width, d, cfg.attention_bias)
-    _linear(out, f"{p}.self_attn.o_proj", d, q_width, cfg.o_proj_bias)
-    if cfg.qk_norm:
-        out[f"{p}.self_attn.q_norm.weight"] = (hd,)
-        out[f"{p}.self_attn.k_norm.weight"] = (hd,)
+    la = cfg.linear_attention
+    if cfg.is_linear_layer(i):  # Qwen3.5: Gated DeltaNet in place of attention
+        assert la is not None
+        _linear(out, f"{p}.linear_attn.in_proj_qkv", la.conv_dim, d, False)
+        _linear(out, f"{p}.linear_attn.in_proj_z", la.value_dim, d, False)
+        _linear(out, f"{p}.linear_attn.in_proj_b", la.num_value_heads, d, False)
+        _linear(out, f"{p}.linear_attn.in_proj_a", la.num_value_heads, d, False)
+        out[f"{p}.linear_attn.conv1d.weight"] = (la.conv_dim, 1, la.conv_kernel)
+        out[f"{p}.linear_attn.A_log"] = (la.num_value_heads,)
+        out[f"{p}.linear_attn.dt_bias"] = (la.num_value_heads,)
+        out[f"{p}.linear_attn.norm.weight"] = (la.value_head_dim,)
+        _linear(out, f"{p}.linear_attn.out_proj", d, la.value_dim, False)
+    else:
+        gated = 2 if cfg.attention_output_gate else 1  # Qwen3.5: a gate beside each query head
+        _linear(out, f"{p}.self_attn.q_proj", gated * q_width, d, cfg.attention_bias)
+        _linear(out, f"{p}.self_attn.k_proj", kv_width, d, cfg.attention_bias)
+        _linear(out, f"{p}.self_attn.v_proj", kv_width, d, cfg.attention_bias)
+        _linear(out, f"{p}.self_attn.o_proj", d, q_width, cfg.o_proj_bias)
+        if cfg.qk_norm:
+            out[f"{p}.self_attn.q_norm.weight"] = (hd,)
+            out[f"{p}.self_attn.k_norm.weight"] = (hd,)
     if not (cfg.parallel_attn and cfg.parallel_attn_shared_norm):  # (OPT post-LN: after the MLP)
         _norm(out, f"{p}.post_attention_layernorm", cfg, d)  # (Gemma 3: on attention's output)
     if cfg.sandwich_norm:
@@ -51,6 +65,12 @@ def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape]:
             _linear(out, f"{p}.mlp.experts.{e}.gate_proj", moe.moe_intermediate_size, d, False)
             _linear(out, f"{p}.mlp.experts.{e}.up_proj", moe.moe_intermediate_size, d, False)
             _linear(out, f"{p}.mlp.experts.{e}.down_proj", d, moe.moe_intermediate_size, False)
+        if moe.shared_expert_intermediate_size is not None:
+            width = moe.shared_expert_intermediate_size
+            _linear(out, f"{p}.mlp.shared_expert.gate_proj", width, d, False)
+            _linear(out, f"{p}.mlp.shared_expert.up_proj", width, d, False)
+            _linear(out, f"{p}.mlp.shared_expert.down_proj", d, width, False)
+            out[f"{p}.mlp.shared_expert_gate.weight"] = (1, d)
     else:
         if cfg.gated_mlp:
             _linear(out, f"{p}.mlp.gate_proj", cfg.intermediate_size, d, cfg.mlp_bias)

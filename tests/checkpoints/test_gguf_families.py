@@ -42,6 +42,10 @@ def gguf_shape(arch: str, cfg: ModelConfig) -> ModelConfig:
 
         return cfg.replace(num_hidden_layers=6, layer_types=pattern_layers(6, 6),
                            attention_scale=cfg.head_dim ** -0.5)
+    if arch == "qwen3next":  # llama.cpp's qwen3next has no dense layers (mlp_only_layers)
+        import dataclasses
+
+        return cfg.replace(moe=dataclasses.replace(cfg.moe, mlp_only_layers=()))
     return cfg
 
 
@@ -82,6 +86,79 @@ def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
+HYBRID = ("qwen35", "qwen35moe", "qwen3next")
+
+
+def tile_v_heads(t: np.ndarray, cfg: ModelConfig, axis: int, per_head: int) -> np.ndarray:
+    """llama.cpp's qwen35 converter (_reorder_v_heads): value heads grouped by key head
+    [g0v0, g0v1, g1v0, ...] re-ordered tiled [g0v0, g1v0, g0v1, ...] along ``axis``."""
+    la = cfg.linear_attention
+    hk, r = la.num_key_heads, la.num_value_heads // la.num_key_heads
+    t = np.moveaxis(t, axis, 0)
+    rest = t.shape[1:]
+    t = t.reshape(hk, r, per_head, *rest).swapaxes(0, 1).reshape(hk * r * per_head, *rest)
+    return np.moveaxis(t, 0, axis)
+
+
+def hybrid_tensors(name: str, t: np.ndarray, cfg: ModelConfig, arch: str) -> dict[str, np.ndarray]:
+    """What llama.cpp's Qwen3.5 / Qwen3-Next converters write for one checkpoint tensor (under
+    the checkpoint's names, renamed afterwards by gguf-py's table): the layer, final and q/k
+    norms as 1 + w (not the gated norm), -exp(A_log), dt_bias as dt_proj's bias, the conv
+    weight squeezed to (C, K); qwen35: value heads tiled wherever they appear; qwen3next:
+    in_proj_qkvz split into [q | k | v] of all groups and z, in_proj_ba kept."""
+    la = cfg.linear_attention
+    base = name.rsplit(".", 1)[0]
+    if base.endswith("norm") and not base.endswith("linear_attn.norm"):
+        return {name: t + 1.0}
+    if name.endswith("A_log"):
+        name, t = name, -np.exp(t)
+    if name.endswith("dt_bias"):
+        name = name.replace("dt_bias", "dt_proj.bias")
+    if name.endswith("conv1d.weight"):
+        t = t.reshape(t.shape[0], t.shape[-1])
+    if arch == "qwen3next" and name.endswith("in_proj_qkvz.weight"):
+        hk, dk = la.num_key_heads, la.key_head_dim
+        rv = la.value_dim // hk
+        g = t.reshape(hk, 2 * dk + 2 * rv, t.shape[-1])
+        q, k, v, z = (g[:, :dk], g[:, dk:2 * dk], g[:, 2 * dk:2 * dk + rv], g[:, 2 * dk + rv:])
+        flat = [x.reshape(-1, t.shape[-1]) for x in (q, k, v, z)]
+        return {name.replace("in_proj_qkvz", "in_proj_qkv"): np.concatenate(flat[:3]),
+                name.replace("in_proj_qkvz", "in_proj_z"): flat[3]}
+    if arch in ("qwen35", "qwen35moe") and ".linear_attn." in name:
+        dv = la.value_head_dim
+        if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+            key = 2 * la.key_dim
+            t = np.concatenate([t[:key], tile_v_heads(t[key:], cfg, 0, dv)])
+        elif name.endswith("in_proj_z.weight"):
+            t = tile_v_heads(t, cfg, 0, dv)
+        elif name.endswith(("in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_proj.bias")):
+            t = tile_v_heads(t, cfg, 0, 1)
+        elif name.endswith("out_proj.weight"):
+            t = tile_v_heads(t, cfg, 1, dv)
+    return {name: t}
+
+
+def hybrid_metadata(writer, cfg: ModelConfig) -> None:
+    """convert_hf_to_gguf's Qwen3.5 / Qwen3-Next keys: the linear attention's shape as llama.cpp's
+    ssm.* keys, the full layers' interval, the rotary width; a multi-token-prediction block is
+    appended after the model's own (block_count includes it)."""
+    la = cfg.linear_attention
+    types = cfg.layer_types
+    interval = types.index("full_attention") + 1
+    assert types == tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                          for i in range(len(types)))
+    writer.add_ssm_conv_kernel(la.conv_kernel)
+    writer.add_ssm_state_size(la.key_head_dim)
+    writer.add_ssm_group_count(la.num_key_heads)
+    writer.add_ssm_time_step_rank(la.num_value_heads)
+    writer.add_ssm_inner_size(la.value_dim)
+    writer.add_full_attention_interval(interval)
+    writer.add_rope_dimension_count(cfg.rotary_dim)
+    writer.add_nextn_predict_layers(1)
+    if cfg.moe is not None and cfg.moe.shared_expert_intermediate_size:
+        writer.add_expert_shared_feed_forward_length(cfg.moe.shared_expert_intermediate_size)
+
+
 def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path) -> Path:
     """The safetensors checkpoint in ``folder`` as a float32 GGUF of llama.cpp's ``arch``."""
     tensors = load_file(str(folder / "model.safetensors"))
@@ -99,6 +176,9 @@ def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path) -> Path:
             continue
         if arch == "gemma3" and base.endswith("norm"):  # Gemma3RMSNorm's (1 + w), stored
             t = t + 1.0
+        if arch in HYBRID:
+            out.update(hybrid_tensors(name, t, cfg, arch))
+            continue
         if arch == "llama" and base.endswith(("q_proj", "k_proj")):
             heads = cfg.num_attention_heads if base.endswith("q_proj") else cfg.num_key_value_heads
             t = llama_cpp_permute(t, heads)
@@ -109,13 +189,15 @@ def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path) -> Path:
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
-    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_block_count(cfg.num_hidden_layers + (arch in HYBRID))  # + the MTP block
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
     writer.add_head_count_kv(cfg.num_key_value_heads)
     extra = phi3_metadata(writer, cfg) if arch == "phi3" else {}
     if arch == "gemma3":
         gemma3_metadata(writer, cfg)
+    if arch in HYBRID:
+        hybrid_metadata(writer, cfg)
     if arch != "phi3":
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
@@ -134,9 +216,17 @@ def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path) -> Path:
         writer.add_expert_feed_forward_length(cfg.moe.moe_intermediate_size)
     for name, t in out.items():
         base, suffix = name.rsplit(".", 1)
+        if name.endswith("A_log"):  # llama.cpp's ssm_a has no .weight suffix
+            base, suffix = name, ""
         gname = names.get_name(base)
         assert gname is not None, f"gguf-py has no {arch} name for {base}"
-        writer.add_tensor(f"{gname}.{suffix}", np.ascontiguousarray(t, dtype=np.float32))
+        gname = f"{gname}.{suffix}" if suffix else gname
+        writer.add_tensor(gname, np.ascontiguousarray(t, dtype=np.float32))
+    if arch in HYBRID:  # the MTP block: read past, never loaded
+        mtp = f"blk.{cfg.num_hidden_layers}"
+        writer.add_tensor(f"{mtp}.nextn.eh_proj.weight",
+                          np.zeros((cfg.hidden_size, 2 * cfg.hidden_size), np.float32))
+        writer.add_tensor(f"{mtp}.attn_norm.weight", np.ones(cfg.hidden_size, np.float32))
     for name, t in extra.items():
         writer.add_tensor(name, t)
     writer.write_header_to_file()

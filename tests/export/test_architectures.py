@@ -60,6 +60,11 @@ FAMILY_OPS = {
     # Gemma 3: the norms on the attention's and the MLP's outputs are plain
     # SimplifiedLayerNormalization; the soft cap is Tanh
     "gemma3_tiny": RMS_OPS | {"FastGelu", "Tanh", "Mul"},
+    # Qwen3.5: the gated delta rule and the gated norm as contrib ops; the convolution and the
+    # gates in plain ops (GatherElements picks the conv state, Softplus the decay)
+    "qwen3_5_tiny": RMS_OPS | {"LinearAttention", "GatedRMSNorm", "GatherElements", "Softplus"},
+    "qwen3_5_moe_tiny": RMS_OPS | {"LinearAttention", "GatedRMSNorm", "Softplus", "Sigmoid"},
+    "qwen3_next_tiny": RMS_OPS | {"LinearAttention", "GatedRMSNorm", "Softplus", "Sigmoid"},
 }
 
 
@@ -77,8 +82,14 @@ def test_graphs_use_contrib_ops(arch, precision, tiny_export):
         assert ("MatMulNBits" if precision == "int8" else "MatMul") in types
         assert not transposed_weights(folder, graph)
         gqa = [n for n in found if n.op_type == "GroupQueryAttention"]
-        assert len(gqa) == cfg.num_hidden_layers
-        for layer, n in enumerate(gqa):  # one node per layer, in order
+        assert len(gqa) == len(cfg.attention_layers)  # Qwen3.5: its full-attention layers only
+        linear = [n for n in found if n.op_type == "LinearAttention"]
+        assert len(linear) == len(cfg.linear_layers)
+        for n in linear:  # as many query/key heads as the checkpoint, no repeat to value heads
+            la = cfg.linear_attention
+            assert (attribute(n, "q_num_heads"), attribute(n, "kv_num_heads")) == (
+                la.num_key_heads, la.num_value_heads)
+        for layer, n in zip(cfg.attention_layers, gqa):  # one node per layer, in order
             # RoPE inside the attention kernel; a sliding window as local_window_size (Gemma 3:
             # on its sliding layers only); ALiBi as the attention_bias input; multi-query as one
             # kv head.

@@ -45,8 +45,9 @@ class FakeCache:
 
     def grow(self, length: int) -> None:
         if length > self.length:
-            grown = np.full((self.batch, length), -2, dtype=np.int64)
-            grown[:, :self.length] = self.positions
+            spare = getattr(self, "spare", 0)
+            grown = np.full((self.batch, length + spare), -2, dtype=np.int64)
+            grown[:, :self.length] = self.positions[:, :self.length]
             self.positions, self.length = grown, length
 
     def copy_prefix(self, src: int, dst: int, length: int) -> bool:
@@ -58,6 +59,62 @@ class FakeCache:
 
     def held(self, row: int) -> list[int]:
         return self.positions[row, :self.lengths[row]].tolist()
+
+    def kept(self, row: int, length: int) -> int:
+        return min(length, self.length_of(row))
+
+    def checkpoint(self, row: int, transient: bool = False) -> None:
+        pass
+
+    def checkpoint_at(self, start: int, stop: int, prompt_length: int) -> int | None:
+        return None
+
+
+class FakeRecurrentCache(FakeCache):
+    """A cache whose rows cannot be cut back anywhere, as a recurrent state (HybridCache): only
+    to a checkpoint (at most ``limit``, the oldest dropped; one transient copy) or to 0."""
+
+    spare = 1  # as HybridCache: a full row riding along writes past its length
+
+    def __init__(self, batch: int, length: int, limit: int = 2, margin: int = 3) -> None:
+        super().__init__(batch, length)
+        self.positions = np.full((batch, length + 1), -2, dtype=np.int64)
+        self.limit, self.margin = limit, margin
+        self.saved: list[list[int]] = [[] for _ in range(batch)]
+        self.transient: list[int | None] = [None] * batch
+        self.taken: list[tuple[int, int, bool]] = []  # (row, length, transient)
+
+    def kept(self, row: int, length: int) -> int:
+        if length >= self.length_of(row):
+            return self.length_of(row)
+        marks = self.saved[row] + ([self.transient[row]] if self.transient[row] else [])
+        return max((p for p in marks if p <= length), default=0)
+
+    def truncate(self, row: int, length: int) -> None:
+        target = self.kept(row, length)
+        self.lengths[row] = target
+        self.saved[row] = [p for p in self.saved[row] if p <= target]
+        if self.transient[row] is not None and self.transient[row] > target:
+            self.transient[row] = None
+
+    def checkpoint(self, row: int, transient: bool = False) -> None:
+        length = self.length_of(row)
+        self.taken.append((row, length, transient))
+        if transient:
+            self.transient[row] = length
+        elif length not in self.saved[row]:
+            self.saved[row] = (self.saved[row] + [length])[-self.limit:]
+
+    def checkpoint_at(self, start: int, stop: int, prompt_length: int) -> int | None:
+        p = prompt_length - self.margin
+        return p if start < p < stop else None
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> bool:
+        if self.kept(src, length) != min(length, self.length_of(src)):
+            return False
+        ok = super().copy_prefix(src, dst, length)
+        self.saved[dst] = [p for p in self.saved[src] if p <= length]
+        return ok
 
 
 class _Engine:
@@ -90,17 +147,18 @@ class _Engine:
         active = np.ones(n, bool) if active is None else np.asarray(active, bool)
         assert 1 <= n and first_row + n <= cache.batch
         out = np.zeros((n, self.vocab_size), np.float32)
+        spare = getattr(cache, "spare", 0)  # positions past the length (FakeRecurrentCache)
         for i in range(n):
             row = first_row + i
-            pos = min(cache.length_of(row), cache.length - 1)
             if active[i]:
                 assert cache.length_of(row) < cache.length
-                cache.positions[row, pos] = tokens[i]
+                cache.positions[row, cache.length_of(row)] = tokens[i]
                 cache.lengths[row] += 1
                 out[i] = self.logits(cache, row)
             else:  # written past the valid length, like the real engine's ride-along rows
-                cache.truncate(row, cache.length - 1)
-                cache.positions[row, pos] = RIDE_ALONG
+                if cache.length_of(row) >= cache.length + spare:
+                    cache.truncate(row, cache.length - 1)
+                cache.positions[row, cache.length_of(row)] = RIDE_ALONG
         self.calls.append(("decode", n, (first_row + np.flatnonzero(active)).tolist()))
         return out
 

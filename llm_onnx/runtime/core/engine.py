@@ -30,6 +30,7 @@ from llm_onnx.runtime.core.kv_cache import KVCache, KVLayout
 from llm_onnx.runtime.core.state import CacheProtocol
 from llm_onnx.model_folder import Manifest, load_manifest
 from llm_onnx.runtime.core.onnx_check import check_external_data
+from llm_onnx.runtime.core.recurrent import HybridCache, StateLayout
 from llm_onnx.runtime.core.providers import (CPU, CUDA, captured_output, parse_placement,
                                         quiet_run_options, quiet_session_options,
                                         resolve_provider)
@@ -73,6 +74,9 @@ class RuntimeOptions:
             session is created and refuse (provider "cuda") or leave (provider "auto") a graph
             with compute nodes on the CPU. Off by default: the manifest already says whether a
             folder runs wholly on CUDA, and the session logs verbosely for its whole life.
+        state_checkpoints: models with linear-attention layers (Qwen3.5): most copies of a
+            row's recurrent state kept for cutting the row back (reusing a prefix, rewinding);
+            each costs the state's bytes per row (see llm_onnx.runtime.core.recurrent).
         cuda_fpa_intb: on CUDA, run int4/int8 ``MatMulNBits`` through ONNX Runtime's fpA_intB
             kernels (CUTLASS GEMM and a decode GEMV; weights repacked and tactics profiled when
             the session is created, which takes longer) by setting its session entry
@@ -90,6 +94,7 @@ class RuntimeOptions:
     cuda_graph: bool | None = None
     check_placement: bool = False
     cuda_fpa_intb: bool | None = None
+    state_checkpoints: int = 4
 
     def __post_init__(self) -> None:
         if self.optimization not in OPTIMIZATION_LEVELS:
@@ -99,6 +104,9 @@ class RuntimeOptions:
             raise ProviderError(f"sessions must be 'single' or 'pair', got {self.sessions!r}.")
         if self.threads is not None and self.threads < 1:
             raise ProviderError(f"threads must be at least 1, got {self.threads}.")
+        if self.state_checkpoints < 0:
+            raise ProviderError(f"state_checkpoints must be 0 or more, got "
+                                f"{self.state_checkpoints}.")
 
 
 # ONNX Runtime's CUDA session entry that routes MatMulNBits (fp16 activations, blocks of 32, 64
@@ -205,7 +213,11 @@ class Engine:
         self.layout = KVLayout(num_layers=kv.num_layers, kv_heads=kv.num_key_value_heads,
                                head_dim=kv.head_dim,
                                dtype=np.float16 if kv.dtype == "float16" else np.float32,
-                               device=self.device, device_id=self.options.cuda_device)
+                               device=self.device, device_id=self.options.cuda_device,
+                               layers=kv.layers)
+        rs = m.recurrent_state
+        self.state_layout = None if rs is None else StateLayout(
+            layers=rs.layers, conv_shape=rs.conv_shape, recurrent_shape=rs.recurrent_shape)
         self.prefill_session = self._session(m.path("prefill"))
         self.decode_session = (self.prefill_session if self.options.sessions == "single"
                                else self._session(m.path("decode")))
@@ -294,6 +306,9 @@ class Engine:
         if length > self.context_length:
             raise GenerationError(f"{length} tokens do not fit in the model's context of "
                                   f"{self.context_length} tokens.")
+        if self.state_layout is not None:
+            return HybridCache(self.layout, self.state_layout, batch, length,
+                               self.options.state_checkpoints)
         return KVCache(self.layout, batch, length)
 
     def prefill(self, cache: KVCache, row: int, ids: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -347,6 +362,8 @@ class Engine:
             binding.bind_ortvalue_input(names.LOGITS_WINDOW, ort.OrtValue.ortvalue_from_numpy(
                 np.zeros(window, dtype=np.int64)))
         cache.bind(binding, row, row + 1)
+        if cache.takes_valid_tokens:
+            binding.bind_cpu_input(names.VALID_TOKENS, np.array([t], dtype=np.int32))
         logits = np.empty((1, t if every else window, self.vocab_size), dtype=np.float32)
         binding.bind_ortvalue_output(names.LOGITS, ort.OrtValue.ortvalue_from_numpy(logits))
         self.prefill_session.run_with_iobinding(binding, self.run_options)
@@ -361,7 +378,7 @@ class Engine:
         Rows with ``active[i]`` false (free rows, rows between prefill chunks, inside the range)
         ride along: their token is written at their first invalid position, which they never
         read, and their length stays, so a free row keeps its cached prefix. A full idle row
-        gives up its last position for this. Riding along costs a row of compute: the generator
+        gives up its last position for this (a cache with a spare position writes there). Riding along costs a row of compute: the generator
         keeps running rows together at the bottom of the cache.
         """
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
@@ -380,27 +397,27 @@ class Engine:
         if (lengths[active] >= cache.length).any():
             raise GenerationError(f"the KV cache holds {cache.length} positions but "
                                   f"{int(lengths[active].max()) + 1} are needed.")
-        for i in np.flatnonzero(~active & (lengths >= cache.length)):
+        for i in np.flatnonzero(~active & (lengths >= cache.length + cache.spare)):
             cache.truncate(first_row + int(i), cache.length - 1)
         seqlens = cache.lengths[rows]  # the new token's position in each row
         if bucket is not None:
-            logits = self._graph_decode(cache, tokens, seqlens)
+            logits = self._graph_decode(cache, tokens, seqlens, active)
         else:
             binding = cache.decode_binding(self.decode_session, first_row, n, self.vocab_size,
                                            self.run_options)
-            logits = binding.run(tokens, seqlens, int(seqlens.max()) + 1)
+            logits = binding.run(tokens, seqlens, int(seqlens.max()) + 1, active)
         cache.advance(first_row + np.flatnonzero(active), 1)
         return logits[:n]
 
     def _graph_decode(self, cache: KVCache, tokens: np.ndarray, seqlens: np.ndarray,
-                      ) -> np.ndarray:
+                      active: np.ndarray) -> np.ndarray:
         """Rows [0, len(tokens)) through the CUDA graph of that batch size (captured at its
         first run); a failed capture turns graphs off and decodes without one."""
         rows = tokens.shape[0]
         binding = cache.decode_binding(self.decode_session, 0, rows, self.vocab_size,
                                        self.run_options, graph_ids=self._graph_ids)
         try:
-            return binding.run(tokens, seqlens, cache.length)
+            return binding.run(tokens, seqlens, cache.length, active)
         except Exception as e:  # noqa: BLE001 - ORT's capture errors: decode without graphs
             if binding.replays:
                 raise
@@ -408,4 +425,4 @@ class Engine:
                             f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else e})")
             plain = cache.decode_binding(self.decode_session, 0, rows, self.vocab_size,
                                          self.run_options)
-            return plain.run(tokens, seqlens, int(seqlens.max()) + 1)
+            return plain.run(tokens, seqlens, int(seqlens.max()) + 1, active)

@@ -43,6 +43,11 @@ class KVLayout:
     dtype: type  # np.float32 or np.float16
     device: str = "cpu"  # "cpu" or "cuda"
     device_id: int = 0
+    layers: tuple[int, ...] | None = None  # the layers that own buffers (None: all of them)
+
+    @property
+    def layer_indices(self) -> tuple[int, ...]:
+        return self.layers if self.layers is not None else tuple(range(self.num_layers))
 
     def row_shape(self, length: int) -> tuple[int, int, int]:
         return (self.kv_heads, length, self.head_dim)
@@ -63,7 +68,7 @@ class KVCache:
                                   f"{batch} x {length}.")
         self.layout, self.batch, self.length = layout, batch, length
         self._lengths = np.zeros(batch, dtype=np.int64)
-        self._buffers = [self._new_buffer(length) for _ in range(2 * layout.num_layers)]
+        self._buffers = [self._new_buffer(length) for _ in range(2 * len(layout.layer_indices))]
         self._decode: dict[tuple[int, int], _DecodeBinding] = {}
 
     # ------------------------------------------------------------------ lengths
@@ -85,6 +90,27 @@ class KVCache:
             raise GenerationError(f"cannot truncate a cache row to {length} positions.")
         self._lengths[row] = min(int(self._lengths[row]), length)
 
+    def kept(self, row: int, length: int) -> int:
+        """The most of ``row``'s first ``length`` positions that ``truncate`` keeps exactly: a KV
+        cache keeps any prefix (a recurrent state only those it has a copy of)."""
+        return min(length, self.length_of(row))
+
+    def checkpoint(self, row: int, transient: bool = False) -> None:
+        """Remember ``row`` as it is now, to cut back to it later: nothing to do for keys and
+        values, which stay per position (see HybridCache)."""
+
+    def checkpoint_at(self, start: int, stop: int, prompt_length: int) -> int | None:
+        """Where in (start, stop) a prompt's run should pause for a checkpoint: never here."""
+        return None
+
+    @property
+    def state_bytes_per_row(self) -> int:
+        """Bytes a row holds besides its positions' keys and values (recurrent states)."""
+        return 0
+
+    # whether the graphs take valid_tokens (models with linear-attention layers)
+    takes_valid_tokens = False
+
     def advance(self, rows: slice | np.ndarray | int, count: int | np.ndarray) -> None:
         """Record that ``count`` positions were written after the valid ones of ``rows``."""
         self._lengths[rows] += count
@@ -94,8 +120,13 @@ class KVCache:
 
     # ------------------------------------------------------------------ buffers
 
+    # Positions allocated past ``length`` per row: a row riding along in a decode step writes
+    # its dummy token there instead of giving up its last position (HybridCache: 1, since a
+    # recurrent state cannot give one up).
+    spare = 0
+
     def _new_buffer(self, length: int) -> ort.OrtValue:
-        shape = (self.batch, *self.layout.row_shape(length))
+        shape = (self.batch, *self.layout.row_shape(length + self.spare))
         zeros = _lazy_zeros(shape, self.layout.dtype)
         if self.layout.device == "cuda":
             # Zeroed, not left as whatever the allocator held: attention kernels that mask
@@ -104,8 +135,8 @@ class KVCache:
         return ort.OrtValue.ortvalue_from_numpy(zeros)
 
     def host_view(self, index: int) -> np.ndarray:
-        """Buffer ``index`` (2 * layer for keys, 2 * layer + 1 for values) as numpy: the buffer
-        itself on the CPU, a copy on CUDA."""
+        """Buffer ``index`` (2 * j for keys, 2 * j + 1 for values of the j-th layer that owns a
+        buffer) as numpy: the buffer itself on the CPU, a copy on CUDA."""
         return self._buffers[index].numpy()
 
     def grow(self, length: int) -> None:
@@ -127,11 +158,12 @@ class KVCache:
         """Bind rows [start, stop) of every layer's buffers as both past (input) and present
         (output) of ``binding``: GroupQueryAttention then updates them in place."""
         lay = self.layout
-        shape = [stop - start, *lay.row_shape(self.length)]
-        row_bytes = int(np.prod(lay.row_shape(self.length))) * np.dtype(lay.dtype).itemsize
-        for i in range(lay.num_layers):
-            for buffer, past, present in ((self._buffers[2 * i], names.PAST_KEY, names.PRESENT_KEY),
-                                          (self._buffers[2 * i + 1], names.PAST_VALUE,
+        shape = [stop - start, *lay.row_shape(self.length + self.spare)]
+        row_bytes = int(np.prod(lay.row_shape(self.length + self.spare))) \
+            * np.dtype(lay.dtype).itemsize
+        for j, i in enumerate(lay.layer_indices):
+            for buffer, past, present in ((self._buffers[2 * j], names.PAST_KEY, names.PRESENT_KEY),
+                                          (self._buffers[2 * j + 1], names.PAST_VALUE,
                                            names.PRESENT_VALUE)):
                 ptr = buffer.data_ptr() + start * row_bytes
                 binding.bind_input(past.format(i), lay.device, lay.device_id, lay.dtype, shape, ptr)
@@ -196,6 +228,9 @@ class _DecodeBinding:
                  graph_id: int | None = None) -> None:
         self.ids = np.zeros((rows, 1), dtype=np.int64)
         self.seqlens = np.zeros(rows, dtype=np.int32)
+        # models with linear-attention layers: which rows really run their token (1) or ride
+        # along (0, their recurrent states stay as they are)
+        self.valid = np.ones(rows, dtype=np.int32) if cache.takes_valid_tokens else None
         self.total = np.zeros((), dtype=np.int32)
         self.logits = np.empty((rows, 1, vocab_size), dtype=np.float32)
         self.session, self.graph_id, self.replays = session, graph_id, 0
@@ -207,7 +242,10 @@ class _DecodeBinding:
         self.binding.bind_ortvalue_input(names.TOTAL_SEQUENCE_LENGTH,
                                          ort.OrtValue.ortvalue_from_numpy(self.total))
         if not self.on_device:
-            for name, arr in ((names.INPUT_IDS, self.ids), (names.SEQLENS_K, self.seqlens)):
+            host = [(names.INPUT_IDS, self.ids), (names.SEQLENS_K, self.seqlens)]
+            if self.valid is not None:
+                host.append((names.VALID_TOKENS, self.valid))
+            for name, arr in host:
                 self.binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(arr))
             self.device_logits = ort.OrtValue.ortvalue_from_numpy(self.logits)
         else:
@@ -222,15 +260,23 @@ class _DecodeBinding:
                 self.logits.shape, np.float32, dev, dev_id)
             self.binding.bind_ortvalue_input(names.INPUT_IDS, self.device_ids)
             self.binding.bind_ortvalue_input(names.SEQLENS_K, self.device_seqlens)
+            if self.valid is not None:
+                self.device_valid = ort.OrtValue.ortvalue_from_numpy(self.valid, dev, dev_id)
+                self.binding.bind_ortvalue_input(names.VALID_TOKENS, self.device_valid)
         if graph_id is not None:
             self.total[...] = cache.length  # frozen into the captured graph
             self.run_options = quiet_run_options(graph_id)
         cache.bind(self.binding, start, start + rows)
         self.binding.bind_ortvalue_output(names.LOGITS, self.device_logits)
 
-    def run(self, tokens: np.ndarray, seqlens: np.ndarray, total: int) -> np.ndarray:
+    def run(self, tokens: np.ndarray, seqlens: np.ndarray, total: int,
+            active: np.ndarray | None = None) -> np.ndarray:
         self.ids[:, 0] = tokens
         self.seqlens[:] = seqlens
+        if self.valid is not None:
+            self.valid[:] = 1 if active is None else active
+            if self.on_device:
+                self.device_valid.update_inplace(self.valid)
         if self.graph_id is None:
             self.total[...] = total
         if self.on_device:

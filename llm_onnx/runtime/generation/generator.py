@@ -323,6 +323,10 @@ class Generator:
             n = int(min(waiting, left))
             if waiting - n == 1:  # never leave a prompt's last token alone (see last_run_start)
                 n = n - 1 if n > 1 else n + 1
+            pause = cache.checkpoint_at(start, start + n, seq.prompt_len) \
+                if start < seq.prompt_len else None
+            if pause is not None:  # a recurrent state keeps a copy here (see HybridCache)
+                n = pause - start
             last = start + n == len(seq.tokens)
             pending = self._start_masks([row]) if last else None
             began = time.perf_counter()
@@ -330,6 +334,8 @@ class Generator:
             self.stats.prefill_s += time.perf_counter() - began
             self.stats.prefill_tokens += n
             left -= n
+            if pause is not None:
+                cache.checkpoint(row)
             if last:
                 events += self._accept(seq, logits, row, pending)
         return events

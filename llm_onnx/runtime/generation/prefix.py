@@ -32,13 +32,17 @@ class Prefixes:
         one of the ``free`` rows (copied into this row, far cheaper than running it again);
         every prompt's last run keeps two or more tokens."""
         limit = last_run_start(len(prompt))
-        here = min(common_prefix(self.held(cache, row, running), prompt), limit)
-        if running is not None or cache is None:
+        if cache is None:
+            return 0
+        # what each row can be cut back to exactly (a recurrent state: its checkpoints)
+        here = cache.kept(row, min(common_prefix(self.held(cache, row, running), prompt), limit))
+        if running is not None:
             return here
         best, source = here, row
         for other in free:
             if other != row:
-                shared = min(common_prefix(self.held(cache, other, None), prompt), limit)
+                shared = cache.kept(other, min(common_prefix(self.held(cache, other, None),
+                                                             prompt), limit))
                 if shared > best:
                     best, source = shared, other
         if source != row and cache.copy_prefix(source, row, best):

@@ -295,11 +295,13 @@ class Speculator:
     def verify(self, engine: Any, cache: Any, row: int, seq: Any, draft: list[int]) -> list[Any]:
         """Row ``row``'s last picked token and ``draft`` in one run (``engine.verify``); the
         sequence picks from each position's logits while its picks follow the draft, exactly as
-        it would one step at a time. Rejected positions leave the cache; returns the sequence's
-        TokenEvents."""
+        it would one step at a time. Rejected positions leave the cache (a recurrent state goes
+        back to its copy from before the run, and the accepted tokens run again as the row's
+        next chunk); returns the sequence's TokenEvents."""
         base = cache.length_of(row)
         run = seq.tokens[base:base + 1] + draft
         began = time.perf_counter()
+        cache.checkpoint(row, transient=True)  # a recurrent state comes back here on a rejection
         logits = engine.verify(cache, row, run)
         took = time.perf_counter() - began
         events: list[Any] = []
