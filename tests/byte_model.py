@@ -67,12 +67,14 @@ def save_byte_tokenizer(folder: Path, think: bool = False) -> None:
         "pad_token": "<|endoftext|>"}), encoding="utf-8")
 
 
-def make_byte_checkpoint(folder: Path, seed: int = 5, think: bool = False):
-    """A tiny random Qwen3 with the byte tokenizer (eos 2); returns the transformers model."""
+def make_byte_checkpoint(folder: Path, seed: int = 5, think: bool = False,
+                         preset: str = "qwen3_tiny"):
+    """A tiny random Qwen3 (or another family's ``preset``) with the byte tokenizer (eos 2);
+    returns the transformers model."""
     from llm_onnx.families import get_config
     from tests.hf_models import make_hf_model
 
-    config = get_config("qwen3_tiny").replace(vocab_size=VOCAB, max_position_embeddings=CONTEXT)
+    config = get_config(preset).replace(vocab_size=VOCAB, max_position_embeddings=CONTEXT)
     model = make_hf_model(config, seed)
     for config in (model.config, model.generation_config):
         config.eos_token_id, config.bos_token_id, config.pad_token_id = EOS, None, 0
@@ -81,25 +83,38 @@ def make_byte_checkpoint(folder: Path, seed: int = 5, think: bool = False):
     return model
 
 
-_MADE: dict[bool, Path] = {}
+_MADE: dict[tuple[bool, str], Path] = {}
 
 
-def export_byte_model(tmp_path_factory, think: bool = False) -> Path:
-    """The exported fp32 folder (made once per session for each ``think``)."""
-    if think not in _MADE:
+def export_byte_model(tmp_path_factory, think: bool = False, preset: str = "qwen3_tiny") -> Path:
+    """The exported fp32 folder (made once per session for each ``think`` and ``preset``)."""
+    if (think, preset) not in _MADE:
         from llm_onnx.checkpoints import open_checkpoint
         from llm_onnx.export import ExportOptions, export_model
 
-        name = "tiny-bytes-think" if think else "tiny-bytes"
+        name = ("tiny-bytes-think" if think else "tiny-bytes") + \
+            ("" if preset == "qwen3_tiny" else f"-{preset}")
         ckpt = tmp_path_factory.mktemp(f"{name}-ckpt") / name
-        make_byte_checkpoint(ckpt, think=think)
+        make_byte_checkpoint(ckpt, think=think, preset=preset)
         out = tmp_path_factory.mktemp(name) / name
         export_model(open_checkpoint(ckpt), out, ExportOptions(precision="fp32", max_seq_len=CONTEXT),
                      progress=False)
-        _MADE[think] = out
-    return _MADE[think]
+        _MADE[(think, preset)] = out
+    return _MADE[(think, preset)]
 
 
 @pytest.fixture(scope="session")
 def byte_model_folder(tmp_path_factory) -> Path:
     return export_byte_model(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def hybrid_byte_model_folder(tmp_path_factory) -> Path:
+    """The byte model as a Qwen3.5 (a linear and a full layer: a recurrent state per row)."""
+    return export_byte_model(tmp_path_factory, preset="qwen3_5_tiny")
+
+
+@pytest.fixture(scope="session")
+def hybrid_byte_think_model_folder(tmp_path_factory) -> Path:
+    """The Qwen3.5 byte model with <think> tags (Qwen3's chat template renders them)."""
+    return export_byte_model(tmp_path_factory, think=True, preset="qwen3_5_tiny")

@@ -93,11 +93,12 @@ class ExportPlan:
         return sum(1 for m in self.model.modules() if _writes(m))
 
     def trace(self, progress: Progress) -> dict[str, ir.Model]:
-        attention = self.model.model.layers[self.cfg.attention_layers[0]].self_attn
+        layers = self.model.model.layers
+        fused = any(layers[i].self_attn.fused_rotary for i in self.cfg.attention_layers)
         for kind in GRAPHS:
             progress.stage(f"tracing {kind}")
             self.graphs[kind] = trace_graph(self.model, kind, all_logits=self.options.all_logits,
-                                            rotary_fused=attention.fused_rotary)
+                                            rotary_fused=fused)
             progress.advance(1)
         return self.graphs
 

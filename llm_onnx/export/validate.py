@@ -119,8 +119,9 @@ class _Steps:
         """A step's logits and what it wrote: ``present`` in the graphs' output order."""
         cfg = self.cfg
         self.logits.append(logits)
-        first = cfg.attention_layers[0]
-        self.keys.append(np.asarray(present[2 * first], dtype=np.float32))
+        if cfg.attention_layers:  # (a model of linear-attention layers only has none)
+            first = cfg.attention_layers[0]
+            self.keys.append(np.asarray(present[2 * first], dtype=np.float32))
         self.states.append([np.asarray(present[2 * i + j], dtype=np.float32)
                             for i in cfg.linear_layers for j in (0, 1)])
 

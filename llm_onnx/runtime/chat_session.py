@@ -36,6 +36,10 @@ class SessionModel(ChatModel, Protocol):
 
     def reasoning_splitter(self, prompt: str) -> ReasoningSplitter | None: ...
 
+    def reuse_points(self, messages: Sequence[Message], prompt: Sequence[int], *,
+                     tools: Tools | None = None,
+                     template_vars: dict[str, Any] | None = None) -> list[int]: ...
+
 
 class ChatSession:
     """A conversation whose earlier turns stay in the KV cache: each turn's prompt is the whole
@@ -80,7 +84,8 @@ class ChatSession:
         opts = ChatRequest(model, prompt, opts.constraint).options_for(opts)
         gen = self._generator
         gen.release()  # the previous turn's keys and values stay: the new prompt starts with them
-        gen.append_tokens(ids, options=opts)
+        gen.append_tokens(ids, options=opts, reuse_points=model.reuse_points(
+            messages, ids, tools=self.tools, template_vars=self.template_vars))
         splitter = model.reasoning_splitter(prompt)
         yield from _chat_pieces(gen.texts(), splitter)
         result = gen.result()

@@ -307,7 +307,7 @@ async def _answer(service: Service, request: Request, plan: p.Plan) -> Response:
 
     try:
         jobs = service.scheduler.submit_many(plan.jobs(), logprobs=plan.logprobs,
-                                             listener=listener)
+                                             listener=listener, reuse_points=plan.reuse_points)
     except QueueFull as e:
         raise p.ApiError(429, str(e), type="rate_limit_error", code="rate_limit_exceeded") from None
     except SchedulerClosed as e:

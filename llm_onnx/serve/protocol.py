@@ -95,6 +95,8 @@ class Plan:
     chat: ChatRequest | None = None
     # The constraint of the answer (before tools and thinking compose it; see structured.prepare)
     constraint: Constraint | None = None
+    # Chat: where later prompts may part from this one (a recurrent state's checkpoints)
+    reuse_points: list[int] = field(default_factory=list)
     id: str = ""
     created: int = 0
 

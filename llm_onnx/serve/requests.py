@@ -51,7 +51,9 @@ def chat_plan(body: Any, model: Model, served: str, context: int) -> Plan:
     new = fit_length(body, ("max_completion_tokens", "max_tokens"), prompt, context, None,
                      "messages")
     return Plan(CHAT, name, [prompt], [replace(options, max_new_tokens=new)], n, stream, usage,
-                logprobs, chat=chat, constraint=answer)
+                logprobs, chat=chat, constraint=answer,
+                reuse_points=model.reuse_points(messages, prompt, tools=tools,
+                                                template_vars=template_vars))
 
 
 def _template_kwargs(body: dict) -> dict[str, Any] | None:

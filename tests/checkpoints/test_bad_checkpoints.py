@@ -176,3 +176,62 @@ def test_missing_shard(tmp_path):
     victim.unlink()
     with pytest.raises(CheckpointError, match="shard listed in model.safetensors.index.json is missing"):
         open_checkpoint(tmp_path / "s")
+
+
+# ------------------------------------------------------------------ Qwen3.5 (hybrid layers)
+
+
+@pytest.fixture(scope="module")
+def good_hybrid(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("good-hybrid")
+    save_hf_checkpoint(get_config("qwen3_5_tiny"), folder)
+    return folder
+
+
+@pytest.fixture
+def hybrid(good_hybrid, tmp_path):
+    folder = tmp_path / "hybrid"
+    shutil.copytree(good_hybrid, folder)
+    return folder
+
+
+def test_a_layer_kind_it_does_not_know(hybrid):
+    cfg = json.loads((hybrid / "config.json").read_text())
+    cfg["layer_types"][0] = "mamba2"
+    (hybrid / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError) as e:
+        open_checkpoint(hybrid)
+    msg = one_line(e)
+    assert "config.json" in msg and "layer_types" in msg and "'mamba2'" in msg
+    assert "linear_attention, full_attention" in msg
+
+
+def test_a_missing_state_weight(hybrid):
+    rewrite(hybrid, lambda t: t.pop("model.layers.0.linear_attn.A_log"))
+    with pytest.raises(CheckpointError) as e:
+        open_checkpoint(hybrid)
+    msg = one_line(e)
+    assert "model.layers.0.linear_attn.A_log" in msg and str(hybrid) in msg
+
+
+def test_a_multimodal_checkpoint_reads_its_text_model_and_skips_the_rest(good_hybrid, tmp_path):
+    """Qwen3_5ForConditionalGeneration: the text config under text_config, the text weights
+    under model.language_model., a vision tower and an MTP head that are never read."""
+    folder = tmp_path / "vlm"
+    shutil.copytree(good_hybrid, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+        "text_config": cfg, "vision_config": {"depth": 1}}))
+    rewrite(folder, lambda t: t.update(
+        {**{k.replace("model.", "model.language_model.", 1): t.pop(k)
+            for k in [k for k in t if k.startswith("model.")]},
+         "model.visual.blocks.0.attn.qkv.weight": torch.zeros(3, 3),
+         "mtp.fc.weight": torch.zeros(2, 4)}))
+    ckpt = open_checkpoint(folder)
+    assert ckpt.config == get_config("qwen3_5_tiny").replace(
+        max_position_embeddings=ckpt.config.max_position_embeddings)
+    plain = open_checkpoint(good_hybrid)
+    for name in ("model.layers.0.linear_attn.A_log", "model.norm.weight", "lm_head.weight"):
+        assert torch.equal(ckpt.source.get(name), plain.source.get(name))
+    assert not any(n.startswith(("model.visual.", "mtp.")) for n in ckpt.source.names())

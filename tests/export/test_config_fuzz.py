@@ -112,14 +112,36 @@ def configs(draw, arch: str):
                                        for _ in range(layers))
         changes["rope_scaling"] = draw(st.sampled_from([None, {"rope_type": "linear",
                                                                "factor": 4.0}]))
+    if base.linear_attention is not None:  # Qwen3.5, Qwen3-Next: the hybrid's own shapes
+        layers = draw(st.integers(2, 3))
+        # any mix with a layer of each kind (transformers runs no model without attention)
+        kinds = [draw(st.sampled_from(["linear_attention", "full_attention"]))
+                 for _ in range(layers - 2)] + ["linear_attention", "full_attention"]
+        changes["num_hidden_layers"] = layers
+        changes["layer_types"] = tuple(draw(st.permutations(kinds)))
+        key_heads = draw(st.integers(1, 3))
+        changes["linear_attention"] = dataclasses.replace(
+            base.linear_attention, num_key_heads=key_heads,
+            num_value_heads=key_heads * draw(st.sampled_from([2, 1, 3])),
+            key_head_dim=draw(st.sampled_from([24, 16, 32, 64])),
+            value_head_dim=draw(st.sampled_from([8, 16, 32, 48])),
+            conv_kernel=draw(st.sampled_from([4, 2, 3])))
+        changes["partial_rotary_factor"] = draw(st.sampled_from([0.25, 0.5, 1.0]))
+        if base.moe is not None and base.moe.mlp_only_layers:  # Qwen3-Next: dense layers too
+            changes["moe"] = dataclasses.replace(base.moe, mlp_only_layers=tuple(
+                i for i in range(layers) if draw(st.booleans())))
     if base.moe is not None:
         experts = draw(st.integers(2, 6))
         changes["moe"] = dataclasses.replace(
-            base.moe,
+            changes.get("moe", base.moe),
             num_experts=experts, num_experts_per_tok=draw(st.integers(1, experts)),
-            # False (Qwen1.5/Qwen2-MoE's router) is the simplest draw, so CI's one draw takes it
-            norm_topk_prob=draw(st.booleans()),
+            # False (Qwen1.5/Qwen2-MoE's router) is the simplest draw, so CI's one draw takes
+            # it; Qwen3.5-MoE's router always renormalises
+            norm_topk_prob=draw(st.booleans()) or kind == "Qwen3_5MoeForCausalLM",
             moe_intermediate_size=draw(st.sampled_from([16, 32])))
+        if base.moe.shared_expert_intermediate_size is not None:
+            changes["moe"] = dataclasses.replace(
+                changes["moe"], shared_expert_intermediate_size=draw(st.sampled_from([24, 16])))
     return base, changes
 
 

@@ -66,7 +66,8 @@ class FakeCache:
     def checkpoint(self, row: int, transient: bool = False) -> None:
         pass
 
-    def checkpoint_at(self, start: int, stop: int, prompt_length: int) -> int | None:
+    def checkpoint_at(self, start: int, stop: int, prompt_length: int,
+                      reuse_points: tuple[int, ...] = ()) -> int | None:
         return None
 
 
@@ -105,9 +106,11 @@ class FakeRecurrentCache(FakeCache):
         elif length not in self.saved[row]:
             self.saved[row] = (self.saved[row] + [length])[-self.limit:]
 
-    def checkpoint_at(self, start: int, stop: int, prompt_length: int) -> int | None:
-        p = prompt_length - self.margin
-        return p if start < p < stop else None
+    def checkpoint_at(self, start: int, stop: int, prompt_length: int,
+                      reuse_points: tuple[int, ...] = ()) -> int | None:
+        wanted = [*reuse_points, prompt_length - self.margin]
+        return min((p for p in wanted if start < p < stop and p < prompt_length - 1),
+                   default=None)
 
     def copy_prefix(self, src: int, dst: int, length: int) -> bool:
         if self.kept(src, length) != min(length, self.length_of(src)):
@@ -119,6 +122,7 @@ class FakeRecurrentCache(FakeCache):
 
 class _Engine:
     vocab_size = len(VOCAB)
+    recurrent = False  # True: its caches are FakeRecurrentCache (cut back to checkpoints only)
 
     def __init__(self, context_length: int = 64) -> None:
         self.context_length = context_length
@@ -128,7 +132,7 @@ class _Engine:
     def new_cache(self, batch: int, length: int) -> FakeCache:
         if length > self.context_length:
             raise GenerationError("too long")
-        cache = FakeCache(batch, length)
+        cache = FakeRecurrentCache(batch, length) if self.recurrent else FakeCache(batch, length)
         self.caches.append(cache)
         return cache
 

@@ -99,7 +99,8 @@ class KVCache:
         """Remember ``row`` as it is now, to cut back to it later: nothing to do for keys and
         values, which stay per position (see HybridCache)."""
 
-    def checkpoint_at(self, start: int, stop: int, prompt_length: int) -> int | None:
+    def checkpoint_at(self, start: int, stop: int, prompt_length: int,
+                      reuse_points: tuple[int, ...] = ()) -> int | None:
         """Where in (start, stop) a prompt's run should pause for a checkpoint: never here."""
         return None
 

@@ -11,10 +11,12 @@ what the cache does not hold), so every caller of ``truncate`` stays correct:
     rewind, a new prompt reusing a prefix   back to the checkpoint at or before that length
     a rejected speculative draft            back to the copy taken before the verify run
                                             ("transient": one per row, replaced each time)
-    a prompt's run                          pauses for a checkpoint ``CHECKPOINT_MARGIN`` tokens
+    a prompt's run                          pauses for a checkpoint at its reuse points (where a
+                                            chat's system message and earlier turns end: what
+                                            other requests share), ``CHECKPOINT_MARGIN`` tokens
                                             before its end (a chat's next turn re-renders the
                                             reply after it) and every ``CHECKPOINT_INTERVAL``
-                                            tokens (a long shared system prompt)
+                                            tokens
 
 Checkpoints are host copies of one row (``row_bytes`` each; at most ``checkpoints`` per row, the
 oldest dropped first), so they cost memory, not model runs.
@@ -130,15 +132,18 @@ class HybridCache(KVCache):
         while len(saved) > self.max_checkpoints:
             del saved[next(iter(saved))]  # the oldest taken
 
-    def checkpoint_at(self, start: int, stop: int, prompt_length: int) -> int | None:
-        """The first length in (start, stop) where a prompt's run pauses for a checkpoint: a
-        margin before the prompt's end, and every CHECKPOINT_INTERVAL tokens (none that
-        would leave the prompt's last run a single token)."""
+    def checkpoint_at(self, start: int, stop: int, prompt_length: int,
+                      reuse_points: tuple[int, ...] = ()) -> int | None:
+        """The first length in (start, stop) where a prompt's run pauses for a checkpoint: the
+        prompt's reuse points (where a later prompt may part from it: the end of a chat's
+        system message, of its earlier turns), a margin before its end, and every
+        CHECKPOINT_INTERVAL tokens; none that would leave the prompt's last run one token."""
         if self.max_checkpoints < 1:
             return None
-        wanted = [p for p in range(CHECKPOINT_INTERVAL, prompt_length - 1, CHECKPOINT_INTERVAL)]
-        wanted.append(prompt_length - CHECKPOINT_MARGIN)
-        return min((p for p in wanted if start < p < stop), default=None)
+        wanted = [p for p in range(CHECKPOINT_INTERVAL, prompt_length, CHECKPOINT_INTERVAL)]
+        wanted += [*reuse_points, prompt_length - CHECKPOINT_MARGIN]
+        return min((p for p in wanted if start < p < stop and p < prompt_length - 1),
+                   default=None)
 
     def truncate(self, row: int, length: int) -> None:
         """Cut ``row`` back to ``kept(row, length)`` positions (the latest checkpoint at or

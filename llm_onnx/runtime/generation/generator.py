@@ -135,7 +135,7 @@ class Generator:
     # ------------------------------------------------------------------ rows
 
     def append_tokens(self, ids: Seq[int], *, row: int = 0, options: GenerationOptions | None = None,
-                      logprobs: int | None = None) -> None:
+                      logprobs: int | None = None, reuse_points: Seq[int] = ()) -> None:
         """Feed token ids to row ``row``. An empty row starts a sequence with ``ids`` as its
         prompt (reusing whatever prefix of it the row's cache still holds); a row with a sequence
         continues it: everything so far becomes prompt, and generation resumes after ``ids``.
@@ -145,6 +145,9 @@ class Generator:
                 continuing, the sequence's own).
             logprobs: None, or k >= 0 to record each generated token's logprob and the k most
                 likely alternatives (of the model's raw distribution).
+            reuse_points: lengths of the prompt at which a later prompt may part from this one
+                (the end of a chat's system message, of its earlier turns): a cache that keeps
+                checkpoints of a recurrent state takes them there (see HybridCache).
         """
         self._check_row(row)
         new = [int(i) for i in ids]
@@ -181,6 +184,7 @@ class Generator:
                        rng=old.rng if old is not None and opts.seed == old.options.seed else None,
                        constraint=constraint, shown_special=shown)
         seq.prefill_tokens = len(prompt) - reuse
+        seq.reuse_points = tuple(sorted(p for p in reuse_points if 0 < p < len(prompt)))
         self._seqs[row] = seq
         if self.speculator is not None and old is None:
             self.speculator.reset(row)
@@ -323,7 +327,7 @@ class Generator:
             n = int(min(waiting, left))
             if waiting - n == 1:  # never leave a prompt's last token alone (see last_run_start)
                 n = n - 1 if n > 1 else n + 1
-            pause = cache.checkpoint_at(start, start + n, seq.prompt_len) \
+            pause = cache.checkpoint_at(start, start + n, seq.prompt_len, seq.reuse_points) \
                 if start < seq.prompt_len else None
             if pause is not None:  # a recurrent state keeps a copy here (see HybridCache)
                 n = pause - start

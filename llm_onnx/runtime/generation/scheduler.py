@@ -82,6 +82,7 @@ class Request:
     last_token_at: float | None = None
     row: int | None = None
     outcome: Result | BaseException | None = None
+    reuse_points: tuple[int, ...] = ()  # where later prompts may part from this one
     _cancelled: bool = False
     _done: threading.Event = field(default_factory=threading.Event)
     _items: queue.SimpleQueue | None = None
@@ -178,8 +179,10 @@ class Scheduler:
 
     def submit_many(self, items: Seq[tuple[Seq[int], GenerationOptions]], *,
                     logprobs: int | None = None, listener: Listener | None = None,
-                    ) -> list[Request]:
+                    reuse_points: Seq[int] = ()) -> list[Request]:
         """Queue several requests at once, all or none (the choices of one API call).
+        ``reuse_points``: lengths at which later prompts may part from these (see
+        Generator.append_tokens).
 
         ``listener(request, item)`` receives each TokenEvent, then the Result (or the exception
         the request failed with), on the scheduler's thread. Without one, iterate the requests.
@@ -201,7 +204,8 @@ class Scheduler:
             if len(ids) >= self.max_length:
                 raise GenerationError(f"the prompt has {len(ids)} tokens but the context is "
                                       f"{self.max_length} tokens (prompt and answer together).")
-            requests.append(Request(0, ids, options.validated(), logprobs, listener))
+            requests.append(Request(0, ids, options.validated(), logprobs, listener,
+                                    reuse_points=tuple(reuse_points)))
         with self._cond:
             if self._closed:
                 raise SchedulerClosed("the server is shutting down; no new requests are taken.")
@@ -323,7 +327,7 @@ class Scheduler:
             row = free[0]  # the lowest: running rows stay together (see Generator.decode_step)
             try:
                 gen.append_tokens(request.prompt, row=row, options=request.options,
-                                  logprobs=request.logprobs)
+                                  logprobs=request.logprobs, reuse_points=request.reuse_points)
             except GenerationError as e:
                 request._emit(e)
                 if self.observer is not None:

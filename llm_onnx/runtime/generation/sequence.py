@@ -204,6 +204,7 @@ class Sequence:
         self.prompt_len = len(self.tokens)
         self.finish_reason: str | None = None
         self.prefill_tokens = 0  # set by the generator: prompt tokens not found in the cache
+        self.reuse_points: tuple[int, ...] = ()  # where a later prompt may part from this one
         self.started = time.perf_counter()
         self.first_token_at: float | None = None
         self.ended_at: float | None = None
