@@ -1,12 +1,34 @@
-"""A GGUF of a Qwen3-MoE config with random weights, for llama.cpp's speed on the same shape.
+"""A GGUF of a Qwen3-MoE or Qwen3.5/3.6-MoE config with random weights, for llama.cpp's speed on
+the same shape.
 
-Every matrix (embedding, attention, experts, LM head) is written in one quantized type, Q4_0 or
-Q8_0 ("pure", as `llama-quantize --pure` makes it; llama-quantize's default mix would give the LM
-head Q6_K); norms and routers stay F32, as llama-quantize leaves them. Blocks are random: codes
-uniform, block scales uniform in 0.004-0.008 (about what N(0, 0.02) weights quantize to), so
-nothing is NaN and the file has the real one's size. Tensors are streamed one at a time (the
-largest, Q8_0's embedding, is 330 MB). Tensor names and metadata keys are gguf-py's own tables
-(what llama.cpp's converter writes for Qwen3MoeForCausalLM).
+Every matrix (embedding, attention, the linear attention's projections, experts, shared expert,
+LM head) is written in one quantized type, Q4_0 or Q8_0 ("pure", as `llama-quantize --pure`
+makes it; llama-quantize's default mix would give the LM head Q6_K). What llama.cpp's converter
+and llama-quantize keep in float32 stays F32: vectors (norms, the linear attention's ssm_a and
+ssm_dt), the routers (ffn_gate_inp, and the shared expert's (1, D) gate) and the depthwise conv
+(ssm_conv1d). Quantized blocks are random: codes uniform, block scales uniform in 0.004-0.008
+(about what N(0, 0.02) weights quantize to). The float tensors have sane values: norms 1 (the
+converter stores the (1 + w) norms as 1 + w), routers N(0, 0.02), ssm_a = -exp(N(0, 0.5))
+(negative, as -exp(A_log) is), ssm_dt 1, the conv N(0, 0.2); so nothing is NaN and the file has
+the real one's size. Tensors are streamed one at a time (the largest, Q8_0's embedding of
+Qwen3.6, is 540 MB). Tensor names and metadata keys are gguf-py's own tables.
+
+Architectures, by the config's:
+  Qwen3MoeForCausalLM     llama.cpp's ``qwen3moe`` (Qwen3-30B-A3B)
+  Qwen3_5MoeForCausalLM   ``qwen35moe`` (Qwen3.5/3.6-35B-A3B): Gated DeltaNet layers (attn_qkv,
+                          attn_gate, ssm_beta, ssm_alpha, ssm_conv1d (C, K), ssm_dt.bias, ssm_a,
+                          ssm_norm, ssm_out) and gated full-attention layers (attn_q of 2 x heads
+                          x head_dim: query and gate), q/k norms, a post-attention norm, a shared
+                          expert with its (1, D) gate; metadata ssm.* (conv_kernel, state_size =
+                          d_k, group_count = key heads, time_step_rank = value heads, inner_size =
+                          value heads x d_v), full_attention_interval, attention.recurrent_layers,
+                          rope.dimension_count (the rotary width), rope.dimension_sections (the
+                          multimodal RoPE sections [11, 11, 10] padded to 4, which llama.cpp
+                          requires), expert_shared_feed_forward_length. No multi-token-prediction
+                          block (llama.cpp does not load it by default; neither does llm-onnx).
+                          llama.cpp takes d_v = d_k (ssm.state_size); the file records d_v
+                          through inner_size, so configs with d_v != d_k (the tiny preset) are
+                          readable by llm-onnx but not by llama.cpp.
 
 The vocabulary is a SentencePiece-style ("llama") list of as many tokens: <unk>, <s>, </s>, the
 256 byte tokens, then "▁t<i>"; prompts are sent as token ids, so no text is tokenized.
@@ -23,34 +45,80 @@ from llm_onnx.model.config import ModelConfig
 
 BLOCK = 32  # Q4_0 and Q8_0: 32 weights a block, one float16 scale
 QUANT_TYPES = {"Q4_0": gguf.GGMLQuantizationType.Q4_0, "Q8_0": gguf.GGMLQuantizationType.Q8_0}
+ARCHS = {"Qwen3MoeForCausalLM": gguf.MODEL_ARCH.QWEN3MOE,
+         "Qwen3_5MoeForCausalLM": gguf.MODEL_ARCH.QWEN35MOE}
+MROPE_SECTIONS = [11, 11, 10, 0]  # Qwen3.5's mrope_section, padded to 4 as the converter writes it
+
+# How a tensor is filled: "q" quantized (random blocks); the rest float32.
+QUANTIZED, NORM, ROUTER, SSM_A, SSM_DT, CONV = "q", "norm", "router", "ssm_a", "ssm_dt", "conv"
 
 
-def tensor_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], bool]]:
-    """(GGUF name, shape as numpy holds it (rows last = the input dimension), quantized?) in
-    llama.cpp's order."""
+def gguf_arch(cfg: ModelConfig) -> gguf.MODEL_ARCH:
+    if cfg.architecture not in ARCHS:
+        raise ValueError(f"no random GGUF for {cfg.architecture}; known: {', '.join(ARCHS)}")
+    return ARCHS[cfg.architecture]
+
+
+def tensor_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], str]]:
+    """(GGUF name, shape as numpy holds it (rows last = the input dimension), fill) in llama.cpp's
+    order; fill is QUANTIZED or how the float32 tensor is filled."""
     assert cfg.moe is not None
+    arch = gguf_arch(cfg)
     d, hd, v = cfg.hidden_size, cfg.head_dim, cfg.vocab_size
     q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
     e, i = cfg.moe.num_experts, cfg.moe.moe_intermediate_size
-    arch = gguf.MODEL_ARCH.QWEN3MOE
-    names = gguf.TENSOR_NAMES
-
-    def name(t, bid=None) -> str:
-        assert t in gguf.MODEL_TENSORS[arch], t
-        return names[t].format(bid=bid) + ".weight"
-
     T = gguf.MODEL_TENSOR
-    out = [(name(T.TOKEN_EMBD), (v, d), True)]
+
+    def name(t, bid=None, suffix=".weight") -> str:
+        assert t in gguf.MODEL_TENSORS[arch], t
+        return gguf.TENSOR_NAMES[t].format(bid=bid) + suffix
+
+    experts = [(T.FFN_GATE_INP, (e, d), ROUTER), (T.FFN_GATE_EXP, (e, i, d), QUANTIZED),
+               (T.FFN_UP_EXP, (e, i, d), QUANTIZED), (T.FFN_DOWN_EXP, (e, d, i), QUANTIZED)]
+    out = [(name(T.TOKEN_EMBD), (v, d), QUANTIZED)]
     for b in range(cfg.num_hidden_layers):
-        out += [(name(T.ATTN_NORM, b), (d,), False), (name(T.ATTN_Q, b), (q, d), True),
-                (name(T.ATTN_K, b), (kv, d), True), (name(T.ATTN_V, b), (kv, d), True),
-                (name(T.ATTN_OUT, b), (d, q), True), (name(T.ATTN_Q_NORM, b), (hd,), False),
-                (name(T.ATTN_K_NORM, b), (hd,), False), (name(T.FFN_NORM, b), (d,), False),
-                (name(T.FFN_GATE_INP, b), (e, d), False),
-                (name(T.FFN_GATE_EXP, b), (e, i, d), True), (name(T.FFN_UP_EXP, b), (e, i, d), True),
-                (name(T.FFN_DOWN_EXP, b), (e, d, i), True)]
-    out += [(name(T.OUTPUT_NORM), (d,), False), (name(T.OUTPUT), (v, d), True)]
+        if arch == gguf.MODEL_ARCH.QWEN3MOE:
+            layer = [(T.ATTN_NORM, (d,), NORM), (T.ATTN_Q, (q, d), QUANTIZED),
+                     (T.ATTN_K, (kv, d), QUANTIZED), (T.ATTN_V, (kv, d), QUANTIZED),
+                     (T.ATTN_OUT, (d, q), QUANTIZED), (T.ATTN_Q_NORM, (hd,), NORM),
+                     (T.ATTN_K_NORM, (hd,), NORM), (T.FFN_NORM, (d,), NORM), *experts]
+        else:
+            layer = [(T.ATTN_NORM, (d,), NORM), (T.ATTN_POST_NORM, (d,), NORM)]
+            layer += _linear_attention(cfg) if cfg.is_linear_layer(b) else [
+                (T.ATTN_Q, (2 * q, d), QUANTIZED),  # each head's query, then its output gate
+                (T.ATTN_K, (kv, d), QUANTIZED), (T.ATTN_V, (kv, d), QUANTIZED),
+                (T.ATTN_OUT, (d, q), QUANTIZED), (T.ATTN_Q_NORM, (hd,), NORM),
+                (T.ATTN_K_NORM, (hd,), NORM)]
+            s = cfg.moe.shared_expert_intermediate_size
+            layer += experts + [(T.FFN_GATE_INP_SHEXP, (1, d), ROUTER),
+                                (T.FFN_GATE_SHEXP, (s, d), QUANTIZED),
+                                (T.FFN_UP_SHEXP, (s, d), QUANTIZED),
+                                (T.FFN_DOWN_SHEXP, (d, s), QUANTIZED)]
+        for t, shape, fill in layer:
+            suffix = "" if t == T.SSM_A else ".bias" if t == T.SSM_DT else ".weight"
+            out.append((name(t, b, suffix), shape, fill))
+    out += [(name(T.OUTPUT_NORM), (d,), NORM), (name(T.OUTPUT), (v, d), QUANTIZED)]
     return out
+
+
+def _linear_attention(cfg: ModelConfig) -> list[tuple[gguf.MODEL_TENSOR, tuple[int, ...], str]]:
+    """A Gated DeltaNet layer's tensors (value heads in the converter's tiled order: with random
+    weights the order is immaterial)."""
+    la = cfg.linear_attention
+    assert la is not None
+    d, hv = cfg.hidden_size, la.num_value_heads
+    T = gguf.MODEL_TENSOR
+    return [(T.ATTN_QKV, (la.conv_dim, d), QUANTIZED), (T.ATTN_GATE, (la.value_dim, d), QUANTIZED),
+            (T.SSM_BETA, (hv, d), QUANTIZED), (T.SSM_ALPHA, (hv, d), QUANTIZED),
+            (T.SSM_CONV1D, (la.conv_dim, la.conv_kernel), CONV), (T.SSM_DT, (hv,), SSM_DT),
+            (T.SSM_A, (hv,), SSM_A), (T.SSM_NORM, (la.value_head_dim,), NORM),
+            (T.SSM_OUT, (d, la.value_dim), QUANTIZED)]
+
+
+def stored_quantized(shape: tuple[int, ...], fill: str) -> bool:
+    """Quantized tensors whose rows are not whole blocks (only tiny test shapes have them) stay
+    float32, as llama-quantize falls back to a float type for them."""
+    return fill == QUANTIZED and shape[-1] % BLOCK == 0
 
 
 def _random_blocks(shape: tuple[int, ...], qtype: str, rng: np.random.Generator) -> np.ndarray:
@@ -62,6 +130,15 @@ def _random_blocks(shape: tuple[int, ...], qtype: str, rng: np.random.Generator)
     out[:, :2] = rng.uniform(0.004, 0.008, blocks).astype(np.float16).view(np.uint8).reshape(-1, 2)
     out[:, 2:] = rng.integers(0, 256, (blocks, code_bytes), dtype=np.uint8)
     return out.reshape(*lead, cols // BLOCK * (2 + code_bytes))
+
+
+def _random_float(shape: tuple[int, ...], fill: str, rng: np.random.Generator) -> np.ndarray:
+    if fill in (NORM, SSM_DT):
+        return np.ones(shape, np.float32)
+    if fill == SSM_A:
+        return -np.exp(rng.normal(0.0, 0.5, shape)).astype(np.float32)
+    scale = {ROUTER: 0.02, CONV: 0.2, QUANTIZED: 0.02}[fill]
+    return (rng.standard_normal(shape, np.float32) * scale).astype(np.float32)
 
 
 def _add_vocabulary(writer: gguf.GGUFWriter, vocab: int) -> None:
@@ -80,13 +157,35 @@ def _add_vocabulary(writer: gguf.GGUFWriter, vocab: int) -> None:
     writer.add_add_bos_token(False)
 
 
+def _add_hybrid_metadata(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
+    """What llama.cpp's converter writes for Qwen3.5-MoE beyond Qwen3-MoE's keys."""
+    la, moe = cfg.linear_attention, cfg.moe
+    assert la is not None and moe is not None and cfg.layer_types is not None
+    writer.add_ssm_conv_kernel(la.conv_kernel)
+    writer.add_ssm_state_size(la.key_head_dim)
+    writer.add_ssm_group_count(la.num_key_heads)
+    writer.add_ssm_time_step_rank(la.num_value_heads)
+    writer.add_ssm_inner_size(la.value_dim)
+    # the interval is llama.cpp's fallback when recurrent_layers is absent; the layer kinds
+    # themselves are written as recurrent_layers (a config cut to --layers keeps its pattern)
+    full = cfg.attention_layers
+    writer.add_full_attention_interval(full[0] + 1 if full else 4)
+    writer.add_array(f"{writer.arch}.attention.recurrent_layers",
+                     [cfg.is_linear_layer(n) for n in range(cfg.num_hidden_layers)])
+    writer.add_rope_dimension_count(cfg.rotary_dim)
+    writer.add_rope_dimension_sections(MROPE_SECTIONS)
+    writer.add_expert_shared_feed_forward_length(moe.shared_expert_intermediate_size)
+
+
 def write_random_gguf(cfg: ModelConfig, qtype: str, path: Path, seed: int = 0) -> Path:
-    """``cfg`` (a Qwen3-MoE config) as a GGUF of random ``qtype`` ("Q4_0" | "Q8_0") blocks."""
+    """``cfg`` (a Qwen3-MoE or Qwen3.5-MoE config) as a GGUF of random ``qtype`` ("Q4_0" |
+    "Q8_0") blocks."""
     assert cfg.moe is not None and qtype in QUANT_TYPES
+    arch = gguf_arch(cfg)
     rng = np.random.default_rng(seed)
     path = Path(path)
     tmp = path.with_name(path.name + ".partial")
-    writer = gguf.GGUFWriter(str(tmp), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.QWEN3MOE])
+    writer = gguf.GGUFWriter(str(tmp), gguf.MODEL_ARCH_NAMES[arch])
     writer.add_name(f"random {cfg.architecture} {cfg.num_hidden_layers} layers {qtype}")
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0 if qtype == "Q4_0"
                          else gguf.LlamaFileType.MOSTLY_Q8_0)
@@ -103,13 +202,15 @@ def write_random_gguf(cfg: ModelConfig, qtype: str, path: Path, seed: int = 0) -
     writer.add_expert_count(cfg.moe.num_experts)
     writer.add_expert_used_count(cfg.moe.num_experts_per_tok)
     writer.add_expert_feed_forward_length(cfg.moe.moe_intermediate_size)
+    if arch == gguf.MODEL_ARCH.QWEN35MOE:
+        _add_hybrid_metadata(writer, cfg)
     writer.add_vocab_size(cfg.vocab_size)
     _add_vocabulary(writer, cfg.vocab_size)
     raw = QUANT_TYPES[qtype]
     block_bytes = gguf.GGML_QUANT_SIZES[raw][1]
     shapes = tensor_shapes(cfg)
-    for name, shape, quantized in shapes:
-        if quantized:
+    for name, shape, fill in shapes:
+        if stored_quantized(shape, fill):
             byte_shape = (*shape[:-1], shape[-1] // BLOCK * block_bytes)
             writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8),
                                    int(np.prod(byte_shape, dtype=np.int64)), raw_dtype=raw)
@@ -119,13 +220,11 @@ def write_random_gguf(cfg: ModelConfig, qtype: str, path: Path, seed: int = 0) -
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for name, shape, quantized in shapes:
-        if quantized:
+    for name, shape, fill in shapes:
+        if stored_quantized(shape, fill):
             data = _random_blocks(shape, qtype, rng)
-        elif name.endswith("ffn_gate_inp.weight"):
-            data = (rng.standard_normal(shape, np.float32) * 0.02).astype(np.float32)
         else:
-            data = np.ones(shape, np.float32)
+            data = _random_float(shape, fill, rng)
         writer.write_tensor_data(data)
         del data
     writer.close()

@@ -67,6 +67,11 @@ class BenchResult:
         bw = d["memory_bandwidth_samples_gb_s"]
         lines += [f"{'load':<22}{d['load_s']:>10.2f} s",
                   f"{'peak RSS':<22}{d['peak_rss_mib']:>10.0f} MiB (weights {d['weight_bytes'] / 2**20:.0f} MiB)",
+                  f"{'cache a row':<22}{d['row_bytes'] / 2**20:>10.1f} MiB at "
+                  f"{d['prompt_len'] + d['new_tokens']} positions "
+                  f"({d['kv_bytes_per_position'] / 1024:.1f} KiB a position"
+                  + (f", {d['state_bytes_per_row'] / 2**20:.1f} MiB of recurrent state with its "
+                     "checkpoints" if d["state_bytes_per_row"] else "") + ")",
                   f"{'read bandwidth':<22}{d['memory_bandwidth_gb_s']:>10.1f} GB/s "
                   f"({where}; {min(bw):.1f}-{max(bw):.1f} over the runs)",
                   f"{'decode ceiling':<22}{d['decode_ceiling_tok_s']:>10.1f} tok/s "
@@ -158,13 +163,11 @@ def bandwidth_probe(model: Model, threads: int) -> BandwidthProbe | DeviceBandwi
 
 def bytes_per_token(model: Model, context: int, batch: int) -> int:
     """Bytes a decode step of ``batch`` rows reads: the weights it reads (weight_bytes_read)
-    plus the KV cache at ``context`` positions."""
-    m = model.engine.manifest
-    kv = m.kv_cache
-    kv_itemsize = 2 if kv.dtype == "float16" else 4
-    kv_bytes = 2 * kv.num_layers * kv.num_key_value_heads * kv.head_dim * context \
-        * kv_itemsize * batch
-    return weight_bytes_read(m, batch) + kv_bytes
+    plus the KV cache at ``context`` positions and a hybrid model's recurrent states."""
+    engine = model.engine
+    state = engine.state_layout.row_bytes if engine.state_layout is not None else 0
+    return weight_bytes_read(engine.manifest, batch) + \
+        (engine.kv_bytes_per_position * context + state) * batch
 
 
 def weight_bytes_read(m: Manifest, batch: int = 1) -> int:
@@ -297,6 +300,11 @@ def run_bench(model: Model, cfg: BenchConfig, rss_before_load_mib: float | None 
         "bandwidth_probe": probe.label,  # repeat >= 1: the probe exists (closed, label kept)
         "memory_bandwidth_samples_gb_s": [bw / 1e9 for bw in bandwidth],
         "bytes_per_token": per_token,
+        # what a row of the cache holds: per position, whatever its length (a recurrent state
+        # with its checkpoints), and at this run's longest (prompt + new tokens)
+        "kv_bytes_per_position": model.engine.kv_bytes_per_position,
+        "state_bytes_per_row": model.engine.state_bytes_per_row,
+        "row_bytes": model.engine.row_bytes(len(prompt) + cfg.new_tokens),
         "weight_bytes_per_token": weight_bytes_read(m),  # batch 1, without the KV cache
         "decode_ceiling_tok_s": statistics.median(ceilings),
         # each run against the ceiling measured right after it, then the median

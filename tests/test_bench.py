@@ -222,3 +222,22 @@ def test_dense_decode_step_reads_all_weights_but_the_table(tiny_export):
     assert _stored_bytes(folder, lambda n: n.startswith("model.embed_tokens.")) == 256 * row
     size = (folder / "weights.data").stat().st_size
     assert weight_bytes_read(m) == size - 256 * row + row
+
+
+def test_a_hybrid_rows_memory_counts_its_recurrent_state(tiny_export):
+    """qwen3_5_tiny: a linear-attention layer (conv state (3, 2*2*16 + 4*32), recurrent state
+    (4, 16, 32), float32) and one full layer (2 kv heads of 64): keys and values per position
+    of the full layer only; a row's state once, with its checkpoints and a verify copy, whatever
+    its length; bench reports both and reads the state every step."""
+    folder = tiny_export("qwen3_5_tiny", "fp32")
+    result = CliRunner().invoke(main, ["bench", "--model", str(folder), "--json",
+                                       "--prompt-len", "12", "--new-tokens", "6", "--repeat", "1",
+                                       "--provider", "cpu", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.output)
+    per_position = 2 * 1 * 2 * 64 * 4  # keys and values, one layer, 2 heads of 64, float32
+    state = ((4 - 1) * (2 * 2 * 16 + 4 * 32) + 4 * 16 * 32) * 4  # one linear layer, one row
+    assert d["kv_bytes_per_position"] == per_position
+    assert d["state_bytes_per_row"] == state * (2 + 4)  # live, 4 checkpoints, a verify copy
+    assert d["row_bytes"] == per_position * 18 + state * 6
+    assert d["bytes_per_token"] - d["weight_bytes_per_token"] == per_position * 15 + state

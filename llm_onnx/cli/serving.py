@@ -27,6 +27,11 @@ TOOL_FORMATS = ("hermes", "llama3_json", "mistral", "phi4_mini")  # llm_onnx.run
               help="Most prompt tokens run per step while other requests are decoding.")
 @click.option("--max-seq-len", type=click.IntRange(min=2),
               help="Positions per request, prompt and answer (default: the model's context).")
+@click.option("--max-cache-memory", type=click.FloatRange(min=0, min_open=True), metavar="GIB",
+              help="Most memory the running requests' cache rows may take, counted at their "
+                   "longest (prompt + max_tokens of keys and values; a hybrid model's "
+                   "recurrent state and its checkpoints): requests beyond it wait for a row to "
+                   "free (default: no bound but --max-batch).")
 @click.option("--api-key", envvar="LLM_ONNX_API_KEY", show_envvar=True,
               help="Require 'Authorization: Bearer KEY' on every endpoint but /health.")
 @click.option("--model-name", help="The model id clients send (default: the folder's name).")
@@ -58,7 +63,8 @@ TOOL_FORMATS = ("hermes", "llama3_json", "mistral", "phi4_mini")  # llm_onnx.run
               help="With --ray: join this Ray cluster (default: start a local Ray instance).")
 @speculative_options
 @_handle_errors
-def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, api_key,
+def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, max_cache_memory,
+          api_key,
           model_name, provider, threads, drain_timeout, cors_origins, log_level, chat_template,
           tool_call_format, web_ui, use_ray, replicas, autoscale, address,
           **speculation) -> None:
@@ -86,8 +92,9 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, a
     """
     if use_ray:
         return _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len,
-                          api_key, model_name, provider, threads, replicas, autoscale, address,
-                          cors_origins, chat_template, tool_call_format, web_ui, speculation)
+                          max_cache_memory, api_key, model_name, provider, threads, replicas,
+                          autoscale, address, cors_origins, chat_template, tool_call_format,
+                          web_ui, speculation)
     if replicas or autoscale or address:
         raise click.UsageError("--replicas, --autoscale and --address need --ray.")
     try:
@@ -106,15 +113,33 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, a
     loaded = Model.load(model, provider=provider, threads=threads, chat_template=chat_template,
                         tool_call_format=tool_call_format, **speculation)
     service = Service(loaded, name=model_name, api_key=api_key, max_batch=max_batch,
-                      max_queue=max_queue, prefill_chunk=prefill_chunk, max_length=max_seq_len)
+                      max_queue=max_queue, prefill_chunk=prefill_chunk, max_length=max_seq_len,
+                      max_cache_bytes=int(max_cache_memory * 2**30) if max_cache_memory else None)
     auth = "API key required" if service.api_key else "no API key"
     tools = f"tool calls: {loaded.tool_format}" if loaded.tool_format else "no tool calls"
     click.echo(f"Serving {service.name} ({loaded.engine.describe()}) at http://{host}:{port}/v1 "
                f"- max batch {max_batch}, {auth}, {tools}. Ctrl-C to stop.", err=True)
+    click.echo(f"Cache: {cache_line(loaded.engine, service.scheduler)}", err=True)
     if web_ui:
         click.echo(f"Chat page: {_page_url(host, port)}", err=True)
     server.run(service, host=host, port=port, drain_timeout=drain_timeout, log_level=log_level,
                cors_origins=cors_origins, web_ui=web_ui)
+
+
+def cache_line(engine, scheduler) -> str:
+    """What the cache's rows take: per position, per row whatever its length, at the longest."""
+    per_pos, state = engine.kv_bytes_per_position, engine.state_bytes_per_row
+    longest = engine.row_bytes(scheduler.max_length)
+    parts = [f"{per_pos / 1024:.1f} KiB of keys and values a position"]
+    if state:
+        parts.append(f"{state / 2**20:.1f} MiB of recurrent state a row (with its "
+                     f"{engine.options.state_checkpoints} checkpoints)")
+    line = (f"{', '.join(parts)}; {longest / 2**20:.0f} MiB a row at {scheduler.max_length} "
+            f"positions, {scheduler.max_batch * longest / 2**30:.2f} GiB for {scheduler.max_batch}"
+            " rows")
+    if scheduler.max_cache_bytes:
+        line += f", bounded at {scheduler.max_cache_bytes / 2**30:.2f} GiB (--max-cache-memory)"
+    return line + "."
 
 
 def _page_url(host: str, port: int) -> str:
@@ -124,7 +149,8 @@ def _page_url(host: str, port: int) -> str:
     return f"http://{shown}:{port}/"
 
 
-def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, api_key,
+def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len,
+               max_cache_memory, api_key,
                model_name, provider, threads, replicas, autoscale, address, cors_origins,
                chat_template, tool_call_format, web_ui, speculation) -> None:
     try:
@@ -156,7 +182,9 @@ def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_l
     config = ray_app.ReplicaConfig(model=str(folder), name=model_name or folder.name,
                                    api_key=api_key, max_batch=max_batch, max_queue=max_queue,
                                    prefill_chunk=prefill_chunk, max_seq_len=max_seq_len,
-                                   threads=threads or 1, provider=provider,
+                                   max_cache_bytes=int(max_cache_memory * 2**30)
+                                   if max_cache_memory else None, threads=threads or 1,
+                                   provider=provider,
                                    chat_template=template, tool_call_format=tool_call_format,
                                    speculative=speculation["speculative"],
                                    draft_model=str(Path(speculation["draft_model"]).resolve())

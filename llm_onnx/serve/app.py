@@ -55,13 +55,14 @@ class Service:
         model: the loaded Model.
         name: the model id clients send (default: the model folder's name).
         api_key: when set, every endpoint but /health needs ``Authorization: Bearer <key>``.
-        max_batch, max_queue, prefill_chunk, max_length: the Scheduler's.
+        max_batch, max_queue, prefill_chunk, max_length, max_cache_bytes: the Scheduler's.
         served_by: what serves it, for the model card ("llm-onnx serve", "Ray Serve").
     """
 
     def __init__(self, model: Model, *, name: str | None = None, api_key: str | None = None,
                  max_batch: int = 8, max_queue: int | None = 64, prefill_chunk: int = 256,
-                 max_length: int | None = None, served_by: str = "llm-onnx serve") -> None:
+                 max_length: int | None = None, served_by: str = "llm-onnx serve",
+                 max_cache_bytes: int | None = None) -> None:
         self.model = model
         self.served_by = served_by
         manifest = getattr(model.engine, "manifest", None)
@@ -70,7 +71,7 @@ class Service:
         self.metrics = Metrics()
         self.scheduler = Scheduler(model, max_batch=max_batch, max_length=max_length,
                                    prefill_chunk=prefill_chunk, max_queue=max_queue,
-                                   observer=self.metrics)
+                                   observer=self.metrics, max_cache_bytes=max_cache_bytes)
         self.metrics.attach(self.scheduler)
         self.tokens = rs.TokenText(model)
         self.created = int(time.time())

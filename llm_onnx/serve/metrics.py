@@ -76,6 +76,12 @@ class Metrics:
                              "size.", registry=r)
         self.rows = Gauge("llm_onnx_batch_rows", "Rows of the scheduler (--max-batch).",
                           registry=r)
+        self.cache_committed = Gauge("llm_onnx_cache_committed_bytes", "Most bytes the running "
+                                     "requests' rows of the cache may hold (their prompt and "
+                                     "max_tokens, a recurrent state with its checkpoints).",
+                                     registry=r)
+        self.cache_limit = Gauge("llm_onnx_cache_limit_bytes", "--max-cache-memory (0: rows "
+                                 "only).", registry=r)
         self.ttft = Histogram("llm_onnx_time_to_first_token_seconds", "Submit to first token.",
                               buckets=_LATENCY, registry=r)
         self.itl = Histogram("llm_onnx_inter_token_latency_seconds", "Time between a request's "
@@ -90,6 +96,8 @@ class Metrics:
         self.queue_depth.set_function(lambda: scheduler.queued)
         self.running.set_function(lambda: scheduler.running)
         self.rows.set(scheduler.max_batch)
+        self.cache_committed.set_function(lambda: scheduler.committed_bytes)
+        self.cache_limit.set(scheduler.max_cache_bytes or 0)
         self.registry.register(_SchedulerTimes(scheduler))
 
     def exposition(self) -> bytes:

@@ -59,6 +59,7 @@ class ReplicaConfig:
     max_queue: int = 64
     prefill_chunk: int = 256
     max_seq_len: int | None = None
+    max_cache_bytes: int | None = None  # per replica (--max-cache-memory)
     threads: int = 1
     provider: str = "auto"
     chat_template: str | None = None  # a template's text (or a file the replicas can read)
@@ -99,7 +100,7 @@ class ModelReplica:
         self.service = Service(model, name=cfg.name, api_key=cfg.api_key,
                                max_batch=cfg.max_batch, max_queue=cfg.max_queue,
                                prefill_chunk=cfg.prefill_chunk, max_length=cfg.max_seq_len,
-                               served_by="Ray Serve")
+                               served_by="Ray Serve", max_cache_bytes=cfg.max_cache_bytes)
         self.app = create_app(self.service, web_ui=cfg.web_ui)
         self.service.start()
         self.id = f"{socket.gethostname()}:{os.getpid()}"

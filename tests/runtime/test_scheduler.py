@@ -336,3 +336,26 @@ def test_a_prompts_last_run_is_never_a_lone_token(chunk):
     engine.decode = decode
     for r in requests:
         assert r.result().token_ids == solo(model, r.prompt, greedy(3))
+
+
+def test_admission_counts_each_rows_memory_at_its_longest(tiny_export):
+    """--max-cache-memory: with room for one and a half rows at their longest, requests take a
+    row one after another (a second waits, its row free, until the first finishes); a request
+    that alone needs more is refused at once, naming the bound."""
+    from llm_onnx.runtime import Model
+    from llm_onnx.runtime.generation.scheduler import Scheduler as RealScheduler
+
+    model = Model.load(tiny_export("qwen3_5_tiny", "fp32"), provider="cpu", threads=1)
+    opts = GenerationOptions(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    row = model.engine.row_bytes(4 + 8)
+    assert row > model.engine.state_bytes_per_row > 0
+    batch = RealScheduler(model, max_batch=3, max_length=64, max_cache_bytes=row * 3 // 2)
+    requests = [batch.submit([5, 6, 7, 8], opts) for _ in range(3)]
+    batch.step()
+    assert batch.running == 1 and batch.queued == 2 and batch.committed_bytes == row
+    while batch.step():
+        assert batch.committed_bytes <= row * 3 // 2 and batch.running <= 1
+    assert all(r.result().token_ids == requests[0].result().token_ids for r in requests)
+    assert model.engine.row_bytes(64) > row * 3 // 2
+    with pytest.raises(GenerationError, match=r"needs .* MiB of cache .*--max-cache-memory"):
+        batch.submit(list(range(5, 45)), GenerationOptions(max_new_tokens=20))

@@ -302,6 +302,25 @@ class Engine:
 
     # ------------------------------------------------------------------ cache and steps
 
+    @property
+    def kv_bytes_per_position(self) -> int:
+        """Bytes of keys and values one position of a row holds (every attention layer)."""
+        lay = self.layout
+        return 2 * len(lay.layer_indices) * lay.kv_heads * lay.head_dim * \
+            np.dtype(lay.dtype).itemsize
+
+    @property
+    def state_bytes_per_row(self) -> int:
+        """Bytes a row holds whatever its length: a recurrent state, its checkpoints and the
+        copy a speculative verify takes (0 without linear-attention layers)."""
+        if self.state_layout is None:
+            return 0
+        return self.state_layout.row_bytes * (2 + self.options.state_checkpoints)
+
+    def row_bytes(self, positions: int) -> int:
+        """Most bytes a row of a cache holds at ``positions`` positions."""
+        return self.kv_bytes_per_position * positions + self.state_bytes_per_row
+
     def new_cache(self, batch: int, length: int) -> KVCache:
         if length > self.context_length:
             raise GenerationError(f"{length} tokens do not fit in the model's context of "

@@ -146,13 +146,20 @@ class Scheduler:
         prefill_chunk: most prompt tokens run in one step while other rows are decoding.
         max_queue: most requests waiting for a row; more raise QueueFull (None: no limit).
         observer: told of requests as they start and end, and of every token (metrics).
+        max_cache_bytes: most bytes the running requests' rows may hold at their longest
+            (prompt plus max_new_tokens positions of keys and values, and a recurrent state
+            with its checkpoints; ``engine.row_bytes``): a request that would pass it waits
+            for others to finish; one that alone needs more is refused (None: rows only).
     """
 
     def __init__(self, model: ModelLike, *, max_batch: int = 8, max_length: int | None = None,
                  prefill_chunk: int = 256, max_queue: int | None = None,
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None, max_cache_bytes: int | None = None) -> None:
         if max_queue is not None and max_queue < 0:
             raise GenerationError(f"max_queue must be >= 0, got {max_queue}.")
+        if max_cache_bytes is not None and max_cache_bytes < 1:
+            raise GenerationError(f"max_cache_bytes must be positive, got {max_cache_bytes}.")
+        self.max_cache_bytes = max_cache_bytes
         self.model = model
         self.generator = Generator(model, batch=max_batch, max_length=max_length or
                                    model.context_length, prefill_chunk=prefill_chunk)
@@ -204,6 +211,12 @@ class Scheduler:
             if len(ids) >= self.max_length:
                 raise GenerationError(f"the prompt has {len(ids)} tokens but the context is "
                                       f"{self.max_length} tokens (prompt and answer together).")
+            need = self._row_bytes(ids, options)
+            if self.max_cache_bytes is not None and need > self.max_cache_bytes:
+                raise GenerationError(
+                    f"the request needs {need / 2**20:.1f} MiB of cache (its prompt and "
+                    f"max_tokens), more than the server's {self.max_cache_bytes / 2**20:.1f} "
+                    "MiB for all requests (--max-cache-memory); ask for fewer tokens.")
             requests.append(Request(0, ids, options.validated(), logprobs, listener,
                                     reuse_points=tuple(reuse_points)))
         with self._cond:
@@ -316,6 +329,18 @@ class Scheduler:
             if request.cancelled:
                 self._end(row, request, self._released(self.generator.cancel(row)))
 
+    def _row_bytes(self, prompt: Seq[int], options: GenerationOptions) -> int:
+        """The most a request's row holds (see max_cache_bytes)."""
+        row_bytes = getattr(self.model.engine, "row_bytes", None)
+        if row_bytes is None:  # an engine that does not say (the tests' fakes)
+            return 0
+        return int(row_bytes(min(len(prompt) + options.max_new_tokens, self.max_length)))
+
+    @property
+    def committed_bytes(self) -> int:
+        """What the running requests' rows hold at most (see max_cache_bytes)."""
+        return sum(self._row_bytes(r.prompt, r.options) for r in list(self._running.values()))
+
     def _admit(self) -> None:
         gen = self.generator
         while True:
@@ -323,6 +348,11 @@ class Scheduler:
                 free = gen.free_rows
                 if not free or not self._queue:
                     return
+                if self.max_cache_bytes is not None and self._running and \
+                        self.committed_bytes + self._row_bytes(self._queue[0].prompt,
+                                                               self._queue[0].options) \
+                        > self.max_cache_bytes:
+                    return  # the oldest request waits until enough of the cache is free
                 request = self._queue.popleft()
             row = free[0]  # the lowest: running rows stay together (see Generator.decode_step)
             try:
