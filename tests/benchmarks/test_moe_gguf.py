@@ -29,3 +29,38 @@ def test_random_gguf_has_the_configs_shape(qtype, tmp_path):
     levels = 8 if qtype == "Q4_0" else 128
     assert np.isfinite(w).all() and 0.004 * levels * 0.5 < np.abs(w).max() <= 0.008 * levels
     assert len(ckpt.tokenizer_files["tokenizer.json"]) > 0
+
+
+@pytest.mark.parametrize("layers", [2, 3])
+def test_random_qwen35moe_gguf_reads_back_with_its_layer_kinds(layers, tmp_path):
+    """qwen35moe (Qwen3.5/3.6-MoE): the hybrid's tensors in llama.cpp's types (linear-attention
+    projections quantized, the conv, ssm_a, ssm_dt, norms and both routers float32), the keys
+    llama.cpp requires, and our loader recovering the config (layer kinds included, for a
+    config cut to fewer layers as moe_full.py --layers makes) with sane values."""
+    moe_gguf = load_benchmark("moe_gguf")
+    base = get_config("qwen3_5_moe_tiny")
+    kinds = (base.layer_types * 2)[:layers]  # (linear, full) repeated: 2 -> L F, 3 -> L F L
+    cfg = base.replace(vocab_size=512, num_hidden_layers=layers, layer_types=kinds)
+    path = moe_gguf.write_random_gguf(cfg, "Q4_0", tmp_path / "tiny-qwen35moe.gguf")
+    reader = gguf.GGUFReader(str(path))
+    assert reader.fields["general.architecture"].contents() == "qwen35moe"
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    for name in ("attn_qkv.weight", "attn_gate.weight", "ssm_beta.weight", "ssm_alpha.weight",
+                 "ssm_out.weight", "ffn_gate_exps.weight", "ffn_gate_shexp.weight"):
+        assert types[f"blk.0.{name}"] == "Q4_0", name
+    for name in ("ssm_conv1d.weight", "ssm_a", "ssm_dt.bias", "ssm_norm.weight",
+                 "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "post_attention_norm.weight"):
+        assert types[f"blk.0.{name}"] == "F32", name
+    assert types["blk.1.attn_q.weight"] == "Q4_0" and "blk.1.attn_qkv.weight" not in types
+    # the shared expert's down projection (rows of 48) is not whole Q4_0 blocks: float32
+    assert types["blk.0.ffn_down_shexp.weight"] == "F32"
+    fields = {k: f.contents() for k, f in reader.fields.items() if k.startswith("qwen35moe.")}
+    assert fields["qwen35moe.rope.dimension_sections"] == [11, 11, 10, 0]
+    assert fields["qwen35moe.attention.recurrent_layers"] == [k == "linear_attention" for k in kinds]
+    assert fields["qwen35moe.ssm.inner_size"] == cfg.linear_attention.value_dim
+    ckpt = open_checkpoint(path)
+    assert ckpt.config == cfg
+    a_log = ckpt.source.get("model.layers.0.linear_attn.A_log").numpy()  # ssm_a = -exp(A_log)
+    assert np.isfinite(a_log).all() and np.abs(a_log).max() < 4
+    for name in ckpt.source.names():
+        assert np.isfinite(ckpt.source.get(name).numpy()).all(), name
