@@ -1,14 +1,18 @@
-"""Qwen3-30B-A3B (qwen3_30b_a3b) at full size on this machine: export, load and decode, llama.cpp
-on a GGUF of the same shape, and `llm-onnx serve` at 1 and 4 clients; one command, one JSON, one
-table.
+"""A mixture of experts at full size on this machine: export, load and decode, llama.cpp on a
+GGUF of the same shape, and `llm-onnx serve` at 1 and 4 clients; one command, one JSON, one
+table. Qwen3-30B-A3B (qwen3_30b_a3b, the default) or Qwen3.6-35B-A3B (qwen3_6_35b_a3b: Gated
+DeltaNet and gated full attention, 256 experts and a shared expert; llama.cpp's qwen35moe).
 
     .venv/bin/python benchmarks/moe_full.py              # the whole model: hours; the machine alone
     .venv/bin/python benchmarks/moe_full.py --layers 2   # the same pipeline on 2 of the 48 layers
+    .venv/bin/python benchmarks/moe_full.py --config qwen3_6_35b_a3b             # 40 layers
+    .venv/bin/python benchmarks/moe_full.py --config qwen3_6_35b_a3b --layers 4  # 3 linear + 1 full
 
 Stages, one process each, one after the other (peak RSS from wait4 or the kernel's VmHWM):
-  export   random weights of the preset (cut to --layers) with a word-level tokenizer of its
-           vocabulary (t0 ... t151935, so the server streams text), each --export precision:
-           time, peak RSS and its timeline by stage, weights.data, the parity gate's figures.
+  export   random weights of the preset (cut to --layers, keeping its pattern of layer kinds)
+           with a word-level tokenizer of its vocabulary (t0 ... t{V-1}, so the server streams
+           text), each --export precision: time, peak RSS and its timeline by stage,
+           weights.data, the parity gate's figures.
   ours     each --run precision: Model.load (RSS, PSS, anonymous and file-backed memory after
            loading, and after a --prompt-len prompt and --new-tokens tokens), then `llm-onnx
            bench` (llm_onnx.bench.run_bench: TTFT, prefill, batch-1 decode, and the
@@ -21,9 +25,10 @@ Stages, one process each, one after the other (peak RSS from wait4 or the kernel
   serve    `llm-onnx serve` and llama-server with each --clients count of concurrent streaming
            clients (serve_load.py's client): aggregate tok/s, TTFT, inter-token latency.
 
-Folders are written under --work and deleted after their stage (--keep keeps them): at full size
-int4 is 19 GB, int8 34 GB, Q4_0 17 GB, Q8_0 32 GB, never two at once. int8 and Q8_0 do not fit
-in 24 GiB of memory: by default they are only exported (--run int4).
+Folders are written under --work and deleted after their stage (--keep keeps them), never two at
+once. At full size qwen3_30b_a3b's int4 is 19 GB, int8 34 GB, Q4_0 17 GB, Q8_0 32 GB;
+qwen3_6_35b_a3b's int4 about 23 GB, int8 about 39 GB, Q4_0 19.6 GB, Q8_0 37 GB. int8 and Q8_0 do
+not fit in 24 GiB of memory: by default they are only exported (--run int4).
 """
 
 from __future__ import annotations
@@ -65,8 +70,10 @@ def memory(pid: int | str = "self") -> dict[str, float]:
     return out
 
 
-def kv_bytes(cfg, positions: int) -> int:
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * positions * 4
+def cache_bytes(engine, positions: int) -> int:
+    """A row's cache at ``positions``: keys and values of the attention layers, and a hybrid
+    model's recurrent state with its checkpoints (the engine's own count)."""
+    return engine.row_bytes(positions)
 
 
 # ----------------------------------------------------------------------------- workers
@@ -85,7 +92,10 @@ def model_config(name: str, layers: int | None):
     from llm_onnx.families import get_config
 
     cfg = get_config(name)
-    return cfg if layers is None else cfg.replace(num_hidden_layers=layers)
+    if layers is None:
+        return cfg
+    kinds = cfg.layer_types[:layers] if cfg.layer_types is not None else None
+    return cfg.replace(num_hidden_layers=layers, layer_types=kinds)
 
 
 def worker_export(a: argparse.Namespace) -> dict:
@@ -132,7 +142,7 @@ def worker_ours(a: argparse.Namespace) -> dict:
     t = first.timings
     return {"load_s": round(load_s, 1), "memory_before_load": before, "memory_after_load": loaded,
             "memory_after_generate": generated, "weights_bytes": m.weights.bytes,
-            "kv_bytes": kv_bytes(m.config, a.prompt_len + a.new_tokens),
+            "kv_bytes": cache_bytes(model.engine, a.prompt_len + a.new_tokens),
             "expert_bytes": expert_bytes(m), "weight_bytes_read_batch1": weight_bytes_read(m),
             "first_run": {"ttft_s": t.ttft_s, "prefill_tok_s": t.prefill_tok_s,
                           "decode_tok_s": t.decode_tok_s},
@@ -419,7 +429,7 @@ def table(r: dict) -> str:
         w = (o["weights_bytes"] + o["kv_bytes"]) / 2**20
         peak, gen = o["bench"]["peak_rss_mib"], o["memory_after_generate"]["rss"]
         lines.append(f"llm-onnx {key}: RSS after generating {gen / w:.2f} x and peak "
-                     f"{peak / w:.2f} x (weights + KV cache of {r['args']['prompt_len']}+"
+                     f"{peak / w:.2f} x (weights + a row's cache of {r['args']['prompt_len']}+"
                      f"{r['args']['new_tokens']} positions, {w / 1024:.2f} GiB); a decode step "
                      f"reads {o['weight_bytes_read_batch1'] / 2**30:.2f} GiB of weights, the "
                      f"memory {o['bench']['memory_bandwidth_gb_s']:.1f} GB/s")
@@ -433,6 +443,19 @@ def table(r: dict) -> str:
                              f"{1e3 * (s['itl_p50_s'] or 0):.0f} | {s['per_request_tok_s'] or 0:.2f} "
                              f"| {s['error_count']} |")
     return "\n".join(lines)
+
+
+def check_config(p: argparse.ArgumentParser, name: str) -> None:
+    from llm_onnx.families import get_config
+    from moe_gguf import ARCHS
+
+    try:
+        cfg = get_config(name)
+    except Exception as e:  # an unknown preset: the registry's own message
+        p.error(str(e))
+    if cfg.moe is None or cfg.architecture not in ARCHS:
+        p.error(f"--config {name}: not a mixture of experts moe_gguf.py writes a GGUF of "
+                f"({', '.join(ARCHS)})")
 
 
 def main() -> None:
@@ -450,7 +473,9 @@ def main() -> None:
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default="qwen3_30b_a3b")
+    p.add_argument("--config", default="qwen3_30b_a3b",
+                   help="a mixture-of-experts preset moe_gguf.py writes GGUFs of: qwen3_30b_a3b, "
+                        "qwen3_6_35b_a3b (or their tiny presets)")
     p.add_argument("--layers", type=int, help="cut the preset to this many layers (default: all)")
     p.add_argument("--export", nargs="+", choices=list(MATCH), default=["int4", "int8"],
                    help="precisions exported (time, peak RSS, size)")
@@ -482,6 +507,7 @@ def main() -> None:
     p.add_argument("--keep", action="store_true", help="keep the model folders and GGUFs")
     p.add_argument("--out", type=Path, help="the JSON (default: WORK/results/moe-full-TIME.json)")
     a = p.parse_args()
+    check_config(p, a.config)
     a.work.mkdir(parents=True, exist_ok=True)
     results = measure(a)
     out = a.out or a.work / "results" / f"moe-full-{time.strftime('%Y%m%d-%H%M%S')}.json"
