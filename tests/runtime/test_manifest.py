@@ -91,3 +91,17 @@ def test_listed_file_outside_the_folder(folder):
     edit_manifest(folder, lambda d: d["files"].update({"../escape": {"bytes": 1, "sha256": "x"}}))
     with pytest.raises(ModelFolderError, match="outside the model folder"):
         Model.load(folder)
+
+
+def test_a_recurrent_state_it_does_not_know_is_refused(tiny_export, tmp_path):
+    """A hybrid folder names its state's kind; a kind this runtime has no cache for is refused in
+    one line naming it, before any session runs a graph with state it would not carry."""
+    folder = tmp_path / "hybrid"
+    shutil.copytree(tiny_export("qwen3_5_tiny", "fp32"), folder)
+    state = load_manifest(folder).recurrent_state
+    assert state is not None and state.kind == "gated_delta" and state.layers == (0,)
+    edit_manifest(folder, lambda d: d["recurrent_state"].update(kind="mamba2"))
+    with pytest.raises(ModelFolderError, match="recurrent state of kind 'mamba2'.*knows "
+                                               "gated_delta") as e:
+        Model.load(folder)
+    assert "\n" not in str(e.value)
