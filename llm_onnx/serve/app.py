@@ -22,7 +22,6 @@ import os
 import socket
 import threading
 import time
-import weakref
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -31,20 +30,18 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.chat.request import ReplyStream
 from llm_onnx.runtime.model import Model
 from llm_onnx.runtime.chat.reasoning import ChatPiece
-from llm_onnx.runtime.generation.scheduler import QueueFull, Request as Job, Scheduler, SchedulerClosed
+from llm_onnx.runtime.generation.scheduler import Scheduler
 from llm_onnx.runtime.generation.sequence import Result, TokenEvent
 from llm_onnx.runtime.chat.tools import ToolCallDelta
-from llm_onnx.serve import protocol as p, requests as rq, responses as rs, structured, web
+from llm_onnx.serve import protocol as p, requests as rq, responses as rs, runner, structured, web
 from llm_onnx.serve.metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger("llm_onnx.serve")
 
 MAX_BODY_BYTES = 8 << 20
-_DISCONNECT_POLL_S = 0.1
 COMPILE_TIMEOUT_S = 10.0  # a constraint that takes longer to compile is refused (400)
 
 
@@ -142,25 +139,26 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = (),
     @app.exception_handler(p.ApiError)
     async def api_error(request: Request, e: p.ApiError) -> JSONResponse:
         _count(service, request, e.status)
-        return JSONResponse(e.body(), status_code=e.status)
+        return JSONResponse(_error_body(request, e), status_code=e.status)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
         _count(service, request, e.status_code)
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         message = f"{request.method} {request.url.path}: {e.detail}"
-        return JSONResponse(p.ApiError(e.status_code, message, type=kind).body(),
+        return JSONResponse(_error_body(request, p.ApiError(e.status_code, message, type=kind)),
                             status_code=e.status_code, headers=getattr(e, "headers", None))
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, e: Exception) -> JSONResponse:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
         _count(service, request, 500)
-        return JSONResponse(p.ApiError(500, f"internal error: {type(e).__name__}: {e}",
-                                       type="server_error").body(), status_code=500)
+        error = p.ApiError(500, f"internal error: {type(e).__name__}: {e}", type="server_error")
+        return JSONResponse(_error_body(request, error), status_code=500)
 
     async def authorized(request: Request) -> None:
-        error = p.api_key_error(request.headers.get("authorization", ""), service.api_key)
+        error = p.api_key_error(request.headers.get("authorization", ""), service.api_key,
+                                request.headers.get("x-api-key", ""))
         if error is not None:
             raise error
 
@@ -213,9 +211,26 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = (),
         await service.prepare(plan)
         return await _answer(service, request, plan)
 
+    for api in APIS:  # the other APIs' routes, each module's own
+        api.add_routes(app, service, authorized)
     if web_ui:
         web.add_routes(app)
     return app
+
+
+# Modules that add an API's routes: ``add_routes(app, service, authorized)``.
+APIS: list[Any] = []
+
+
+def _error_body(request: Request, e: p.ApiError) -> dict[str, Any]:
+    """An error in the shape of the API the path belongs to: Anthropic's for the Messages API,
+    OpenAI's everywhere else."""
+    if request.url.path.startswith(ANTHROPIC_PATHS):
+        return e.anthropic_body()
+    return e.body()
+
+
+ANTHROPIC_PATHS = ("/v1/messages",)
 
 
 class _ReplicaHeader:
@@ -265,61 +280,13 @@ async def _body(request: Request) -> Any:
                           "object with Content-Type: application/json.") from None
 
 
-class _Mailbox:
-    """Hands items from the scheduler's thread to an event loop: one wake-up of the loop for all
-    the items of a step (a token for each running request), not one per token."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._lock = threading.Lock()
-        self._items: list[tuple[asyncio.Queue, Any]] = []
-        self._scheduled = False
-
-    def post(self, queue: asyncio.Queue, item: Any) -> None:  # any thread
-        with self._lock:
-            self._items.append((queue, item))
-            if self._scheduled:
-                return
-            self._scheduled = True
-        self.loop.call_soon_threadsafe(self._drain)
-
-    def _drain(self) -> None:  # the loop's thread
-        with self._lock:
-            items, self._items, self._scheduled = self._items, [], False
-        for queue, item in items:
-            queue.put_nowait(item)
-
-
-_MAILBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = \
-    weakref.WeakKeyDictionary()
-
-
 async def _answer(service: Service, request: Request, plan: p.Plan) -> Response:
-    loop = asyncio.get_running_loop()
-    mailbox = _MAILBOXES.get(loop) or _MAILBOXES.setdefault(loop, _Mailbox(loop))
-    items: asyncio.Queue[tuple[Job, Any]] = asyncio.Queue()
-
-    def listener(job: Job, item: Any) -> None:  # on the scheduler's thread
-        if plan.stream or not isinstance(item, TokenEvent):
-            try:
-                mailbox.post(items, (job, item))
-            except RuntimeError:  # the event loop has closed: nobody is listening any more
-                job.cancel()
-
-    try:
-        jobs = service.scheduler.submit_many(plan.jobs(), logprobs=plan.logprobs,
-                                             listener=listener, reuse_points=plan.reuse_points)
-    except QueueFull as e:
-        raise p.ApiError(429, str(e), type="rate_limit_error", code="rate_limit_exceeded") from None
-    except SchedulerClosed as e:
-        raise p.ApiError(503, str(e), type="server_error", code="service_unavailable") from None
-    except GenerationError as e:
-        raise p.bad("prompt" if plan.kind == p.COMPLETION else "messages", str(e)) from None
+    run = runner.submit(service, plan, plan.stream)
     if plan.stream:
-        return StreamingResponse(_events(service, request, plan, jobs, items),
+        return StreamingResponse(_events(service, request, plan, run),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    results = await _results(request, jobs, items)
+    results = await run.results(request)
     if results is None:  # the client went away; its jobs are cancelled
         _count(service, request, 499)
         return Response(status_code=499)
@@ -336,53 +303,23 @@ def _count_tool_calls(service: Service, body: dict[str, Any]) -> None:
         service.metrics.tool_calls.inc(calls)
 
 
-async def _results(request: Request, jobs: list[Job],
-                   items: asyncio.Queue[tuple[Job, Any]]) -> list[Result] | None:
-    """Every job's Result in order, or None if the client disconnected first."""
-    index = {job.id: i for i, job in enumerate(jobs)}
-    results: list[Result | None] = [None] * len(jobs)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        for _ in jobs:
-            getter = asyncio.ensure_future(items.get())
-            done, _pending = await asyncio.wait({getter, watcher},
-                                                return_when=asyncio.FIRST_COMPLETED)
-            if getter not in done:
-                getter.cancel()
-                return None
-            job, item = getter.result()
-            if isinstance(item, BaseException):
-                raise p.ApiError(500, f"generation failed: {item}", type="server_error")
-            results[index[job.id]] = item
-        return results  # type: ignore[return-value]
-    finally:
-        watcher.cancel()
-        for job in jobs:
-            job.cancel()  # no-op for finished jobs; frees the rows of a departed client's
-
-
-async def _disconnected(request: Request) -> None:
-    while not await request.is_disconnected():
-        await asyncio.sleep(_DISCONNECT_POLL_S)
-
-
-async def _events(service: Service, request: Request, plan: p.Plan, jobs: list[Job],
-                  items: asyncio.Queue[tuple[Job, Any]]) -> AsyncIterator[str]:
+async def _events(service: Service, request: Request, plan: p.Plan,
+                  run: runner.Run) -> AsyncIterator[str]:
     """Server-sent events: a chunk per token (or per first chunk of a choice), a last chunk per
     choice with its finish_reason, the usage chunk if asked for, then ``data: [DONE]``. A client
     that disconnects makes the surrounding response cancel this generator: its jobs are
     cancelled and their rows freed at the scheduler's next step."""
-    index = {job.id: i for i, job in enumerate(jobs)}
-    finished = [False] * len(jobs)
-    offsets = [0] * len(jobs)
+    finished = [False] * len(run.jobs)
+    offsets = [0] * len(run.jobs)
     generated = 0
     status = "499"
     chat = plan.kind == p.CHAT
     # Each choice's text split into reasoning_content, content and tool-call deltas.
-    replies = [ReplyStream(plan.chat) if chat and plan.chat is not None else None for _ in jobs]
+    replies = [ReplyStream(plan.chat) if chat and plan.chat is not None else None
+               for _ in run.jobs]
     try:
         first = []
-        for i in range(len(jobs)):
+        for i in range(len(run.jobs)):
             if chat:
                 first.append({"index": i, "delta": {"role": "assistant", "content": ""},
                               "logprobs": None, "finish_reason": None})
@@ -392,9 +329,7 @@ async def _events(service: Service, request: Request, plan: p.Plan, jobs: list[J
                 first.append({"index": i, "text": text, "logprobs": None, "finish_reason": None})
         if first:
             yield _sse(rs.chunk(plan, first))
-        while not all(finished):
-            job, item = await items.get()
-            i = index[job.id]
+        async for i, item in run.items():
             if isinstance(item, TokenEvent):
                 generated += item.token_id >= 0
                 last = item.finish_reason is not None
@@ -423,8 +358,7 @@ async def _events(service: Service, request: Request, plan: p.Plan, jobs: list[J
         yield "data: [DONE]\n\n"
         status = "200"
     finally:
-        for job in jobs:
-            job.cancel()
+        run.cancel()
         _count(service, request, status)
 
 

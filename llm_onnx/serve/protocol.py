@@ -58,16 +58,36 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
                           "code": self.code}}
 
+    def anthropic_body(self) -> dict[str, Any]:
+        """The same error in Anthropic's shape (the Messages API's routes answer with it):
+        {"type": "error", "error": {"type", "message"}}, the type by status."""
+        kind = ANTHROPIC_ERROR_TYPES.get(self.status, "api_error")
+        message = self.message if self.param is None or self.message.startswith(self.param) \
+            else f"{self.param}: {self.message}"
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+# Anthropic's error types by HTTP status (docs.anthropic.com, "Errors")
+ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                         403: "permission_error", 404: "not_found_error",
+                         413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
+                         503: "overloaded_error", 529: "overloaded_error"}
+
 
 def bad(param: str | None, message: str, code: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
 
 
-def api_key_error(authorization: str, key: str | None) -> ApiError | None:
-    """None if the ``Authorization`` header carries ``Bearer <key>`` (or no key is set), else
-    the 401 to answer. Constant-time comparison."""
+def api_key_error(authorization: str, key: str | None, x_api_key: str = "") -> ApiError | None:
+    """None if the ``Authorization`` header carries ``Bearer <key>``, or ``X-API-Key`` carries
+    the key (Anthropic's clients send it so), or no key is set; else the 401 to answer.
+    Constant-time comparison."""
     if key is None:
         return None
+    if x_api_key and not authorization:
+        if hmac.compare_digest(x_api_key.strip().encode(), key.encode()):
+            return None
+        return ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
     if not authorization:
         return ApiError(401, "You didn't provide an API key. Send it in the Authorization header "
                              "as 'Bearer <key>'.", code="invalid_api_key")

@@ -1,0 +1,137 @@
+"""Running a checked request on the scheduler, for any API's routes: submit a Plan's jobs, then
+either wait for every Result or iterate the items as the scheduler's thread hands them over.
+The wire format (OpenAI's chunks, Anthropic's events, the Responses API's events) is the route's;
+this module knows only jobs, TokenEvents, Results and failures.
+
+    run = submit(service, plan, stream=True)        # or stream=False: no per-token items
+    async for i, item in run.items(request):        # i: the choice index
+        ...                                         # TokenEvent, then the Result (or an error)
+    results = await run.results(request)            # every choice's Result (None: client gone)
+
+A client that disconnects cancels its jobs (their rows are freed at the scheduler's next step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import weakref
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+
+from llm_onnx.errors import GenerationError
+from llm_onnx.runtime.generation.scheduler import QueueFull, Request as Job, SchedulerClosed
+from llm_onnx.runtime.generation.sequence import Result, TokenEvent
+from llm_onnx.serve import protocol as p
+
+DISCONNECT_POLL_S = 0.1
+
+
+class _Mailbox:
+    """Hands items from the scheduler's thread to an event loop: one wake-up of the loop for all
+    the items of a step (a token for each running request), not one per token."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Queue, Any]] = []
+        self._scheduled = False
+
+    def post(self, queue: asyncio.Queue, item: Any) -> None:  # any thread
+        with self._lock:
+            self._items.append((queue, item))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:  # the loop's thread
+        with self._lock:
+            items, self._items, self._scheduled = self._items, [], False
+        for queue, item in items:
+            queue.put_nowait(item)
+
+
+_MAILBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = \
+    weakref.WeakKeyDictionary()
+
+
+class Run:
+    """A plan's jobs on the scheduler and the queue their items arrive on."""
+
+    def __init__(self, jobs: list[Job], queue: asyncio.Queue[tuple[Job, Any]]) -> None:
+        self.jobs = jobs
+        self.queue = queue
+        self.index = {job.id: i for i, job in enumerate(jobs)}
+
+    def cancel(self) -> None:
+        for job in self.jobs:
+            job.cancel()  # no-op for finished jobs; frees the rows of a departed client's
+
+    async def results(self, request: Request) -> list[Result] | None:
+        """Every job's Result in order, or None if the client disconnected first; a failed
+        generation is a 500."""
+        results: list[Result | None] = [None] * len(self.jobs)
+        watcher = asyncio.ensure_future(disconnected(request))
+        try:
+            for _ in self.jobs:
+                getter = asyncio.ensure_future(self.queue.get())
+                done, _pending = await asyncio.wait({getter, watcher},
+                                                    return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    return None
+                job, item = getter.result()
+                if isinstance(item, BaseException):
+                    raise p.ApiError(500, f"generation failed: {item}", type="server_error")
+                results[self.index[job.id]] = item
+            return results  # type: ignore[return-value]
+        finally:
+            watcher.cancel()
+            self.cancel()
+
+    async def items(self) -> AsyncIterator[tuple[int, TokenEvent | Result | BaseException]]:
+        """(choice index, item) until every job has ended: its TokenEvents, then its Result (or
+        the exception it failed with). Cancels the jobs when the caller stops early."""
+        finished = 0
+        try:
+            while finished < len(self.jobs):
+                job, item = await self.queue.get()
+                if not isinstance(item, TokenEvent):
+                    finished += 1
+                yield self.index[job.id], item
+        finally:
+            self.cancel()
+
+
+def submit(service: Any, plan: p.Plan, stream: bool) -> Run:
+    """Queue ``plan``'s jobs (``stream``: every TokenEvent is delivered, else only the ends);
+    the scheduler's refusals as HTTP errors: 429 (queue full), 503 (shutting down), 400."""
+    loop = asyncio.get_running_loop()
+    mailbox = _MAILBOXES.get(loop) or _MAILBOXES.setdefault(loop, _Mailbox(loop))
+    queue: asyncio.Queue[tuple[Job, Any]] = asyncio.Queue()
+
+    def listener(job: Job, item: Any) -> None:  # on the scheduler's thread
+        if stream or not isinstance(item, TokenEvent):
+            try:
+                mailbox.post(queue, (job, item))
+            except RuntimeError:  # the event loop has closed: nobody is listening any more
+                job.cancel()
+
+    try:
+        jobs = service.scheduler.submit_many(plan.jobs(), logprobs=plan.logprobs,
+                                             listener=listener, reuse_points=plan.reuse_points)
+    except QueueFull as e:
+        raise p.ApiError(429, str(e), type="rate_limit_error", code="rate_limit_exceeded") from None
+    except SchedulerClosed as e:
+        raise p.ApiError(503, str(e), type="server_error", code="service_unavailable") from None
+    except GenerationError as e:
+        raise p.bad("prompt" if plan.kind == p.COMPLETION else "messages", str(e)) from None
+    return Run(jobs, queue)
+
+
+async def disconnected(request: Request) -> None:
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
