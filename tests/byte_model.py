@@ -118,3 +118,9 @@ def hybrid_byte_model_folder(tmp_path_factory) -> Path:
 def hybrid_byte_think_model_folder(tmp_path_factory) -> Path:
     """The Qwen3.5 byte model with <think> tags (Qwen3's chat template renders them)."""
     return export_byte_model(tmp_path_factory, think=True, preset="qwen3_5_tiny")
+
+
+@pytest.fixture(scope="session")
+def byte_think_model_folder(tmp_path_factory) -> Path:
+    """The byte model with <think> and </think> as added tokens (reasoning templates)."""
+    return export_byte_model(tmp_path_factory, think=True)

@@ -32,6 +32,12 @@ TOOL_FORMATS = ("hermes", "llama3_json", "mistral", "phi4_mini")  # llm_onnx.run
                    "longest (prompt + max_tokens of keys and values; a hybrid model's "
                    "recurrent state and its checkpoints): requests beyond it wait for a row to "
                    "free (default: no bound but --max-batch).")
+@click.option("--stored-responses", type=click.IntRange(min=0), default=1000, show_default=True,
+              help="The Responses API's store (store: true, previous_response_id, GET "
+                   "/v1/responses/ID): at most this many responses, the oldest dropped first.")
+@click.option("--stored-responses-memory", type=click.FloatRange(min=0), default=64.0,
+              show_default=True, metavar="MIB",
+              help="... and at most this many MiB of them.")
 @click.option("--api-key", envvar="LLM_ONNX_API_KEY", show_envvar=True,
               help="Require 'Authorization: Bearer KEY' on every endpoint but /health.")
 @click.option("--model-name", help="The model id clients send (default: the folder's name).")
@@ -64,13 +70,14 @@ TOOL_FORMATS = ("hermes", "llama3_json", "mistral", "phi4_mini")  # llm_onnx.run
 @speculative_options
 @_handle_errors
 def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, max_cache_memory,
-          api_key,
+          stored_responses, stored_responses_memory, api_key,
           model_name, provider, threads, drain_timeout, cors_origins, log_level, chat_template,
           tool_call_format, web_ui, use_ray, replicas, autoscale, address,
           **speculation) -> None:
     """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests.
 
-    Endpoints: POST /v1/chat/completions, POST /v1/completions (both with "stream": true),
+    Endpoints: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (OpenAI's
+    Responses API; GET and DELETE /v1/responses/ID for stored ones) (all with "stream": true),
     GET /v1/models, GET /health, GET /metrics (Prometheus); a chat page at / (--no-web-ui:
     none). Structured output: response_format
     (json_object, json_schema), vLLM's structured_outputs (json, regex, choice, grammar), tools
@@ -114,7 +121,9 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, m
                         tool_call_format=tool_call_format, **speculation)
     service = Service(loaded, name=model_name, api_key=api_key, max_batch=max_batch,
                       max_queue=max_queue, prefill_chunk=prefill_chunk, max_length=max_seq_len,
-                      max_cache_bytes=int(max_cache_memory * 2**30) if max_cache_memory else None)
+                      max_cache_bytes=int(max_cache_memory * 2**30) if max_cache_memory else None,
+                      stored_responses=stored_responses,
+                      stored_bytes=int(stored_responses_memory * 2**20))
     auth = "API key required" if service.api_key else "no API key"
     tools = f"tool calls: {loaded.tool_format}" if loaded.tool_format else "no tool calls"
     click.echo(f"Serving {service.name} ({loaded.engine.describe()}) at http://{host}:{port}/v1 "

@@ -36,12 +36,13 @@ from llm_onnx.runtime.chat.reasoning import ChatPiece
 from llm_onnx.runtime.generation.scheduler import Scheduler
 from llm_onnx.runtime.generation.sequence import Result, TokenEvent
 from llm_onnx.runtime.chat.tools import ToolCallDelta
-from llm_onnx.serve import protocol as p, requests as rq, responses as rs, runner, structured, web
+from llm_onnx.serve import (openai_responses, protocol as p, requests as rq, responses as rs,
+                            runner, structured, web)
 from llm_onnx.serve.metrics import CONTENT_TYPE, Metrics
+from llm_onnx.serve.response_input import ResponseStore
 
 log = logging.getLogger("llm_onnx.serve")
 
-MAX_BODY_BYTES = 8 << 20
 COMPILE_TIMEOUT_S = 10.0  # a constraint that takes longer to compile is refused (400)
 
 
@@ -53,13 +54,16 @@ class Service:
         name: the model id clients send (default: the model folder's name).
         api_key: when set, every endpoint but /health needs ``Authorization: Bearer <key>``.
         max_batch, max_queue, prefill_chunk, max_length, max_cache_bytes: the Scheduler's.
+        stored_responses, stored_bytes: the Responses API's store (``store: true``): at most
+            this many responses and bytes of them, the oldest dropped first.
         served_by: what serves it, for the model card ("llm-onnx serve", "Ray Serve").
     """
 
     def __init__(self, model: Model, *, name: str | None = None, api_key: str | None = None,
                  max_batch: int = 8, max_queue: int | None = 64, prefill_chunk: int = 256,
                  max_length: int | None = None, served_by: str = "llm-onnx serve",
-                 max_cache_bytes: int | None = None) -> None:
+                 max_cache_bytes: int | None = None, stored_responses: int = 1000,
+                 stored_bytes: int = 64 << 20) -> None:
         self.model = model
         self.served_by = served_by
         manifest = getattr(model.engine, "manifest", None)
@@ -70,6 +74,7 @@ class Service:
                                    prefill_chunk=prefill_chunk, max_queue=max_queue,
                                    observer=self.metrics, max_cache_bytes=max_cache_bytes)
         self.metrics.attach(self.scheduler)
+        self.responses = ResponseStore(stored_responses, stored_bytes)
         self.tokens = rs.TokenText(model)
         self.created = int(time.time())
         self.draining = False
@@ -199,27 +204,23 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = (),
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(request: Request) -> Response:
-        plan = rq.chat_plan(await _body(request), service.model, service.name,
+        plan = rq.chat_plan(await runner.read_body(request), service.model, service.name,
                             service.scheduler.max_length)
         await service.prepare(plan)
         return await _answer(service, request, plan)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(request: Request) -> Response:
-        plan = rq.completion_plan(await _body(request), service.model, service.name,
+        plan = rq.completion_plan(await runner.read_body(request), service.model, service.name,
                                   service.scheduler.max_length)
         await service.prepare(plan)
         return await _answer(service, request, plan)
 
-    for api in APIS:  # the other APIs' routes, each module's own
+    for api in (openai_responses,):  # the other APIs' routes, each module's own
         api.add_routes(app, service, authorized)
     if web_ui:
         web.add_routes(app)
     return app
-
-
-# Modules that add an API's routes: ``add_routes(app, service, authorized)``.
-APIS: list[Any] = []
 
 
 def _error_body(request: Request, e: p.ApiError) -> dict[str, Any]:
@@ -255,29 +256,7 @@ class _ReplicaHeader:
         await self.app(scope, receive, tagged)
 
 
-_ENDPOINTS = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"}
-
-
-def _count(service: Service, request: Request, status: int | str) -> None:
-    path = request.url.path
-    endpoint = path if path in _ENDPOINTS else \
-        "/v1/models/{name}" if path.startswith("/v1/models/") else "other"
-    service.metrics.requests.labels(endpoint, str(status)).inc()
-
-
-async def _body(request: Request) -> Any:
-    size = request.headers.get("content-length")
-    if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
-        raise p.ApiError(413, f"the request body has {size} bytes; the limit is "
-                              f"{MAX_BODY_BYTES}.")
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise p.ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes.")
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise p.bad(None, f"We could not parse the JSON body of your request ({e}). Send a JSON "
-                          "object with Content-Type: application/json.") from None
+_count = runner.count
 
 
 async def _answer(service: Service, request: Request, plan: p.Plan) -> Response:

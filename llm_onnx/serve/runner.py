@@ -14,6 +14,7 @@ A client that disconnects cancels its jobs (their rows are freed at the schedule
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import weakref
 from collections.abc import AsyncIterator
@@ -27,6 +28,7 @@ from llm_onnx.runtime.generation.sequence import Result, TokenEvent
 from llm_onnx.serve import protocol as p
 
 DISCONNECT_POLL_S = 0.1
+MAX_BODY_BYTES = 8 << 20
 
 
 class _Mailbox:
@@ -132,6 +134,36 @@ def submit(service: Any, plan: p.Plan, stream: bool) -> Run:
     return Run(jobs, queue)
 
 
+# Paths counted by name in /metrics' requests counter (a module adding routes adds its own;
+# ENDPOINT_PREFIXES: paths with an id, counted under one label)
+ENDPOINTS = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"}
+ENDPOINT_PREFIXES = {"/v1/models/": "/v1/models/{name}"}
+
+
+def count(service: Any, request: Request, status: int | str) -> None:
+    """One request answered with ``status``, in /metrics, by endpoint."""
+    path = request.url.path
+    endpoint = path if path in ENDPOINTS else next(
+        (label for prefix, label in ENDPOINT_PREFIXES.items() if path.startswith(prefix)),
+        "other")
+    service.metrics.requests.labels(endpoint, str(status)).inc()
+
+
 async def disconnected(request: Request) -> None:
     while not await request.is_disconnected():
         await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+async def read_body(request: Request) -> Any:
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
+        raise p.ApiError(413, f"the request body has {size} bytes; the limit is "
+                              f"{MAX_BODY_BYTES}.")
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise p.ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes.")
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise p.bad(None, f"We could not parse the JSON body of your request ({e}). Send a JSON "
+                          "object with Content-Type: application/json.") from None

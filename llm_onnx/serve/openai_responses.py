@@ -1,0 +1,344 @@
+"""OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id},
+GET /v1/responses/{id}/input_items.
+
+The request is read into a chat request (response_input.py) and runs as one; the reply comes
+back as output items, each with its own id: a ``reasoning`` item (a reasoning model's thinking),
+a ``message`` with one ``output_text`` part, and a ``function_call`` per tool call. Streamed, as
+OpenAI's event sequence, each event with its ``sequence_number``:
+
+    response.created, response.in_progress
+    per item: response.output_item.added
+              reasoning: response.reasoning_text.delta ... response.reasoning_text.done
+              message:   response.content_part.added, response.output_text.delta ...,
+                         response.output_text.done, response.content_part.done
+              call:      response.function_call_arguments.delta ...,
+                         response.function_call_arguments.done
+              response.output_item.done
+    response.completed (or response.incomplete: max_output_tokens reached)
+
+``store`` (default true) keeps the response for ``previous_response_id`` and GET, within the
+server's bound (response_input.ResponseStore).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from llm_onnx.runtime.chat.reasoning import ChatPiece
+from llm_onnx.runtime.chat.request import ReplyStream
+from llm_onnx.runtime.chat.tools import ToolCallDelta
+from llm_onnx.runtime.generation.sequence import Result, TokenEvent
+from llm_onnx.serve import protocol as p, requests as rq, runner
+from llm_onnx.serve.response_input import FIELD_NAMES, RESPONSES_FIELDS, chat_body, metadata
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class ResponsePlan:
+    """A checked Responses request: the chat plan it runs as, and what the response echoes."""
+
+    def __init__(self, body: Any, service: Any) -> None:
+        body = p.body_object(body)
+        p.known_fields(body, RESPONSES_FIELDS)
+        self.body = body
+        self.store = body.get("store", True) is not False
+        self.metadata = metadata(body.get("metadata"))
+        previous = body.get("previous_response_id")
+        history, calls = [], set()
+        if previous is not None:
+            if not isinstance(previous, str):
+                raise p.bad("previous_response_id", "'previous_response_id' must be a string.")
+            _, history, calls = service.responses.get(previous)
+        try:
+            chat = chat_body(body, history, calls)
+            self.plan = rq.chat_plan(chat, service.model, service.name,
+                                     service.scheduler.max_length)
+        except p.ApiError as e:  # Chat Completions' field names, told in the Responses API's
+            if e.param is not None:
+                head = e.param.split("[")[0].split(".")[0]
+                if head in FIELD_NAMES:
+                    e.param = FIELD_NAMES[head] + e.param[len(head):]
+            raise
+        self.conversation = chat["messages"]
+        self.calls = calls | {c["id"] for m in self.conversation for c in m.get("tool_calls") or []}
+        self.id = _id("resp")
+        self.created = time.time()
+
+    def response(self, status: str, output: list[dict[str, Any]], result: Result | None,
+                 ) -> dict[str, Any]:
+        """The Response object (``result``: for its usage, once finished)."""
+        body = self.body
+        fmt = (body.get("text") or {}).get("format") or {"type": "text"}
+        out: dict[str, Any] = {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status,
+            "error": None, "incomplete_details": None, "instructions": body.get("instructions"),
+            "max_output_tokens": body.get("max_output_tokens"), "model": self.plan.model,
+            "output": output, "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "previous_response_id": body.get("previous_response_id"),
+            "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"),
+                          "summary": None},
+            "store": self.store, "temperature": body.get("temperature", 1.0),
+            "text": {"format": fmt}, "tool_choice": body.get("tool_choice", "auto"),
+            "tools": body.get("tools") or [], "top_p": body.get("top_p", 1.0),
+            "truncation": "disabled", "usage": None, "user": body.get("user"),
+            "metadata": self.metadata or {},
+        }
+        if status == "incomplete":
+            out["incomplete_details"] = {"reason": "max_output_tokens"}
+        if result is not None:
+            cached = max(0, result.prompt_tokens - result.timings.prefill_tokens)
+            out["usage"] = {"input_tokens": result.prompt_tokens,
+                            "input_tokens_details": {"cached_tokens": cached},
+                            "output_tokens": len(result.token_ids),
+                            "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+                            "total_tokens": result.prompt_tokens + len(result.token_ids)}
+        return out
+
+    reasoning_tokens = 0
+
+
+def _status(result: Result) -> str:
+    return "incomplete" if result.finish_reason == "length" else "completed"
+
+
+def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "reasoning", "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}], "status": status}
+
+
+def _message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [],
+                                        "logprobs": []}]
+    return {"id": item_id, "type": "message", "role": "assistant", "status": status,
+            "content": content}
+
+
+def _call_item(item_id: str, call_id: str, name: str, arguments: str,
+               status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "function_call", "call_id": call_id, "name": name,
+            "arguments": arguments, "status": status}
+
+
+def output_items(plan: ResponsePlan, result: Result) -> list[dict[str, Any]]:
+    """A finished reply as output items (reasoning, message, function calls)."""
+    chat = plan.plan.chat
+    read = chat.read(result) if chat is not None else result
+    status = "incomplete" if result.finish_reason == "length" else "completed"
+    items: list[dict[str, Any]] = []
+    if read.reasoning:
+        items.append(_reasoning_item(_id("rs"), read.reasoning, status))
+    calls = read.tool_calls or []
+    if read.text or not calls:
+        items.append(_message_item(_id("msg"), read.text, status))
+    items += [_call_item(_id("fc"), c.id, c.name, c.arguments, "completed") for c in calls]
+    return items
+
+
+def _conversation_after(plan: ResponsePlan, items: list[dict[str, Any]]) -> list[dict]:
+    """The conversation a continuation starts from: this one and the reply's assistant turn."""
+    reply: dict[str, Any] = {"role": "assistant", "content": None}
+    for item in items:
+        if item["type"] == "message":
+            reply["content"] = "".join(part["text"] for part in item["content"])
+        elif item["type"] == "reasoning":
+            reply["reasoning_content"] = item["content"][0]["text"]
+        else:
+            reply.setdefault("tool_calls", []).append(
+                {"id": item["call_id"], "type": "function",
+                 "function": {"name": item["name"], "arguments": item["arguments"]}})
+    return plan.conversation + [reply]
+
+
+def _keep(service: Any, plan: ResponsePlan, response: dict[str, Any]) -> None:
+    if plan.store:
+        calls = plan.calls | {i["call_id"] for i in response["output"]
+                              if i["type"] == "function_call"}
+        service.responses.put(response, _conversation_after(plan, response["output"]), calls)
+
+
+class _Events:
+    """The streamed events of one reply, built from its text pieces and tool-call deltas."""
+
+    def __init__(self, plan: ResponsePlan) -> None:
+        self.plan = plan
+        self.sequence = 0
+        self.items: list[dict[str, Any]] = []  # every item added so far, in output order
+        self.open: dict[str, Any] | None = None  # the reasoning or message item being written
+        self.calls: dict[int, dict[str, Any]] = {}  # tool-call delta index -> its item
+
+    def event(self, kind: str, **fields: Any) -> str:
+        data = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+    def _add(self, item: dict[str, Any]) -> list[str]:
+        self.items.append(item)
+        return [self.event("response.output_item.added", output_index=len(self.items) - 1,
+                           item=json.loads(json.dumps(item)))]
+
+    def _index(self, item: dict[str, Any]) -> int:
+        return next(i for i, x in enumerate(self.items) if x is item)
+
+    def close_open(self, status: str = "completed") -> list[str]:
+        item, self.open = self.open, None
+        if item is None:
+            return []
+        i = self._index(item)
+        item["status"] = status
+        if item["type"] == "reasoning":
+            text = item["content"][0]["text"]
+            return [self.event("response.reasoning_text.done", item_id=item["id"],
+                               output_index=i, content_index=0, text=text),
+                    self.event("response.output_item.done", output_index=i, item=item)]
+        part = item["content"][0]
+        return [self.event("response.output_text.done", item_id=item["id"], output_index=i,
+                           content_index=0, text=part["text"], logprobs=[]),
+                self.event("response.content_part.done", item_id=item["id"], output_index=i,
+                           content_index=0, part=part),
+                self.event("response.output_item.done", output_index=i, item=item)]
+
+    def text(self, piece: ChatPiece) -> list[str]:
+        kind = "reasoning" if piece.reasoning else "message"
+        out: list[str] = []
+        if self.open is not None and self.open["type"] != kind:
+            out += self.close_open()
+        if self.open is None:
+            if kind == "reasoning":
+                self.open = _reasoning_item(_id("rs"), "", "in_progress")
+                out += self._add(self.open)
+            else:
+                self.open = _message_item(_id("msg"), None, "in_progress")
+                out += self._add(self.open)
+                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                self.open["content"].append(part)
+                out.append(self.event("response.content_part.added", item_id=self.open["id"],
+                                      output_index=len(self.items) - 1, content_index=0,
+                                      part=dict(part)))
+        i = len(self.items) - 1
+        self.open["content"][0]["text"] += piece
+        name = "response.reasoning_text.delta" if kind == "reasoning" else \
+            "response.output_text.delta"
+        extra = {} if kind == "reasoning" else {"logprobs": []}
+        out.append(self.event(name, item_id=self.open["id"], output_index=i, content_index=0,
+                              delta=str(piece), **extra))
+        return out
+
+    def call(self, delta: ToolCallDelta) -> list[str]:
+        out: list[str] = []
+        item = self.calls.get(delta.index)
+        if item is None:
+            out += self.close_open()
+            item = self.calls[delta.index] = _call_item(_id("fc"), delta.id or _id("call"),
+                                                        delta.name or "", "", "in_progress")
+            out += self._add(item)
+        if delta.arguments:
+            item["arguments"] += delta.arguments
+            out.append(self.event("response.function_call_arguments.delta", item_id=item["id"],
+                                  output_index=self._index(item), delta=delta.arguments))
+        return out
+
+    def finish(self, result: Result) -> list[str]:
+        status = _status(result)
+        out = self.close_open(status)
+        for item in self.calls.values():
+            i = self._index(item)
+            item["status"] = "completed"
+            out += [self.event("response.function_call_arguments.done", item_id=item["id"],
+                               output_index=i, arguments=item["arguments"]),
+                    self.event("response.output_item.done", output_index=i, item=item)]
+        return out
+
+
+async def _stream(service: Any, request: Request, plan: ResponsePlan,
+                  run: runner.Run) -> AsyncIterator[str]:
+    events = _Events(plan)
+    reply = ReplyStream(plan.plan.chat) if plan.plan.chat is not None else None
+    status = "499"
+    try:
+        start = plan.response("in_progress", [], None)
+        yield events.event("response.created", response=start)
+        yield events.event("response.in_progress", response=start)
+        async for _, item in run.items():
+            if isinstance(item, TokenEvent):
+                last = item.finish_reason is not None
+                pieces = reply.push(item.text, last) if reply is not None else \
+                    ([ChatPiece(item.text)] if item.text else [])
+                for piece in pieces:
+                    for line in (events.call(piece) if isinstance(piece, ToolCallDelta)
+                                 else events.text(piece)):
+                        yield line
+            elif isinstance(item, Result):
+                for line in events.finish(item):
+                    yield line
+                final = plan.response(_status(item), events.items, item)
+                _keep(service, plan, final)
+                kind = "response.completed" if final["status"] == "completed" else \
+                    "response.incomplete"
+                yield events.event(kind, response=final)
+                status = "200"
+            else:  # the model failed
+                failed = plan.response("failed", events.items, None)
+                failed["error"] = {"code": "server_error", "message": f"generation failed: {item}"}
+                yield events.event("response.failed", response=failed)
+                status = "500"
+    finally:
+        run.cancel()
+        runner.count(service, request, status)
+
+
+def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
+    """The Responses API's routes over ``service`` (its ``responses`` store)."""
+    runner.ENDPOINTS.add("/v1/responses")
+    runner.ENDPOINT_PREFIXES["/v1/responses/"] = "/v1/responses/{id}"
+
+    @app.post("/v1/responses", dependencies=[Depends(authorized)])
+    async def create(request: Request) -> Response:
+        plan = ResponsePlan(await runner.read_body(request), service)
+        await service.prepare(plan.plan)
+        run = runner.submit(service, plan.plan, plan.plan.stream)
+        if plan.plan.stream:
+            return StreamingResponse(_stream(service, request, plan, run),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache",
+                                              "X-Accel-Buffering": "no"})
+        results = await run.results(request)
+        if results is None:
+            runner.count(service, request, 499)
+            return Response(status_code=499)
+        result = results[0]
+        response = plan.response(_status(result), output_items(plan, result), result)
+        _keep(service, plan, response)
+        runner.count(service, request, 200)
+        return JSONResponse(response)
+
+    @app.get("/v1/responses/{response_id}", dependencies=[Depends(authorized)])
+    async def retrieve(response_id: str, request: Request) -> JSONResponse:
+        response, _, _ = service.responses.get(response_id, "response_id")
+        runner.count(service, request, 200)
+        return JSONResponse(response)
+
+    @app.get("/v1/responses/{response_id}/input_items", dependencies=[Depends(authorized)])
+    async def input_items(response_id: str, request: Request) -> JSONResponse:
+        _, conversation, _ = service.responses.get(response_id, "response_id")
+        items = [{"id": f"msg_{i}", "type": "message", "role": m["role"], "status": "completed",
+                  "content": [{"type": "input_text", "text": m.get("content") or ""}]}
+                 for i, m in enumerate(conversation[:-1]) if m["role"] != "tool"]
+        runner.count(service, request, 200)
+        return JSONResponse({"object": "list", "data": items, "has_more": False,
+                             "first_id": items[0]["id"] if items else None,
+                             "last_id": items[-1]["id"] if items else None})
+
+    @app.delete("/v1/responses/{response_id}", dependencies=[Depends(authorized)])
+    async def delete(response_id: str, request: Request) -> JSONResponse:
+        service.responses.delete(response_id)
+        runner.count(service, request, 200)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})

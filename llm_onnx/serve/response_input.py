@@ -1,0 +1,277 @@
+"""The Responses API's request (POST /v1/responses) read into a chat request, and the responses
+kept for ``previous_response_id``.
+
+A Responses request is a conversation under other names: ``instructions`` is the system
+message, ``input`` a string or a list of items (messages with text parts, ``function_call``
+items the model made, ``function_call_output`` items with their results, earlier ``reasoning``
+items), ``text.format`` the response format, ``max_output_tokens`` the limit. It is translated
+into the Chat Completions body the server already checks (``chat_body``), so both APIs render,
+constrain and sample the same way; errors keep naming the Responses fields.
+
+``ResponseStore`` keeps stored responses (their output and the conversation that led to them)
+in memory, within a count and a byte bound, the oldest dropped first.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from llm_onnx.serve.protocol import ApiError, bad
+
+RESPONSES_FIELDS = {
+    "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools",
+    "tool_choice", "parallel_tool_calls", "text", "reasoning", "stream", "metadata", "store",
+    "previous_response_id", "user", "truncation", "include", "service_tier", "top_logprobs",
+    "stream_options", "seed", "prompt_cache_key", "safety_identifier", "background",
+    "max_tool_calls", "conversation", "prompt",
+}
+# Built-in tools of OpenAI's platform that nothing here runs: refused by name, never ignored.
+BUILT_IN_TOOLS = {"web_search", "web_search_preview", "web_search_preview_2025_03_11",
+                  "file_search", "computer_use_preview", "computer", "code_interpreter",
+                  "image_generation", "mcp", "local_shell", "shell", "apply_patch", "custom"}
+# Chat Completions' field names in errors, told in the Responses API's own words.
+FIELD_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.format",
+               "messages": "input", "chat_template_kwargs": "reasoning"}
+
+
+def _text_parts(content: Any, where: str, role: str) -> str:
+    """A message's content: a string, or text parts (input_text, output_text); an image, file
+    or audio part is refused (no vision or audio here)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad(where, f"'{where}' must be a string or a list of content parts.")
+    out = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
+            if not isinstance(part.get("text"), str):
+                raise bad(f"{where}[{j}].text", f"'{where}[{j}].text' must be a string.")
+            out.append(part["text"])
+        elif kind in ("input_image", "input_file", "input_audio"):
+            raise bad(f"{where}[{j}]", f"'{where}[{j}]' is an {kind} part: this server's model "
+                                       "reads text only (no vision or audio input).")
+        elif kind == "refusal" and role == "assistant":
+            out.append(part.get("refusal") or "")
+        else:
+            raise bad(f"{where}[{j}].type", f"'{where}[{j}].type' {kind!r} is not a content part "
+                                            "this server reads (input_text, output_text).")
+    return "".join(out)
+
+
+def input_messages(items: Any, known_calls: set[str]) -> list[dict[str, Any]]:
+    """``input`` as chat messages: consecutive function_call items become one assistant
+    message's tool_calls; a function_call_output must answer a call made earlier (in this
+    input or the responses it continues: ``known_calls``)."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise bad("input", "'input' must be a string or a non-empty list of items.")
+    messages: list[dict[str, Any]] = []
+    calls = set(known_calls)
+    reasoning: str | None = None
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise bad(where, f"'{where}' must be an object.")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise bad(f"{where}.role", f"'{where}.role' must be user, system, developer or "
+                                           f"assistant, got {role!r}.")
+            message: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                                       "content": _text_parts(item.get("content"),
+                                                              f"{where}.content", role)}
+            if role == "assistant" and reasoning is not None:
+                message["reasoning_content"], reasoning = reasoning, None
+            messages.append(message)
+        elif kind == "function_call":
+            for field in ("call_id", "name", "arguments"):
+                if not isinstance(item.get(field), str):
+                    raise bad(f"{where}.{field}", f"'{where}.{field}' must be a string.")
+            calls.add(item["call_id"])
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)
+            else:
+                message = {"role": "assistant", "content": None, "tool_calls": [call]}
+                if reasoning is not None:
+                    message["reasoning_content"], reasoning = reasoning, None
+                messages.append(message)
+        elif kind == "function_call_output":
+            call_id = item.get("call_id")
+            if call_id not in calls:
+                raise bad(f"{where}.call_id", f"'{where}.call_id' {call_id!r} answers no "
+                                              "function_call made in this conversation.")
+            output = item.get("output")
+            text = output if isinstance(output, str) else \
+                _text_parts(output, f"{where}.output", "tool")
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
+        elif kind == "reasoning":  # an earlier reply's thinking: goes with the next assistant turn
+            parts = item.get("content") or item.get("summary") or []
+            reasoning = _text_parts(parts, f"{where}.content", "assistant")
+        else:
+            raise bad(f"{where}.type", f"'{where}.type' {kind!r} is not an input item this server "
+                                       "reads (message, function_call, function_call_output, "
+                                       "reasoning).")
+    return messages
+
+
+def tools(value: Any) -> list[dict[str, Any]] | None:
+    """Responses function tools as Chat Completions tools; a built-in tool is a 400 naming it."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise bad("tools", "'tools' must be a list of tools.")
+    out = []
+    for i, tool in enumerate(value):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind in BUILT_IN_TOOLS:
+            raise bad(f"tools[{i}].type", f"'tools[{i}]' is the built-in tool {kind!r}, which "
+                                          "this server does not run; give function tools only.")
+        if kind != "function":
+            raise bad(f"tools[{i}].type", f"'tools[{i}].type' must be 'function', got {kind!r}.")
+        function = {k: tool[k] for k in ("name", "description", "parameters", "strict")
+                    if tool.get(k) is not None}
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def tool_choice(value: Any) -> Any:
+    """'auto' | 'none' | 'required' | {"type": "function", "name"} in Chat Completions' form."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, dict) and value.get("type") == "function":
+        return {"type": "function", "function": {"name": value.get("name")}}
+    if isinstance(value, dict) and value.get("type") in BUILT_IN_TOOLS:
+        raise bad("tool_choice", f"'tool_choice' names the built-in tool {value['type']!r}, "
+                                 "which this server does not run.")
+    raise bad("tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or "
+                             "{\"type\": \"function\", \"name\": ...}.")
+
+
+def text_format(text: Any) -> dict[str, Any] | None:
+    """``text.format`` as Chat Completions' response_format."""
+    if text is None:
+        return None
+    if not isinstance(text, dict):
+        raise bad("text", "'text' must be an object like {\"format\": {\"type\": \"text\"}}.")
+    fmt = text.get("format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    raise bad("text.format.type", "'text.format.type' must be text, json_object or json_schema, "
+                                  f"got {kind!r}.")
+
+
+def reasoning_vars(reasoning: Any) -> dict[str, Any] | None:
+    """``reasoning``: {"effort": "none"} turns a reasoning template's thinking off; any other
+    effort leaves it on (the model's own length)."""
+    if reasoning is None:
+        return None
+    if not isinstance(reasoning, dict):
+        raise bad("reasoning", "'reasoning' must be an object like {\"effort\": \"low\"}.")
+    effort = reasoning.get("effort")
+    if effort not in (None, "none", "minimal", "low", "medium", "high", "xhigh"):
+        raise bad("reasoning.effort", f"'reasoning.effort' {effort!r} is not one of none, "
+                                      "minimal, low, medium, high.")
+    return {"enable_thinking": False} if effort == "none" else None
+
+
+def chat_body(body: dict[str, Any], history: list[dict[str, Any]],
+              known_calls: set[str]) -> dict[str, Any]:
+    """The Chat Completions body of a Responses request (``history``: the conversation of the
+    response it continues)."""
+    messages = list(history)
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise bad("instructions", "'instructions' must be a string.")
+        messages = [m for m in messages if m["role"] != "system"]  # replaced, not stacked
+        messages.insert(0, {"role": "system", "content": instructions})
+    messages += input_messages(body.get("input"), known_calls)
+    chat: dict[str, Any] = {"model": body.get("model"), "messages": messages,
+                            "stream": bool(body.get("stream"))}
+    for ours, theirs in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"),
+                         ("top_p", "top_p"), ("parallel_tool_calls", "parallel_tool_calls"),
+                         ("seed", "seed")):
+        if body.get(ours) is not None:
+            chat[theirs] = body[ours]
+    converted = {"tools": tools(body.get("tools")), "tool_choice": tool_choice(
+        body.get("tool_choice")), "response_format": text_format(body.get("text")),
+        "chat_template_kwargs": reasoning_vars(body.get("reasoning"))}
+    chat.update({k: v for k, v in converted.items() if v is not None})
+    if not chat.get("tools"):
+        chat.pop("tool_choice", None)
+    return chat
+
+
+def metadata(value: Any) -> dict[str, str] | None:
+    """OpenAI's metadata: at most 16 pairs, keys up to 64 characters, values up to 512."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or len(value) > 16 or not all(
+            isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512
+            for k, v in value.items()):
+        raise bad("metadata", "'metadata' must be an object of at most 16 string pairs (keys up "
+                              "to 64 characters, values up to 512).")
+    return dict(value)
+
+
+class ResponseStore:
+    """Stored responses: id -> (the response, the conversation it answered plus its reply as
+    chat messages, the function call ids made), at most ``max_count`` of them and ``max_bytes``
+    of JSON, the oldest dropped first. Thread-safe."""
+
+    def __init__(self, max_count: int = 1000, max_bytes: int = 64 << 20) -> None:
+        self.max_count, self.max_bytes = max_count, max_bytes
+        self._items: OrderedDict[str, tuple[dict, list, set, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]],
+            calls: set[str]) -> None:
+        size = len(json.dumps(response)) + len(json.dumps(conversation))
+        if size > self.max_bytes or self.max_count < 1:
+            return
+        with self._lock:
+            self._items[response["id"]] = (response, conversation, calls, size)
+            self._bytes += size
+            while len(self._items) > self.max_count or self._bytes > self.max_bytes:
+                _, (_, _, _, dropped) = self._items.popitem(last=False)
+                self._bytes -= dropped
+
+    def get(self, response_id: str, field: str = "previous_response_id",
+            ) -> tuple[dict, list, set]:
+        with self._lock:
+            entry = self._items.get(response_id)
+        if entry is None:
+            raise ApiError(404, f"Response with id '{response_id}' not found (never stored, "
+                                "deleted, or dropped to keep the server's store within its "
+                                "bound).", param=field, type="invalid_request_error",
+                           code="response_not_found")
+        return entry[0], entry[1], entry[2]
+
+    def delete(self, response_id: str) -> None:
+        with self._lock:
+            entry = self._items.pop(response_id, None)
+            if entry is not None:
+                self._bytes -= entry[3]
+        if entry is None:
+            self.get(response_id, "response_id")  # the 404
+
+    def __len__(self) -> int:
+        return len(self._items)
