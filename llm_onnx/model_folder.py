@@ -13,15 +13,14 @@ import dataclasses
 import hashlib
 import json
 import os
-import types
 import typing
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from llm_onnx.errors import ModelFolderError
 from llm_onnx.model.config import ModelConfig
+from llm_onnx.typed_json import plain, typed
 
 FORMAT = "llm-onnx-model"
 FORMAT_VERSION = 2  # 2: typed sections, the real quantization scheme, special tokens
@@ -280,7 +279,7 @@ class Manifest:
         data = {"format": FORMAT, "format_version": FORMAT_VERSION}
         for f in dataclasses.fields(self):
             if f.name != "folder":
-                data[f.name] = _plain(getattr(self, f.name))
+                data[f.name] = plain(getattr(self, f.name))
         return json.dumps(data, indent=2, ensure_ascii=False)
 
     @classmethod
@@ -308,7 +307,7 @@ class Manifest:
                     continue
                 raise ModelFolderError(f"{where}: {MANIFEST} lacks the '{f.name}' section.")
             try:
-                values[f.name] = _typed(hints[f.name], data[f.name], f.name)
+                values[f.name] = typed(hints[f.name], data[f.name], f.name)
             except (TypeError, ValueError, KeyError) as e:
                 raise ModelFolderError(f"{where}: {MANIFEST} section '{f.name}' is not what "
                                        f"this llm-onnx reads ({e}).") from None
@@ -345,74 +344,6 @@ def cuda_blockers(config: ModelConfig, float16: bool) -> list[str]:
     if config.position_embedding_type == "alibi":
         reasons.append("ALiBi's attention bias is refused by the CUDA GroupQueryAttention kernel")
     return reasons
-
-
-def _plain(value: Any) -> Any:
-    """Dataclasses, tuples and paths as JSON values."""
-    if isinstance(value, ModelConfig):
-        return value.to_dict()
-    if dataclasses.is_dataclass(value):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def _typed(kind: Any, value: Any, where: str) -> Any:
-    """``value`` (from JSON) as ``kind``: dataclasses, tuple[X, ...], dict[str, X], X | None."""
-    origin = typing.get_origin(kind)
-    if kind is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(kind)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for option in (o for o in options if o is not type(None)):
-            try:
-                return _typed(option, value, where)
-            except (TypeError, ValueError, KeyError) as e:
-                errors.append(str(e))
-        raise TypeError(f"{where}: {value!r} is none of {kind}")
-    if kind is ModelConfig:
-        if not isinstance(value, dict):
-            raise TypeError(f"{where}: expected an object")
-        try:
-            return ModelConfig.from_dict(value)
-        except Exception as e:  # ConfigError and friends: a bad section
-            raise ValueError(f"{where}: {e}") from None
-    if dataclasses.is_dataclass(kind):
-        if not isinstance(value, dict):
-            raise TypeError(f"{where}: expected an object, got {type(value).__name__}")
-        hints = typing.get_type_hints(kind)
-        known = {f.name for f in dataclasses.fields(kind)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise KeyError(f"{where}.{unknown[0]} is not a known field")
-        return kind(**{k: _typed(hints[k], v, f"{where}.{k}") for k, v in value.items()})
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise TypeError(f"{where}: expected a list")
-        (item, _ellipsis) = typing.get_args(kind)
-        return tuple(_typed(item, v, f"{where}[{i}]") for i, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise TypeError(f"{where}: expected an object")
-        _, item = typing.get_args(kind)
-        return {k: _typed(item, v, f"{where}.{k}") for k, v in value.items()}
-    if kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{where}: expected a number, got {value!r}")
-        return float(value)
-    if kind in (int, str, bool):
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise TypeError(f"{where}: expected {kind.__name__}, got {value!r}")
-        return value
-    if kind is Path:
-        return Path(value)
-    raise TypeError(f"{where}: cannot read a {kind}")
 
 
 # ----------------------------------------------------------------------------- reading a folder
