@@ -219,7 +219,7 @@ def llama_run(a, gguf: Path, prompt: list[int], binaries: dict, logs: Path) -> d
     port = serve_load.free_port()
     cmd = [binaries["llama-server"], "-m", gguf, "--host", "127.0.0.1", "--port", port,
            "-np", 1, "-c", a.prompt_len + a.new_tokens + 16, "-t", a.threads, "-tb", a.threads,
-           "--no-webui"]
+           "--no-webui", "--load-mode", a.llama_load_mode]
     start = time.perf_counter()
     server = SlowServer("llama-server", cmd, port, logs / f"llama-{gguf.stem}.log")
     out: dict = {"load_s": round(time.perf_counter() - start, 1)}
@@ -272,7 +272,8 @@ def serve_runs(a, system: str, model: Path, name: str, binaries: dict, logs: Pat
         else:
             cmd = [binaries["llama-server"], "-m", model, "--host", "127.0.0.1", "--port", port,
                    "-np", clients, "-c", (a.serve_prompt_len + a.serve_new_tokens + 16) * clients,
-                   "-t", a.threads, "-tb", a.threads, "-cb", "--no-webui"]
+                   "-t", a.threads, "-tb", a.threads, "-cb", "--no-webui",
+                   "--load-mode", a.llama_load_mode]
         server = SlowServer(system, cmd, port, logs / f"serve-{system}-{clients}.log")
         try:
             asyncio.run(serve_load.warm_up(server.url, name, prompts[-1]))
@@ -497,6 +498,10 @@ def main() -> None:
     p.add_argument("--serve-new-tokens", type=int, default=64)
     p.add_argument("--no-llama", dest="llama", action="store_false")
     p.add_argument("--no-serve", dest="serve", action="store_false")
+    p.add_argument("--llama-load-mode", choices=("auto", "none"), default="auto",
+                   help="llama-server --load-mode: auto maps the GGUF (llama.cpp's default; it "
+                        "repacks the matrices into its own memory and the mapped pages stay "
+                        "resident while memory allows), none reads it into memory (one copy)")
     p.add_argument("--qmoe-int8-activations", action="store_true",
                    help="also load and decode the int4 folder with its QMoE nodes at "
                         "accuracy_level 4 (int8 activations; ~50%% more memory for the experts)")
