@@ -168,6 +168,18 @@ def test_tool_choice_required_and_named(client):
     check_calls(calls)
 
 
+def test_a_forced_call_with_a_response_format_is_a_call(client):
+    """tool_choice "required" beside a response format (OpenAI's Agents SDK sends both for an
+    agent with a typed output that must call a tool): the reply is the call; no text is left
+    for the format to hold, and none is written."""
+    r = client.chat.completions.create(model=NAME, messages=USER, tools=TOOLS,
+                                       tool_choice="required", temperature=1.0, seed=4,
+                                       max_tokens=400, response_format={"type": "json_object"})
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    check_calls(choice.message.tool_calls)
+
+
 def test_tool_choice_auto_streamed_equals_whole(client):
     """auto: the model opens a call (pushed by logit_bias); from there the grammar holds. The
     stream's deltas put together equal the non-streamed reply."""
@@ -316,8 +328,6 @@ def _same_ids(together: dict, alone: dict) -> dict:
      "not supported"),
     ({"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
      "structured_outputs", "give one of them"),
-    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
-     "tool_choice", "cannot apply too"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"x": {"not": {"type": "string"}}},
         "required": ["x"]}}}],

@@ -186,12 +186,10 @@ class ChatRequest:
                 raise ConstraintError("this model's chat template writes no tool calls that "
                                       "llm-onnx recognises: give --tool-call-format (hermes, "
                                       "llama3_json, mistral, phi4_mini).", "tools")
+            # A forced call (tool_choice "required" or a named function) leaves no text for an
+            # answer's format to hold: the format then applies to nothing, as with OpenAI's API
+            # (its Agents SDK sends both when an agent with a typed output must call a tool).
             self.format = get_format(self.model.tool_format)
-            if self.answer is not None and self.tool_choice != "auto":
-                raise ConstraintError(f"tool_choice {json.dumps(self.tool_choice)} forces a tool "
-                                      "call, so a response format cannot apply too; use "
-                                      "tool_choice \"auto\" or drop the response format.",
-                                      "tool_choice")
 
     @property
     def thinking(self) -> bool | None:
