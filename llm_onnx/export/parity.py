@@ -150,7 +150,9 @@ class _ScratchSource:
 
 
 def _scratch_config(cfg: ModelConfig) -> ModelConfig:
-    small = cfg.replace(num_hidden_layers=min(SCRATCH_LAYERS, cfg.num_hidden_layers),
+    layers = min(SCRATCH_LAYERS, cfg.num_hidden_layers)
+    kinds = cfg.layer_types[:layers] if cfg.layer_types is not None else None  # one per layer
+    small = cfg.replace(num_hidden_layers=layers, layer_types=kinds,
                         vocab_size=min(SCRATCH_VOCAB, cfg.vocab_size))
     if cfg.moe is not None and cfg.moe.num_experts > SCRATCH_EXPERTS:
         small = small.replace(moe=replace(cfg.moe, num_experts=SCRATCH_EXPERTS,

@@ -111,6 +111,22 @@ def test_large_models_are_checked_on_a_scratch_export(tmp_path, monkeypatch):
     assert parity["kl_divergence"] < 1e-6 and leftovers(tmp_path) == []
 
 
+def test_the_scratch_export_of_a_hybrid_keeps_its_first_layers_kind(tmp_path, monkeypatch):
+    """A hybrid model (Qwen3.5-MoE, linear then full attention) too large to validate whole:
+    the scratch config cuts layer_types with the layers (its first layer is linear attention)."""
+    import llm_onnx.export.parity as export_module
+
+    monkeypatch.setattr(export_module, "FULL_VALIDATION_PARAMS", 0)
+    monkeypatch.setattr(export_module, "SCRATCH_VOCAB", 100)
+    monkeypatch.setattr(export_module, "SCRATCH_EXPERTS", 2)
+    ckpt = random_checkpoint(get_config("qwen3_5_moe_tiny"), "hybrid")
+    out = export_model(ckpt, tmp_path / "m", ExportOptions(precision="int4", max_seq_len=32),
+                       progress=False)
+    parity = json.loads((out / "manifest.json").read_text())["parity"]
+    assert parity["scope"].startswith("first 1 layer(s), first 100 vocabulary rows, first 2 experts")
+    assert parity["greedy_agreement"] > 0 and leftovers(tmp_path) == []
+
+
 def test_the_scratch_export_of_an_awq_model_reuses_its_calibration(tmp_path, monkeypatch):
     """int4 from a float source (awq): the scratch model's first layer gets the scales decided
     for the whole model (it has no layer 1 to fold into) and passes the gate."""
