@@ -16,6 +16,10 @@ OpenAI's event sequence, each event with its ``sequence_number``:
               response.output_item.done
     response.completed (or response.incomplete: max_output_tokens reached)
 
+Logprobs (``include: ["message.output_text.logprobs"]`` or ``top_logprobs``) belong to the
+tokens that wrote the message's text: a thinking or tool-call token has none. A request for them
+runs through the streamed events even when not streamed, so both carry the same ones.
+
 ``store`` (default true) keeps the response for ``previous_response_id`` and GET, within the
 server's bound (response_input.ResponseStore).
 """
@@ -25,7 +29,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -35,12 +40,26 @@ from llm_onnx.runtime.chat.reasoning import ChatPiece
 from llm_onnx.runtime.chat.request import ReplyStream
 from llm_onnx.runtime.chat.tools import ToolCallDelta
 from llm_onnx.runtime.generation.sequence import Result, TokenEvent
-from llm_onnx.serve import protocol as p, requests as rq, runner
+from llm_onnx.serve import protocol as p, requests as rq, responses as rs, runner
 from llm_onnx.serve.response_input import FIELD_NAMES, RESPONSES_FIELDS, chat_body, metadata
 
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
+
+
+@contextmanager
+def responses_names() -> Iterator[None]:
+    """Errors raised inside name Chat Completions' fields in the Responses API's words."""
+    try:
+        yield
+    except p.ApiError as e:
+        if e.param is not None:
+            head = e.param.split("[")[0].split(".")[0]
+            if head in FIELD_NAMES:
+                e.param = FIELD_NAMES[head] + e.param[len(head):]
+                e.message = e.message.replace(f"'{head}'", f"'{FIELD_NAMES[head]}'")
+        raise
 
 
 class ResponsePlan:
@@ -58,16 +77,10 @@ class ResponsePlan:
             if not isinstance(previous, str):
                 raise p.bad("previous_response_id", "'previous_response_id' must be a string.")
             _, history, calls = service.responses.get(previous)
-        try:
+        with responses_names():
             chat = chat_body(body, history, calls)
             self.plan = rq.chat_plan(chat, service.model, service.name,
                                      service.scheduler.max_length)
-        except p.ApiError as e:  # Chat Completions' field names, told in the Responses API's
-            if e.param is not None:
-                head = e.param.split("[")[0].split(".")[0]
-                if head in FIELD_NAMES:
-                    e.param = FIELD_NAMES[head] + e.param[len(head):]
-            raise
         self.conversation = chat["messages"]
         self.calls = calls | {c["id"] for m in self.conversation for c in m.get("tool_calls") or []}
         self.id = _id("resp")
@@ -82,28 +95,37 @@ class ResponsePlan:
             "id": self.id, "object": "response", "created_at": self.created, "status": status,
             "error": None, "incomplete_details": None, "instructions": body.get("instructions"),
             "max_output_tokens": body.get("max_output_tokens"), "model": self.plan.model,
-            "output": output, "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "output": output, "parallel_tool_calls": _given(body, "parallel_tool_calls", True),
             "previous_response_id": body.get("previous_response_id"),
             "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"),
                           "summary": None},
-            "store": self.store, "temperature": body.get("temperature", 1.0),
-            "text": {"format": fmt}, "tool_choice": body.get("tool_choice", "auto"),
-            "tools": body.get("tools") or [], "top_p": body.get("top_p", 1.0),
-            "truncation": "disabled", "usage": None, "user": body.get("user"),
-            "metadata": self.metadata or {},
+            "store": self.store, "temperature": _given(body, "temperature", 1.0),
+            "text": {"format": fmt}, "tool_choice": _given(body, "tool_choice", "auto"),
+            "tools": body.get("tools") or [], "top_p": _given(body, "top_p", 1.0),
+            "truncation": "disabled", "metadata": self.metadata or {},
         }
+        if body.get("user") is not None:  # an optional string, never null
+            out["user"] = body["user"]
         if status == "incomplete":
             out["incomplete_details"] = {"reason": "max_output_tokens"}
         if result is not None:
             cached = max(0, result.prompt_tokens - result.timings.prefill_tokens)
             out["usage"] = {"input_tokens": result.prompt_tokens,
-                            "input_tokens_details": {"cached_tokens": cached},
+                            "input_tokens_details": {"cached_tokens": cached,
+                                                     "cache_write_tokens":
+                                                         result.prompt_tokens - cached},
                             "output_tokens": len(result.token_ids),
                             "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
                             "total_tokens": result.prompt_tokens + len(result.token_ids)}
         return out
 
     reasoning_tokens = 0
+
+
+def _given(body: dict[str, Any], key: str, default: Any) -> Any:
+    """A request field echoed in the Response: the default when left out or null."""
+    value = body.get(key)
+    return default if value is None else value
 
 
 def _status(result: Result) -> str:
@@ -168,8 +190,10 @@ def _keep(service: Any, plan: ResponsePlan, response: dict[str, Any]) -> None:
 class _Events:
     """The streamed events of one reply, built from its text pieces and tool-call deltas."""
 
-    def __init__(self, plan: ResponsePlan) -> None:
+    def __init__(self, plan: ResponsePlan, tokens: rs.TokenText) -> None:
         self.plan = plan
+        self.tokens = tokens
+        self.pending: list[dict[str, Any]] = []  # logprobs of tokens whose text is still held
         self.sequence = 0
         self.items: list[dict[str, Any]] = []  # every item added so far, in output order
         self.open: dict[str, Any] | None = None  # the reasoning or message item being written
@@ -201,12 +225,29 @@ class _Events:
                     self.event("response.output_item.done", output_index=i, item=item)]
         part = item["content"][0]
         return [self.event("response.output_text.done", item_id=item["id"], output_index=i,
-                           content_index=0, text=part["text"], logprobs=[]),
+                           content_index=0, text=part["text"], logprobs=part["logprobs"]),
                 self.event("response.content_part.done", item_id=item["id"], output_index=i,
                            content_index=0, part=part),
                 self.event("response.output_item.done", output_index=i, item=item)]
 
-    def text(self, piece: ChatPiece) -> list[str]:
+    def token(self, event: TokenEvent, pieces: list[Any]) -> list[str]:
+        """A token's events: its pieces, its logprob (if asked for) on the first piece of message
+        text it completed, with those of earlier tokens whose text it released."""
+        if self.plan.plan.logprobs is not None and event.logprob is not None:
+            self.pending += rs.chat_logprobs([event.logprob], self.tokens)["content"]
+        out: list[str] = []
+        for piece in pieces:
+            if isinstance(piece, ToolCallDelta):
+                self.pending = []
+                out += self.call(piece)
+                continue
+            if piece.reasoning:
+                self.pending = []
+            out += self.text(piece, self.pending if not piece.reasoning else [])
+            self.pending = [] if not piece.reasoning else self.pending
+        return out
+
+    def text(self, piece: ChatPiece, logprobs: list[dict[str, Any]] = ()) -> list[str]:
         kind = "reasoning" if piece.reasoning else "message"
         out: list[str] = []
         if self.open is not None and self.open["type"] != kind:
@@ -227,7 +268,9 @@ class _Events:
         self.open["content"][0]["text"] += piece
         name = "response.reasoning_text.delta" if kind == "reasoning" else \
             "response.output_text.delta"
-        extra = {} if kind == "reasoning" else {"logprobs": []}
+        extra = {} if kind == "reasoning" else {"logprobs": list(logprobs)}
+        if kind == "message":
+            self.open["content"][0]["logprobs"] += logprobs
         out.append(self.event(name, item_id=self.open["id"], output_index=i, content_index=0,
                               delta=str(piece), **extra))
         return out
@@ -258,38 +301,43 @@ class _Events:
         return out
 
 
+async def _events(service: Any, plan: ResponsePlan, run: runner.Run,
+                  ) -> AsyncIterator[tuple[str, dict[str, Any] | None]]:
+    """The reply's events, each with the final Response on the last one (else None)."""
+    events = _Events(plan, service.tokens)
+    reply = ReplyStream(plan.plan.chat) if plan.plan.chat is not None else None
+    start = plan.response("in_progress", [], None)
+    yield events.event("response.created", response=start), None
+    yield events.event("response.in_progress", response=start), None
+    async for _, item in run.items():
+        if isinstance(item, TokenEvent):
+            last = item.finish_reason is not None
+            pieces = reply.push(item.text, last) if reply is not None else \
+                ([ChatPiece(item.text)] if item.text else [])
+            for line in events.token(item, pieces):
+                yield line, None
+        elif isinstance(item, Result):
+            for line in events.finish(item):
+                yield line, None
+            final = plan.response(_status(item), events.items, item)
+            _keep(service, plan, final)
+            kind = "response.completed" if final["status"] == "completed" else \
+                "response.incomplete"
+            yield events.event(kind, response=final), final
+        else:  # the model failed
+            failed = plan.response("failed", events.items, None)
+            failed["error"] = {"code": "server_error", "message": f"generation failed: {item}"}
+            yield events.event("response.failed", response=failed), failed
+
+
 async def _stream(service: Any, request: Request, plan: ResponsePlan,
                   run: runner.Run) -> AsyncIterator[str]:
-    events = _Events(plan)
-    reply = ReplyStream(plan.plan.chat) if plan.plan.chat is not None else None
     status = "499"
     try:
-        start = plan.response("in_progress", [], None)
-        yield events.event("response.created", response=start)
-        yield events.event("response.in_progress", response=start)
-        async for _, item in run.items():
-            if isinstance(item, TokenEvent):
-                last = item.finish_reason is not None
-                pieces = reply.push(item.text, last) if reply is not None else \
-                    ([ChatPiece(item.text)] if item.text else [])
-                for piece in pieces:
-                    for line in (events.call(piece) if isinstance(piece, ToolCallDelta)
-                                 else events.text(piece)):
-                        yield line
-            elif isinstance(item, Result):
-                for line in events.finish(item):
-                    yield line
-                final = plan.response(_status(item), events.items, item)
-                _keep(service, plan, final)
-                kind = "response.completed" if final["status"] == "completed" else \
-                    "response.incomplete"
-                yield events.event(kind, response=final)
-                status = "200"
-            else:  # the model failed
-                failed = plan.response("failed", events.items, None)
-                failed["error"] = {"code": "server_error", "message": f"generation failed: {item}"}
-                yield events.event("response.failed", response=failed)
-                status = "500"
+        async for line, final in _events(service, plan, run):
+            if final is not None:
+                status = "200" if final["status"] != "failed" else "500"
+            yield line
     finally:
         run.cancel()
         runner.count(service, request, status)
@@ -303,8 +351,23 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
     @app.post("/v1/responses", dependencies=[Depends(authorized)])
     async def create(request: Request) -> Response:
         plan = ResponsePlan(await runner.read_body(request), service)
-        await service.prepare(plan.plan)
-        run = runner.submit(service, plan.plan, plan.plan.stream)
+        with responses_names():
+            await service.prepare(plan.plan)
+        by_events = plan.plan.stream or plan.plan.logprobs is not None
+        run = runner.submit(service, plan.plan, by_events)
+        if not plan.plan.stream and by_events:  # logprobs: the same events, kept to the end
+            final = None
+            try:
+                async for _, final in _events(service, plan, run):
+                    pass
+            finally:
+                run.cancel()
+            code = 500 if final is None or final["status"] == "failed" else 200
+            runner.count(service, request, code)
+            if code == 500:
+                raise p.ApiError(500, "generation failed", type="server_error",
+                                 code="server_error")
+            return JSONResponse(final)
         if plan.plan.stream:
             return StreamingResponse(_stream(service, request, plan, run),
                                      media_type="text/event-stream",

@@ -19,15 +19,37 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from llm_onnx.serve.protocol import ApiError, bad
+from llm_onnx.serve.protocol import ApiError, bad, integer
 
 RESPONSES_FIELDS = {
     "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools",
     "tool_choice", "parallel_tool_calls", "text", "reasoning", "stream", "metadata", "store",
     "previous_response_id", "user", "truncation", "include", "service_tier", "top_logprobs",
     "stream_options", "seed", "prompt_cache_key", "safety_identifier", "background",
-    "max_tool_calls", "conversation", "prompt",
+    "max_tool_calls", "conversation", "prompt", "prompt_cache_retention", "prompt_cache_options",
+    "context_management", "moderation",
 }
+# Fields of OpenAI's platform that this server cannot honour: a 400 naming the field unless the
+# value asks for nothing (null, false, "disabled"). Prompt caching needs no field: every request
+# reuses the prefix the server already holds, so prompt_cache_* are accepted and change nothing;
+# max_tool_calls bounds built-in tool calls, and there are none here.
+NOT_HONOURED = {
+    "background": (False, "background responses are not run here: leave 'background' out"),
+    "conversation": (None, "conversations are not stored here: continue with "
+                           "'previous_response_id'"),
+    "prompt": (None, "stored prompt templates live on OpenAI's platform: send 'instructions' "
+                     "and 'input'"),
+    "context_management": (None, "context compaction is not done here"),
+    "moderation": (None, "moderation is not run here"),
+    "truncation": ("disabled", "'truncation' auto is not done here: an input longer than the "
+                               "context is a 400 as with 'disabled'"),
+}
+# include values: the output logprobs are served; the rest name items of built-in tools (none
+# here) or encrypted reasoning (reasoning comes back as plain text), so they add nothing.
+INCLUDE_VALUES = {"file_search_call.results", "web_search_call.results",
+                  "web_search_call.action.sources", "message.input_image.image_url",
+                  "computer_call_output.output.image_url", "code_interpreter_call.outputs",
+                  "reasoning.encrypted_content", "message.output_text.logprobs"}
 # Built-in tools of OpenAI's platform that nothing here runs: refused by name, never ignored.
 BUILT_IN_TOOLS = {"web_search", "web_search_preview", "web_search_preview_2025_03_11",
                   "file_search", "computer_use_preview", "computer", "code_interpreter",
@@ -185,9 +207,9 @@ def reasoning_vars(reasoning: Any) -> dict[str, Any] | None:
     if not isinstance(reasoning, dict):
         raise bad("reasoning", "'reasoning' must be an object like {\"effort\": \"low\"}.")
     effort = reasoning.get("effort")
-    if effort not in (None, "none", "minimal", "low", "medium", "high", "xhigh"):
+    if effort not in (None, "none", "minimal", "low", "medium", "high", "xhigh", "max"):
         raise bad("reasoning.effort", f"'reasoning.effort' {effort!r} is not one of none, "
-                                      "minimal, low, medium, high.")
+                                      "minimal, low, medium, high, xhigh, max.")
     return {"enable_thinking": False} if effort == "none" else None
 
 
@@ -202,6 +224,10 @@ def chat_body(body: dict[str, Any], history: list[dict[str, Any]],
             raise bad("instructions", "'instructions' must be a string.")
         messages = [m for m in messages if m["role"] != "system"]  # replaced, not stacked
         messages.insert(0, {"role": "system", "content": instructions})
+    for field, (nothing, why) in NOT_HONOURED.items():
+        if body.get(field) is not None and body[field] != nothing:
+            raise bad(field, f"'{field}' is not supported by this server: {why}.")
+    logprobs = wanted_logprobs(body)
     messages += input_messages(body.get("input"), known_calls)
     chat: dict[str, Any] = {"model": body.get("model"), "messages": messages,
                             "stream": bool(body.get("stream"))}
@@ -214,9 +240,28 @@ def chat_body(body: dict[str, Any], history: list[dict[str, Any]],
         body.get("tool_choice")), "response_format": text_format(body.get("text")),
         "chat_template_kwargs": reasoning_vars(body.get("reasoning"))}
     chat.update({k: v for k, v in converted.items() if v is not None})
+    if logprobs is not None:
+        chat.update(logprobs=True, top_logprobs=logprobs)
     if not chat.get("tools"):
         chat.pop("tool_choice", None)
     return chat
+
+
+def wanted_logprobs(body: dict[str, Any]) -> int | None:
+    """How many alternatives each output token's logprob comes with, or None for no logprobs:
+    asked for by ``include: ["message.output_text.logprobs"]`` or by ``top_logprobs``."""
+    include = body.get("include")
+    if include is not None:
+        if not isinstance(include, list) or not all(isinstance(v, str) for v in include):
+            raise bad("include", "'include' must be a list of strings.")
+        for i, value in enumerate(include):
+            if value not in INCLUDE_VALUES:
+                raise bad(f"include[{i}]", f"'include[{i}]' {value!r} is not one of "
+                                           f"{', '.join(sorted(INCLUDE_VALUES))}.")
+    top = integer(body, "top_logprobs", 0, 20)
+    if top is None and "message.output_text.logprobs" not in (include or []):
+        return None
+    return top or 0
 
 
 def metadata(value: Any) -> dict[str, str] | None:

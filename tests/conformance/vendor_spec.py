@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-OPERATIONS = {"/chat/completions": "post", "/completions": "post"}
+OPERATIONS = {"/chat/completions": "post", "/completions": "post", "/responses": "post",
+              "/embeddings": "post"}
 
 
 def refs(node, found: set[str]) -> None:

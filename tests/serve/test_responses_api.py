@@ -148,6 +148,12 @@ def test_stored_responses_are_read_deleted_and_bounded(client, server):
     ({"input": "Hi", "max_output_tokens": 0}, "max_output_tokens", ""),
     ({"input": "Hi", "frobnicate": 1}, "frobnicate", "Unrecognized"),
     ({"input": []}, "input", "non-empty"),
+    ({"input": "Hi", "background": True}, "background", "not supported"),
+    ({"input": "Hi", "conversation": "conv_1"}, "conversation", "previous_response_id"),
+    ({"input": "Hi", "prompt": {"id": "pmpt_1"}}, "prompt", "not supported"),
+    ({"input": "Hi", "truncation": "auto"}, "truncation", "not supported"),
+    ({"input": "Hi", "include": ["everything"]}, "include[0]", "message.output_text.logprobs"),
+    ({"input": "Hi", "top_logprobs": 21}, "top_logprobs", "between 0 and 20"),
 ])
 def test_bad_input_is_a_400_naming_the_field(server, body, param, words):
     r = httpx.post(f"{server.url}/v1/responses", json={"model": NAME, **body}, timeout=60)
@@ -155,6 +161,39 @@ def test_bad_input_is_a_400_naming_the_field(server, body, param, words):
     error = r.json()["error"]
     assert error["param"] == param and words in error["message"]
     assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_fields_that_ask_for_nothing_are_accepted(server):
+    r = httpx.post(f"{server.url}/v1/responses", timeout=60, json={
+        "model": NAME, "input": "Hi", "max_output_tokens": 4, "background": False,
+        "truncation": "disabled", "conversation": None, "prompt_cache_key": "user-7",
+        "prompt_cache_retention": "24h", "safety_identifier": "u7", "max_tool_calls": 3,
+        "include": ["reasoning.encrypted_content"], "service_tier": "auto", "user": "u7"})
+    assert r.status_code == 200, r.text
+    assert r.json()["user"] == "u7"
+    assert r.json()["output"][0]["content"][0]["logprobs"] == []  # none asked for
+
+
+def test_logprobs_equal_chat_completions_and_the_stream_carries_the_same(client):
+    """include message.output_text.logprobs: the tokens and values Chat Completions gives for
+    the same conversation (its logprobs are checked against a numpy reference in
+    tests/serve/test_openai_api.py), streamed or not."""
+    chat = client.chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": "Count."}], max_tokens=12,
+        temperature=0, logprobs=True, top_logprobs=2)
+    want = [(c.token, round(c.logprob, 4), [(a.token, round(a.logprob, 4)) for a in c.top_logprobs])
+            for c in chat.choices[0].logprobs.content]
+    r = client.responses.create(model=NAME, input="Count.", max_output_tokens=12, temperature=0,
+                                include=["message.output_text.logprobs"], top_logprobs=2)
+    part = r.output[0].content[0]
+    got = [(c.token, round(c.logprob, 4), [(a.token, round(a.logprob, 4)) for a in c.top_logprobs])
+           for c in part.logprobs]
+    assert part.text == chat.choices[0].message.content and got == want
+    events = list(client.responses.create(model=NAME, input="Count.", max_output_tokens=12,
+                                          temperature=0, top_logprobs=2, stream=True))
+    streamed = [(c.token, round(c.logprob, 4)) for e in events
+                if e.type == "response.output_text.delta" for c in e.logprobs]
+    assert streamed == [(token, value) for token, value, _ in want]
 
 
 # A template that opens the think block in the prompt (as DeepSeek-R1's does): the reply is
