@@ -89,6 +89,10 @@ class Model:
             read_chat_template(chat_template, m.tokenizer.special_tokens)
         self._setup(engine, tokenizer, m.tokenizer.eos_token_ids, template,
                     m.tokenizer.special_tokens, m.generation, tool_call_format)
+        if embeds and (chat_template or tool_call_format or draft_model
+                       or speculative not in (None, "off")):
+            raise GenerationError(f"{m.folder} is an embedding model: chat templates, tool "
+                                  "calls and speculative decoding are for generation models.")
         if embeds:  # nothing to speculate
             self.speculative, self.speculative_is_default, self.draft_model = \
                 SpeculativeOptions(), True, None

@@ -49,6 +49,7 @@ class ResponsePlan:
     def __init__(self, body: Any, service: Any) -> None:
         body = p.body_object(body)
         p.known_fields(body, RESPONSES_FIELDS)
+        scheduler = service.generating()  # (a 400 for an embedding model)
         self.body = body
         self.store = body.get("store", True) is not False
         self.metadata = metadata(body.get("metadata"))
@@ -60,8 +61,7 @@ class ResponsePlan:
             _, history, calls = service.responses.get(previous)
         try:
             chat = chat_body(body, history, calls)
-            self.plan = rq.chat_plan(chat, service.model, service.name,
-                                     service.scheduler.max_length)
+            self.plan = rq.chat_plan(chat, service.model, service.name, scheduler.max_length)
         except p.ApiError as e:  # Chat Completions' field names, told in the Responses API's
             if e.param is not None:
                 head = e.param.split("[")[0].split(".")[0]
