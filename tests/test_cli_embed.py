@@ -63,8 +63,11 @@ def test_errors_are_one_line(embedding_export, tiny_export):
          "dimensions must be an integer from 1 to 64"),
         (["embed", "--model", str(embedding_export("qwen3")), " ".join(["t1"] * 300)],
          "input 0 has 301 tokens but the model's context is 128 tokens"),
-        (["generate", "-q", "--model", str(embedding_export("qwen3")), "t1"],
+        (["generate", "--model", str(embedding_export("qwen3")), "t1"],
          "is an embedding model (exported with --task embed)"),
+        (["chat", "--model", str(embedding_export("qwen3"))], "is an embedding model"),
+        (["bench", "--model", str(embedding_export("qwen3")), "--prompt-len", "8",
+          "--new-tokens", "8"], "is an embedding model"),
         (["export", "--config", "qwen3_tiny", "--random-weights", "--pooling", "mean"],
          "use them with task embed"),
     ]:

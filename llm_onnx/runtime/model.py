@@ -129,7 +129,7 @@ class Model:
         self.draft_model = None
         if opts.method == "draft":
             self.draft_model = self.load_draft_model(opts.draft_model)
-            self.draft_model._generates()
+            self.draft_model.require_generation()
             check_same_tokenizer(self.draft_model, self)
             opts = dataclasses.replace(opts, draft_model=self.draft_model)
         self.speculative = opts
@@ -186,7 +186,8 @@ class Model:
         """"generate", or "embed" for an embedding model's folder (``embed``)."""
         return "embed" if isinstance(self.engine, EmbeddingEngine) else "generate"
 
-    def _generates(self) -> None:
+    def require_generation(self) -> None:
+        """GenerationError for an embedding model's folder, saying what it does instead."""
         if isinstance(self.engine, EmbeddingEngine):
             raise GenerationError(not_generating(self.engine.manifest))
 
@@ -280,7 +281,7 @@ class Model:
                   speculative: SpeculativeOptions | str | None = None,
                   **overrides: Any) -> Generator:
         """A step-wise Generator over this model (see llm_onnx.runtime.generation.generator)."""
-        self._generates()
+        self.require_generation()
         return Generator(self, options, batch=batch, max_length=max_length,
                          prefill_chunk=prefill_chunk, speculative=speculative, **overrides)
 
@@ -289,7 +290,7 @@ class Model:
         """Generate for one prompt (text or token ids) or a batch of them (a list of prompts,
         any lengths, decoded together). Keywords override fields of ``options``. Row i of a batch
         samples with ``seed + i``."""
-        self._generates()
+        self.require_generation()
         opts = self.options(options, overrides)
         batch = _is_batch(prompt)
         prompts = [self.prompt_ids(p) for p in (prompt if batch else [prompt])]  # type: ignore[union-attr]
@@ -302,7 +303,7 @@ class Model:
     def stream(self, prompt: Prompt, options: GenerationOptions | None = None,
                **overrides: Any) -> Iterator[str]:
         """Text pieces of one prompt's answer as they become valid UTF-8."""
-        self._generates()
+        self.require_generation()
         opts = self.options(options, overrides)
         return self._start([self.prompt_ids(prompt)], opts).texts()
 
@@ -348,7 +349,7 @@ class Model:
                       parallel: bool, template_vars: dict[str, Any] | None,
                       ) -> tuple[ChatRequest, GenerationOptions]:
         """The prompt, constraint and options of one chat reply."""
-        self._generates()
+        self.require_generation()
         opts = self.options(options, overrides)
         checked = check_tools(list(tools) if tools is not None and not isinstance(
             tools, (str, bytes, dict)) else tools)
@@ -389,7 +390,7 @@ class Model:
     def chat_session(self, system: str | None = None, *, tools: Tools | None = None,
                      template_vars: dict[str, Any] | None = None) -> ChatSession:
         """A multi-turn conversation that keeps earlier turns in the KV cache."""
-        self._generates()
+        self.require_generation()
         return ChatSession(self, system, tools=tools, template_vars=template_vars)
 
     def embed(self, inputs: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],

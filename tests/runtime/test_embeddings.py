@@ -11,7 +11,7 @@ import pytest
 
 from llm_onnx.errors import GenerationError, ModelFolderError
 from llm_onnx.model_folder import EMBED, MANIFEST, Manifest, load_manifest
-from llm_onnx.runtime import Model
+from llm_onnx.runtime import Engine, Model
 from llm_onnx.runtime.core.embedder import EmbeddingEngine, truncate
 
 
@@ -109,6 +109,8 @@ def test_an_embedding_folder_does_not_generate(model):
             call()
     with pytest.raises(GenerationError, match="embedding model"):
         model.engine.new_cache(1, 8)
+    with pytest.raises(GenerationError, match="embedding model"):
+        Engine(model.engine.manifest.folder)  # the generation engine over an embed folder
 
 
 def test_a_generation_folder_does_not_embed(tiny_export):

@@ -23,8 +23,8 @@ import numpy as np
 
 from llm_onnx import model_folder as names
 from llm_onnx.errors import GenerationError, ModelFolderError
-from llm_onnx.model_folder import Manifest, load_manifest
-from llm_onnx.runtime.core.engine import Engine, RuntimeOptions
+from llm_onnx.model_folder import load_manifest
+from llm_onnx.runtime.core.engine import Engine, RuntimeOptions, not_generating
 from llm_onnx.runtime.core.providers import CUDA
 
 BATCH_SIZE = 32  # rows per run
@@ -39,13 +39,6 @@ def open_engine(folder: Path | str, options: RuntimeOptions | None = None) -> En
     if manifest.task == "embed":
         return EmbeddingEngine(folder, options, manifest=manifest)
     return Engine(folder, options, manifest=manifest)
-
-
-def not_generating(manifest: Manifest) -> str:
-    """Why an embedding model's folder does not generate, and what does."""
-    return (f"{manifest.folder} is an embedding model (exported with --task embed): it returns "
-            "embeddings (Model.embed, `llm-onnx embed`, POST /v1/embeddings), not text. "
-            "Generate with a folder exported with --task generate (the default).")
 
 
 def truncate(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
