@@ -100,6 +100,25 @@ def test_causal_lm_without_sentence_transformers_files_pools_the_mean(tiny_hf, t
                                atol=1e-4, rtol=0)
 
 
+def test_gguf_pooling_type_decides(tiny_hf, tmp_path):
+    """An embedding model's GGUF file carries llama.cpp's pooling type (3: last)."""
+    from tests.checkpoints.test_gguf_families import write_gguf
+
+    model, ckpt = tiny_hf("qwen3_tiny")
+    path = write_gguf(ckpt, get_config("qwen3_tiny"), "qwen3", tmp_path / "e.gguf",
+                      pooling_type=3)
+    folder = _export(path, tmp_path / "out")
+    spec = load_manifest(folder).embedding
+    assert (spec.pooling, spec.normalize) == ("last", True) and "GGUF" in spec.rule
+    rows = [[5, 9, 33, 100], [7, 1, 2, 3, 4, 5, 6, 8, 9]]
+    with torch.no_grad():
+        expected = np.stack([torch.nn.functional.normalize(
+            model.model(torch.tensor([r])).last_hidden_state[0, -1], dim=-1).numpy()
+            for r in rows])
+    np.testing.assert_allclose(Model.load(folder, provider="cpu").embed(rows), expected,
+                               atol=1e-4, rtol=0)
+
+
 def test_pooling_and_normalize_options_override_the_checkpoint(embedding_checkpoint, tmp_path):
     ckpt = embedding_checkpoint("qwen3")
     folder = _export(ckpt, tmp_path / "cls", pooling="cls", normalize=False)
