@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from llm_onnx.checkpoints import open_checkpoint
+from llm_onnx.checkpoints import open_checkpoint, random_checkpoint
 from llm_onnx.errors import CheckpointError, ConfigError, ParityError
 from llm_onnx.export import ExportOptions, export_model
 from llm_onnx.export.validate import FP32, compare_embeddings
 from llm_onnx.families import get_config
 from llm_onnx.model_folder import load_manifest
 from llm_onnx.runtime import Model
+from tests.conftest import FAMILY_ARCHS, TINY_ARCHS
 from tests.embedding_models import reference, save_bare_model, save_tokenizer
 
 # Lengths 2 to 41 tokens (the tokenizer appends an end-of-text token), batched together
@@ -161,6 +162,17 @@ def test_quantized_exports_stay_close_to_fp32(embedding_export, precision, floor
     cosine = (ours * fp32).sum(-1) / np.linalg.norm(ours, axis=-1) / np.linalg.norm(fp32, axis=-1)
     assert cosine.min() > floor
     np.testing.assert_allclose(np.linalg.norm(ours, axis=-1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("preset", TINY_ARCHS + FAMILY_ARCHS)
+def test_every_family_exports_an_embedding_graph_that_passes_the_gate(preset, tmp_path):
+    """Random weights of each family's tiny preset: embed.onnx's padded batch equals torch's
+    prompts run alone (the gate), whatever the family's positions, norms and attention."""
+    ckpt = random_checkpoint(get_config(preset), preset)
+    folder = export_model(ckpt, tmp_path / preset, ExportOptions(
+        precision="fp32", task="embed", pooling="mean", max_seq_len=64), progress=False)
+    parity = load_manifest(folder).parity
+    assert parity.scope == "whole model" and parity.embeddings_max_abs_diff < 1e-5
 
 
 def test_parity_gate_refuses_embeddings_that_drift():
