@@ -54,8 +54,8 @@ class EmbeddingRunner:
         the worker thread; an input the model refuses (past the context, outside the
         vocabulary) is a 400 naming it."""
         with self._lock:
-            if self.max_queue is not None and self.pending > self.max_queue:
-                raise p.ApiError(429, f"{self.pending} embedding requests are waiting (the "
+            if self.max_queue is not None and self.pending > self.max_queue:  # one runs
+                raise p.ApiError(429, f"{self.pending - 1} embedding requests are waiting (the "
                                       f"limit is {self.max_queue}); retry shortly.",
                                  type="rate_limit_error", code="rate_limit_exceeded")
             self.pending += 1

@@ -5,14 +5,19 @@ field; each kind of server refusing the other kind's endpoints."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import signal
+import threading
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
 import pytest
 
 from llm_onnx.runtime import Model
+from llm_onnx.serve import protocol as p
+from llm_onnx.serve.embeddings import EmbeddingRunner
 from tests.embedding_models import reference
 from tests.serve.conftest import ServerProcess
 
@@ -143,3 +148,34 @@ def test_a_generation_server_refuses_embeddings(chat_model_folder):
         assert info.value.body["param"] == "model"
     finally:
         assert proc.stop() in (0, -signal.SIGTERM), proc.output()
+
+
+def test_a_full_queue_answers_429():
+    """One request runs, ``max_queue`` wait; the next is refused at once."""
+    gate = threading.Event()
+
+    class Slow:
+        engine = SimpleNamespace(embed=lambda rows, dims: np.zeros((len(rows), 4), np.float32))
+
+        def embedding_ids(self, inputs):
+            gate.wait(10)
+            return [[1]] * len(inputs), False
+
+    runner = EmbeddingRunner(Slow(), max_queue=1)
+
+    async def main() -> None:
+        running = asyncio.ensure_future(runner.run(["a"], None))
+        waiting = asyncio.ensure_future(runner.run(["b"], None))
+        await asyncio.sleep(0.05)
+        with pytest.raises(p.ApiError) as info:
+            await runner.run(["c"], None)
+        assert info.value.status == 429 and info.value.code == "rate_limit_exceeded"
+        gate.set()
+        for done in await asyncio.gather(running, waiting):
+            assert done[0].shape == (1, 4) and done[1] == 1
+
+    try:
+        asyncio.run(main())
+    finally:
+        gate.set()
+        runner.close()
