@@ -1,7 +1,8 @@
 """The model folder contract: what `llm-onnx export` writes and the runtime reads.
 
 A model folder holds prefill.onnx, decode.onnx, weights.data (shared by both graphs), tokenizer
-files and manifest.json, which this module types: frozen dataclasses with ``to_json`` /
+files and manifest.json; an embedding model's folder (``task`` "embed", ``llm-onnx export --task
+embed``) holds embed.onnx and weights.data instead. This module types the manifest: frozen dataclasses with ``to_json`` /
 ``from_json``, the graphs' input and output names, and the checks the runtime makes before it
 trusts a folder (format version, files present, sizes and sha256). The exporter builds a
 ``Manifest``; everyone else reads its attributes. Imports neither torch nor onnxruntime.
@@ -26,6 +27,11 @@ FORMAT = "llm-onnx-model"
 FORMAT_VERSION = 2  # 2: typed sections, the real quantization scheme, special tokens
 MANIFEST = "manifest.json"
 PREFILL, DECODE, WEIGHTS = "prefill.onnx", "decode.onnx", "weights.data"
+EMBED = "embed.onnx"
+# What a folder's graphs compute: "generate" (next-token logits over a KV cache: prefill.onnx,
+# decode.onnx) or "embed" (one pooled vector per text in one run: embed.onnx)
+TASKS = ("generate", "embed")
+POOLINGS = ("last", "mean", "cls")  # EmbeddingSpec.pooling
 
 # ----------------------------------------------------------------------------- graph I/O names
 
@@ -44,6 +50,9 @@ PAST_RECURRENT = "past_state.{}.recurrent"  # (B, Hv, dk, dv) float32
 PRESENT_CONV = "present_state.{}.conv"
 PRESENT_RECURRENT = "present_state.{}.recurrent"
 VALID_TOKENS = "valid_tokens"  # (B,) int32, models with such layers: new tokens each row runs
+# embed.onnx: input_ids (B, T) int64 right-padded, and each row's real tokens; one vector a row
+SEQUENCE_LENGTHS = "sequence_lengths"  # (B,) int32, 1 <= n <= T
+EMBEDDINGS = "embeddings"  # (B, E) float32, pooled (and L2-normalised where the spec says)
 
 
 def state_names(num_layers: int, linear: Collection[int] = ()) -> list[tuple[str, str]]:
@@ -84,7 +93,7 @@ class TensorSpec:
 class GraphSpec:
     file: str
     logits: str  # "last": each row's last position; "all": every position; "window": the last W,
-    # W the length of the input logits_window (default 1: its initializer)
+    # W the length of the input logits_window (default 1: its initializer); "none": embed.onnx
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
 
@@ -173,6 +182,20 @@ class RecurrentStateSpec:
 
 
 @dataclass(frozen=True)
+class EmbeddingSpec:
+    """What embed.onnx returns: each row's final hidden states (after the final norm) pooled
+    over its real tokens: ``pooling`` "last" (the last token's), "mean" (their average) or
+    "cls" (the first token's), then divided by their L2 norm when ``normalize``. ``dimensions``:
+    the vector's length (a caller may keep its first d and re-normalise: Matryoshka models).
+    ``rule``: where pooling and normalization were read from, in words."""
+
+    pooling: str
+    normalize: bool
+    dimensions: int
+    rule: str
+
+
+@dataclass(frozen=True)
 class TokenizerSpec:
     files: tuple[str, ...]
     bos_token_id: int | None
@@ -213,6 +236,9 @@ class ParityReport:
     cuda_relative_logits_diff: float | None = None
     cuda_kl_divergence: float | None = None
     cuda_greedy_agreement: float | None = None
+    # An embedding model's embed.onnx (then the logits fields stay empty)
+    embeddings_max_abs_diff: float | None = None
+    embeddings_min_cosine: float | None = None
 
 
 @dataclass(frozen=True)
@@ -253,6 +279,10 @@ class Manifest:
     created: str
     files: dict[str, FileEntry]
     recurrent_state: RecurrentStateSpec | None = None  # models with linear-attention layers
+    # "embed": embed.onnx (an embedding model, ``embedding`` says how it pools); kv_cache then
+    # describes the attention inside the graph, which keeps its keys and values for one run
+    task: str = "generate"
+    embedding: EmbeddingSpec | None = None
     folder: Path | None = field(default=None, compare=False)
 
     # -------------------------------------------------------------- reading
@@ -311,6 +341,13 @@ class Manifest:
             except (TypeError, ValueError, KeyError) as e:
                 raise ModelFolderError(f"{where}: {MANIFEST} section '{f.name}' is not what "
                                        f"this llm-onnx reads ({e}).") from None
+        task, spec = values.get("task", "generate"), values.get("embedding")
+        if task not in TASKS or (task == "embed") != (spec is not None) or \
+                (spec is not None and spec.pooling not in POOLINGS):
+            raise ModelFolderError(f"{where}: {MANIFEST} describes a task {task!r} (pooling "
+                                   f"{spec.pooling if spec else None!r}) that this llm-onnx does "
+                                   f"not run (it knows tasks {', '.join(TASKS)}, poolings "
+                                   f"{', '.join(POOLINGS)}); upgrade llm-onnx or re-export it.")
         state = values.get("recurrent_state")
         if state is not None and state.kind not in STATE_KINDS:
             raise ModelFolderError(f"{where}: {MANIFEST} describes a recurrent state of kind "
@@ -396,7 +433,7 @@ def load_manifest(folder: Path, verify: bool = True) -> Manifest:
         if verify and _cached_sha256(path) != info.sha256:
             raise _fail(folder, f"{name} does not match its sha256 in {MANIFEST} "
                                 "(corrupt or modified; re-export the model).")
-    for graph in (PREFILL, DECODE, WEIGHTS):
+    for graph in (EMBED, WEIGHTS) if manifest.task == "embed" else (PREFILL, DECODE, WEIGHTS):
         if graph not in manifest.files:
             raise _fail(folder, f"{MANIFEST} does not list {graph}.")
     return manifest

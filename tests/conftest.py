@@ -146,3 +146,45 @@ def tiny_export(tiny_hf, tmp_path_factory):
         return made[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def embedding_checkpoint(tmp_path_factory):
+    """``embedding_checkpoint(kind)`` -> a tiny sentence-transformers folder, made once:
+    "qwen3" (Qwen3-Embedding's layout: bare Qwen3Model, last token, Normalize) or "llama" (a
+    causal Llama, mean-pooled, not normalised); see tests/embedding_models.py."""
+    from tests.embedding_models import llama_mean, qwen3_embedding
+
+    made: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in made:
+            make = {"qwen3": qwen3_embedding, "llama": llama_mean}[kind]
+            made[kind] = make(tmp_path_factory.mktemp(f"st_{kind}") / f"st-{kind}", seed=5)
+        return made[kind]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def embedding_export(embedding_checkpoint, tmp_path_factory):
+    """``embedding_export(kind, precision, **export_options)`` -> an embed folder of
+    ``embedding_checkpoint(kind)`` (``llm-onnx export --task embed``), exported once."""
+    from llm_onnx.checkpoints import open_checkpoint
+    from llm_onnx.export import ExportOptions, export_model
+
+    made: dict[tuple, Path] = {}
+
+    def get(kind: str, precision: str = "fp32", **options) -> Path:
+        key = (kind, precision, tuple(sorted(options.items())))
+        if key not in made:
+            name = "-".join([f"emb-{kind}", precision] +
+                            [f"{k}={v}" for k, v in sorted(options.items())])
+            out = tmp_path_factory.mktemp("exports") / name
+            export_model(open_checkpoint(embedding_checkpoint(kind), task="embed"), out,
+                         ExportOptions(precision=precision, task="embed", **options),
+                         progress=False)
+            made[key] = out
+        return made[key]
+
+    return get

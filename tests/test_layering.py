@@ -114,7 +114,8 @@ def import_cycles(graph: dict[str, set[str]]) -> list[str]:
 
 # The torch modules of the decoder (the stack and its parts).
 DECODER = ("llm_onnx.model.decoder", "llm_onnx.model.layers", "llm_onnx.model.attention",
-           "llm_onnx.model.mlp", "llm_onnx.model.positions", "llm_onnx.model.linear_attention")
+           "llm_onnx.model.mlp", "llm_onnx.model.positions", "llm_onnx.model.linear_attention",
+           "llm_onnx.model.embedding")
 
 
 def test_layers_import_downwards_only():

@@ -14,7 +14,8 @@ from hypothesis import settings
 ROOT = Path(__file__).resolve().parents[1]
 # The libraries the parity tests compare against or run on: a different version is a different
 # reference.
-REFERENCES = ["transformers", "tokenizers", "gguf", "numpy", "onnx", "onnxscript", "torch"]
+REFERENCES = ["transformers", "tokenizers", "gguf", "numpy", "onnx", "onnxscript", "torch",
+              "sentence-transformers"]
 
 
 def pins() -> dict[str, str]:

@@ -19,9 +19,12 @@ from torch import nn
 from llm_onnx.families import load_hf_config
 from llm_onnx.model.config import ModelConfig
 from llm_onnx.model.decoder import Decoder, Fusion
-from llm_onnx.checkpoints.relayout import family_source
+from llm_onnx.model.embedding import EmbeddingDecoder
+from llm_onnx.checkpoints.pooling import GGUF_POOLINGS, transformer_folder
+from llm_onnx.checkpoints.relayout import family_source, is_bare_model
 from llm_onnx.model.shapes import checkpoint_shapes
-from llm_onnx.checkpoints.sources import GGUFSource, RandomSource, SafetensorsSource, TensorSource
+from llm_onnx.checkpoints.sources import (GGUFSource, RandomSource, SafetensorsSource,
+                                          TensorSource, gguf_field)
 from llm_onnx.errors import CheckpointError
 
 # Tokenizer and generation files carried from a Hugging Face folder into a model folder.
@@ -42,6 +45,9 @@ class Checkpoint:
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
     storage_type: str | None = None  # GGUF: the type most layer projections are stored in
+    # the bare model's tensors (Qwen3Model, LlamaModel: no LM head), as embedding models ship
+    bare: bool = False
+    gguf_pooling: str | None = None  # GGUF: its <arch>.pooling_type (embedding models)
 
     def write_tokenizer(self, folder: Path) -> list[str]:
         for fname, content in self.tokenizer_files.items():
@@ -49,23 +55,39 @@ class Checkpoint:
         return sorted(self.tokenizer_files)
 
 
-def open_checkpoint(path: Path) -> Checkpoint:
-    """A Hugging Face checkpoint folder (config.json + safetensors) or a .gguf file."""
+def open_checkpoint(path: Path, task: str = "generate") -> Checkpoint:
+    """A Hugging Face checkpoint folder (config.json + safetensors) or a .gguf file. ``task``
+    "embed" needs no LM head (and ignores one); a sentence-transformers folder whose model sits
+    in a subfolder is read from there."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such file or folder.")
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise CheckpointError(f"{path}: expected a Hugging Face checkpoint folder or a .gguf file.")
-        return _open_gguf(path)
+        return _open_gguf(path, task)
     if not any(path.iterdir()):
         raise CheckpointError(f"{path}: the checkpoint folder is empty.")
-    cfg = load_hf_config(path)
-    source = family_source(SafetensorsSource(path), cfg)  # GPT-2/BLOOM/Falcon: canonical names
-    check_tensors(cfg, source, str(path))
-    files = {f: (path / f).read_bytes() for f in TOKENIZER_FILES if (path / f).is_file()}
-    eos, bos = _hf_special_ids(path)
-    return Checkpoint(cfg, source, path.name, "hf", path, files, eos, bos)
+    model_folder = transformer_folder(path)  # sentence-transformers: its Transformer module's
+    cfg = load_hf_config(model_folder)
+    raw = SafetensorsSource(model_folder)
+    source = family_source(raw, cfg)  # GPT-2/BLOOM/Falcon, bare models: canonical names
+    check_tensors(cfg, source, str(model_folder), head=task != "embed")
+    files = {f: (model_folder / f).read_bytes() for f in TOKENIZER_FILES
+             if (model_folder / f).is_file()}
+    eos, bos = _hf_special_ids(model_folder)
+    return Checkpoint(cfg, source, path.name, "hf", path, files, eos, bos,
+                      bare=is_bare_model(raw) or _names_bare_class(model_folder))
+
+
+def _names_bare_class(folder: Path) -> bool:
+    """Whether config.json names the bare model class (``Qwen3Model``, not ``...ForCausalLM``)."""
+    try:
+        archs = json.loads((folder / "config.json").read_text(encoding="utf-8")).get(
+            "architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return False
+    return bool(archs) and isinstance(archs[0], str) and archs[0].endswith("Model")
 
 
 def _hf_special_ids(folder: Path) -> tuple[list[int], int | None]:
@@ -85,12 +107,12 @@ def _hf_special_ids(folder: Path) -> tuple[list[int], int | None]:
     return eos, bos
 
 
-def _open_gguf(path: Path) -> Checkpoint:
+def _open_gguf(path: Path, task: str = "generate") -> Checkpoint:
     from llm_onnx.checkpoints.gguf_tokenizer import read_gguf_tokenizer
 
     raw = GGUFSource(path)
     source = family_source(raw, raw.cfg)  # Phi-3: fused qkv / gate|up, split as in safetensors
-    check_tensors(raw.cfg, source, str(path))
+    check_tensors(raw.cfg, source, str(path), head=task != "embed")
     tok = read_gguf_tokenizer(raw.reader, str(path))
     files = {
         "tokenizer.json": json.dumps(tok.tokenizer_json, ensure_ascii=False).encode("utf-8"),
@@ -98,8 +120,10 @@ def _open_gguf(path: Path) -> Checkpoint:
                                             indent=2).encode("utf-8"),
     }
     name = path.stem
+    pooling = gguf_field(raw.reader, f"{raw.names_table.arch}.pooling_type")
     return Checkpoint(raw.cfg, source, name, "gguf", path, files, list(tok.eos_token_ids),
-                      tok.bos_token_id, raw.storage_type())
+                      tok.bos_token_id, raw.storage_type(),
+                      gguf_pooling=GGUF_POOLINGS.get(int(pooling)) if pooling is not None else None)
 
 
 def random_checkpoint(cfg: ModelConfig, name: str, seed: int = 0) -> Checkpoint:
@@ -107,11 +131,19 @@ def random_checkpoint(cfg: ModelConfig, name: str, seed: int = 0) -> Checkpoint:
     return Checkpoint(cfg, RandomSource(cfg, seed), name, "random")
 
 
-def check_tensors(cfg: ModelConfig, source: TensorSource, where: str) -> None:
-    """Every tensor the config needs is present with the right shape, and nothing unexpected."""
+def check_tensors(cfg: ModelConfig, source: TensorSource, where: str, head: bool = True) -> None:
+    """Every tensor the config needs is present with the right shape, and nothing unexpected.
+    ``head`` False (an embedding export): the LM head is neither needed nor refused."""
     expected = checkpoint_shapes(cfg)
+    if not head:
+        expected.pop("lm_head.weight", None)
     present = set(source.names())
     missing = [n for n in expected if n not in present]
+    if missing == ["lm_head.weight"]:
+        raise CheckpointError(
+            f"{where}: checkpoint has no LM head (lm_head.weight): it holds the bare model, as "
+            "embedding models such as Qwen3-Embedding do. Export it with --task embed (or give "
+            "a causal LM checkpoint to generate with).")
     if missing:
         example = f"{missing[0]} of shape {list(expected[missing[0]])}"
         own_name = getattr(source, "checkpoint_name", lambda n: n)(missing[0])  # FamilySource
@@ -120,7 +152,7 @@ def check_tensors(cfg: ModelConfig, source: TensorSource, where: str) -> None:
         raise CheckpointError(
             f"{where}: checkpoint lacks {len(missing)} tensor(s) needed by {cfg.architecture} "
             f"(e.g. {example}).")
-    ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+    ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings or not head else set()
     extra = sorted(n for n in present - set(expected) - ignorable
                    if not n.endswith("rotary_emb.inv_freq"))
     if extra:
@@ -207,14 +239,15 @@ def load_weights(model: Decoder, source: TensorSource) -> Decoder:
     """Fill every parameter of ``model`` (possibly on the meta device) from ``source``."""
     for name, produce in param_producers(model):
         _set_param(model, name, produce(source))
-    if model.config.tie_word_embeddings:
+    if model.config.tie_word_embeddings and hasattr(model, "lm_head"):
         model.lm_head.weight = model.model.embed_tokens.weight
     return model
 
 
 def build_model(cfg: ModelConfig, source: TensorSource | None = None, *,
                 dtype: torch.dtype = torch.float32, fusion: Fusion | None = None,
-                max_positions: int | None = None) -> Decoder:
+                max_positions: int | None = None, pooling: str | None = None,
+                normalize: bool = False) -> Decoder:
     """The decoder of ``cfg``: weightless on the meta device, or filled from ``source``.
 
     Args:
@@ -224,10 +257,15 @@ def build_model(cfg: ModelConfig, source: TensorSource | None = None, *,
         dtype: compute dtype of projections and attention (norms and residuals stay fp32).
         fusion: which projections run as one matmul and whether RoPE is fused into attention.
         max_positions: length of the RoPE tables (defaults to the config's context).
+        pooling, normalize: an embedding model instead (EmbeddingDecoder: no LM head, its
+            forward pools the final hidden states).
     """
     max_positions = max_positions or cfg.max_position_embeddings
     with torch.device("meta"):
-        model = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_positions)
+        model = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_positions) \
+            if pooling is None else EmbeddingDecoder(cfg, pooling=pooling, normalize=normalize,
+                                                     dtype=dtype, fusion=fusion,
+                                                     max_positions=max_positions)
     # The RoPE tables are computed, not loaded: make them real even on a weightless model.
     if cfg.position_embedding_type == "rope":
         model.model.rotary.materialize()

@@ -95,8 +95,47 @@ class FamilySource:
         return f"{self.inner.describe(part.source)} (tensor {part.source})"
 
 
+class BareModelSource:
+    """A Llama-like checkpoint saved from the bare model class (``Qwen3Model``, ``LlamaModel``:
+    embedding models such as Qwen3-Embedding), whose tensors lack the ``model.`` prefix and the
+    LM head: presented under the canonical names."""
+
+    PREFIX = "model."
+
+    def __init__(self, inner: TensorSource) -> None:
+        self.inner = inner
+
+    def names(self) -> list[str]:
+        return [self.PREFIX + n for n in self.inner.names()]
+
+    def _own(self, name: str) -> str:
+        return name[len(self.PREFIX):] if name.startswith(self.PREFIX) else name
+
+    def checkpoint_name(self, name: str) -> str:
+        return self._own(name)
+
+    def shape(self, name: str) -> Shape:
+        return self.inner.shape(self._own(name))
+
+    def get(self, name: str) -> torch.Tensor:
+        return self.inner.get(self._own(name))
+
+    def describe(self, name: str) -> str:
+        return f"{self.inner.describe(self._own(name))} (tensor {self._own(name)})"
+
+
+def is_bare_model(source: TensorSource) -> bool:
+    """Whether a checkpoint holds the bare model's tensors (``embed_tokens.weight``, ``layers.*``,
+    ``norm.weight``) rather than a causal LM's (``model.*`` and ``lm_head.weight``)."""
+    names = set(source.names())
+    return "embed_tokens.weight" in names and "model.embed_tokens.weight" not in names
+
+
 def family_source(source: TensorSource, cfg: ModelConfig) -> TensorSource:
-    """``source`` under canonical names: wrapped where the family renames tensors, as it is
-    otherwise (Llama-like checkpoints already use them)."""
+    """``source`` under canonical names: wrapped where the family renames tensors or the
+    checkpoint holds the bare model, as it is otherwise (Llama-like checkpoints already use
+    them)."""
     fam = family(cfg.architecture)
-    return FamilySource(source, cfg, fam) if fam.renames else source
+    if fam.renames:
+        return FamilySource(source, cfg, fam)
+    return BareModelSource(source) if is_bare_model(source) else source

@@ -6,11 +6,12 @@ Heavy imports (torch, onnxruntime) happen inside the commands, so `--help` stays
   exporting.py     export (and --config/--checkpoint resolution)
   generating.py    generate, chat (sampling and chat-template options)
   serving.py       serve (in process or on Ray Serve)
+  embedding.py     embed (an embedding model's vectors, as JSON)
   benchmarking.py  bench
 """
 
 from llm_onnx.cli.app import main
-from llm_onnx.cli import benchmarking, exporting, generating, serving  # noqa: F401 (commands)
+from llm_onnx.cli import benchmarking, embedding, exporting, generating, serving  # noqa: F401 (commands)
 from llm_onnx.cli.exporting import resolve_checkpoint
 from llm_onnx.cli.generating import _TemplateVar
 

@@ -52,4 +52,6 @@ def main(debug: bool) -> None:
       llm-onnx chat --model models/qwen3-8b-int4
       llm-onnx bench --model models/qwen3-8b-int4 --prompt-len 128 --new-tokens 128
       llm-onnx serve --model models/qwen3-8b-int4 --port 8000
+      llm-onnx export --checkpoint ./Qwen3-Embedding-0.6B --task embed --out models/q3e
+      llm-onnx embed --model models/q3e "What is the capital of France?"
     """

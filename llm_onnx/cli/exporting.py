@@ -71,16 +71,28 @@ def _default_precision() -> str:
               help="Execution provider the folder is built for. cuda: every node has a CUDA "
                    "kernel (int8/int4 compute in fp16; fp32 and ALiBi models are refused). "
                    "auto: cuda when a usable CUDA GPU is present.")
+@click.option("--task", type=click.Choice(["generate", "embed"]), default="generate",
+              show_default=True,
+              help="generate: prefill.onnx and decode.onnx (text generation). embed: embed.onnx, "
+                   "one vector per text for `llm-onnx embed` and /v1/embeddings, pooled as the "
+                   "checkpoint says (sentence-transformers' modules.json and Pooling config; the "
+                   "last token, normalised, for a bare model such as Qwen3-Embedding; else the "
+                   "mean).")
+@click.option("--pooling", type=click.Choice(["last", "mean", "cls"]),
+              help="--task embed: pool the final hidden states this way instead.")
+@click.option("--normalize/--no-normalize", default=None,
+              help="--task embed: L2-normalise the embeddings, or not, instead of what the "
+                   "checkpoint says.")
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs torch parity gate.")
 @click.option("--force", is_flag=True, help="Replace --out if it exists (only once the new "
               "folder is complete).")
 @_handle_errors
 def export(config_name, checkpoint, random_weights, seed, precision, out, max_seq_len, block_size,
            float_embeddings, embedding_bits, accuracy_level, experts_accuracy_level, quant_scheme,
-           quant_method, calibration_text, all_logits, plain_attention, target, no_validate,
-           force) -> None:
+           quant_method, calibration_text, all_logits, plain_attention, target, task, pooling,
+           normalize, no_validate, force) -> None:
     """Export a model to an ONNX model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
-    manifest.json), then check it against torch in ONNX Runtime.
+    manifest.json; embed.onnx with --task embed), then check it against torch in ONNX Runtime.
 
     \b
     Examples:
@@ -91,6 +103,8 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
       llm-onnx export --config qwen3_8b --random-weights --precision fp16
       llm-onnx export --checkpoint ./Qwen3-8B --precision int4 --target cuda
       llm-onnx export --checkpoint ./Qwen3-8B --precision int4 --calibration-text my-domain.txt
+      llm-onnx export --checkpoint ./Qwen3-Embedding-0.6B --task embed --precision fp32
+      llm-onnx export --checkpoint ./my-st-model --task embed --pooling mean --no-normalize
     """
     from llm_onnx.export import ExportOptions, export_model
 
@@ -98,7 +112,7 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
         from llm_onnx.errors import ConfigError
 
         raise ConfigError("Give --float-embeddings or --embedding-bits, not both.")
-    ckpt = resolve_checkpoint(config_name, checkpoint, random_weights, seed)
+    ckpt = resolve_checkpoint(config_name, checkpoint, random_weights, seed, task)
     precision = precision or _default_precision()
     options = ExportOptions(precision=precision, block_size=int(block_size),
                             embedding_bits=None if float_embeddings else
@@ -111,15 +125,17 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
                             max_seq_len=max_seq_len,
                             all_logits=all_logits, plain_attention=plain_attention,
                             validate=not no_validate,
-                            target=None if target == "auto" else target)
+                            target=None if target == "auto" else target,
+                            task=task, pooling=pooling, normalize=normalize)
     out = out or Path("models") / f"{ckpt.name}-{precision}"
     folder = export_model(ckpt, out, options, force=force, progress=True)
     click.echo(f"Exported {ckpt.name} ({precision}) to {folder}")
 
 
 def resolve_checkpoint(config_name: str | None, checkpoint: Path | None, random_weights: bool,
-                       seed: int = 0):  # -> Checkpoint
-    """--checkpoint PATH | --config NAME --random-weights | --config NAME (local HF cache)."""
+                       seed: int = 0, task: str = "generate"):  # -> Checkpoint
+    """--checkpoint PATH | --config NAME --random-weights | --config NAME (local HF cache);
+    ``task`` "embed" reads checkpoints without an LM head."""
     from llm_onnx.checkpoints.hub_cache import find_cached_checkpoint, hub_cache_dirs
     from llm_onnx.checkpoints.load import open_checkpoint, random_checkpoint
     from llm_onnx.errors import ConfigError
@@ -130,7 +146,7 @@ def resolve_checkpoint(config_name: str | None, checkpoint: Path | None, random_
     if checkpoint is not None:
         if random_weights:
             raise ConfigError("--random-weights goes with --config NAME, not --checkpoint.")
-        return open_checkpoint(checkpoint)
+        return open_checkpoint(checkpoint, task)
     if config_name is None:
         raise ConfigError("Say what to export: --checkpoint PATH (Hugging Face folder or .gguf) "
                           "or --config NAME.")
@@ -145,6 +161,6 @@ def resolve_checkpoint(config_name: str | None, checkpoint: Path | None, random_
             f"No local weights for {config_name}"
             + (f" ({repo} is not in the Hugging Face cache: {where})" if repo else "")
             + ". Pass --checkpoint PATH, or --random-weights for random weights of its shape.")
-    ckpt = open_checkpoint(found)
+    ckpt = open_checkpoint(found, task)
     ckpt.name = config_name
     return ckpt

@@ -235,6 +235,7 @@ def _load_model(kwargs: dict):
         folder = default_model_folder(progress=True, provider=kwargs["provider"])
     model = Model.load(folder, provider=kwargs.pop("provider"), threads=kwargs.pop("threads"),
                        chat_template=kwargs.pop("chat_template"), **pop_speculative(kwargs))
+    model.require_generation()  # an embedding model's folder: `llm-onnx embed`
     if not kwargs.pop("quiet"):
         click.echo(f"[{model.engine.describe()}]", err=True)
     overrides = {k: kwargs.pop(k) for k in _SAMPLING_KEYS}

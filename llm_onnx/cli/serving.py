@@ -83,7 +83,8 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, m
     (json_object, json_schema), vLLM's structured_outputs (json, regex, choice, grammar), tools
     with tool_choice auto / required / a named function. Speculative decoding (prompt lookup
     by default on fp32 folders) runs while at most two requests decode; /metrics counts drafted
-    and accepted tokens.
+    and accepted tokens. A folder from `llm-onnx export --task embed` is served at POST
+    /v1/embeddings instead (OpenAI's embeddings API; no chat page).
 
     \b
     Examples:
@@ -96,6 +97,9 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, m
       llm-onnx serve --ray --replicas 2 --threads 1 --model models/smollm2-int8
       llm-onnx serve --ray --address auto --autoscale 1:4 --model /shared/smollm2-int8
       llm-onnx serve --model models/qwen3-8b-fp16 --draft-model models/qwen3-8b-int4
+      llm-onnx serve --model models/q3e     # an embedding model: POST /v1/embeddings
+      curl http://127.0.0.1:8000/v1/embeddings -H 'Content-Type: application/json' \\
+        -d '{"model": "q3e", "input": ["a text", "another"]}'
     """
     if use_ray:
         return _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len,
@@ -125,10 +129,17 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, m
                       stored_responses=stored_responses,
                       stored_bytes=int(stored_responses_memory * 2**20))
     auth = "API key required" if service.api_key else "no API key"
-    tools = f"tool calls: {loaded.tool_format}" if loaded.tool_format else "no tool calls"
-    click.echo(f"Serving {service.name} ({loaded.engine.describe()}) at http://{host}:{port}/v1 "
-               f"- max batch {max_batch}, {auth}, {tools}. Ctrl-C to stop.", err=True)
-    click.echo(f"Cache: {cache_line(loaded.engine, service.scheduler)}", err=True)
+    if service.scheduler is None:  # an embedding model: POST /v1/embeddings, no chat page
+        click.echo(f"Serving embeddings of {service.name} ({loaded.engine.describe()}, "
+                   f"{loaded.engine.dimensions} dimensions, context {loaded.context_length}) at "
+                   f"http://{host}:{port}/v1/embeddings - {auth}. Ctrl-C to stop.", err=True)
+        web_ui = False
+    else:
+        tools = f"tool calls: {loaded.tool_format}" if loaded.tool_format else "no tool calls"
+        click.echo(f"Serving {service.name} ({loaded.engine.describe()}) at "
+                   f"http://{host}:{port}/v1 - max batch {max_batch}, {auth}, {tools}. Ctrl-C to "
+                   "stop.", err=True)
+        click.echo(f"Cache: {cache_line(loaded.engine, service.scheduler)}", err=True)
     if web_ui:
         click.echo(f"Chat page: {_page_url(host, port)}", err=True)
     server.run(service, host=host, port=port, drain_timeout=drain_timeout, log_level=log_level,
@@ -183,6 +194,9 @@ def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_l
         model = default_model_folder(progress=True)
     folder = Path(model).resolve()  # replicas start in other working folders (or machines)
     manifest = load_manifest(folder, verify=False)  # a bad folder fails here, not in every replica
+    if manifest.task == "embed":
+        raise click.UsageError(f"{folder} is an embedding model: serve it without --ray (Ray "
+                               "Serve replicas serve generation models).")
     template = None
     if chat_template is not None:  # read and checked here; its text travels to the replicas
         from llm_onnx.runtime.chat.request import read_chat_template

@@ -1,5 +1,6 @@
 """export_model: checkpoint -> model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
-manifest.json), written atomically and checked by the parity gate.
+manifest.json; embed.onnx instead of the first two for an embedding model), written atomically
+and checked by the parity gate.
 
 Data flow, with bounded memory (the model never exists in memory as a whole):
 
@@ -24,6 +25,7 @@ import torch
 from llm_onnx import __version__
 from llm_onnx import model_folder as mf
 from llm_onnx.checkpoints.load import Checkpoint
+from llm_onnx.checkpoints.pooling import pooling_rule
 from llm_onnx.errors import ExportError
 from llm_onnx.export.calibrate import Calibration, calibrate, calibration_ids, read_text
 from llm_onnx.export.folder import atomic_folder, check_output, release_memory
@@ -155,6 +157,7 @@ def build_manifest(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
         precision=precision, graphs=plan.graph_specs,
         weights=mf.WeightsSpec(mf.WEIGHTS, (folder / mf.WEIGHTS).stat().st_size),
         kv_cache=plan.kv_cache, recurrent_state=plan.recurrent_state,
+        task=plan.options.task, embedding=plan.embedding,
         tokenizer=mf.TokenizerSpec(
             files=tuple(tokenizer_files), bos_token_id=checkpoint.bos_token_id,
             eos_token_ids=tuple(checkpoint.eos_token_ids),
@@ -166,6 +169,25 @@ def build_manifest(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
         files={n: mf.FileEntry((folder / n).stat().st_size,
                                known_sha256.get(n) or mf.sha256_file(folder / n))
                for n in files})
+
+
+def embedding_spec(checkpoint: Checkpoint, options: ExportOptions,
+                   ) -> tuple[mf.EmbeddingSpec | None, int | None]:
+    """An embedding export's pooling (checkpoints/pooling.py, or the options' choice) and the
+    context its files bound the input to (sentence-transformers' max_seq_length); (None, None)
+    for a generation export."""
+    if options.task != "embed":
+        return None, None
+    cfg = checkpoint.config
+    found = pooling_rule(checkpoint.path if checkpoint.kind == "hf" else None, checkpoint.bare,
+                         cfg.embed_width, checkpoint.gguf_pooling)
+    pooling = options.pooling or found.pooling
+    normalize = found.normalize if options.normalize is None else options.normalize
+    rule = found.rule
+    if (pooling, normalize) != (found.pooling, found.normalize):
+        rule = (f"asked for ({pooling} pooling, {'' if normalize else 'not '}normalised); the "
+                f"checkpoint says: {found.rule}")
+    return mf.EmbeddingSpec(pooling, normalize, cfg.embed_width, rule), found.max_seq_length
 
 
 def cuda_export_limits(cfg, options: ExportOptions) -> list[str]:
@@ -219,8 +241,10 @@ def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | Non
     out = Path(out)
     cfg = checkpoint.config
     options = resolve_source(resolve_target(options or ExportOptions(), cfg), checkpoint)
-    max_len = min(options.max_seq_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
-    plan = ExportPlan.build(cfg, options, max_len)
+    embedding, bound = embedding_spec(checkpoint, options)
+    max_len = min(options.max_seq_len or bound or cfg.max_position_embeddings,
+                  cfg.max_position_embeddings)
+    plan = ExportPlan.build(cfg, options, max_len, embedding)
     check_output(out, force, checkpoint.path)
     bar = Progress(enabled=progress, total=2 + 1 + 1)
     try:
@@ -240,4 +264,5 @@ def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | Non
     return out
 
 
-__all__ = ["build_manifest", "export_model", "resolve_source", "resolve_target", "write_folder"]
+__all__ = ["build_manifest", "embedding_spec", "export_model", "resolve_source", "resolve_target",
+           "write_folder"]

@@ -14,6 +14,9 @@ GroupQueryAttention updates in place when the runtime binds past and present to 
 A linear-attention layer (Qwen3.5) takes its conv and recurrent states instead, (B, K-1, C) and
 (B, Hv, dk, dv), also updated in place, and the graphs take valid_tokens (B,): how many of each
 row's new tokens advance those states.
+embed:   input_ids (B, T) right-padded and sequence_lengths (B,); embeddings (B, E), each row's
+         final hidden states pooled over its real tokens (llm_onnx/model/embedding.py). The
+         attention's keys and values live for the one run: no cache goes in or out.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import onnx_ir as ir
 import torch
 
 from llm_onnx.model.decoder import Decoder
+from llm_onnx.model.embedding import EmbeddingDecoder
 from llm_onnx.model.linear_attention import state_shapes
 from llm_onnx.export.custom_ops import fix_domains, translation_table
 from llm_onnx import model_folder as names
@@ -93,6 +97,29 @@ def trace_graph(model: Decoder, kind: str, *, all_logits: bool = False,
     fix_domains(graph_model)
     _static_vocab(graph_model, model)
     graph_model.graph.name = kind
+    graph_model.producer_name = "llm-onnx"
+    return graph_model
+
+
+def trace_embed(model: EmbeddingDecoder, *, rotary_fused: bool = True) -> ir.Model:
+    """Export the embedding graph (batch and sequence length dynamic); initializers keep the
+    module names and hold no data yet."""
+    batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
+    example = (torch.zeros(2, 3, dtype=torch.int64, device="meta"),
+               torch.zeros(2, dtype=torch.int32, device="meta"))
+    dynamic = {"input_ids": {0: batch, 1: sequence}, "sequence_lengths": {0: batch}}
+    with warnings.catch_warnings(), _quiet_exporter():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            model, example, dynamo=True, dynamic_shapes=dynamic, optimize=False, verbose=False,
+            custom_translation_table=translation_table(rotary_fused),
+            input_names=[names.INPUT_IDS, names.SEQUENCE_LENGTHS],
+            output_names=[names.EMBEDDINGS])
+    graph_model = program.model
+    fix_domains(graph_model)
+    out = next(v for v in graph_model.graph.outputs if v.name == names.EMBEDDINGS)
+    out.shape = ir.Shape([out.shape[0], model.config.embed_width])
+    graph_model.graph.name = "embed"
     graph_model.producer_name = "llm-onnx"
     return graph_model
 

@@ -238,9 +238,13 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
     emb_bits = options.head_bits if bits is not None else None
     width = cfg.embed_width  # OPT-350m's embeddings are narrower than its layers
     emb_block = fitting_block((width,), options.block_size)
-    if emb_bits is None or emb_block is None:
+    head = hasattr(model, "lm_head")  # an embedding model has none
+    if (emb_bits is None or emb_block is None) and head:
         model.lm_head = HeadLinear(model.lm_head.weight)  # tied: the embedding's own Parameter
-    else:
+    elif emb_bits is not None and emb_block is not None and not head:
+        model.model.embed_tokens = QuantEmbedding(cfg.vocab_size, width, model.dtype, emb_bits,
+                                                  emb_block)
+    elif emb_bits is not None and emb_block is not None:
         # Symmetric, like the embedding: a tied head then shares the embedding's bytes. awq
         # searches the head's scales weighted by its input's activations (and a tied table's
         # with them, so the bytes stay shared).

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llm_onnx.errors import ConfigError
+from llm_onnx.model_folder import POOLINGS, TASKS
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 TARGETS = ("cpu", "cuda")
@@ -50,6 +51,11 @@ class ExportOptions:
             from a float source, else minmax.
         calibration_text: the text file awq calibrates on (default: a built-in text).
         validate: run the ORT vs torch parity gate after writing.
+        task: "generate" (prefill.onnx and decode.onnx: next-token logits over a KV cache) or
+            "embed" (embed.onnx: one pooled, maybe normalised, vector per text; no LM head, no
+            cache; how it pools is read from the checkpoint: checkpoints/pooling.py).
+        pooling, normalize: an embedding export's pooling ("last", "mean", "cls") and L2
+            normalisation, instead of what the checkpoint's files say.
         target: the execution provider the folder is built for. "cpu": quantized projections
             compute in float32 (or int8 at accuracy_level 4). "cuda": every compute node has a
             CUDA kernel, so quantized folders compute in float16 (GroupQueryAttention and QMoE
@@ -73,6 +79,9 @@ class ExportOptions:
     calibration_text: str | None = None
     validate: bool = True
     target: str | None = None
+    task: str = "generate"
+    pooling: str | None = None
+    normalize: bool | None = None
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -114,6 +123,17 @@ class ExportOptions:
         if self.target == "cuda" and self.experts_accuracy_level == 4:
             raise ConfigError("experts_accuracy_level 4 (int8 activations) is a CPU kernel option; "
                               "the CUDA QMoE ignores it. Leave it unset with --target cuda.")
+        if self.task not in TASKS:
+            raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}.")
+        if self.pooling not in (None, *POOLINGS):
+            raise ConfigError(f"pooling must be one of {', '.join(POOLINGS)}, got "
+                              f"{self.pooling!r}.")
+        if self.task != "embed" and (self.pooling is not None or self.normalize is not None):
+            raise ConfigError("pooling and normalize choose how an embedding model pools: use "
+                              "them with task embed (--task embed).")
+        if self.task == "embed" and self.all_logits:
+            raise ConfigError("all_logits is for generation graphs; an embedding export "
+                              "(task embed) returns no logits.")
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise ConfigError(f"max_seq_len must be at least 2, got {self.max_seq_len}.")
 

@@ -16,9 +16,10 @@ from llm_onnx.checkpoints.load import Checkpoint
 from llm_onnx.export.folder import release_memory
 from llm_onnx.export.plan import ExportPlan
 from llm_onnx.export.progress import Progress
-from llm_onnx.export.validate import (compare, compare_logits, compute_in_float32, load_stored,
-                                      run_engine, run_onnx,
-                                      run_reference, thresholds)
+from llm_onnx.export.validate import (compare, compare_embeddings, compare_logits,
+                                      compute_in_float32, load_stored, run_engine, run_onnx,
+                                      run_onnx_embeddings, run_reference,
+                                      run_reference_embeddings, thresholds)
 from llm_onnx.export.weights import StoredTensor
 from llm_onnx.model.config import ModelConfig
 from llm_onnx.model.shapes import Shape, num_parameters
@@ -50,7 +51,7 @@ def validate(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
         experts = small.moe.num_experts if small.moe is not None and cfg.moe is not None else None
         scratch_ckpt = replace(checkpoint, config=small,
                                source=_ScratchSource(checkpoint.source, small.vocab_size, experts))
-        small_plan = ExportPlan.build(small, plan.options, min(plan.max_len, 64))
+        small_plan = ExportPlan.build(small, plan.options, min(plan.max_len, 64), plan.embedding)
         small_plan.calibration = plan.calibration  # layer 0's scales, the same tensors
         with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".llm-onnx-parity-") as tmp:
             scratch = Path(tmp)
@@ -62,6 +63,13 @@ def validate(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
                  "vocabulary rows" + (f", first {experts} experts" if experts else "")
                  + "; same weights, same export code")
     progress.advance(1)
+    if plan.embedding is not None:
+        return mf.ParityReport(
+            scope=scope, prompts=int(report["prompts"]),
+            prompt_lengths=tuple(int(n) for n in report["prompt_lengths"]), decode_steps=0,
+            thresholds={k: float(v) for k, v in report["thresholds"].items()},
+            embeddings_max_abs_diff=report["embeddings_max_abs_diff"],
+            embeddings_min_cosine=report["embeddings_min_cosine"])
     cuda = report.get("cuda") or {}
     return mf.ParityReport(
         cuda_relative_logits_diff=cuda.get("relative_logits_diff"),
@@ -83,6 +91,11 @@ def _compare_folder(plan: ExportPlan, folder: Path, tensors: dict[str, StoredTen
     limits = thresholds(options)
     kv_dtype = np.float16 if options.float16 else np.float32
     reference = compute_in_float32(load_stored(plan.model, folder / mf.WEIGHTS, tensors))
+    if plan.embedding is not None:  # embed.onnx: one run, no cache, no CUDA engine path
+        expected = run_reference_embeddings(reference, cfg.vocab_size)
+        del reference
+        release_memory()
+        return compare_embeddings(expected, run_onnx_embeddings(folder, cfg.vocab_size), limits)
     torch_steps, fed = run_reference(reference, cfg.vocab_size)
     del reference
     release_memory()
@@ -117,7 +130,8 @@ def provisional_manifest(plan: ExportPlan, folder: Path) -> mf.Manifest:
         weights=mf.WeightsSpec(mf.WEIGHTS, 0), kv_cache=plan.kv_cache,
         tokenizer=mf.TokenizerSpec((), None, (), False, None, {}),
         generation=mf.GenerationDefaults(), parity=mf.ParityReport(scope="pending"), tools={},
-        created="", files={}, recurrent_state=plan.recurrent_state, folder=folder)
+        created="", files={}, recurrent_state=plan.recurrent_state, task=plan.options.task,
+        embedding=plan.embedding, folder=folder)
 
 
 class _ScratchSource:

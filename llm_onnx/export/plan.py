@@ -2,9 +2,10 @@
 
     plan = ExportPlan.build(cfg, options, max_len)
     plan.model        the weightless (meta-device) decoder, its modules swapped to export forms
+                      (an EmbeddingDecoder, without LM head, for task embed)
     plan.producers    for each parameter, how to build it from checkpoint tensors (fused
                       projections, stacked experts), taken before the swap
-    plan.trace()      the prefill and decode graphs, traced from plan.model
+    plan.trace()      the prefill and decode graphs (or the embed graph), traced from plan.model
     plan.graph_specs  their inputs and outputs, from the traced programs in memory
     plan.precision    what the export does to the weights, read from the export-form modules
     plan.calibration  awq's scales and search weights (calibrate.py), set before writing
@@ -26,13 +27,14 @@ import torch
 from llm_onnx import model_folder as mf
 from llm_onnx.checkpoints.load import Producer, param_producers
 from llm_onnx.export.calibrate import Calibration
-from llm_onnx.export.graphs import GRAPHS, trace_graph
+from llm_onnx.export.graphs import GRAPHS, trace_embed, trace_graph
 from llm_onnx.export.modules import NBitsLinear, QuantEmbedding, QuantExperts, to_export_form
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.progress import Progress
 from llm_onnx.model.config import ModelConfig
 from llm_onnx.model.attention import AttentionForm, attention_form
 from llm_onnx.model.decoder import Decoder, Fusion
+from llm_onnx.model.embedding import EmbeddingDecoder
 from llm_onnx.model.linear_attention import state_shapes
 
 
@@ -57,17 +59,26 @@ class ExportPlan:
     graphs: dict[str, ir.Model] = field(default_factory=dict)
     # awq's folds and search weights (calibrate.py), decided before the weights are written
     calibration: Calibration | None = None
+    embedding: mf.EmbeddingSpec | None = None  # task embed: how embed.onnx pools
 
     @classmethod
-    def build(cls, cfg: ModelConfig, options: ExportOptions, max_len: int) -> ExportPlan:
+    def build(cls, cfg: ModelConfig, options: ExportOptions, max_len: int,
+              embedding: mf.EmbeddingSpec | None = None) -> ExportPlan:
+        """``embedding``: the pooling of an embedding export (options.task "embed")."""
+        if (options.task == "embed") != (embedding is not None):
+            raise ValueError("an embedding export needs its EmbeddingSpec, and only it")
         dtype = torch.float16 if options.float16 else torch.float32
         form = planned_attention(cfg, options)  # what ONNX Runtime's kernels take of the shape
         fusion = Fusion(rotary=options.fuse_rotary and form.rotary_inside, qkv=options.fuse_qkv,
                         gate_up=options.fuse_gate_up, plain_attention=form.plain)
         with torch.device("meta"):
-            model = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_len)
+            model = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_len) \
+                if embedding is None else EmbeddingDecoder(
+                    cfg, pooling=embedding.pooling, normalize=embedding.normalize, dtype=dtype,
+                    fusion=fusion, max_positions=max_len)
         producers = dict(param_producers(model))  # by the eager modules' names, which stay
-        plan = cls(cfg, options, max_len, to_export_form(model, options), producers)
+        plan = cls(cfg, options, max_len, to_export_form(model, options), producers,
+                   embedding=embedding)
         plan.precision  # read now: the parity gate later casts plan.model's tensors to float32
         return plan
 
@@ -95,6 +106,11 @@ class ExportPlan:
     def trace(self, progress: Progress) -> dict[str, ir.Model]:
         layers = self.model.model.layers
         fused = any(layers[i].self_attn.fused_rotary for i in self.cfg.attention_layers)
+        if isinstance(self.model, EmbeddingDecoder):
+            progress.stage("tracing embed")
+            self.graphs["embed"] = trace_embed(self.model, rotary_fused=fused)
+            progress.advance(2)  # the steps of the two generation graphs
+            return self.graphs
         for kind in GRAPHS:
             progress.stage(f"tracing {kind}")
             self.graphs[kind] = trace_graph(self.model, kind, all_logits=self.options.all_logits,
@@ -111,15 +127,19 @@ class ExportPlan:
                                        tuple(d if isinstance(d, int) else str(d) for d in v.shape))
                          for v in values)
 
-        return {kind: mf.GraphSpec(f"{kind}.onnx",
-                                   "all" if kind == "decode" or self.options.all_logits else "window",
-                                   specs(graph.graph.inputs), specs(graph.graph.outputs))
+        def logits(kind: str) -> str:
+            if kind == "embed":
+                return "none"
+            return "all" if kind == "decode" or self.options.all_logits else "window"
+
+        return {kind: mf.GraphSpec(f"{kind}.onnx", logits(kind), specs(graph.graph.inputs),
+                                   specs(graph.graph.outputs))
                 for kind, graph in self.graphs.items()}
 
     @property
     def kv_cache(self) -> mf.KVCacheSpec:
         """The cache the graphs read and write: one (B, Hkv, max_len, D) buffer per layer, in
-        the graphs' compute dtype."""
+        the graphs' compute dtype (embed.onnx: its attention's, kept for one run only)."""
         cfg = self.cfg
         form = planned_attention(cfg, self.options)
         attention = cfg.attention_layers
@@ -127,6 +147,7 @@ class ExportPlan:
                               num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                               dtype="float16" if self.options.float16 else "float32",
                               attention=form.name, attention_why=form.why,
+                              shared_buffer=self.embedding is None,
                               layers=None if len(attention) == cfg.num_hidden_layers else attention)
 
     @property
@@ -176,7 +197,8 @@ class ExportPlan:
                 if cfg.moe and cfg.moe.shared_expert_intermediate_size else None,
                 "linear attention's convolution, decay and beta (conv1d, A_log, dt_bias, "
                 "in_proj_a, in_proj_b) and gated norm" if cfg.linear_attention else None,
-                None if options.head_bits else "embedding and lm_head",
+                None if options.head_bits else
+                "embedding" if self.embedding is not None else "embedding and lm_head",
                 "position table (model.embed_positions)"
                 if cfg.position_embedding_type == "learned" else None]
         return mf.Precision(

@@ -3,8 +3,10 @@
 The torch side is the export form of the decoder (same modules, reference ops) holding the
 tensors read back from weights.data, so the comparison isolates the graphs and their kernels.
 Prompts of several lengths go through prefill.onnx as one right-padded batch, then a few greedy
-steps through decode.onnx. Models too large to run twice in memory are checked on their first
-layers and the first rows of the vocabulary, exported the same way into a scratch folder.
+steps through decode.onnx. An embedding model's embed.onnx runs the batch once and is held to
+torch's embeddings of each prompt run alone (so padding is checked too). Models too large to run
+twice in memory are checked on their first layers and the first rows of the vocabulary, exported
+the same way into a scratch folder.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def load_stored(model: Decoder, data_file: Path, tensors: dict[str, StoredTensor
             module._buffers[attr] = t
         else:
             setattr(module, attr, torch.nn.Parameter(t, requires_grad=False))
-    head, embed = model.lm_head, model.model.embed_tokens
+    head, embed = getattr(model, "lm_head", None), model.model.embed_tokens
     if model.config.tie_word_embeddings and isinstance(getattr(head, "weight", None), torch.nn.Parameter) \
             and isinstance(getattr(embed, "weight", None), torch.nn.Parameter):
         # A tied pair appears in the graph under one of its two names: share whichever was read.
@@ -297,3 +299,49 @@ def compare(torch_steps: _Steps, onnx_steps: _Steps, limits: Thresholds) -> dict
         raise ParityError(_logits_message("ONNX", stats, limits)
                           + f", present KV max|diff| {kv_diff:.3g}.")
     return report
+
+
+# ----------------------------------------------------------------------------- embedding models
+
+def run_reference_embeddings(reference: Decoder, vocab: int) -> np.ndarray:
+    """Torch (an EmbeddingDecoder): each prompt alone, unpadded; (B, E) float32."""
+    rows = []
+    with torch.no_grad():
+        for prompt in prompts(vocab):
+            ids = torch.tensor([prompt], dtype=torch.int64)
+            rows.append(reference(ids, torch.tensor([len(prompt)], dtype=torch.int32))[0])
+    return torch.stack(rows).float().numpy()
+
+
+def run_onnx_embeddings(folder: Path, vocab: int) -> np.ndarray:
+    """ORT: embed.onnx on the prompts as one right-padded batch; (B, E) float32."""
+    import onnxruntime as ort
+
+    ids, lens = _batch(vocab)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    session = ort.InferenceSession(str(folder / names.EMBED), so,
+                                   providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {names.INPUT_IDS: ids,
+                                names.SEQUENCE_LENGTHS: np.array(lens, dtype=np.int32)})
+    if not np.all(np.isfinite(out)):
+        raise ParityError("ONNX Runtime produced inf/NaN embeddings.")
+    return out.astype(np.float32)
+
+
+def compare_embeddings(reference: np.ndarray, onnx: np.ndarray, limits: Thresholds) -> dict:
+    """The parity report of embed.onnx: the largest difference relative to the embeddings'
+    range (held to the logits' relative limit) and the lowest cosine similarity of a row (held
+    to 1 minus that limit); ParityError beyond them."""
+    diff = float(np.abs(reference - onnx).max())
+    relative = diff / max(1.0, float(np.abs(reference).max()))
+    norms = np.linalg.norm(reference, axis=-1) * np.linalg.norm(onnx, axis=-1)
+    cosine = float(((reference * onnx).sum(-1) / np.maximum(norms, 1e-12)).min())
+    if not relative <= limits.relative_logits or not cosine >= 1 - limits.relative_logits:
+        raise ParityError(f"ONNX vs torch: embeddings max|diff| {diff:.3g} (relative "
+                          f"{relative:.3g}, limit {limits.relative_logits:g}), lowest cosine "
+                          f"{cosine:.6f} (limit {1 - limits.relative_logits:g}).")
+    return {"prompts": len(PROMPT_LENGTHS), "prompt_lengths": list(PROMPT_LENGTHS),
+            "decode_steps": 0, "embeddings_max_abs_diff": diff, "embeddings_min_cosine": cosine,
+            "thresholds": {"relative_embeddings": limits.relative_logits,
+                           "cosine": 1 - limits.relative_logits}}

@@ -14,6 +14,8 @@ from llm_onnx.model.config import ModelConfig
 
 ARCHITECTURE = "LlamaForCausalLM"
 HF_CONFIG_CLASS = "LlamaConfig"
+# the bare model (no LM head): embedding models such as Qwen3-Embedding, read with --task embed
+ALIASES = ("LlamaModel",)
 
 LLAMA3_8B = ModelConfig(
     architecture=ARCHITECTURE,

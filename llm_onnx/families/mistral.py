@@ -11,6 +11,8 @@ from llm_onnx.model.config import ModelConfig
 
 ARCHITECTURE = "MistralForCausalLM"
 HF_CONFIG_CLASS = "MistralConfig"
+# the bare model (no LM head): embedding models such as Qwen3-Embedding, read with --task embed
+ALIASES = ("MistralModel",)
 
 MISTRAL_7B = ModelConfig(
     architecture=ARCHITECTURE,

@@ -12,6 +12,8 @@ from llm_onnx.model.config import ModelConfig
 
 ARCHITECTURE = "Qwen2ForCausalLM"
 HF_CONFIG_CLASS = "Qwen2Config"
+# the bare model (no LM head): embedding models such as Qwen3-Embedding, read with --task embed
+ALIASES = ("Qwen2Model",)
 
 QWEN2_5_7B = ModelConfig(
     architecture=ARCHITECTURE,

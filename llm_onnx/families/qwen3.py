@@ -11,6 +11,8 @@ from llm_onnx.model.config import ModelConfig
 
 ARCHITECTURE = "Qwen3ForCausalLM"
 HF_CONFIG_CLASS = "Qwen3Config"
+# the bare model (no LM head): embedding models such as Qwen3-Embedding, read with --task embed
+ALIASES = ("Qwen3Model",)
 
 QWEN3_8B = ModelConfig(
     architecture=ARCHITECTURE,

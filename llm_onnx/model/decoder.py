@@ -177,16 +177,18 @@ class Decoder(nn.Module):
     """A decoder-only causal LM (see the module docstring for the forward contract)."""
 
     def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype = torch.float32,
-                 fusion: Fusion | None = None, max_positions: int | None = None) -> None:
+                 fusion: Fusion | None = None, max_positions: int | None = None,
+                 head: bool = True) -> None:
         super().__init__()
         self.config = cfg
         self.dtype = dtype
         self.fusion = fusion or Fusion()
         self.max_positions = max_positions or cfg.max_position_embeddings
         self.model = DecoderModel(cfg, dtype, self.fusion, self.max_positions)
-        self.lm_head = Linear(cfg.embed_width, cfg.vocab_size, False, dtype)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        if head:  # (an embedding model has none: EmbeddingDecoder)
+            self.lm_head = Linear(cfg.embed_width, cfg.vocab_size, False, dtype)
+            if cfg.tie_word_embeddings:
+                self.lm_head.weight = self.model.embed_tokens.weight
         self.alibi_slopes = (ops.alibi_slopes(cfg.num_attention_heads)
                              if cfg.position_embedding_type == "alibi" else [])
 
@@ -242,17 +244,8 @@ class Decoder(nn.Module):
         tokens each row really runs; the others (padding, a row riding along in a batched
         step) leave its states as they were. Default: up to each row's last new token."""
         cfg, m = self.config, self.model
-        x = self.embed(input_ids, seqlens_k, total_sequence_length, valid_tokens)
-        present: list[Tensor] = []
-        for i in range(len(m.layers)):
-            present += self.run_layer(i, x, seqlens_k, total_sequence_length, past[2 * i],
-                                      past[2 * i + 1])
-        branch, residual, last = x.branch, x.residual, x.last
-        if cfg.post_layernorm:  # the last layer's output is already normalized
-            h = residual
-        else:
-            assert branch is not None
-            h, _ = self.model.norm.add(branch.float(), residual)  # (B, T, D)
+        h, last, present = self.hidden_states(input_ids, seqlens_k, total_sequence_length, *past,
+                                              valid_tokens=valid_tokens)
         if last_only and logits_window is not None:  # each row's last W new tokens
             # W on the device from the values (as ops.device_positions does for T): a host value
             # in device arithmetic would make ONNX Runtime copy it over, ruling out CUDA graphs.
@@ -264,11 +257,27 @@ class Decoder(nn.Module):
             h = h.gather(1, last[:, None, None].expand(-1, 1, h.shape[-1]))  # (B, 1, D)
         if cfg.embed_dim is not None:
             h = m.project_out(h.to(self.dtype))
-        logits = self.lm_head(h.to(self.dtype)).float()
+        logits = self.lm_head(h.to(self.dtype)).float()  # type: ignore[operator]
         if cfg.final_logit_softcapping is not None:  # Gemma
             cap = cfg.final_logit_softcapping
             logits = torch.tanh(logits / cap) * cap
         return (logits, *present)
+
+    def hidden_states(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
+                      *past: Tensor, valid_tokens: Tensor | None = None,
+                      ) -> tuple[Tensor, Tensor, list[Tensor]]:
+        """The final hidden states (B, T, D) fp32, after the final norm (the LM head's input),
+        each row's last new index (B,) and the updated caches, in the order of ``past``."""
+        x = self.embed(input_ids, seqlens_k, total_sequence_length, valid_tokens)
+        present: list[Tensor] = []
+        for i in range(len(self.model.layers)):
+            present += self.run_layer(i, x, seqlens_k, total_sequence_length, past[2 * i],
+                                      past[2 * i + 1])
+        if self.config.post_layernorm:  # the last layer's output is already normalized
+            return x.residual, x.last, present
+        assert x.branch is not None
+        h, _ = self.model.norm.add(x.branch.float(), x.residual)
+        return h, x.last, present
 
     def new_layer_cache(self, i: int, batch: int, length: int) -> list[Tensor]:
         """Layer ``i``'s two zeroed state tensors (see new_cache)."""

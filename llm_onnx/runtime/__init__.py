@@ -8,13 +8,15 @@
 Subpackages, each a client of those before it (imports flow one way):
 
     core/        the engine: ONNX Runtime sessions over a model folder, the per-row state
-                 (KV cache) bound in place, execution providers, the folder's safety check
+                 (KV cache) bound in place, execution providers, the folder's safety check;
+                 an embedding model's EmbeddingEngine (embed.onnx over batches of ids)
     structured/  constrained decoding: a Constraint (JSON schema, regex, grammar, choice), the
                  llguidance matcher, the schema rewrites; knows nothing of generation or chat
     generation/  the loop: options, sampling, a sequence's bookkeeping, the step-wise
                  Generator, speculative decoding, the batching Scheduler, text streaming
     chat/        chat templates, tool-call formats, the reasoning split, a chat request
-    model.py     Model (load, generate, stream, chat) and chat_session.py (ChatSession): the API
+    model.py     Model (load, generate, stream, chat; embed) and chat_session.py (ChatSession):
+                 the API
 
 The names below are the public API; everything else may move between releases.
 """

@@ -1,4 +1,5 @@
-"""The embeddable API: load a model folder once, then generate, stream and chat.
+"""The embeddable API: load a model folder once, then generate, stream and chat (or, for an
+embedding model's folder, embed).
 
     from llm_onnx.runtime import Model
     model = Model.load("models/smollm2-int8")
@@ -6,6 +7,7 @@
     model.chat(messages, template_vars={"enable_thinking": False})  # the template's switches
     for piece in model.stream("Once upon a time", max_new_tokens=64, temperature=0.8, seed=1):
         print(piece, end="", flush=True)
+    Model.load("models/qwen3-embedding-fp32").embed(["a text", "another"])  # (2, E) float32
 
 Every method is a short loop over a Generator (``model.generator()`` for step-by-step control).
 A Model is safe to share between threads: sessions are shared, every call has its own KV cache,
@@ -31,7 +33,8 @@ from llm_onnx.runtime.chat.request import (ChatRequest, check_tool_choice, check
                                          read_chat_template)
 from llm_onnx.runtime.structured.constraint import constraint_shorthand
 from llm_onnx.runtime.structured.matcher import Constraints
-from llm_onnx.runtime.core.engine import Engine, RuntimeOptions
+from llm_onnx.runtime.core.embedder import EmbeddingEngine, not_generating, open_engine
+from llm_onnx.runtime.core.engine import RuntimeOptions
 from llm_onnx.runtime.chat_session import ChatSession
 from llm_onnx.runtime.generation.generator import Generator
 from llm_onnx.runtime.generation.options import row_options
@@ -77,16 +80,25 @@ class Model:
                  num_speculative_tokens: int | None = None,
                  draft_model: Path | str | Model | None = None) -> None:
         start = time.perf_counter()
-        engine = Engine(folder, runtime)
+        engine = open_engine(folder, runtime)
         m = engine.manifest
         tok_file = m.folder / "tokenizer.json"
         tokenizer = tokenizers.Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
-        template = m.tokenizer.chat_template if chat_template is None else \
+        embeds = isinstance(engine, EmbeddingEngine)
+        template = None if embeds else m.tokenizer.chat_template if chat_template is None else \
             read_chat_template(chat_template, m.tokenizer.special_tokens)
         self._setup(engine, tokenizer, m.tokenizer.eos_token_ids, template,
                     m.tokenizer.special_tokens, m.generation, tool_call_format)
-        self.set_speculative(speculative, num_speculative_tokens=num_speculative_tokens,
-                             draft_model=draft_model)
+        if embeds and (chat_template or tool_call_format or draft_model
+                       or speculative not in (None, "off")):
+            raise GenerationError(f"{m.folder} is an embedding model: chat templates, tool "
+                                  "calls and speculative decoding are for generation models.")
+        if embeds:  # nothing to speculate
+            self.speculative, self.speculative_is_default, self.draft_model = \
+                SpeculativeOptions(), True, None
+        else:
+            self.set_speculative(speculative, num_speculative_tokens=num_speculative_tokens,
+                                 draft_model=draft_model)
         self.load_s = time.perf_counter() - start
 
     @classmethod
@@ -117,6 +129,7 @@ class Model:
         self.draft_model = None
         if opts.method == "draft":
             self.draft_model = self.load_draft_model(opts.draft_model)
+            self.draft_model.require_generation()
             check_same_tokenizer(self.draft_model, self)
             opts = dataclasses.replace(opts, draft_model=self.draft_model)
         self.speculative = opts
@@ -167,6 +180,16 @@ class Model:
     @property
     def context_length(self) -> int:
         return self.engine.context_length
+
+    @property
+    def task(self) -> str:
+        """"generate", or "embed" for an embedding model's folder (``embed``)."""
+        return "embed" if isinstance(self.engine, EmbeddingEngine) else "generate"
+
+    def require_generation(self) -> None:
+        """GenerationError for an embedding model's folder, saying what it does instead."""
+        if isinstance(self.engine, EmbeddingEngine):
+            raise GenerationError(not_generating(self.engine.manifest))
 
     @property
     def constraints(self) -> Constraints:
@@ -258,6 +281,7 @@ class Model:
                   speculative: SpeculativeOptions | str | None = None,
                   **overrides: Any) -> Generator:
         """A step-wise Generator over this model (see llm_onnx.runtime.generation.generator)."""
+        self.require_generation()
         return Generator(self, options, batch=batch, max_length=max_length,
                          prefill_chunk=prefill_chunk, speculative=speculative, **overrides)
 
@@ -266,6 +290,7 @@ class Model:
         """Generate for one prompt (text or token ids) or a batch of them (a list of prompts,
         any lengths, decoded together). Keywords override fields of ``options``. Row i of a batch
         samples with ``seed + i``."""
+        self.require_generation()
         opts = self.options(options, overrides)
         batch = _is_batch(prompt)
         prompts = [self.prompt_ids(p) for p in (prompt if batch else [prompt])]  # type: ignore[union-attr]
@@ -278,6 +303,7 @@ class Model:
     def stream(self, prompt: Prompt, options: GenerationOptions | None = None,
                **overrides: Any) -> Iterator[str]:
         """Text pieces of one prompt's answer as they become valid UTF-8."""
+        self.require_generation()
         opts = self.options(options, overrides)
         return self._start([self.prompt_ids(prompt)], opts).texts()
 
@@ -286,7 +312,7 @@ class Model:
              parallel_tool_calls: bool = True, template_vars: dict[str, Any] | None = None,
              **overrides: Any) -> Result:
         """One answer to a conversation, with the model's own chat template (``tools`` and
-        ``template_vars`` go to the template). A reasoning model's ``<think>`` block comes back
+        ``template_vars`` go to the template). (Not for an embedding model's folder.) A reasoning model's ``<think>`` block comes back
         apart: ``result.reasoning`` is the thinking, ``result.text`` the answer after it.
 
         With ``tools``, ``result.tool_calls`` holds the calls the reply made (``text`` is the
@@ -323,6 +349,7 @@ class Model:
                       parallel: bool, template_vars: dict[str, Any] | None,
                       ) -> tuple[ChatRequest, GenerationOptions]:
         """The prompt, constraint and options of one chat reply."""
+        self.require_generation()
         opts = self.options(options, overrides)
         checked = check_tools(list(tools) if tools is not None and not isinstance(
             tools, (str, bytes, dict)) else tools)
@@ -363,7 +390,60 @@ class Model:
     def chat_session(self, system: str | None = None, *, tools: Tools | None = None,
                      template_vars: dict[str, Any] | None = None) -> ChatSession:
         """A multi-turn conversation that keeps earlier turns in the KV cache."""
+        self.require_generation()
         return ChatSession(self, system, tools=tools, template_vars=template_vars)
+
+    def embed(self, inputs: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
+              dimensions: int | None = None, *, batch_size: int | None = None) -> np.ndarray:
+        """Embeddings of an embedding model's folder (``llm-onnx export --task embed``): one
+        text (or one list of token ids) gives (E,), a list of them (N, E), float32, pooled and
+        normalised as the folder's manifest says. Texts are tokenized with the tokenizer's
+        special tokens (as sentence-transformers does); nothing is truncated: an input past the
+        context is an error naming it. ``dimensions``: keep the first d values (re-normalised
+        where the model normalises: Matryoshka models). ``batch_size``: most inputs a run."""
+        rows, single = self.embedding_ids(inputs)
+        out = self.engine.embed(rows, dimensions, **({"batch_size": batch_size}
+                                                     if batch_size else {}))
+        return out[0] if single else out
+
+    def embedding_ids(self, inputs: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
+                      ) -> tuple[list[list[int]], bool]:
+        """``embed``'s inputs as checked token-id rows, and whether they were one input."""
+        if not isinstance(self.engine, EmbeddingEngine):
+            folder = getattr(getattr(self.engine, "manifest", None), "folder", "this model")
+            raise GenerationError(f"{folder} is a generation model: its graphs return next-token "
+                                  "logits, not embeddings. Export an embedding model with "
+                                  "`llm-onnx export --task embed --checkpoint ...`.")
+        single = isinstance(inputs, str) or (not isinstance(inputs, (bytes, dict)) and bool(
+            inputs) and all(isinstance(i, (int, np.integer)) for i in inputs))  # type: ignore
+        items = [inputs] if single else list(inputs)  # type: ignore[arg-type]
+        if not items:
+            raise GenerationError("embed needs at least one input.")
+        return [self._embedding_ids(item, i) for i, item in enumerate(items)], single
+
+    def _embedding_ids(self, item: Any, index: int) -> list[int]:
+        """Input ``index`` of an embed call as checked token ids (GenerationError naming it)."""
+        if isinstance(item, str):
+            if not item:
+                raise GenerationError(f"input {index} is an empty string.")
+            ids = self.encode(item)
+        elif isinstance(item, (list, tuple, np.ndarray)) and all(
+                isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in item):
+            ids = [int(i) for i in item]
+            bad = [i for i in ids if not 0 <= i < self.engine.vocab_size]
+            if bad:
+                raise GenerationError(f"input {index}: token id {bad[0]} is outside the "
+                                      f"vocabulary (0..{self.engine.vocab_size - 1}).")
+        else:
+            raise GenerationError(f"input {index} must be a string or a list of token ids, "
+                                  f"got {type(item).__name__}.")
+        if not ids:
+            raise GenerationError(f"input {index} has no tokens.")
+        if len(ids) > self.context_length:
+            raise GenerationError(f"input {index} has {len(ids)} tokens but the model's context "
+                                  f"is {self.context_length} tokens; shorten it (embeddings "
+                                  "are not truncated).")
+        return ids
 
     def encode_chat(self, prompt: str) -> list[int]:
         """A rendered chat prompt's token ids (the template wrote any special tokens)."""

@@ -5,6 +5,7 @@ scheduler, metrics, the served name and API key).
     GET  /v1/models               the one model served, OpenAI's list shape
     POST /v1/completions          prompt(s) -> text; stream: true for server-sent events
     POST /v1/chat/completions     messages -> the assistant's answer, with the model's template
+    POST /v1/embeddings           texts -> vectors (an embedding model's folder: embeddings.py)
     GET  /metrics                 Prometheus text format
     GET  /                        the chat page (llm_onnx/serve/web; off with web_ui=False)
 
@@ -36,8 +37,8 @@ from llm_onnx.runtime.chat.reasoning import ChatPiece
 from llm_onnx.runtime.generation.scheduler import Scheduler
 from llm_onnx.runtime.generation.sequence import Result, TokenEvent
 from llm_onnx.runtime.chat.tools import ToolCallDelta
-from llm_onnx.serve import (openai_responses, protocol as p, requests as rq, responses as rs,
-                            runner, structured, web)
+from llm_onnx.serve import (embeddings, openai_responses, protocol as p, requests as rq,
+                            responses as rs, runner, structured, web)
 from llm_onnx.serve.metrics import CONTENT_TYPE, Metrics
 from llm_onnx.serve.response_input import ResponseStore
 
@@ -47,7 +48,8 @@ COMPILE_TIMEOUT_S = 10.0  # a constraint that takes longer to compile is refused
 
 
 class Service:
-    """What the routes serve: one model behind one batching scheduler.
+    """What the routes serve: one model behind one batching scheduler (an embedding model:
+    behind an EmbeddingRunner, ``embedder``, with no scheduler).
 
     Args:
         model: the loaded Model.
@@ -70,10 +72,15 @@ class Service:
         self.name = name or (manifest.folder.name if manifest is not None else "model")
         self.api_key = api_key or None
         self.metrics = Metrics()
-        self.scheduler = Scheduler(model, max_batch=max_batch, max_length=max_length,
-                                   prefill_chunk=prefill_chunk, max_queue=max_queue,
-                                   observer=self.metrics, max_cache_bytes=max_cache_bytes)
-        self.metrics.attach(self.scheduler)
+        self.scheduler: Scheduler | None = None
+        self.embedder: embeddings.EmbeddingRunner | None = None
+        if getattr(model, "task", "generate") == "embed":  # no cache, no chat template
+            self.embedder = embeddings.EmbeddingRunner(model, max_queue)
+        else:
+            self.scheduler = Scheduler(model, max_batch=max_batch, max_length=max_length,
+                                       prefill_chunk=prefill_chunk, max_queue=max_queue,
+                                       observer=self.metrics, max_cache_bytes=max_cache_bytes)
+            self.metrics.attach(self.scheduler)
         self.responses = ResponseStore(stored_responses, stored_bytes)
         self.tokens = rs.TokenText(model)
         self.created = int(time.time())
@@ -100,8 +107,21 @@ class Service:
         if kind is not None:
             self.metrics.constrained.labels(kind).inc(len(plan.prompts) * plan.n)
 
+    @property
+    def max_length(self) -> int:
+        """Positions a request may use (an embedding model: its context)."""
+        return self.scheduler.max_length if self.scheduler is not None else \
+            self.model.context_length
+
+    def generating(self) -> Scheduler:
+        """The scheduler of a generation model; a 400 saying so for an embedding model."""
+        if self.scheduler is None:
+            raise embeddings.EmbeddingRunner.refuse_generation(self.name)
+        return self.scheduler
+
     def start(self) -> None:
-        self.scheduler.start()
+        if self.scheduler is not None:
+            self.scheduler.start()
 
     def begin_shutdown(self, grace_s: float) -> None:
         """Stop taking requests now; running and queued ones get ``grace_s`` seconds to finish,
@@ -109,6 +129,8 @@ class Service:
         if self.draining:
             return
         self.draining = True
+        if self.scheduler is None:
+            return
         self._closer = threading.Thread(target=self.scheduler.close, args=(grace_s,),
                                         name="llm-onnx-drain", daemon=True)
         self._closer.start()
@@ -118,6 +140,8 @@ class Service:
         if self._closer is not None:
             self._closer.join()
         self.compiler.shutdown(wait=False, cancel_futures=True)
+        if self.embedder is not None:
+            self.embedder.close()
 
 
 def create_app(service: Service, *, cors_origins: Sequence[str] = (),
@@ -183,7 +207,8 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = (),
         engine, manifest = service.model.engine, getattr(service.model.engine, "manifest", None)
         where = engine.where() if hasattr(engine, "where") else None
         return {"id": service.name, "object": "model", "created": service.created,
-                "owned_by": "llm-onnx", "max_model_len": service.scheduler.max_length,
+                "owned_by": "llm-onnx", "max_model_len": service.max_length,
+                "task": service.model.task if hasattr(service.model, "task") else "generate",
                 "precision": manifest.precision.precision if manifest is not None else None,
                 "runs_on": where, "served_by": service.served_by,
                 "reasoning": service.model.splits_reasoning,
@@ -205,22 +230,26 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = (),
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(request: Request) -> Response:
         plan = rq.chat_plan(await runner.read_body(request), service.model, service.name,
-                            service.scheduler.max_length)
+                            service.generating().max_length)
         await service.prepare(plan)
         return await _answer(service, request, plan)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(request: Request) -> Response:
         plan = rq.completion_plan(await runner.read_body(request), service.model, service.name,
-                                  service.scheduler.max_length)
+                                  service.generating().max_length)
         await service.prepare(plan)
         return await _answer(service, request, plan)
 
-    for api in (openai_responses,):  # the other APIs' routes, each module's own
+    for api in APIS:  # the other APIs' routes, each module's own
         api.add_routes(app, service, authorized)
-    if web_ui:
+    if web_ui and service.scheduler is not None:  # (the chat page talks to a generation model)
         web.add_routes(app)
     return app
+
+
+# Modules that add an API's routes: ``add_routes(app, service, authorized)``.
+APIS: list[Any] = [openai_responses, embeddings]
 
 
 def _error_body(request: Request, e: p.ApiError) -> dict[str, Any]:

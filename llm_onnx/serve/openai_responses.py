@@ -68,6 +68,7 @@ class ResponsePlan:
     def __init__(self, body: Any, service: Any) -> None:
         body = p.body_object(body)
         p.known_fields(body, RESPONSES_FIELDS)
+        scheduler = service.generating()  # (a 400 for an embedding model)
         self.body = body
         self.store = body.get("store", True) is not False
         self.metadata = metadata(body.get("metadata"))
@@ -79,8 +80,7 @@ class ResponsePlan:
             _, history, calls = service.responses.get(previous)
         with responses_names():
             chat = chat_body(body, history, calls)
-            self.plan = rq.chat_plan(chat, service.model, service.name,
-                                     service.scheduler.max_length)
+            self.plan = rq.chat_plan(chat, service.model, service.name, scheduler.max_length)
         self.conversation = chat["messages"]
         self.calls = calls | {c["id"] for m in self.conversation for c in m.get("tool_calls") or []}
         self.id = _id("resp")

@@ -159,8 +159,10 @@ def hybrid_metadata(writer, cfg: ModelConfig) -> None:
         writer.add_expert_shared_feed_forward_length(cfg.moe.shared_expert_intermediate_size)
 
 
-def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path) -> Path:
-    """The safetensors checkpoint in ``folder`` as a float32 GGUF of llama.cpp's ``arch``."""
+def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path,
+               pooling_type: int | None = None) -> Path:
+    """The safetensors checkpoint in ``folder`` as a float32 GGUF of llama.cpp's ``arch``
+    (``pooling_type``: llama.cpp's key of an embedding model's file)."""
     tensors = load_file(str(folder / "model.safetensors"))
     model_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
     names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
@@ -204,6 +206,8 @@ def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path) -> Path:
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_freq_base(cfg.rope_theta)
     writer.add_vocab_size(cfg.vocab_size)
+    if pooling_type is not None:
+        writer.add_pooling_type(gguf.PoolingType(pooling_type))
     # A byte-level tokenizer of as many tokens (a GGUF checkpoint carries its tokenizer).
     assert cfg.vocab_size == 256
     writer.add_tokenizer_model("gpt2")

@@ -128,6 +128,13 @@ def graph_bucket(rows: int, first_row: int, cache_rows: int) -> int | None:
     return cache_rows if rows <= cache_rows else None
 
 
+def not_generating(manifest: Manifest) -> str:
+    """Why an embedding model's folder does not generate, and what does."""
+    return (f"{manifest.folder} is an embedding model (exported with --task embed): it returns "
+            "embeddings (Model.embed, `llm-onnx embed`, POST /v1/embeddings), not text. "
+            "Generate with a folder exported with --task generate (the default).")
+
+
 class _NodesOnCpu(ProviderError):
     """A CUDA session that ONNX Runtime would partly run on the CPU."""
 
@@ -208,6 +215,8 @@ class Engine:
 
     def _open_sessions(self) -> None:
         m = self.manifest
+        if m.task != "generate":
+            raise GenerationError(not_generating(m))
         self.device = "cuda" if self.provider == CUDA else "cpu"
         kv = m.kv_cache
         self.layout = KVLayout(num_layers=kv.num_layers, kv_heads=kv.num_key_value_heads,
