@@ -196,6 +196,11 @@ def param_producers(model: nn.Module) -> Iterator[tuple[str, Producer]]:
             assert cfg.moe is not None
             yield name, ExpertsProducer(name.removesuffix(".down_proj"), cfg.moe.num_experts,
                                         fused=False)
+        elif name.endswith((".mlp.experts.gate_up_proj_bias", ".mlp.experts.down_proj_bias")):
+            assert cfg.moe is not None  # gpt-oss: (E, 2I) interleaved as the rows, (E, D)
+            prefix, _, part = name.rpartition(".")
+            yield name, ExpertsProducer(prefix, cfg.moe.num_experts,
+                                        fused=part == "gate_up_proj_bias", kind="bias")
         else:
             yield name, (lambda src, n=name: src.get(n))
 
@@ -207,15 +212,16 @@ class ExpertsProducer:
     tensor. Writers and the calibration take one expert at a time: a layer of Qwen3-30B-A3B's
     stacked experts is 1.1 GiB in bfloat16 and 2.3 GiB in float32."""
 
-    def __init__(self, prefix: str, num_experts: int, fused: bool) -> None:
+    def __init__(self, prefix: str, num_experts: int, fused: bool, kind: str = "weight") -> None:
         self.prefix, self.num_experts, self.fused = prefix, num_experts, fused
+        self.kind = kind  # "weight", or "bias" (gpt-oss: (2I,) interleaved, or (D,))
 
     def expert(self, src: TensorSource, e: int) -> torch.Tensor:
         if not self.fused:
-            return src.get(f"{self.prefix}.{e}.down_proj.weight")
-        gate = src.get(f"{self.prefix}.{e}.gate_proj.weight")  # (I, D)
-        up = src.get(f"{self.prefix}.{e}.up_proj.weight")
-        return torch.stack((gate, up), dim=1).reshape(2 * gate.shape[0], gate.shape[1])
+            return src.get(f"{self.prefix}.{e}.down_proj.{self.kind}")
+        gate = src.get(f"{self.prefix}.{e}.gate_proj.{self.kind}")  # (I, D) or (I,)
+        up = src.get(f"{self.prefix}.{e}.up_proj.{self.kind}")
+        return torch.stack((gate, up), dim=1).reshape(2 * gate.shape[0], *gate.shape[1:])
 
     def __call__(self, src: TensorSource) -> torch.Tensor:
         first = self.expert(src, 0)

@@ -135,7 +135,11 @@ def family_source(source: TensorSource, cfg: ModelConfig) -> TensorSource:
     """``source`` under canonical names: wrapped where the family renames tensors or the
     checkpoint holds the bare model, as it is otherwise (Llama-like checkpoints already use
     them)."""
+    from llm_onnx.checkpoints.mxfp4 import MXFP4Source, has_mxfp4
+
     fam = family(cfg.architecture)
+    if has_mxfp4(source):  # gpt-oss: experts as MXFP4 codes and scales, read as float
+        source = MXFP4Source(source)
     if fam.renames:
         return FamilySource(source, cfg, fam)
     return BareModelSource(source) if is_bare_model(source) else source

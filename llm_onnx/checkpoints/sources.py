@@ -281,8 +281,11 @@ class GGUFSource:
             if parts[2] in names.layer:
                 self._map[f"{prefix}.{names.layer[parts[2]]}"] = (gname, None)
             elif parts[2] in names.experts:
+                target = names.experts[parts[2]]  # "gate_proj" (a weight) or "gate_proj.bias"
+                if not target.endswith((".weight", ".bias")):
+                    target += ".weight"
                 for e in range(int(t.shape[-1])):
-                    self._map[f"{prefix}.mlp.experts.{e}.{names.experts[parts[2]]}.weight"] = (gname, e)
+                    self._map[f"{prefix}.mlp.experts.{e}.{target}"] = (gname, e)
 
     def names(self) -> list[str]:
         return list(self._map)

@@ -189,8 +189,14 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
             load(prefix, keep=lambda n: ".mlp.experts." not in n)
             if isinstance(getattr(layer.mlp, "experts", None), Experts):
                 experts = f"{prefix}mlp.experts."
+                old = layer.mlp.experts
                 layer.mlp.experts = StreamedExperts(producers[f"{experts}gate_up_proj"],
                                                     producers[f"{experts}down_proj"], source)
+                if old.bias:  # gpt-oss: its (small) biases loaded whole, its activation kept
+                    layer.mlp.experts.biases = tuple(
+                        producers[f"{experts}{p}"](source).float()
+                        for p in ("gate_up_proj_bias", "down_proj_bias"))
+                layer.mlp.experts.activation = old.activation
             stats = _input_stats(layer)
             model.run_layer(i, x, seqlens_k, total, *model.new_layer_cache(i, 1, t))
             for hook in stats.pop("hooks"):
@@ -230,9 +236,12 @@ class StreamedExperts(nn.Module):
         self.down = _Experts(down, source)
         self.sums: dict[str, dict[int, Tensor]] = {"gate_up": {}, "down": {}}
         self.weight: dict[int, float] = {}
+        self.biases: tuple[Tensor | None, Tensor | None] = (None, None)  # gpt-oss's
+        self.activation: tuple[float, float, float | None] = (1.0, 0.0, None)
 
     def forward(self, x: Tensor, router_logits: Tensor, k: int, normalize: bool) -> Tensor:
-        return ops.moe_ref(x, router_logits, self.gate_up, self.down, k, normalize, self._observe)
+        return ops.moe_ref(x, router_logits, self.gate_up, self.down, k, normalize, self._observe,
+                           *self.biases, self.activation)
 
     def _observe(self, e: int, xe: Tensor, weight: Tensor, act: Tensor) -> None:
         w = weight.double()[:, None]

@@ -97,11 +97,11 @@ def group_query_attention(
     past_value: TFloat, seqlens_k: INT32, total_sequence_length: INT32,
     cos_cache: Optional[TFloat], sin_cache: Optional[TFloat], num_heads: int, kv_num_heads: int,
     scale: float, local_window_size: int, rotary_interleaved: bool,
-    attention_bias: Optional[TFloat] = None,
+    attention_bias: Optional[TFloat] = None, head_sink: Optional[TFloat] = None,
 ) -> tuple[TFloat, TFloat, TFloat]:
     out, present_key, present_value = msft.GroupQueryAttention(
         query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
-        cos_cache, sin_cache, None, attention_bias, num_heads=num_heads,
+        cos_cache, sin_cache, None, attention_bias, head_sink, num_heads=num_heads,
         kv_num_heads=kv_num_heads, scale=scale, local_window_size=local_window_size,
         rotary_interleaved=rotary_interleaved, do_rotary=1)
     return out, present_key, present_value
@@ -113,18 +113,18 @@ def group_query_attention_nope(
     past_value: TFloat, seqlens_k: INT32, total_sequence_length: INT32,
     cos_cache: Optional[TFloat], sin_cache: Optional[TFloat], num_heads: int, kv_num_heads: int,
     scale: float, local_window_size: int, rotary_interleaved: bool,
-    attention_bias: Optional[TFloat] = None,
+    attention_bias: Optional[TFloat] = None, head_sink: Optional[TFloat] = None,
 ) -> tuple[TFloat, TFloat, TFloat]:
     out, present_key, present_value = msft.GroupQueryAttention(
         query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
-        None, None, None, attention_bias, num_heads=num_heads, kv_num_heads=kv_num_heads,
+        None, None, None, attention_bias, head_sink, num_heads=num_heads, kv_num_heads=kv_num_heads,
         scale=scale, local_window_size=local_window_size)
     return out, present_key, present_value
 
 
 def plain_attention(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
                     positions, num_heads: int, kv_num_heads: int, scale: float,
-                    local_window_size: int, attention_bias=None):
+                    local_window_size: int, attention_bias=None, head_sink=None):
     """GroupQueryAttention's contract (ops.attention_ref, no RoPE) in plain ONNX ops, for the
     head sizes its kernel refuses. Traced (a Python function: the shapes are Python ints here).
 
@@ -134,6 +134,8 @@ def plain_attention(query, key, value, past_key, past_value, seqlens_k, total_se
         scores = query @ keys^T * scale, (B, Hkv, G, T, S) + bias; masked where a key is past
         the query's position, the row's length or the window; softmax (a query seeing no key:
         zeros, as attention_ref); @ values --> (B, T, H*D)
+        head_sink (H,) (gpt-oss): a column (B, Hkv, G, T, 1) concatenated to the scores before
+        the softmax and sliced off after it
 
     The cache is written with ScatterElements, which leaves the rest of the buffer as it is and
     skips its copy when the runtime binds present to past (one buffer, as for GQA)."""
@@ -179,7 +181,14 @@ def plain_attention(query, key, value, past_key, past_value, seqlens_k, total_se
         visible = op18.And(visible, op18.Greater(kpos, first))
     visible = op18.Unsqueeze(visible, const([1, 2]))  # (B, 1, 1, T, S)
     scores = op18.Where(visible, scores, op18.Constant(value_float=float("-inf")))
-    probs = op18.Softmax(scores, axis=-1)
+    if head_sink is not None:  # (H,) -> (1, Hkv, G, 1, 1) -> (B, Hkv, G, T, 1)
+        sink = op18.Reshape(op18.Cast(head_sink, to=1), const([1, kv_num_heads, group, 1, 1]))
+        column = op18.Concat(op18.Shape(scores, start=0, end=4), const([1]), axis=0)
+        scores = op18.Concat(scores, op18.Expand(sink, column), axis=-1)
+        probs = op18.Softmax(scores, axis=-1)
+        probs = op18.Slice(probs, const([0]), total, const([4]))  # the sink's share dropped
+    else:
+        probs = op18.Softmax(scores, axis=-1)
     probs = op18.Where(op18.IsNaN(probs), op18.Constant(value_float=0.0), probs)
     probs = op18.Reshape(probs, op18.Concat(b, const([kv_num_heads, -1]), op18.Shape(probs, start=4),
                                             axis=0))  # (B, Hkv, G*T, S)
@@ -203,21 +212,26 @@ def plain_attention(query, key, value, past_key, past_value, seqlens_k, total_se
 #   layer adds nothing. A lone node fed from a graph input never runs in place, so it matched.
 # - QMoE ignores 0 and renormalises anyway (a softmax over the top-k logits).
 # Without renormalisation (norm_topk_prob false) the output is scaled back instead: see moe().
+#
+# gpt-oss's experts set alpha 1.702, beta 1 and limit 7 and have biases (fc1's interleaved like
+# its rows); others silu(gate) * up: alpha 1, beta 0, no limit, no biases.
 @onnxscript.script(opset=_here)
 def moe_renormalized(x: TFloat, router_logits: TFloat, fc1: TFloat, fc2: TFloat,
-                     k: int) -> TFloat:
-    return msft.MoE(x, router_logits, fc1, None, fc2, k=k, activation_type="swiglu",
-                    swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0,
-                    swiglu_limit=1e999, normalize_routing_weights=1)
+                     fc1_bias: Optional[TFloat], fc2_bias: Optional[TFloat], k: int,
+                     alpha: float, beta: float, limit: float) -> TFloat:
+    return msft.MoE(x, router_logits, fc1, fc1_bias, fc2, fc2_bias, k=k,
+                    activation_type="swiglu", swiglu_fusion=1, activation_alpha=alpha,
+                    activation_beta=beta, swiglu_limit=limit, normalize_routing_weights=1)
 
 
 @onnxscript.script(opset=_here)
 def qmoe_renormalized(x: TFloat, router_logits: TFloat, fc1_q: UINT8, fc1_scales: TFloat,
-                      fc2_q: UINT8, fc2_scales: TFloat, k: int, bits: int,
-                      block_size: int, accuracy_level: int) -> TFloat:
-    return msft.QMoE(x, router_logits, fc1_q, fc1_scales, None, fc2_q, fc2_scales, k=k,
-                     activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0,
-                     activation_beta=0.0, swiglu_limit=1e999, normalize_routing_weights=1,
+                      fc2_q: UINT8, fc2_scales: TFloat, fc1_bias: Optional[TFloat],
+                      fc2_bias: Optional[TFloat], k: int, bits: int, block_size: int,
+                      accuracy_level: int, alpha: float, beta: float, limit: float) -> TFloat:
+    return msft.QMoE(x, router_logits, fc1_q, fc1_scales, fc1_bias, fc2_q, fc2_scales, fc2_bias,
+                     k=k, activation_type="swiglu", swiglu_fusion=1, activation_alpha=alpha,
+                     activation_beta=beta, swiglu_limit=limit, normalize_routing_weights=1,
                      expert_weight_bits=bits, block_size=block_size, weights_prepacked=0,
                      accuracy_level=accuracy_level)
 
@@ -238,9 +252,11 @@ def unrenormalized(out, router_logits, k: int):
     return op18.Mul(out, op18.CastLike(mass, out))
 
 
-def moe(x, router_logits, fc1, fc2, k: int, normalize_routing_weights: bool):
+def moe(x, router_logits, fc1, fc2, k: int, normalize_routing_weights: bool, fc1_bias=None,
+        fc2_bias=None, alpha: float = 1.0, beta: float = 0.0, limit: float | None = None):
     """ops.moe_ref's contract. Traced (a Python function: the flag picks the subgraph)."""
-    out = moe_renormalized(x, router_logits, fc1, fc2, k=k)
+    out = moe_renormalized(x, router_logits, fc1, fc2, fc1_bias, fc2_bias, k=k, alpha=alpha,
+                           beta=beta, limit=1e999 if limit is None else limit)
     return out if normalize_routing_weights else unrenormalized(out, router_logits, k)
 
 
@@ -276,10 +292,14 @@ def gather_nbits(qweight: UINT8, ids: INT64, scales: TFloat, k: int, bits: int,
 
 
 def qmoe(x, router_logits, fc1_q, fc1_scales, fc2_q, fc2_scales, k: int,
-         normalize_routing_weights: bool, bits: int, block_size: int, accuracy_level: int = 0):
+         normalize_routing_weights: bool, bits: int, block_size: int, accuracy_level: int = 0,
+         fc1_bias=None, fc2_bias=None, alpha: float = 1.0, beta: float = 0.0,
+         limit: float | None = None):
     """quant.qmoe's contract. Traced, as moe()."""
-    out = qmoe_renormalized(x, router_logits, fc1_q, fc1_scales, fc2_q, fc2_scales, k=k,
-                            bits=bits, block_size=block_size, accuracy_level=accuracy_level)
+    out = qmoe_renormalized(x, router_logits, fc1_q, fc1_scales, fc2_q, fc2_scales, fc1_bias,
+                            fc2_bias, k=k, bits=bits, block_size=block_size,
+                            accuracy_level=accuracy_level, alpha=alpha, beta=beta,
+                            limit=1e999 if limit is None else limit)
     return out if normalize_routing_weights else unrenormalized(out, router_logits, k)
 
 

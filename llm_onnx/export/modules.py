@@ -160,15 +160,25 @@ class QuantExperts(nn.Module):
         self.register_buffer("gate_up_scales", torch.empty(e, two_i, d // block_size, dtype=dtype))
         self.register_buffer("down_qweight", torch.empty(e, d, i * bits // 8, dtype=torch.uint8))
         self.register_buffer("down_scales", torch.empty(e, d, i // block_size, dtype=dtype))
+        self.bias, self.activation = experts.bias, experts.activation
+        if self.bias:  # gpt-oss: float biases beside the codes, as the float experts have them
+            self.gate_up_proj_bias = nn.Parameter(torch.empty(e, two_i, dtype=dtype),
+                                                  requires_grad=False)
+            self.down_proj_bias = nn.Parameter(torch.empty(e, d, dtype=dtype), requires_grad=False)
 
     def forward(self, x: Tensor, router_logits: Tensor, k: int, normalize: bool) -> Tensor:
+        biases = (self.gate_up_proj_bias, self.down_proj_bias) if self.bias else (None, None)
         return quant.qmoe(x, router_logits, self.gate_up_qweight, self.gate_up_scales,
                           self.down_qweight, self.down_scales, k, normalize, self.bits,
-                          self.block_size, self.accuracy_level)
+                          self.block_size, self.accuracy_level, *biases, *self.activation)
 
     def write_tensors(self, prefix: str, produce: Produce, wf: WeightFile,
                       written: dict[int, str]) -> None:
         write_experts_quantized(wf, prefix.rstrip("."), self, produce)
+        if self.bias:
+            for part in ("gate_up_proj_bias", "down_proj_bias"):
+                write_cast(wf, f"{prefix}{part}", produce(f"{prefix}{part}"),
+                           getattr(self, part).dtype)
 
 
 class SinusoidalTable(SinusoidalPositions):

@@ -144,7 +144,7 @@ class _ScratchSource:
     def _rows(self, name: str) -> int | None:
         if name in ("model.embed_tokens.weight", "lm_head.weight"):
             return self.vocab
-        if self.experts is not None and name.endswith(".mlp.gate.weight"):
+        if self.experts is not None and name.endswith((".mlp.gate.weight", ".mlp.gate.bias")):
             return self.experts
         return None
 

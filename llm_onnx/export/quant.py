@@ -287,11 +287,14 @@ def _(qweight, ids, scales, k, bits, block_size):
 @torch.library.custom_op("llm_onnx::qmoe", mutates_args=())
 def qmoe(x: Tensor, router_logits: Tensor, fc1_q: Tensor, fc1_scales: Tensor, fc2_q: Tensor,
          fc2_scales: Tensor, k: int, normalize_routing_weights: bool, bits: int,
-         block_size: int, accuracy_level: int = 0) -> Tensor:
+         block_size: int, accuracy_level: int = 0, fc1_bias: Tensor | None = None,
+         fc2_bias: Tensor | None = None, alpha: float = 1.0, beta: float = 0.0,
+         limit: float | None = None) -> Tensor:
     """MoE with block-quantized experts (ORT's QMoE): fc1_q (E, 2I, D*bits/8) gate/up interleaved,
     fc2_q (E, D, I*bits/8), scales (E, rows, K/block). Reference: dequantize, then moe_ref
     (``accuracy_level`` 4, int8 activations in the kernel, is not modelled: the parity gate's
-    int8-activation tolerances cover it)."""
+    int8-activation tolerances cover it). Biases and (alpha, beta, limit): gpt-oss's, as
+    ops.moe."""
     from llm_onnx.model.ops import moe_ref
 
     def deq(q: Tensor, s: Tensor) -> Tensor:
@@ -302,10 +305,10 @@ def qmoe(x: Tensor, router_logits: Tensor, fc1_q: Tensor, fc1_scales: Tensor, fc
                             for i in range(e)]).to(x.dtype)
 
     return moe_ref(x, router_logits, deq(fc1_q, fc1_scales), deq(fc2_q, fc2_scales), k,
-                   normalize_routing_weights)
+                   normalize_routing_weights, None, fc1_bias, fc2_bias, (alpha, beta, limit))
 
 
 @qmoe.register_fake
 def _(x, router_logits, fc1_q, fc1_scales, fc2_q, fc2_scales, k, normalize_routing_weights, bits,
-      block_size, accuracy_level=0):
+      block_size, *args, **kwargs):
     return torch.empty_like(x)

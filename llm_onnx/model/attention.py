@@ -1,4 +1,5 @@
-"""Attention: the module (q/k/v/o projections, Qwen3's q/k norms, Qwen3.5's output gate, RoPE
+"""Attention: the module (q/k/v/o projections, Qwen3's q/k norms, Qwen3.5's output gate,
+gpt-oss's sinks, RoPE
 outside or inside GroupQueryAttention, plain ONNX ops for the head sizes the kernel refuses) and
 the choice of
 the fastest form ONNX Runtime runs for a config (``attention_form``)."""
@@ -78,6 +79,9 @@ class Attention(nn.Module):
         # GroupQueryAttention's local_window_size means (measured: see ops.attention_ref).
         # Gemma 3: only its sliding layers.
         self.window = cfg.layer_window(layer) or -1
+        if cfg.attention_sinks:  # gpt-oss: one learned logit per query head in every softmax
+            self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=dtype), requires_grad=False)
+        self.has_sinks = cfg.attention_sinks
         self.rope = cfg.position_embedding_type == "rope"
         self.plain = plain
         self.fused_rotary = fused_rotary and self.rope and not plain
@@ -116,13 +120,14 @@ class Attention(nn.Module):
             assert k is not None and v is not None
             out, pk, pv = ops.plain_attention(
                 q, k, v, past_key, past_value, seqlens_k, total, positions, self.num_heads,
-                self.kv_heads, self.scale, self.window, bias)
+                self.kv_heads, self.scale, self.window, bias, self.sinks if self.has_sinks else None)
         else:
             if not self.fused_rotary:
                 cos = sin = None  # RoPE applied above, or none at all (learned positions, ALiBi)
             out, pk, pv = ops.group_query_attention(
                 q, k, v, past_key, past_value, seqlens_k, total, cos, sin,
-                self.num_heads, self.kv_heads, self.scale, self.window, False, bias)
+                self.num_heads, self.kv_heads, self.scale, self.window, False, bias,
+                self.sinks if self.has_sinks else None)
         if gate is not None:  # Qwen3.5: the output gated per channel, before o_proj
             out = out * torch.sigmoid(gate.float()).to(out.dtype)
         return self.o_proj(out), pk, pv

@@ -28,6 +28,15 @@ class MoEConfig:
     # Qwen3.5-MoE, Qwen3-Next: a SwiGLU expert every token takes, scaled by sigmoid(x . w) of a
     # learned (1, D) gate and added to the routed sum; None: no shared expert
     shared_expert_intermediate_size: int | None = None
+    # gpt-oss: biases on the router and on every expert's projections
+    bias: bool = False
+    # The experts' gated activation, ONNX Runtime's SwiGLU attributes: gate clamped to at most
+    # ``swiglu_limit`` and up to +-``swiglu_limit`` (None: no clamp), then
+    # gate * sigmoid(swiglu_alpha * gate) * (up + swiglu_beta). Qwen3-MoE's silu(gate) * up is
+    # (1, 0, None); gpt-oss's is (1.702, 1, 7).
+    swiglu_alpha: float = 1.0
+    swiglu_beta: float = 0.0
+    swiglu_limit: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,6 +108,9 @@ class ModelConfig:
         attention_output_gate: Qwen3.5: q_proj emits each head's query and a gate of the same
             width ([query_h | gate_h] per head); the attention's output is multiplied by
             sigmoid(gate) before o_proj.
+        attention_sinks: gpt-oss: a learned logit per query head joins every softmax over the
+            keys (softmax over [scores, sink], the sink's share dropped), so a head can attend
+            to nothing.
         attention_scale: the attention's score scale when it is not head_dim ** -0.5 (Gemma 3:
             query_pre_attn_scalar ** -0.5).
         sandwich_norm: Gemma 3: four norms per layer, on the attention's output and on the MLP's
@@ -144,6 +156,7 @@ class ModelConfig:
     layer_types: tuple[str, ...] | None = None  # Gemma 3, Qwen3.5: the kind of each layer
     linear_attention: LinearAttentionConfig | None = None  # Qwen3.5: Gated DeltaNet layers
     attention_output_gate: bool = False  # Qwen3.5: output * sigmoid(gate from q_proj)
+    attention_sinks: bool = False  # gpt-oss: a learned per-head logit in every softmax
     rope_local_theta: float | None = None  # Gemma 3: RoPE base of the sliding layers
     attention_scale: float | None = None  # None: head_dim ** -0.5
     sandwich_norm: bool = False  # Gemma 3: norms after attention and MLP as well as before

@@ -55,21 +55,37 @@ class Experts(nn.Module):
 
     gate_up_proj (E, 2I, D) with gate and up rows interleaved (g0, u0, g1, u1, ...);
     down_proj (E, D, I). Loaders build these from Hugging Face's per-expert tensors.
+    gpt-oss: biases gate_up_proj_bias (E, 2I) (interleaved too) and down_proj_bias (E, D), and
+    a clamped SwiGLU (``activation``: MoEConfig's alpha, beta, limit).
     """
 
-    def __init__(self, num_experts: int, d: int, i: int, dtype: torch.dtype) -> None:
+    def __init__(self, num_experts: int, d: int, i: int, dtype: torch.dtype, bias: bool = False,
+                 activation: tuple[float, float, float | None] = (1.0, 0.0, None)) -> None:
         super().__init__()
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * i, d, dtype=dtype),
                                          requires_grad=False)
         self.down_proj = nn.Parameter(torch.empty(num_experts, d, i, dtype=dtype), requires_grad=False)
+        self.bias = bias
+        if bias:
+            self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * i, dtype=dtype),
+                                                  requires_grad=False)
+            self.down_proj_bias = nn.Parameter(torch.empty(num_experts, d, dtype=dtype),
+                                               requires_grad=False)
+        self.activation = activation
+
+    def biases(self) -> tuple[Tensor | None, Tensor | None]:
+        return (self.gate_up_proj_bias, self.down_proj_bias) if self.bias else (None, None)
 
     def forward(self, x: Tensor, router_logits: Tensor, k: int, normalize: bool) -> Tensor:
         """x (N, D), router_logits (N, E) -> (N, D)."""
-        return ops.moe(x, router_logits, self.gate_up_proj, self.down_proj, k, normalize)
+        return ops.moe(x, router_logits, self.gate_up_proj, self.down_proj, k, normalize,
+                       *self.biases(), *self.activation)
 
 
 class SparseMoE(nn.Module):
     """Qwen3-MoE MLP: fp32 softmax router over E experts, top-k, optional renormalisation.
+    gpt-oss: the router and the experts have biases, and the experts' SwiGLU is clamped (its
+    softmax over the top-k logits is the renormalised top-k of the full softmax).
     Qwen3.5-MoE, Qwen3-Next: plus a shared expert every token takes, scaled by
     sigmoid(shared_expert_gate(x)) and added to the routed sum."""
 
@@ -78,8 +94,9 @@ class SparseMoE(nn.Module):
         moe = cfg.moe
         assert moe is not None
         self.top_k, self.normalize = moe.num_experts_per_tok, moe.norm_topk_prob
-        self.gate = Linear(cfg.hidden_size, moe.num_experts, False, dtype)  # router
-        self.experts = Experts(moe.num_experts, cfg.hidden_size, moe.moe_intermediate_size, dtype)
+        self.gate = Linear(cfg.hidden_size, moe.num_experts, moe.bias, dtype)  # router
+        self.experts = Experts(moe.num_experts, cfg.hidden_size, moe.moe_intermediate_size, dtype,
+                               moe.bias, (moe.swiglu_alpha, moe.swiglu_beta, moe.swiglu_limit))
         self.shared = moe.shared_expert_intermediate_size is not None
         if self.shared:
             self.shared_expert = MLP(cfg, dtype, fuse_gate_up, moe.shared_expert_intermediate_size)

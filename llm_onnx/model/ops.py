@@ -132,6 +132,7 @@ def attention_ref(
     seqlens_k: Tensor, total_sequence_length: Tensor, cos_cache: Tensor | None,
     sin_cache: Tensor | None, num_heads: int, kv_num_heads: int, scale: float,
     local_window_size: int, rotary_interleaved: bool, attention_bias: Tensor | None = None,
+    head_sink: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """GroupQueryAttention: optional RoPE, write new K/V into the cache, causal GQA softmax.
 
@@ -140,6 +141,8 @@ def attention_ref(
     ``local_window_size`` w > 0 lets a query at position p see the w keys p - w + 1 ... p (itself
     included; measured against ONNX Runtime's kernel). ``attention_bias`` (B or 1, H or 1, T, S),
     S = total_sequence_length, is added to the scaled scores of key positions 0 ... S - 1.
+    ``head_sink`` (H,): gpt-oss's sinks, one more logit in each head's softmax whose share is
+    dropped (the kernel's head_sink input).
     """
     b, t, _ = query.shape
     d = past_key.shape[-1]
@@ -170,15 +173,35 @@ def attention_ref(
     if local_window_size > 0:
         visible &= kpos[None, None, :] > pos[:, :, None] - local_window_size
     scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    if head_sink is not None:  # gpt-oss: softmax over [scores, sink], the sink's share dropped
+        sink = head_sink.float()[None, :, None, None].expand(b, -1, t, 1)
+        scores = torch.cat([scores, sink], dim=-1)
     # A padding query of a short row may see no key at all: zeros, not NaN, for its output.
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    if head_sink is not None:
+        probs = probs[..., :p]
     out = torch.einsum("bhtp,bhpd->bthd", probs, values).reshape(b, t, num_heads * d)
     return out.to(query.dtype), present_key, present_value
 
 
+def swiglu_ref(gate: Tensor, up: Tensor, alpha: float = 1.0, beta: float = 0.0,
+               limit: float | None = None) -> Tensor:
+    """ONNX Runtime's fused SwiGLU in fp32: gate clamped to at most ``limit``, up to +-limit,
+    then gate * sigmoid(alpha * gate) * (up + beta); (1, 0, None) is silu(gate) * up and
+    gpt-oss's experts are (1.702, 1, 7)."""
+    gate, up = gate.float(), up.float()
+    if (alpha, beta, limit) == (1.0, 0.0, None):
+        return F.silu(gate) * up
+    if limit is not None:
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return gate * torch.sigmoid(alpha * gate) * (up + beta)
+
+
 def moe_ref(x: Tensor, router_logits: Tensor, fc1: Tensor | Sequence[Tensor],
             fc2: Tensor | Sequence[Tensor], k: int, normalize_routing_weights: bool,
-            observe: Callable[[int, Tensor, Tensor, Tensor], None] | None = None) -> Tensor:
+            observe: Callable[[int, Tensor, Tensor, Tensor], None] | None = None,
+            fc1_bias: Tensor | None = None, fc2_bias: Tensor | None = None,
+            activation: tuple[float, float, float | None] = (1.0, 0.0, None)) -> Tensor:
     """Sparse MoE with SwiGLU experts, ORT's MoE contract.
 
     x (N, D); router_logits (N, E) raw; fc1 (E, 2I, D) with gate/up rows interleaved
@@ -186,7 +209,8 @@ def moe_ref(x: Tensor, router_logits: Tensor, fc1: Tensor | Sequence[Tensor],
     fc1 and fc2 may also be sequences of per-expert tensors, read only for the experts some
     token chooses (the calibration streams them from the checkpoint). ``observe(e, xe, weight,
     act)``, when given, sees each chosen expert's inputs (n, D), their routing weights (n,) and
-    down's input (n, I).
+    down's input (n, I). ``fc1_bias`` (E, 2I) (interleaved like fc1's rows) and ``fc2_bias``
+    (E, D): gpt-oss's expert biases; ``activation``: (alpha, beta, limit) of ``swiglu_ref``.
     """
     probs = torch.softmax(router_logits.float(), dim=-1)  # (N, E)
     top_w, top_i = torch.topk(probs, k, dim=-1)  # (N, K)
@@ -200,9 +224,13 @@ def moe_ref(x: Tensor, router_logits: Tensor, fc1: Tensor | Sequence[Tensor],
             continue
         xe = x[chosen]
         h = xe @ fc1[e].t()  # (n, 2I)
+        if fc1_bias is not None:
+            h = h + fc1_bias[e].to(h.dtype)
         gate, up = h[:, 0::2], h[:, 1::2]
-        act = (F.silu(gate.float()) * up.float()).to(x.dtype)  # (n, I)
+        act = swiglu_ref(gate, up, *activation).to(x.dtype)  # (n, I)
         y = act @ fc2[e].t()  # (n, D)
+        if fc2_bias is not None:
+            y = y + fc2_bias[e].to(y.dtype)
         if observe is not None:
             observe(e, xe, weight[chosen], act)
         out[chosen] += weight[chosen, None] * y.float()
@@ -329,16 +357,18 @@ def group_query_attention(
     seqlens_k: Tensor, total_sequence_length: Tensor, cos_cache: Tensor | None,
     sin_cache: Tensor | None, num_heads: int, kv_num_heads: int, scale: float,
     local_window_size: int, rotary_interleaved: bool, attention_bias: Tensor | None = None,
+    head_sink: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """GroupQueryAttention (see attention_ref). ``key``/``value`` None: ``query`` is packed QKV
     (B, T, H*D + 2*Hkv*D). ``cos_cache``/``sin_cache`` given: RoPE is applied inside (do_rotary).
-    ``attention_bias`` (1, H, T, S): added to the scores (ALiBi)."""
+    ``attention_bias`` (1, H, T, S): added to the scores (ALiBi). ``head_sink`` (H,): gpt-oss's
+    sinks."""
     if key is None or value is None:
         d = past_key.shape[-1]
         query, key, value = query.split([num_heads * d, kv_num_heads * d, kv_num_heads * d], dim=-1)
     return attention_ref(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
                          cos_cache, sin_cache, num_heads, kv_num_heads, scale, local_window_size,
-                         rotary_interleaved, attention_bias)
+                         rotary_interleaved, attention_bias, head_sink)
 
 
 @group_query_attention.register_fake
@@ -354,7 +384,7 @@ def plain_attention(
     query: Tensor, key: Tensor, value: Tensor, past_key: Tensor, past_value: Tensor,
     seqlens_k: Tensor, total_sequence_length: Tensor, positions: Tensor, num_heads: int,
     kv_num_heads: int, scale: float, local_window_size: int,
-    attention_bias: Tensor | None = None,
+    attention_bias: Tensor | None = None, head_sink: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The attention of shapes GroupQueryAttention refuses (a head size that is not a multiple
     of 16), in plain ONNX ops over the same in-place cache: GroupQueryAttention's contract
@@ -362,7 +392,7 @@ def plain_attention(
     tokens' positions (``device_positions``)."""
     return attention_ref(query, key, value, past_key, past_value, seqlens_k,
                          total_sequence_length, None, None, num_heads, kv_num_heads, scale,
-                         local_window_size, False, attention_bias)
+                         local_window_size, False, attention_bias, head_sink)
 
 
 @plain_attention.register_fake
@@ -375,12 +405,17 @@ def _(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
 
 @torch.library.custom_op("llm_onnx::moe", mutates_args=())
 def moe(x: Tensor, router_logits: Tensor, fc1: Tensor, fc2: Tensor, k: int,
-        normalize_routing_weights: bool) -> Tensor:
-    return moe_ref(x, router_logits, fc1, fc2, k, normalize_routing_weights)
+        normalize_routing_weights: bool, fc1_bias: Tensor | None = None,
+        fc2_bias: Tensor | None = None, alpha: float = 1.0, beta: float = 0.0,
+        limit: float | None = None) -> Tensor:
+    """moe_ref; the biases and (alpha, beta, limit) are gpt-oss's (MoE's fc*_experts_bias,
+    activation_alpha, activation_beta, swiglu_limit)."""
+    return moe_ref(x, router_logits, fc1, fc2, k, normalize_routing_weights, None, fc1_bias,
+                   fc2_bias, (alpha, beta, limit))
 
 
 @moe.register_fake
-def _(x, router_logits, fc1, fc2, k, normalize_routing_weights):
+def _(x, router_logits, fc1, fc2, k, normalize_routing_weights, *args, **kwargs):
     return torch.empty_like(x)
 
 

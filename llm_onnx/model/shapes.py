@@ -49,6 +49,8 @@ def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape]:
         _linear(out, f"{p}.self_attn.k_proj", kv_width, d, cfg.attention_bias)
         _linear(out, f"{p}.self_attn.v_proj", kv_width, d, cfg.attention_bias)
         _linear(out, f"{p}.self_attn.o_proj", d, q_width, cfg.o_proj_bias)
+        if cfg.attention_sinks:  # gpt-oss
+            out[f"{p}.self_attn.sinks"] = (cfg.num_attention_heads,)
         if cfg.qk_norm:
             out[f"{p}.self_attn.q_norm.weight"] = (hd,)
             out[f"{p}.self_attn.k_norm.weight"] = (hd,)
@@ -60,11 +62,11 @@ def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape]:
     if cfg.is_moe_layer(i):
         moe = cfg.moe
         assert moe is not None
-        out[f"{p}.mlp.gate.weight"] = (moe.num_experts, d)
+        _linear(out, f"{p}.mlp.gate", moe.num_experts, d, moe.bias)  # (gpt-oss: biases)
         for e in range(moe.num_experts):
-            _linear(out, f"{p}.mlp.experts.{e}.gate_proj", moe.moe_intermediate_size, d, False)
-            _linear(out, f"{p}.mlp.experts.{e}.up_proj", moe.moe_intermediate_size, d, False)
-            _linear(out, f"{p}.mlp.experts.{e}.down_proj", d, moe.moe_intermediate_size, False)
+            _linear(out, f"{p}.mlp.experts.{e}.gate_proj", moe.moe_intermediate_size, d, moe.bias)
+            _linear(out, f"{p}.mlp.experts.{e}.up_proj", moe.moe_intermediate_size, d, moe.bias)
+            _linear(out, f"{p}.mlp.experts.{e}.down_proj", d, moe.moe_intermediate_size, moe.bias)
         if moe.shared_expert_intermediate_size is not None:
             width = moe.shared_expert_intermediate_size
             _linear(out, f"{p}.mlp.shared_expert.gate_proj", width, d, False)
