@@ -297,13 +297,22 @@ FIDELITY = [("int8", {}, {"kl": 5e-4, "error": 0.15, "margin": 0.05, "top1": 1.0
 @pytest.mark.parametrize("precision, options, bar", FIDELITY, ids=["int8", "int4"])
 @pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_quantized_fidelity_to_the_float_model(arch, precision, options, bar, tiny_hf, exports):
-    rows = rows_for(arch)
+    moe = get_config(arch).moe
+    rows, clear = rows_for(arch), None
+    if moe is not None:  # rows the float model routes clearly, compared up to their first
+        # near-tie (int8 activations can flip one: a jump no bar should absorb)
+        from llm_onnx.checkpoints import build_model, open_checkpoint
+
+        float_model = build_model(get_config(arch), open_checkpoint(tiny_hf(arch)[1]).source)
+        rows, clear = clearly_routed_rows(float_model, arch, moe.num_experts_per_tok)
     got = batch_logits(Graphs(exports(arch, precision, **options)), rows, PROMPT_LENS, STEPS)
     want = hf_logits(tiny_hf(arch)[0], rows, PROMPT_LENS, STEPS)
     f = fidelity(want, got, margin=bar["margin"])
     assert f["kl"] <= bar["kl"] and f["clear"] >= bar["clear"], f
     assert f["agree"] >= min(bar["top1"] * f["clear"], f["clear"] - bar["flips"]), f
-    assert max(np.abs(g - w).max() for g, w in zip(got, want)) <= bar["error"]
+    assert max([np.abs(got[s][i] - want[s][i]).max() for i in range(len(rows))
+                for s in range(STEPS + 1)
+                if clear is None or PROMPT_LENS[i] - 1 + s < clear[i]]) <= bar["error"]
     # The twin: the same measure against the float model with one perturbed weight fails (the
     # int4 bar is loose: layer 1's attention output projection, noise 0.3 against weights 0.08).
     with perturbed(tiny_hf(arch)[0], scale=0.3, pattern=ATTENTION_OUTPUT) as hf_moved:

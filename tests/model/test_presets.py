@@ -47,6 +47,13 @@ def test_vendor_figures_spot_check():
     assert num_parameters(get_config("opt_125m")) == 125_239_296
     assert num_parameters(get_config("opt_350m")) == 331_196_416
     assert get_config("mistral_7b").sliding_window == 4096
+    # gpt-oss's model card: 20.91B and 116.83B parameters; 24 and 36 layers, 32 and 128 experts
+    assert num_parameters(get_config("gpt_oss_20b")) == 20_914_757_184
+    assert num_parameters(get_config("gpt_oss_120b")) == 116_829_156_672
+    oss = get_config("gpt_oss_20b")
+    assert (oss.num_hidden_layers, oss.moe.num_experts, oss.moe.num_experts_per_tok,
+            oss.sliding_window, oss.layer_types[:2]) == (24, 32, 4, 128,
+                                                        ("sliding_attention", "full_attention"))
     f = get_config("falcon_7b")
     assert (f.num_key_value_heads, f.parallel_attn, f.position_embedding_type) == (1, True, "rope")
     b = get_config("bloom_560m")
