@@ -112,6 +112,12 @@ def configs(draw, arch: str):
                                        for _ in range(layers))
         changes["rope_scaling"] = draw(st.sampled_from([None, {"rope_type": "linear",
                                                                "factor": 4.0}]))
+    if kind == "GptOssForCausalLM":  # sinks in both attention forms, windows, YaRN or none
+        changes["sliding_window"] = draw(st.integers(2, 6))
+        changes["layer_types"] = tuple(draw(st.sampled_from(["sliding_attention",
+                                                             "full_attention"]))
+                                       for _ in range(layers))
+        changes["rope_scaling"] = draw(st.sampled_from([base.rope_scaling, None, ROPE_SCALINGS[0]]))
     if base.linear_attention is not None:  # Qwen3.5, Qwen3-Next: the hybrid's own shapes
         layers = draw(st.integers(2, 3))
         # any mix with a layer of each kind (transformers runs no model without attention)
@@ -137,8 +143,12 @@ def configs(draw, arch: str):
             num_experts=experts, num_experts_per_tok=draw(st.integers(1, experts)),
             # False (Qwen1.5/Qwen2-MoE's router) is the simplest draw, so CI's one draw takes
             # it; Qwen3.5-MoE's router always renormalises
-            norm_topk_prob=draw(st.booleans()) or kind == "Qwen3_5MoeForCausalLM",
+            norm_topk_prob=draw(st.booleans()) or kind in ("Qwen3_5MoeForCausalLM",
+                                                           "GptOssForCausalLM"),
             moe_intermediate_size=draw(st.sampled_from([16, 32])))
+        if base.moe.swiglu_limit is not None:  # gpt-oss: the clamp biting or not
+            changes["moe"] = dataclasses.replace(
+                changes["moe"], swiglu_limit=draw(st.sampled_from([0.5, 7.0, 0.1])))
         if base.moe.shared_expert_intermediate_size is not None:
             changes["moe"] = dataclasses.replace(
                 changes["moe"], shared_expert_intermediate_size=draw(st.sampled_from([24, 16])))
