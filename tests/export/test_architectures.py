@@ -98,6 +98,18 @@ def test_graphs_use_contrib_ops(arch, precision, tiny_export):
             bias = n.input[10] if len(n.input) > 10 else ""
             assert bool(bias) == (cfg.position_embedding_type == "alibi")
             assert attribute(n, "kv_num_heads") == cfg.num_key_value_heads
+            sink = n.input[11] if len(n.input) > 11 else ""  # gpt-oss: head_sink
+            assert bool(sink) == cfg.attention_sinks
+        for n in (n for n in found if n.op_type in ("MoE", "QMoE")):  # the experts' SwiGLU
+            moe = cfg.moe
+            bias = [n.input[i] if len(n.input) > i else "" for i in
+                    ((3, 5) if n.op_type == "MoE" else (4, 7))]
+            assert [bool(b) for b in bias] == [moe.bias, moe.bias]
+            assert (attribute(n, "activation_alpha"), attribute(n, "activation_beta")) == \
+                pytest.approx((moe.swiglu_alpha, moe.swiglu_beta))
+            limit = attribute(n, "swiglu_limit")
+            assert limit == (float("inf") if moe.swiglu_limit is None
+                             else pytest.approx(moe.swiglu_limit))
         if cfg.position_embedding_type == "alibi":  # one ALiBi bias, shared by all layers
             assert len({n.input[10] for n in gqa}) == 1
 
