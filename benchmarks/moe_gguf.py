@@ -1,5 +1,5 @@
-"""A GGUF of a Qwen3-MoE or Qwen3.5/3.6-MoE config with random weights, for llama.cpp's speed on
-the same shape.
+"""A GGUF of a Qwen3-MoE, Qwen3.5/3.6-MoE or gpt-oss config with random weights, for llama.cpp's
+speed on the same shape.
 
 Every matrix (embedding, attention, the linear attention's projections, experts, shared expert,
 LM head) is written in one quantized type, Q4_0 or Q8_0 ("pure", as `llama-quantize --pure`
@@ -30,6 +30,14 @@ Architectures, by the config's:
                           through inner_size, so configs with d_v != d_k (the tiny preset) are
                           readable by llm-onnx but not by llama.cpp.
 
+  GptOssForCausalLM       ``gpt-oss`` (gpt-oss-20b, -120b): the experts in MXFP4 as llama.cpp's
+                          converter writes OpenAI's files (gate and up split, GGML's 17-byte
+                          blocks: an e8m0 scale, then 16 bytes of e2m1 codes, random; scales
+                          119-120, about what N(0, 0.02) weights take), whatever ``qtype`` says;
+                          ``qtype`` is the other matrices' (attention, embedding, LM head). Biases
+                          (q/k/v/o, router, experts) and the sinks float32; metadata
+                          attention.sliding_window and YaRN (rope.scaling.*).
+
 The vocabulary is a SentencePiece-style ("llama") list of as many tokens: <unk>, <s>, </s>, the
 256 byte tokens, then "▁t<i>"; prompts are sent as token ids, so no text is tokenized.
 """
@@ -46,11 +54,13 @@ from llm_onnx.model.config import ModelConfig
 BLOCK = 32  # Q4_0 and Q8_0: 32 weights a block, one float16 scale
 QUANT_TYPES = {"Q4_0": gguf.GGMLQuantizationType.Q4_0, "Q8_0": gguf.GGMLQuantizationType.Q8_0}
 ARCHS = {"Qwen3MoeForCausalLM": gguf.MODEL_ARCH.QWEN3MOE,
-         "Qwen3_5MoeForCausalLM": gguf.MODEL_ARCH.QWEN35MOE}
+         "Qwen3_5MoeForCausalLM": gguf.MODEL_ARCH.QWEN35MOE,
+         "GptOssForCausalLM": gguf.MODEL_ARCH.GPT_OSS}
 MROPE_SECTIONS = [11, 11, 10, 0]  # Qwen3.5's mrope_section, padded to 4 as the converter writes it
 
 # How a tensor is filled: "q" quantized (random blocks); the rest float32.
 QUANTIZED, NORM, ROUTER, SSM_A, SSM_DT, CONV = "q", "norm", "router", "ssm_a", "ssm_dt", "conv"
+MXFP4, BIAS = "mxfp4", "bias"  # gpt-oss: its experts' type whatever qtype is; its biases
 
 
 def gguf_arch(cfg: ModelConfig) -> gguf.MODEL_ARCH:
@@ -77,6 +87,9 @@ def tensor_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], str]]:
                (T.FFN_UP_EXP, (e, i, d), QUANTIZED), (T.FFN_DOWN_EXP, (e, d, i), QUANTIZED)]
     out = [(name(T.TOKEN_EMBD), (v, d), QUANTIZED)]
     for b in range(cfg.num_hidden_layers):
+        if arch == gguf.MODEL_ARCH.GPT_OSS:
+            out += _gpt_oss_layer(cfg, b, name)
+            continue
         if arch == gguf.MODEL_ARCH.QWEN3MOE:
             layer = [(T.ATTN_NORM, (d,), NORM), (T.ATTN_Q, (q, d), QUANTIZED),
                      (T.ATTN_K, (kv, d), QUANTIZED), (T.ATTN_V, (kv, d), QUANTIZED),
@@ -99,6 +112,46 @@ def tensor_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], str]]:
             out.append((name(t, b, suffix), shape, fill))
     out += [(name(T.OUTPUT_NORM), (d,), NORM), (name(T.OUTPUT), (v, d), QUANTIZED)]
     return out
+
+
+def _gpt_oss_layer(cfg: ModelConfig, b: int, name) -> list[tuple[str, tuple[int, ...], str]]:
+    """A gpt-oss layer as llama.cpp's converter writes it (its names: post_attention_norm,
+    attn_sinks, biases beside the weights, the experts split into gate and up)."""
+    assert cfg.moe is not None
+    d, hd, h = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads
+    q, kv = h * hd, cfg.num_key_value_heads * hd
+    e, i = cfg.moe.num_experts, cfg.moe.moe_intermediate_size
+    T = gguf.MODEL_TENSOR
+    out = [(name(T.ATTN_NORM, b), (d,), NORM), (name(T.ATTN_POST_NORM, b), (d,), NORM)]
+    for t, rows, cols in ((T.ATTN_Q, q, d), (T.ATTN_K, kv, d), (T.ATTN_V, kv, d),
+                          (T.ATTN_OUT, d, q)):
+        out += [(name(t, b), (rows, cols), QUANTIZED), (name(t, b, ".bias"), (rows,), BIAS)]
+    out += [(name(T.ATTN_SINKS, b), (h,), ROUTER), (name(T.FFN_GATE_INP, b), (e, d), ROUTER),
+            (name(T.FFN_GATE_INP, b, ".bias"), (e,), BIAS)]
+    for t, rows, cols in ((T.FFN_GATE_EXP, i, d), (T.FFN_UP_EXP, i, d), (T.FFN_DOWN_EXP, d, i)):
+        out += [(name(t, b), (e, rows, cols), MXFP4), (name(t, b, ".bias"), (e, rows), BIAS)]
+    return out
+
+
+def _random_mxfp4(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Random GGML MXFP4 blocks (a scale byte, then 16 bytes of codes) of a tensor, as bytes."""
+    *lead, cols = shape
+    blocks = int(np.prod(lead, dtype=np.int64)) * (cols // BLOCK)
+    out = rng.integers(0, 256, (blocks, 17), dtype=np.uint8)
+    out[:, 0] = rng.integers(119, 121, blocks, dtype=np.uint8)
+    return out.reshape(*lead, cols // BLOCK * 17)
+
+
+def _add_gpt_oss_metadata(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
+    """What llama.cpp's converter writes for gpt-oss beyond the MoE keys."""
+    assert cfg.sliding_window is not None and cfg.rope_scaling is not None
+    writer.add_sliding_window(cfg.sliding_window)
+    scaling = cfg.rope_scaling
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(scaling["factor"])
+    writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+    writer.add_rope_scaling_yarn_beta_fast(scaling["beta_fast"])
+    writer.add_rope_scaling_yarn_beta_slow(scaling["beta_slow"])
 
 
 def _linear_attention(cfg: ModelConfig) -> list[tuple[gguf.MODEL_TENSOR, tuple[int, ...], str]]:
@@ -133,6 +186,8 @@ def _random_blocks(shape: tuple[int, ...], qtype: str, rng: np.random.Generator)
 
 
 def _random_float(shape: tuple[int, ...], fill: str, rng: np.random.Generator) -> np.ndarray:
+    if fill == BIAS:
+        return np.zeros(shape, np.float32)
     if fill in (NORM, SSM_DT):
         return np.ones(shape, np.float32)
     if fill == SSM_A:
@@ -204,13 +259,20 @@ def write_random_gguf(cfg: ModelConfig, qtype: str, path: Path, seed: int = 0) -
     writer.add_expert_feed_forward_length(cfg.moe.moe_intermediate_size)
     if arch == gguf.MODEL_ARCH.QWEN35MOE:
         _add_hybrid_metadata(writer, cfg)
+    if arch == gguf.MODEL_ARCH.GPT_OSS:
+        _add_gpt_oss_metadata(writer, cfg)
     writer.add_vocab_size(cfg.vocab_size)
     _add_vocabulary(writer, cfg.vocab_size)
     raw = QUANT_TYPES[qtype]
     block_bytes = gguf.GGML_QUANT_SIZES[raw][1]
     shapes = tensor_shapes(cfg)
     for name, shape, fill in shapes:
-        if stored_quantized(shape, fill):
+        if fill == MXFP4:
+            byte_shape = (*shape[:-1], shape[-1] // BLOCK * 17)
+            writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8),
+                                   int(np.prod(byte_shape, dtype=np.int64)),
+                                   raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+        elif stored_quantized(shape, fill):
             byte_shape = (*shape[:-1], shape[-1] // BLOCK * block_bytes)
             writer.add_tensor_info(name, byte_shape, np.dtype(np.uint8),
                                    int(np.prod(byte_shape, dtype=np.int64)), raw_dtype=raw)
@@ -221,7 +283,9 @@ def write_random_gguf(cfg: ModelConfig, qtype: str, path: Path, seed: int = 0) -
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     for name, shape, fill in shapes:
-        if stored_quantized(shape, fill):
+        if fill == MXFP4:
+            data = _random_mxfp4(shape, rng)
+        elif stored_quantized(shape, fill):
             data = _random_blocks(shape, qtype, rng)
         else:
             data = _random_float(shape, fill, rng)

@@ -64,3 +64,29 @@ def test_random_qwen35moe_gguf_reads_back_with_its_layer_kinds(layers, tmp_path)
     assert np.isfinite(a_log).all() and np.abs(a_log).max() < 4
     for name in ckpt.source.names():
         assert np.isfinite(ckpt.source.get(name).numpy()).all(), name
+
+
+def test_random_gpt_oss_gguf_has_mxfp4_experts_and_reads_back(tmp_path):
+    """gpt-oss as llama.cpp's converter writes it: experts MXFP4 whatever the other matrices'
+    type, biases, sinks and the router float32, the window and YaRN in the metadata; our loader
+    recovers the config (the clamp at llama.cpp's constant 7) and decodes sane experts."""
+    import dataclasses
+
+    moe_gguf = load_benchmark("moe_gguf")
+    base = get_config("gpt_oss_tiny")
+    cfg = base.replace(vocab_size=512, moe=dataclasses.replace(base.moe, swiglu_limit=7.0))
+    path = moe_gguf.write_random_gguf(cfg, "Q4_0", tmp_path / "tiny-gpt-oss.gguf")
+    reader = gguf.GGUFReader(str(path))
+    assert reader.fields["general.architecture"].contents() == "gpt-oss"
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    for name in ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"):
+        assert types[f"blk.1.{name}"] == "MXFP4", name
+    assert types["blk.0.attn_q.weight"] == "Q4_0" and types["output.weight"] == "Q4_0"
+    for name in ("attn_sinks.weight", "attn_q.bias", "attn_output.bias", "ffn_gate_inp.weight",
+                 "ffn_gate_inp.bias", "ffn_down_exps.bias", "post_attention_norm.weight"):
+        assert types[f"blk.0.{name}"] == "F32", name
+    ckpt = open_checkpoint(path)
+    assert ckpt.config == cfg
+    w = ckpt.source.get("model.layers.1.mlp.experts.2.up_proj.weight").numpy()
+    assert w.shape == (cfg.moe.moe_intermediate_size, cfg.hidden_size)
+    assert np.isfinite(w).all() and 2.0 ** -8 <= np.abs(w).max() <= 6 * 2.0 ** -7
