@@ -5,6 +5,7 @@ session with one such node fails: "Could not find an implementation for QMoE(1)"
 experts are re-quantized: int4 blocks (QMoE int4), int8 blocks, or kept float.
 
     PYTHONPATH=. .venv/bin/python benchmarks/gpt_oss_experts.py fidelity
+    PYTHONPATH=. .venv/bin/python benchmarks/gpt_oss_experts.py experts
     PYTHONPATH=. .venv/bin/python benchmarks/gpt_oss_experts.py speed
 
 fidelity: a small gpt-oss (hidden 256, 4 layers alternating a window of 16 and full attention,
@@ -13,6 +14,9 @@ nearest MXFP4 value, stored as OpenAI's ``*_blocks`` / ``*_scales``), exported i
 teacher-forced (8 rows: 8 prompt tokens, 40 decode steps through the graphs) against
 transformers fp32 on the same (decoded) weights: mean KL and top-1 agreement where the
 reference's top-2 margin exceeds 0.05. Forms differ only in their experts unless named.
+
+experts: the same model in transformers with its experts alone re-quantized (quant.quantize,
+dequantized back; no importance weights), everything else exact: what each experts' form costs.
 
 speed: a medium random config of gpt-oss's kind (hidden 1024, 4 layers, 32 experts of width
 1024, top 4; vocabulary 4096), each form exported and decoded (a 32-token prompt, 64 new
@@ -122,13 +126,7 @@ def fidelity(a: argparse.Namespace) -> None:
     from llm_onnx.checkpoints import open_checkpoint
     from tests.ort_helpers import Graphs, batch_logits, fidelity as measure, hf_logits
 
-    base = get_config("gpt_oss_tiny")
-    cfg = base.replace(vocab_size=512, hidden_size=256, num_hidden_layers=4,
-                       num_attention_heads=8, num_key_value_heads=2, head_dim=64,
-                       intermediate_size=256, sliding_window=16,
-                       layer_types=base.layer_types * 2,
-                       moe=dataclasses.replace(base.moe, num_experts=16, num_experts_per_tok=4,
-                                               moe_intermediate_size=256, swiglu_limit=7.0))
+    cfg = small_config()
     work = Path(tempfile.mkdtemp(prefix="gpt-oss-experts-"))
     hf = mxfp4_checkpoint(cfg, work / "hf", a.seed)
     rng = np.random.default_rng(a.seed)
@@ -143,6 +141,56 @@ def fidelity(a: argparse.Namespace) -> None:
         f = measure(want, got, margin=0.05)
         print(f"{name:45s} KL {f['kl']:.5f}  top-1 {f['agree']}/{f['clear']}  "
               f"export {seconds:.0f} s", flush=True)
+
+
+def small_config():
+    base = get_config("gpt_oss_tiny")
+    return base.replace(vocab_size=512, hidden_size=256, num_hidden_layers=4,
+                        num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                        intermediate_size=256, sliding_window=16,
+                        layer_types=base.layer_types * 2,
+                        moe=dataclasses.replace(base.moe, num_experts=16, num_experts_per_tok=4,
+                                                moe_intermediate_size=256, swiglu_limit=7.0))
+
+
+# experts-only fits (torch): (bits, block, factors of the round-to-nearest scale searched)
+EXPERT_FITS = {"int4 b32 round to nearest": (4, 32, None),
+               "int4 b32 searched (0.8, 0.9, 1.0: the export's)": (4, 32, [0.8, 0.9, 1.0]),
+               "int4 b32 searched with MXFP4's grids (+ 2/3, 4/3)": (4, 32,
+                                                                    [2 / 3, 0.8, 0.9, 1.0, 4 / 3]),
+               "int4 b32 searched, + 1/2, 2/3, 4/3, 2": (4, 32, [0.5, 2 / 3, 0.8, 0.9, 1.0, 4 / 3,
+                                                                 2.0]),
+               "int4 b16 searched (0.8, 0.9, 1.0)": (4, 16, [0.8, 0.9, 1.0]),
+               "int8 b32 round to nearest": (8, 32, None)}
+
+
+def experts(a: argparse.Namespace) -> None:
+    """The experts alone re-quantized in the transformers model itself (everything else exact),
+    teacher-forced KL against the MXFP4 model: what each form of the experts costs."""
+    from llm_onnx.export import quant
+
+    hf = mxfp4_checkpoint(small_config(), Path(tempfile.mkdtemp()) / "hf", a.seed)
+    rng = np.random.default_rng(a.seed)
+    ids = torch.tensor([rng.integers(0, 512, 48).tolist() for _ in range(8)])
+    with torch.no_grad():
+        want = torch.log_softmax(hf(ids).logits.double(), -1)
+    mxfp4 = {n: p.detach().clone() for n, p in hf.named_parameters()
+             if n.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+    for name, (bits, block, factors) in EXPERT_FITS.items():
+        with torch.no_grad():
+            for n, w in mxfp4.items():
+                rows = w.transpose(1, 2)  # (E, out, in)
+                fitted = []
+                for e in range(rows.shape[0]):
+                    q, sc, _ = quant.quantize(rows[e], bits, block, search=factors is not None,
+                                              factors=None if factors is None
+                                              else torch.tensor(factors))
+                    fitted.append(quant.dequantize(q, sc, bits, rows.shape[2]))
+                dict(hf.named_parameters())[n].copy_(torch.stack(fitted).transpose(1, 2))
+            got = torch.log_softmax(hf(ids).logits.double(), -1)
+        kl = float((want.exp() * (want - got)).sum(-1).mean())
+        top1 = float((want.argmax(-1) == got.argmax(-1)).double().mean())
+        print(f"{name:52s} KL {kl:.5f}  top-1 {top1:.3f}", flush=True)
 
 
 def speed(a: argparse.Namespace) -> None:
@@ -177,11 +225,11 @@ def speed(a: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("fidelity", "speed"))
+    p.add_argument("what", choices=("fidelity", "experts", "speed"))
     p.add_argument("--forms", nargs="+", choices=list(FORMS), default=list(FORMS))
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
-    fidelity(a) if a.what == "fidelity" else speed(a)
+    {"fidelity": fidelity, "experts": experts, "speed": speed}[a.what](a)
 
 
 if __name__ == "__main__":

@@ -116,3 +116,15 @@ class MXFP4Source:
 
 def has_mxfp4(source: TensorSource) -> bool:
     return any(n.endswith(BLOCKS) for n in source.names())
+
+
+def reads_mxfp4(source: object) -> bool:
+    """Whether ``source`` (through the wrappers around it: a family's renaming view, the parity
+    gate's cut-down view) reads MXFP4 experts."""
+    seen = 0
+    while source is not None and seen < 8:
+        if isinstance(source, MXFP4Source):
+            return True
+        source = getattr(source, "inner", None) or getattr(source, "source", None)
+        seen += 1
+    return False

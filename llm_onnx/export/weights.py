@@ -160,13 +160,23 @@ def write_quantized(wf: WeightFile, prefix: str, w: Tensor, bits: int, block_siz
 # of the 22's KL in all 8 draws (+0.6% on average); the refit alone (1.0) got 55-80% of the
 # gain. The experts are 95% of Qwen3-30B-A3B's weights: each candidate costs minutes there.
 EXPERT_FACTORS = torch.tensor([0.80, 0.90, 1.00])
+# Experts decoded from MXFP4 (gpt-oss): also 2/3 and 4/3, which land on MXFP4's own grids (a
+# block whose largest value is 6 units has a round-to-nearest scale of 0.75 units; 0.5 and 1
+# unit represent every e2m1 value up to 3, or every whole one, exactly). Measured on a small
+# gpt-oss with MXFP4 experts (benchmarks/gpt_oss_experts.py experts, 3 seeds): experts-only KL
+# 31-44% below the 3 factors' and below block 16's; adding 1/2 and 2 gained nothing.
+MXFP4_EXPERT_FACTORS = torch.tensor([2 / 3, 0.80, 0.90, 1.00, 4 / 3])
 
 
 def write_experts_quantized(wf: WeightFile, prefix: str, module: nn.Module,
                             produce: Produce) -> None:
     """QMoE's tensors of one layer, an expert at a time from the checkpoint (``produce.experts``):
     the stacked experts never exist in memory. ``module.search``: block scales searched,
-    weighted by each expert's row of ``module.importance[part]`` when the calibration gave one."""
+    weighted by each expert's row of ``module.importance[part]`` when the calibration gave one,
+    over MXFP4_EXPERT_FACTORS when the checkpoint's experts are MXFP4."""
+    from llm_onnx.checkpoints.mxfp4 import reads_mxfp4
+
+    factors = MXFP4_EXPERT_FACTORS if reads_mxfp4(produce.source) else EXPERT_FACTORS
     for part in ("gate_up", "down"):
         qweight = getattr(module, f"{part}_qweight")  # (E, rows, K * bits / 8)
         scales: list[Tensor] = []
@@ -177,7 +187,7 @@ def write_experts_quantized(wf: WeightFile, prefix: str, module: nn.Module,
             for e, w in enumerate(produce.experts(f"{prefix}.{part}_proj")):  # (rows, K)
                 q, s, _ = quant.quantize(w, module.bits, module.block_size, search=module.search,
                                          importance=None if importance is None else importance[e],
-                                         factors=EXPERT_FACTORS)
+                                         factors=factors)
                 scales.append(s)
                 yield q.reshape(q.shape[0], -1).numpy()
 

@@ -215,3 +215,30 @@ def test_bad_mxfp4_checkpoints_name_the_file_and_the_tensor(tmp_path):
     with pytest.raises(ConfigError, match=r"config\.json: quantization_config\.quant_method "
                                           r"'bitsandbytes' is not supported"):
         open_checkpoint(folder)
+
+
+def test_int4_experts_from_mxfp4_search_mxfp4s_own_grids():
+    """int4 blocks cannot hold every MXFP4 block, but they can hold one whose values are whole
+    units (scale 1 unit) or at most 3 units (scale half a unit): the search over
+    MXFP4_EXPERT_FACTORS finds both exactly, the default factors neither; and the writer takes
+    those factors for a checkpoint read through MXFP4Source only."""
+    from llm_onnx.checkpoints.mxfp4 import MXFP4Source, reads_mxfp4
+    from llm_onnx.checkpoints.sources import RandomSource
+    from llm_onnx.export import quant
+    from llm_onnx.export.weights import EXPERT_FACTORS, MXFP4_EXPERT_FACTORS
+
+    rng = np.random.default_rng(0)
+    unit = 2.0 ** -5
+    whole = rng.choice([0, 1, -1, 2, -2, 3, -3, 4, -4, 6, -6], 32)
+    whole[0] = 6
+    small = rng.choice([0, 0.5, -0.5, 1, -1, 1.5, -1.5, 2, -2, 3, -3], 32)
+    small[0] = 3
+    w = torch.tensor(np.stack([whole, small]) * unit, dtype=torch.float32)
+    for factors, exact in ((MXFP4_EXPERT_FACTORS, True), (EXPERT_FACTORS, False)):
+        q, s, _ = quant.quantize(w, 4, 32, search=True, factors=factors)
+        error = (quant.dequantize(q, s, 4, 32) - w).abs().max(-1).values
+        # exact up to the least-squares refit's float rounding; else a step's fraction off
+        assert bool((error <= 1e-6 * unit).all()) if exact else bool((error > 0.1 * unit).all())
+    cfg = get_config("gpt_oss_tiny")
+    assert not reads_mxfp4(RandomSource(cfg))
+    assert reads_mxfp4(type("View", (), {"source": MXFP4Source(RandomSource(cfg))})())
