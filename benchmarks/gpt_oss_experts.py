@@ -109,8 +109,7 @@ def slug(name: str) -> str:
 
 
 def export(source, out: Path, options: dict, factors) -> Path:
-    from llm_onnx.export import ExportOptions, export_model
-    from llm_onnx.export import weights
+    from llm_onnx.export import ExportOptions, export_model, weights
 
     saved = weights.EXPERT_FACTORS
     if factors is not None:
@@ -124,7 +123,8 @@ def export(source, out: Path, options: dict, factors) -> Path:
 
 def fidelity(a: argparse.Namespace) -> None:
     from llm_onnx.checkpoints import open_checkpoint
-    from tests.ort_helpers import Graphs, batch_logits, fidelity as measure, hf_logits
+    from tests.ort_helpers import Graphs, batch_logits, hf_logits
+    from tests.ort_helpers import fidelity as measure
 
     cfg = small_config()
     work = Path(tempfile.mkdtemp(prefix="gpt-oss-experts-"))

@@ -24,7 +24,13 @@ from typing import Any
 
 from llm_onnx.errors import ConfigError
 from llm_onnx.families.layouts import GGUFNames, Part
-from llm_onnx.families.llama import GGUF_GLOBALS, GGUF_LAYER, base_fields, base_hf_config, gguf_fields
+from llm_onnx.families.llama import (
+    GGUF_GLOBALS,
+    GGUF_LAYER,
+    base_fields,
+    base_hf_config,
+    gguf_fields,
+)
 from llm_onnx.model.config import ModelConfig, MoEConfig
 
 ARCHITECTURE = "GptOssForCausalLM"
