@@ -38,6 +38,7 @@ from llm_onnx.runtime.core.engine import RuntimeOptions
 from llm_onnx.runtime.chat_session import ChatSession
 from llm_onnx.runtime.generation.generator import Generator
 from llm_onnx.runtime.generation.options import row_options
+from llm_onnx.runtime.chat.harmony import HarmonyReader
 from llm_onnx.runtime.chat.reasoning import ChatPiece, ReasoningSplitter, has_think_tokens, opens_thought
 from llm_onnx.runtime.generation.options import GenerationOptions
 from llm_onnx.runtime.generation.sequence import Result
@@ -449,9 +450,11 @@ class Model:
         """A rendered chat prompt's token ids (the template wrote any special tokens)."""
         return self.encode(prompt, add_special_tokens=False)
 
-    def reasoning_splitter(self, prompt: str) -> ReasoningSplitter | None:
+    def reasoning_splitter(self, prompt: str) -> ReasoningSplitter | HarmonyReader | None:
         """A reasoning splitter for the reply to ``prompt`` (None: the model has no think
-        tokens, the reply is all answer)."""
+        tokens, the reply is all answer); for a harmony model, its reader."""
+        if self.tool_format == "harmony":
+            return HarmonyReader(prompt)
         return ReasoningSplitter(opens_thought(prompt)) if self.splits_reasoning else None
 
     def _start(self, prompts: list[list[int]], opts: GenerationOptions) -> Generator:

@@ -211,7 +211,8 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = (),
                 "task": service.model.task if hasattr(service.model, "task") else "generate",
                 "precision": manifest.precision.precision if manifest is not None else None,
                 "runs_on": where, "served_by": service.served_by,
-                "reasoning": service.model.splits_reasoning,
+                "reasoning": service.model.splits_reasoning or
+                service.model.tool_format == "harmony",
                 "tool_call_format": service.model.tool_format}
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])

@@ -40,7 +40,7 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream
 _CHAT = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                    "parallel_tool_calls", "functions", "function_call",
                    # vLLM's extra field: chat template variables ({"enable_thinking": false})
-                   "chat_template_kwargs"}
+                   "chat_template_kwargs", "reasoning_effort"}
 _COMPLETIONS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 MAX_N = 128
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI's legacy completions endpoint

@@ -175,6 +175,9 @@ class Generator:
             constraint = constraints.start(opts.constraint)
             shown = frozenset(i for i in map(constraints.token_id, opts.constraint.markers)
                               if i is not None)
+        if opts.keep_special and self.model.tokenizer is not None:
+            shown |= frozenset(i for i in map(self.model.tokenizer.token_to_id, opts.keep_special)
+                               if i is not None)
         cache = self._reserve(len(prompt) + limit)
         reuse = self._prefixes.reuse(self._cache, row, prompt, self.free_rows,
                                      old.tokens if old is not None else None, self.stats)

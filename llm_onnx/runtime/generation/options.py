@@ -39,6 +39,9 @@ class GenerationOptions:
             logit_bias: -100 bans a token, 100 all but forces it); kept as sorted pairs.
         constraint: what the reply must match (llm_onnx.runtime.constraint.Constraint: a JSON
             schema, any JSON object, a regex, a grammar, a choice); None = free text.
+        keep_special: special tokens whose text stays in the reply (a chat format's markers,
+            such as harmony's ``<|channel|>``, which its reader needs); the others are dropped
+            as decoding drops them.
     """
 
     max_new_tokens: int = 256
@@ -55,6 +58,7 @@ class GenerationOptions:
     ignore_eos: bool = False
     logit_bias: tuple[tuple[int, float], ...] = ()
     constraint: Constraint | None = None
+    keep_special: tuple[str, ...] = ()
 
     def validated(self) -> GenerationOptions:
         """A copy with checked values and normalised types (lists -> tuples, numpy scalars -> Python).
@@ -80,6 +84,7 @@ class GenerationOptions:
             ignore_eos=_bool_option("ignore_eos", self.ignore_eos),
             logit_bias=_logit_bias(self.logit_bias),
             constraint=_constraint(self.constraint),
+            keep_special=_keep_special(self.keep_special),
         )
 
 
@@ -122,6 +127,14 @@ def _stop_strings(stop: object) -> tuple[str, ...]:
         if not isinstance(item, str) or not item:
             raise GenerationError(f"stop contains {item!r}: every stop string must be a non-empty string")
     return tuple(stop)
+
+
+def _keep_special(tokens: object) -> tuple[str, ...]:
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence) or \
+            not all(isinstance(t, str) and t for t in tokens):
+        raise GenerationError(f"keep_special={tokens!r} is not allowed: it must be a list of "
+                              "special tokens' texts")
+    return tuple(tokens)
 
 
 def _stop_token_ids(ids: object) -> tuple[int, ...]:
