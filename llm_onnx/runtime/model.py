@@ -37,7 +37,7 @@ from llm_onnx.runtime.generation.generator import Generator
 from llm_onnx.runtime.generation.options import row_options
 from llm_onnx.runtime.chat.reasoning import ChatPiece, ReasoningSplitter, has_think_tokens, opens_thought
 from llm_onnx.runtime.generation.options import GenerationOptions
-from llm_onnx.runtime.generation.sequence import Result
+from llm_onnx.runtime.generation.sequence import Result, TokenLogprob
 from llm_onnx.runtime.generation.speculative import (SpeculativeOptions, check_same_tokenizer,
                                                      speculative_options)
 from llm_onnx.runtime.chat.tools import ToolCallDelta, ToolChoice, detect_format, get_format
@@ -274,6 +274,19 @@ class Model:
             pass
         results = [gen.result(row) for row in range(len(prompts))]
         return results if batch else results[0]
+
+    def prompt_logprobs(self, prompt: Prompt, top: int = 0) -> list[TokenLogprob | None]:
+        """log P(token | the tokens before it) of every token of ``prompt`` (text, encoded with
+        special tokens, or token ids), None for the first, with the ``top`` most likely
+        alternatives at each position: one run of the prompt (in chunks if long), nothing
+        generated. Their sum is the prompt's log-likelihood under the model."""
+        gen = self.generator(self.options(max_new_tokens=0))
+        gen.append_tokens(self.prompt_ids(prompt), prompt_logprobs=top)
+        for _ in gen.events():
+            pass
+        scored = gen.result().prompt_logprobs
+        assert scored is not None
+        return scored
 
     def stream(self, prompt: Prompt, options: GenerationOptions | None = None,
                **overrides: Any) -> Iterator[str]:
