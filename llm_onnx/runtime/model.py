@@ -26,7 +26,8 @@ import tokenizers
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.model_folder import GenerationDefaults
-from llm_onnx.runtime.chat.render import Message, check_template_vars, render_chat
+from llm_onnx.runtime.chat.render import (Message, check_template_vars, continue_final,
+                                          render_chat)
 from llm_onnx.runtime.chat.request import (ChatRequest, check_tool_choice, check_tools,
                                          read_chat_template)
 from llm_onnx.runtime.structured.constraint import constraint_shorthand
@@ -202,19 +203,23 @@ class Model:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True, *,
-                    tools: Tools | None = None,
-                    template_vars: dict[str, Any] | None = None) -> str:
+                    tools: Tools | None = None, template_vars: dict[str, Any] | None = None,
+                    continue_final_message: bool = False) -> str:
         """The prompt text of ``messages`` with the model's chat template; ``tools`` (OpenAI's
         function schemas) and ``template_vars`` (``{"enable_thinking": False}``, ...) are passed
-        to the template as transformers' ``apply_chat_template`` passes them."""
+        to the template as transformers' ``apply_chat_template`` passes them.
+        ``continue_final_message``: the reply continues the final message (an assistant's
+        partial answer) instead of opening a turn of its own."""
         if not self.chat_template:
             raise GenerationError("this model has no chat template; use generate() with a raw prompt.")
         if tools is not None and (isinstance(tools, (str, bytes, dict)) or not all(
                 isinstance(t, dict) for t in tools)):
             raise GenerationError("tools must be a list of dicts (OpenAI's {'type': 'function', "
                                   "'function': {...}} schemas).")
-        return render_chat(self.chat_template, messages, self.special_tokens, add_generation_prompt,
-                           tools=tools, **check_template_vars(template_vars))
+        text = render_chat(self.chat_template, messages, self.special_tokens,
+                           add_generation_prompt and not continue_final_message, tools=tools,
+                           **check_template_vars(template_vars))
+        return continue_final(text, messages) if continue_final_message else text
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """A prompt (text, encoded with special tokens, or token ids) as checked token ids."""

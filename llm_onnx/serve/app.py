@@ -36,12 +36,12 @@ from llm_onnx.runtime.chat.reasoning import ChatPiece
 from llm_onnx.runtime.generation.scheduler import Scheduler
 from llm_onnx.runtime.generation.sequence import Result, TokenEvent
 from llm_onnx.runtime.chat.tools import ToolCallDelta
-from llm_onnx.serve import protocol as p, requests as rq, responses as rs, runner, structured, web
+from llm_onnx.serve import (protocol as p, requests as rq, responses as rs, runner, structured,
+                            tokens_api, web)
 from llm_onnx.serve.metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger("llm_onnx.serve")
 
-MAX_BODY_BYTES = 8 << 20
 COMPILE_TIMEOUT_S = 10.0  # a constraint that takes longer to compile is refused (400)
 
 
@@ -97,6 +97,10 @@ class Service:
 
     def start(self) -> None:
         self.scheduler.start()
+
+    def count(self, request: Request, status: int | str) -> None:
+        """One answer to ``request`` in the metrics (by endpoint and status)."""
+        _count(self, request, status)
 
     def begin_shutdown(self, grace_s: float) -> None:
         """Stop taking requests now; running and queued ones get ``grace_s`` seconds to finish,
@@ -219,7 +223,7 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = (),
 
 
 # Modules that add an API's routes: ``add_routes(app, service, authorized)``.
-APIS: list[Any] = []
+APIS: list[Any] = [tokens_api]
 
 
 def _error_body(request: Request, e: p.ApiError) -> dict[str, Any]:
@@ -255,7 +259,8 @@ class _ReplicaHeader:
         await self.app(scope, receive, tagged)
 
 
-_ENDPOINTS = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"}
+_ENDPOINTS = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
+              *tokens_api.PATHS}
 
 
 def _count(service: Service, request: Request, status: int | str) -> None:
@@ -265,19 +270,7 @@ def _count(service: Service, request: Request, status: int | str) -> None:
     service.metrics.requests.labels(endpoint, str(status)).inc()
 
 
-async def _body(request: Request) -> Any:
-    size = request.headers.get("content-length")
-    if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
-        raise p.ApiError(413, f"the request body has {size} bytes; the limit is "
-                              f"{MAX_BODY_BYTES}.")
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise p.ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes.")
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise p.bad(None, f"We could not parse the JSON body of your request ({e}). Send a JSON "
-                          "object with Content-Type: application/json.") from None
+_body = runner.read_body
 
 
 async def _answer(service: Service, request: Request, plan: p.Plan) -> Response:

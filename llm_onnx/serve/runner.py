@@ -14,6 +14,7 @@ A client that disconnects cancels its jobs (their rows are freed at the schedule
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import weakref
 from collections.abc import AsyncIterator
@@ -27,6 +28,7 @@ from llm_onnx.runtime.generation.sequence import Result, TokenEvent
 from llm_onnx.serve import protocol as p
 
 DISCONNECT_POLL_S = 0.1
+MAX_BODY_BYTES = 8 << 20
 
 
 class _Mailbox:
@@ -130,6 +132,22 @@ def submit(service: Any, plan: p.Plan, stream: bool) -> Run:
     except GenerationError as e:
         raise p.bad("prompt" if plan.kind == p.COMPLETION else "messages", str(e)) from None
     return Run(jobs, queue)
+
+
+async def read_body(request: Request) -> Any:
+    """A request's JSON body (413 past MAX_BODY_BYTES, 400 if it is not JSON)."""
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
+        raise p.ApiError(413, f"the request body has {size} bytes; the limit is "
+                              f"{MAX_BODY_BYTES}.")
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise p.ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes.")
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise p.bad(None, f"We could not parse the JSON body of your request ({e}). Send a JSON "
+                          "object with Content-Type: application/json.") from None
 
 
 async def disconnected(request: Request) -> None:
