@@ -316,7 +316,7 @@ async def _events(service: Service, request: Request, plan: p.Plan,
             if chat:
                 first.append({"index": i, "delta": {"role": "assistant", "content": ""},
                               "logprobs": None, "finish_reason": None})
-            elif plan.echo:
+            elif plan.echo and plan.prompt_logprobs is None:  # else with its logprobs, below
                 text = plan.prompt_texts[i // plan.n]
                 offsets[i] = len(text)
                 first.append({"index": i, "text": text, "logprobs": None, "finish_reason": None})
@@ -324,6 +324,8 @@ async def _events(service: Service, request: Request, plan: p.Plan,
             yield _sse(rs.chunk(plan, first))
         async for i, item in run.items():
             if isinstance(item, TokenEvent):
+                if item.prompt_logprobs is not None and plan.echo:
+                    yield _sse(rs.chunk(plan, [_echo(plan, service, i, item, offsets)]))
                 generated += item.token_id >= 0
                 last = item.finish_reason is not None
                 pieces = replies[i].push(item.text, last) if replies[i] is not None else \
@@ -382,6 +384,17 @@ def _choice(plan: p.Plan, service: Service, i: int, event: TokenEvent,
         logprobs = rs.completion_logprobs([event.logprob], service.tokens, offsets[i])
     offsets[i] += len(event.text)
     return {"index": i, "text": event.text, "logprobs": logprobs, "finish_reason": reason}
+
+
+def _echo(plan: p.Plan, service: Service, i: int, event: TokenEvent,
+          offsets: list[int]) -> dict[str, Any]:
+    """A streamed completion's echoed prompt with its logprobs (sent once they are known)."""
+    assert event.prompt_logprobs is not None
+    logprobs = rs.echo_logprobs(plan.prompts[i // plan.n], event.prompt_logprobs, [],
+                                service.tokens)
+    offsets[i] = sum(len(t) for t in logprobs["tokens"])
+    return {"index": i, "text": plan.prompt_texts[i // plan.n], "logprobs": logprobs,
+            "finish_reason": None}
 
 
 def _sse(obj: dict[str, Any]) -> str:

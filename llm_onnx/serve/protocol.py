@@ -117,6 +117,8 @@ class Plan:
     constraint: Constraint | None = None
     # Chat: where later prompts may part from this one (a recurrent state's checkpoints)
     reuse_points: list[int] = field(default_factory=list)
+    # Completions with echo and logprobs: each prompt token's logprob and k alternatives
+    prompt_logprobs: int | None = None
     id: str = ""
     created: int = 0
 
@@ -284,9 +286,9 @@ def sampling(body: dict, base: GenerationOptions, vocab: int) -> GenerationOptio
 
 
 def fit_length(body: dict, names: Sequence[str], prompt: list[int], context: int,
-                default: int | None, what: str) -> int:
-    """max_new_tokens for one prompt: the request's value (refused if prompt + it exceed the
-    context) or ``default`` cut to the room left (None: all of it)."""
+                default: int | None, what: str, low: int = 1) -> int:
+    """max_new_tokens for one prompt: the request's value, at least ``low`` (refused if prompt
+    + it exceed the context) or ``default`` cut to the room left (None: all of it)."""
     if len(prompt) >= context:
         raise bad("messages" if what == "messages" else "prompt",
                   f"This model's maximum context length is {context} tokens. However, your "
@@ -294,7 +296,7 @@ def fit_length(body: dict, names: Sequence[str], prompt: list[int], context: int
                   f"{what}.", code="context_length_exceeded")
     room = context - len(prompt)
     for name in names:
-        value = integer(body, name, 1)
+        value = integer(body, name, low)
         if value is not None:
             if value > room:
                 raise bad(name, f"This model's maximum context length is {context} tokens. "

@@ -124,7 +124,8 @@ def submit(service: Any, plan: p.Plan, stream: bool) -> Run:
 
     try:
         jobs = service.scheduler.submit_many(plan.jobs(), logprobs=plan.logprobs,
-                                             listener=listener, reuse_points=plan.reuse_points)
+                                             listener=listener, reuse_points=plan.reuse_points,
+                                             prompt_logprobs=plan.prompt_logprobs)
     except QueueFull as e:
         raise p.ApiError(429, str(e), type="rate_limit_error", code="rate_limit_exceeded") from None
     except SchedulerClosed as e:
