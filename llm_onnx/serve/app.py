@@ -36,8 +36,8 @@ from llm_onnx.runtime.chat.reasoning import ChatPiece
 from llm_onnx.runtime.generation.scheduler import Scheduler
 from llm_onnx.runtime.generation.sequence import Result, TokenEvent
 from llm_onnx.runtime.chat.tools import ToolCallDelta
-from llm_onnx.serve import (protocol as p, requests as rq, responses as rs, runner, structured,
-                            tokens_api, web)
+from llm_onnx.serve import (messages, protocol as p, requests as rq, responses as rs, runner,
+                            structured, tokens_api, web)
 from llm_onnx.serve.metrics import CONTENT_TYPE, Metrics
 
 log = logging.getLogger("llm_onnx.serve")
@@ -223,7 +223,7 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = (),
 
 
 # Modules that add an API's routes: ``add_routes(app, service, authorized)``.
-APIS: list[Any] = [tokens_api]
+APIS: list[Any] = [messages, tokens_api]
 
 
 def _error_body(request: Request, e: p.ApiError) -> dict[str, Any]:
@@ -260,7 +260,7 @@ class _ReplicaHeader:
 
 
 _ENDPOINTS = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions",
-              *tokens_api.PATHS}
+              *messages.PATHS, *tokens_api.PATHS}
 
 
 def _count(service: Service, request: Request, status: int | str) -> None:
