@@ -101,6 +101,19 @@ def test_max_tokens_0_needs_echo(client):
         client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0)
 
 
+def test_echoed_logprobs_conform_to_openais_spec_but_the_first_null(server):
+    """The response validates against OpenAI's description of a completion once its leading
+    null (what OpenAI's legacy answers and vLLM's give) stands in for a number."""
+    import httpx
+
+    from tests.serve.test_openai_spec import echoed, validate
+
+    body = {"model": MODEL, "prompt": PROMPT, "echo": True, "logprobs": 1, "max_tokens": 2}
+    answer = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    assert answer["choices"][0]["logprobs"]["token_logprobs"][0] is None
+    validate(echoed(answer, True), "CreateCompletionResponse")
+
+
 # ------------------------------------------------------------------ lm-evaluation-harness
 
 DOCS = [{"question": "t5 t6 t7", "choices": ["t8", "t9 t10", "t11 t12 t13"], "answer": 1},
