@@ -184,6 +184,11 @@ def _messages(messages: Any, system: list[dict]) -> tuple[list[dict[str, Any]], 
             if not isinstance(content, list):
                 raise p.bad(f"{where}.content", "must be a string or a list of content blocks.")
             blocks = [(f"{where}.content.{j}", b) for j, b in enumerate(content)]
+        if not blocks:
+            if role == "assistant" and i == len(messages) - 1:
+                continue  # an empty final message: nothing to continue
+            raise p.bad(f"{where}.content", "must not be empty (only the final assistant "
+                                            "message may be).")
         if turns and turns[-1][0] == role:  # one turn, as Anthropic combines them
             turns[-1][1].extend(blocks)
         else:

@@ -136,6 +136,10 @@ def test_stop_sequences(client, model):
 def test_max_tokens_0_and_a_prefill(client, model):
     r = client.messages.create(model=NAME, max_tokens=0, messages=USER)
     assert (r.content, r.stop_reason, r.usage.output_tokens) == ([], "max_tokens", 0)
+    # an empty final assistant message is no prefill
+    empty = client.messages.create(model=NAME, max_tokens=0, messages=[
+        *USER, {"role": "assistant", "content": []}])
+    assert empty.usage.input_tokens == r.usage.input_tokens
     # a final assistant message: the reply continues its text
     conversation = [*USER, {"role": "assistant", "content": "It is"}]
     prompt = model.render_chat(conversation, continue_final_message=True)
@@ -292,6 +296,9 @@ BAD = [
      "messages.1.content", "trailing whitespace"),
     ({"max_tokens": 4, "messages": [{"role": "user", "content": ""}]},
      "messages.0.content.text", "non-empty"),
+    ({"max_tokens": 4, "messages": [*USER, {"role": "assistant", "content": []},
+                                    {"role": "user", "content": "Hm?"}]},
+     "messages.1.content", "must not be empty"),
 ]
 
 
