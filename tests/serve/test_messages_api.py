@@ -332,3 +332,73 @@ def test_other_errors_and_the_server_keeps_serving(server, client):
     assert server.metric('llm_onnx_requests_total{endpoint="/v1/messages",status="200"}') > 0
     assert server.metric(
         'llm_onnx_requests_total{endpoint="/v1/messages/count_tokens",status="200"}') >= 0
+
+
+def random_body(rng) -> dict:
+    """A Messages request, most often well formed, with wrong types, roles, blocks and fields
+    mixed in."""
+    def block():
+        return rng.choice([
+            {"type": "text", "text": rng.choice(["hi", "", 3])},
+            {"type": "tool_use", "id": rng.choice(["a", 3]), "name": rng.choice(["add", ""]),
+             "input": rng.choice([{"a": 1, "b": 2}, "s"])},
+            {"type": "tool_result", "tool_use_id": rng.choice(["a", "b", 5]),
+             "content": rng.choice(["r", [], [{"type": "text", "text": "z"}],
+                                    [{"type": "image"}], 3]),
+             "is_error": rng.choice([None, True, "y"])},
+            {"type": "thinking", "thinking": rng.choice(["th", 3])},
+            {"type": "redacted_thinking", "data": "x"}, {"type": "image"}, {"type": "x"}, 7])
+
+    def message(i):
+        role = ("user", "assistant")[i % 2] if rng.random() < 0.85 else \
+            rng.choice(["user", "system", None])
+        content = "hello" if rng.random() < 0.6 else \
+            rng.choice([[block() for _ in range(rng.randrange(4))], "", 3, None])
+        return {"role": role, "content": content, **({"x": 1} if rng.random() < 0.03 else {})}
+
+    body = {"model": NAME if rng.random() < 0.95 else rng.choice(["other", None]),
+            "messages": [message(i) for i in range(rng.randrange(1, 6))]
+            if rng.random() < 0.95 else rng.choice([[], "x"]),
+            "max_tokens": rng.choice([1, 2, 0]) if rng.random() < 0.9 else
+            rng.choice([-1, "3", 2.0, 10**6])}
+    for name, values in {
+            "system": ["s", "", [{"type": "text", "text": "s"}], [{"type": "image"}], 3],
+            "tools": [TOOLS, [{"name": "bad name", "input_schema": {}}], "x",
+                      [{"type": "bash_20250124", "name": "bash"}]],
+            "tool_choice": [{"type": "auto"}, {"type": "any"}, {"type": "tool", "name": "add"},
+                            {"type": "none"}, "auto", {"type": "tool"}],
+            "thinking": [{"type": "enabled", "budget_tokens": 1}, {"type": "disabled"},
+                         {"type": "enabled"}, "on"],
+            "stop_sequences": [["a"], [""], "a"], "temperature": [0, 1, 2, "x"],
+            "top_k": [0, -1, 3], "stream": [True, False, "y"], "metadata": [{"user_id": "u"}],
+            "output_config": [{"format": {"type": "json_schema", "schema": {"type": "object"}}},
+                              {"format": 1}], "container": ["c"], "bogus": [1]}.items():
+        if rng.random() < 0.12:
+            body[name] = rng.choice(values)
+    return body
+
+
+def test_random_requests_never_get_a_5xx(server):
+    """300 seeded random requests, most of them bad somewhere: every answer is a 200 (a whole
+    event stream when streamed) or an Anthropic-shaped 4xx."""
+    import random
+
+    rng, answered = random.Random(7), 0
+    with httpx.Client(base_url=server.url, headers={"x-api-key": KEY}, timeout=60) as http:
+        for _ in range(300):
+            body = random_body(rng)
+            if rng.random() < 0.3:
+                path = "/v1/messages/count_tokens"
+                for name in ("max_tokens", "stream", "stop_sequences", "temperature", "top_k"):
+                    body.pop(name, None)
+            else:
+                path = "/v1/messages"
+            r = http.post(path, json=body)
+            assert r.status_code < 500, (body, r.text)
+            if r.status_code >= 400:
+                error = r.json()
+                assert error["type"] == "error" and set(error["error"]) == {"type", "message"}
+            elif body.get("stream") is True and path == "/v1/messages":
+                assert r.text.rstrip().endswith('data: {"type": "message_stop"}'), r.text[-200:]
+            answered += r.status_code == 200
+    assert answered >= 10
