@@ -51,6 +51,7 @@ class ApiError(Exception):
 
     def __init__(self, status: int, message: str, *, param: str | None = None,
                  type: str = "invalid_request_error", code: str | None = None) -> None:
+        message, param = _encodable(message), _encodable(param)  # a lone surrogate quoted
         super().__init__(message)
         self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
 
@@ -65,6 +66,12 @@ class ApiError(Exception):
         message = self.message if self.param is None or self.message.startswith(self.param) \
             else f"{self.param}: {self.message}"
         return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def _encodable(text: str | None) -> str | None:
+    """``text`` as UTF-8 can carry it: a lone surrogate from the request (a JSON "\\ud800")
+    written as its escape, so that the error can be sent at all."""
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 # Anthropic's error types by HTTP status (docs.anthropic.com, "Errors")

@@ -324,6 +324,10 @@ def test_other_errors_and_the_server_keeps_serving(server, client):
     r = httpx.post(server.url + "/v1/messages", content=b"{not json", timeout=30,
                    headers={"x-api-key": KEY, "content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(server.url + "/v1/messages", timeout=30, headers={
+        "x-api-key": KEY, "content-type": "application/json"},
+        content=b'{"model": "tiny-bytes", "max_tokens": 1, "messages": [], "\\ud800": 1}')
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("\\ud800: Extra")
     r = httpx.get(server.url + "/v1/messages/nope", headers={"x-api-key": KEY})
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     assert client.messages.create(model=NAME, max_tokens=2, messages=USER).usage.output_tokens

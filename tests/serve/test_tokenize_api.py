@@ -108,7 +108,13 @@ def test_bad_input_is_a_400_naming_the_field(server, path, body, param, words):
 def test_a_wrong_model_is_a_404_and_the_server_keeps_counting(server):
     r = post(server, "/tokenize", {"model": "other", "prompt": "a"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    # a lone surrogate (valid JSON, not UTF-8) named in an error comes back escaped
+    r = httpx.post(server.url + "/tokenize", content=b'{"model": "\\ud800", "prompt": "a"}',
+                   headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 404 and "`\\ud800`" in r.json()["error"]["message"]
     assert post(server, "/detokenize", {"tokens": [40]}).json()["prompt"] == "!"
+    assert post(server, "/detokenize", {"tokens": "no"}).status_code == 400
+    assert post(server, "/tokenize", {"prompt": "a"}).status_code == 200
     assert server.metric('llm_onnx_requests_total{endpoint="/tokenize",status="200"}') >= 1
     assert server.metric('llm_onnx_requests_total{endpoint="/detokenize",status="400"}') >= 1
     assert server.metric('llm_onnx_requests_total{endpoint="/tokenize",status="500"}') == 0
