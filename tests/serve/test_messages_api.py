@@ -406,3 +406,49 @@ def test_random_requests_never_get_a_5xx(server):
                 assert r.text.rstrip().endswith('data: {"type": "message_stop"}'), r.text[-200:]
             answered += r.status_code == 200
     assert answered >= 10
+
+
+def test_a_full_queue_and_a_shutdown_in_anthropic_shapes(byte_model_folder):  # noqa: F811
+    """On a held server (nothing finishes but through the test): one request streams, one
+    waits, a third gets a 429 the client raises as RateLimitError; SIGTERM ends the stream with
+    an ``error`` event and the waiting request with a 503, both overloaded_error."""
+    import signal
+    import threading
+
+    from tests.serve.conftest import wait_until
+
+    server = ServerProcess(byte_model_folder, "--max-batch", "1", "--max-queue", "1",
+                           "--drain-timeout", "0.3", "--no-web-ui", held=0)
+    body = {"model": NAME, "max_tokens": 2000, "messages": USER}
+    results = {}
+
+    def streamed():
+        with httpx.stream("POST", server.url + "/v1/messages", json={**body, "stream": True},
+                          timeout=60) as r:
+            results["stream"] = [line for line in r.iter_lines() if line]
+
+    def waiting():
+        results["waiting"] = httpx.post(server.url + "/v1/messages", json=body, timeout=60)
+
+    threads = [threading.Thread(target=streamed), threading.Thread(target=waiting)]
+    try:
+        threads[0].start()
+        wait_until(lambda: server.metric("llm_onnx_running_requests") == 1)
+        threads[1].start()
+        wait_until(lambda: server.metric("llm_onnx_queue_depth") == 1)
+        client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+        with pytest.raises(anthropic.RateLimitError) as info:
+            client.messages.create(model=NAME, max_tokens=4, messages=USER)
+        assert info.value.type == "rate_limit_error" and "queue is full" in \
+            info.value.api_message
+        server.signal(signal.SIGTERM)
+        for t in threads:
+            t.join(60)
+    finally:
+        server.stop()
+    lines = results["stream"]
+    assert lines[0] == "event: message_start" and lines[-2] == "event: error"
+    assert json.loads(lines[-1][len("data: "):])["error"]["type"] == "overloaded_error"
+    assert "message_stop" not in "".join(lines)
+    r = results["waiting"]
+    assert r.status_code == 503 and r.json()["error"]["type"] == "overloaded_error"
