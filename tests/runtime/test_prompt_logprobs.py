@@ -38,14 +38,30 @@ def check_against(scored, ref: np.ndarray, ids: list[int], top: int) -> None:
         assert [v for _, v in lp.top] == pytest.approx(want[order].tolist(), abs=1e-4)
 
 
+ARCHS = ["llama_tiny", "qwen3_5_tiny"]  # and a hybrid: a recurrent state through the runs
+
+
 @pytest.fixture(scope="module")
-def tiny(tiny_hf, tiny_export):
-    return tiny_hf("llama_tiny")[0], Model.load(tiny_export("llama_tiny", "fp32"),
-                                                provider="cpu", threads=1)
+def models(tiny_hf, tiny_export):
+    made = {}
+
+    def get(arch: str):
+        if arch not in made:
+            made[arch] = tiny_hf(arch)[0], Model.load(tiny_export(arch, "fp32"), provider="cpu",
+                                                      threads=1)
+        return made[arch]
+
+    return get
 
 
-def test_prompt_logprobs_are_transformers_log_softmax(tiny):
-    hf_model, model = tiny
+@pytest.fixture
+def tiny(models):
+    return models("llama_tiny")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prompt_logprobs_are_transformers_log_softmax(models, arch):
+    hf_model, model = models(arch)
     scored = model.prompt_logprobs(PROMPT, top=TOP)
     check_against(scored, hf_log_softmax(hf_model, PROMPT), PROMPT, TOP)
     # their sum is the prompt's log-likelihood; a one-token prompt has nothing to score
@@ -53,11 +69,13 @@ def test_prompt_logprobs_are_transformers_log_softmax(tiny):
     assert model.prompt_logprobs([9]) == [None]
 
 
-def test_the_same_in_chunks_after_a_cached_prefix_and_while_generating(tiny, monkeypatch):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_same_in_chunks_after_a_cached_prefix_and_while_generating(models, arch,
+                                                                     monkeypatch):
     """Runs of 4 positions' logits (SCORED_LOGITS cut down) or prefill chunks of 3 tokens give
     the same numbers; a row whose cache already holds the prompt runs it again (a reused prefix
     has no logits); generation goes on as without scoring."""
-    hf_model, model = tiny
+    hf_model, model = models(arch)
     ref = hf_log_softmax(hf_model, PROMPT)
     monkeypatch.setattr(sequence, "SCORED_LOGITS", 4 * model.engine.vocab_size)
     options = GenerationOptions(max_new_tokens=5, temperature=0.0, ignore_eos=True)
