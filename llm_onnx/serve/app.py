@@ -7,6 +7,8 @@ scheduler, metrics, the served name and API key).
     POST /v1/chat/completions     messages -> the assistant's answer, with the model's template
     GET  /metrics                 Prometheus text format
     GET  /                        the chat page (llm_onnx/serve/web; off with web_ui=False)
+    POST /v1/messages             Anthropic's Messages API (messages.py; /count_tokens too)
+    POST /tokenize, /detokenize   vLLM's and llama.cpp's token endpoints (tokens_api.py)
 
 ``create_app(service)`` is the one app definition: ``llm-onnx serve`` runs it under uvicorn, the
 Ray Serve deployment mounts the same object.
