@@ -182,18 +182,21 @@ def completion_plan(body: Any, model: Model, served: str, context: int) -> Plan:
         raise bad("best_of", "'best_of' different from 'n' is not supported.")
     echo = bool(boolean(body, "echo"))
     logprobs = integer(body, "logprobs", 0, 5)
-    if echo and logprobs is not None:
-        raise bad("echo", "'echo' together with 'logprobs' (prompt logprobs) is not supported.")
+    scored = logprobs if echo else None  # the echoed prompt's logprobs too (vLLM's answer)
+    if scored is not None and not getattr(model.engine, "verifies", False):
+        raise bad("echo", "'echo' with 'logprobs' needs the logits of every prompt position, "
+                          "which this model folder's prefill.onnx does not return; re-export it "
+                          "with this version of llm-onnx.")
     stream, usage = stream_fields(body)
     texts, prompts = _prompts(body.get("prompt"), model)
     options = sampling(body, model.defaults, model.engine.vocab_size)
-    fitted = [replace(options, max_new_tokens=fit_length(
-        body, ("max_tokens",), p, context, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt"))
-        for p in prompts]
+    fitted = [replace(options, max_new_tokens=fit_length(  # 0 with echo: the prompt only
+        body, ("max_tokens",), p, context, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt",
+        low=0 if echo else 1)) for p in prompts]
     if len(prompts) * n > MAX_N:
         raise bad("n", f"{len(prompts)} prompts x n={n} is more than {MAX_N} choices.")
     return Plan(COMPLETION, name, prompts, fitted, n, stream, usage, logprobs, echo, texts,
-                constraint=answer)
+                constraint=answer, prompt_logprobs=scored)
 
 
 def _prompts(prompt: Any, model: Model) -> tuple[list[str], list[list[int]]]:

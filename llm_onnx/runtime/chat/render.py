@@ -142,6 +142,23 @@ def _arguments_as_object(call: Any) -> Any:
     return {**call, "function": {**function, "arguments": arguments}}
 
 
+def continue_final(rendered: str, messages: Sequence[Message]) -> str:
+    """``rendered`` (``messages`` rendered without a generation prompt) cut right after the
+    final message's text, so that a reply continues it rather than starting a turn of its own:
+    transformers' ``continue_final_message`` (the text is found stripped, as templates often
+    trim it)."""
+    content = messages[-1].get("content") if messages and isinstance(messages[-1], dict) else None
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict)]
+        content = texts[-1] if texts else None
+    final = content.strip() if isinstance(content, str) else ""
+    at = rendered.rfind(final) if final else -1
+    if at < 0:
+        raise GenerationError("the final message cannot be continued: its text is empty or "
+                              "the chat template does not write it as given.")
+    return rendered[:at + len(final)]
+
+
 def render_chat(template: str, messages: Sequence[Message], special_tokens: dict[str, str],
                 add_generation_prompt: bool = True, *, tools: Sequence[dict] | None = None,
                 documents: Sequence[dict] | None = None, **variables: Any) -> str:

@@ -22,7 +22,8 @@ class GenerationOptions:
     """How to pick tokens and when to stop. Call ``validated()`` before use (the Sampler does).
 
     Args:
-        max_new_tokens: upper bound on generated tokens (> 0).
+        max_new_tokens: upper bound on generated tokens; 0 generates none (a prompt run only to
+            score it: ``Generator.append_tokens(..., prompt_logprobs=k)``).
         temperature: 0 = greedy (argmax, ties -> lowest id); otherwise a finite number > 0.
         top_k: keep the k most likely tokens; 0 = off.
         top_p: nucleus sampling, in (0, 1]; 1 = off.
@@ -68,7 +69,7 @@ class GenerationOptions:
         """
         return dataclasses.replace(
             self,
-            max_new_tokens=_int_option("max_new_tokens", self.max_new_tokens, minimum=1),
+            max_new_tokens=_int_option("max_new_tokens", self.max_new_tokens, minimum=0),
             temperature=_float_option("temperature", self.temperature, ">= 0 (0 = greedy)", lambda v: v >= 0),
             top_k=_int_option("top_k", self.top_k, minimum=0, note=" (0 = off)"),
             top_p=_float_option("top_p", self.top_p, "in (0, 1] (1 = off)", lambda v: 0 < v <= 1),
