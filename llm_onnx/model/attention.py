@@ -1,7 +1,7 @@
 """Attention: the module (q/k/v/o projections, Qwen3's q/k norms, Qwen3.5's output gate, RoPE
-outside or inside GroupQueryAttention, plain ONNX ops for the head sizes the kernel refuses) and
-the choice of
-the fastest form ONNX Runtime runs for a config (``attention_form``)."""
+outside or inside GroupQueryAttention or none on SmolLM3's NoPE layers, plain ONNX ops for the
+head sizes the kernel refuses) and the choice of the fastest form ONNX Runtime runs for a config
+(``attention_form``)."""
 
 from __future__ import annotations
 
@@ -78,7 +78,9 @@ class Attention(nn.Module):
         # GroupQueryAttention's local_window_size means (measured: see ops.attention_ref).
         # Gemma 3: only its sliding layers.
         self.window = cfg.layer_window(layer) or -1
-        self.rope = cfg.position_embedding_type == "rope"
+        # SmolLM3: its NoPE layers (no_rope_layers) attend without rotating q and k, so their
+        # GroupQueryAttention gets no cos/sin caches (do_rotary=0) beside rotating layers.
+        self.rope = cfg.layer_uses_rope(layer)
         self.plain = plain
         self.fused_rotary = fused_rotary and self.rope and not plain
 
