@@ -153,9 +153,10 @@ def worker_ours(a: argparse.Namespace) -> dict:
 WORKERS = {"export": worker_export, "ours": worker_ours}
 
 
-def run_worker(kind: str, log: Path, **opts) -> dict:
-    """This script as a worker in a child process; its peak RSS from wait4, and its RSS sampled
-    every second with the export's progress-bar stage at that moment."""
+def run_worker(kind: str, log: Path, env: dict[str, str] | None = None, **opts) -> dict:
+    """This script as a worker in a child process (``env`` added to its environment); its peak
+    RSS from wait4, and its RSS sampled every second with the export's progress-bar stage at
+    that moment."""
     result = log.with_suffix(".json")
     result.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--worker", kind, "--result", str(result)]
@@ -164,7 +165,7 @@ def run_worker(kind: str, log: Path, **opts) -> dict:
     samples: list[tuple[float, float, str]] = []
     start = time.perf_counter()
     with open(log, "w") as err:
-        proc = subprocess.Popen(cmd, stdout=err, stderr=err)
+        proc = subprocess.Popen(cmd, stdout=err, stderr=err, env={**os.environ, **(env or {})})
         done = threading.Event()
 
         def sample() -> None:
@@ -312,11 +313,13 @@ def measure(a) -> dict:
         folder = work / f"{a.config}-L{cfg.num_hidden_layers}-{precision}{block}"
         log(f"export {precision} -> {folder}")
         busy = cpu_busy()
+        env = export_env(a)
         results["export"][precision] = run_worker(
-            "export", logs / f"export-{precision}.log", config=a.config,
+            "export", logs / f"export-{precision}.log", env, config=a.config,
             layers=cfg.num_hidden_layers, precision=precision, folder=folder,
             block_size=a.block_size, experts_accuracy_level=a.experts_accuracy_level)
         results["export"][precision]["cpu_busy_before"] = busy
+        results["export"][precision]["env"] = env
         log(f"  {results['export'][precision]['seconds']:.0f} s, peak RSS "
             f"{results['export'][precision]['process_peak_rss_mib']:.0f} MiB")
         if precision in a.run:
@@ -356,6 +359,16 @@ def measure(a) -> dict:
             if not a.keep:
                 gguf.unlink(missing_ok=True)
     return results
+
+
+def export_env(a) -> dict[str, str]:
+    """The export worker's allocator setting. glibc raises its mmap threshold (up to 32 MiB)
+    each time a mapped block is freed, after which the export's per-expert float tensors (2-4
+    MiB) come from the heap, and the heap it keeps grows by a layer's worth of freed tensors:
+    0.3-0.5 GiB a Qwen3.6-35B-A3B layer (256 experts), measured. A fixed threshold keeps such
+    blocks mapped and returned when freed."""
+    t = a.export_mmap_threshold
+    return {"MALLOC_MMAP_THRESHOLD_": str(t)} if t else {}
 
 
 def qmoe_variant(folder: Path, out: Path) -> Path:
@@ -488,6 +501,10 @@ def main() -> None:
     p.add_argument("--experts-accuracy-level", type=int, choices=(0, 4), default=0,
                    help="the export's QMoE accuracy level (llm-onnx export "
                         "--experts-accuracy-level): 4 = int8 activations, also when serving")
+    p.add_argument("--export-mmap-threshold", type=int, default=128 * 1024, metavar="BYTES",
+                   help="glibc's MALLOC_MMAP_THRESHOLD_ for the export worker: blocks this large "
+                        "or larger are mapped and given back when freed (0: glibc's dynamic "
+                        "threshold, under which the export's heap grows with the layers)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=128)
