@@ -311,15 +311,22 @@ def measure(a) -> dict:
         block = "" if a.block_size == 32 else f"-b{a.block_size}"
         block += "-acc4" if a.experts_accuracy_level == 4 else ""
         folder = work / f"{a.config}-L{cfg.num_hidden_layers}-{precision}{block}"
-        log(f"export {precision} -> {folder}")
-        busy = cpu_busy()
-        env = export_env(a)
-        results["export"][precision] = run_worker(
-            "export", logs / f"export-{precision}.log", env, config=a.config,
-            layers=cfg.num_hidden_layers, precision=precision, folder=folder,
-            block_size=a.block_size, experts_accuracy_level=a.experts_accuracy_level)
-        results["export"][precision]["cpu_busy_before"] = busy
-        results["export"][precision]["env"] = env
+        record = folder.with_name(folder.name + ".export.json")
+        if a.reuse and (folder / "manifest.json").is_file() and record.is_file():
+            log(f"export {precision}: reusing {folder} (--reuse; its figures from {record.name})")
+            results["export"][precision] = json.loads(record.read_text())
+        else:
+            log(f"export {precision} -> {folder}")
+            busy = cpu_busy()
+            env = export_env(a)
+            results["export"][precision] = run_worker(
+                "export", logs / f"export-{precision}.log", env, config=a.config,
+                layers=cfg.num_hidden_layers, precision=precision, folder=folder,
+                block_size=a.block_size, experts_accuracy_level=a.experts_accuracy_level)
+            results["export"][precision]["cpu_busy_before"] = busy
+            results["export"][precision]["env"] = env
+            if a.keep:
+                record.write_text(json.dumps(results["export"][precision], indent=1))
         log(f"  {results['export'][precision]['seconds']:.0f} s, peak RSS "
             f"{results['export'][precision]['process_peak_rss_mib']:.0f} MiB")
         if precision in a.run:
@@ -342,6 +349,7 @@ def measure(a) -> dict:
                 shutil.rmtree(path, ignore_errors=True)
         if not a.keep:
             shutil.rmtree(folder, ignore_errors=True)
+            record.unlink(missing_ok=True)
         if a.llama and precision in a.run:
             qtype = MATCH[precision]
             gguf = work / f"{a.config}-L{cfg.num_hidden_layers}-{qtype}.gguf"
@@ -527,6 +535,10 @@ def main() -> None:
     p.add_argument("--bench-work", type=Path, default=Path.home() / ".cache" / "llm-onnx-bench",
                    help="where serve_load.py builds llama-server (shared with it)")
     p.add_argument("--keep", action="store_true", help="keep the model folders and GGUFs")
+    p.add_argument("--reuse", action="store_true",
+                   help="take a folder an earlier --keep run exported (and its export figures) "
+                        "instead of exporting again: export while the machine is shared, then "
+                        "time the rest alone")
     p.add_argument("--out", type=Path, help="the JSON (default: WORK/results/moe-full-TIME.json)")
     a = p.parse_args()
     check_config(p, a.config)
