@@ -153,9 +153,10 @@ def worker_ours(a: argparse.Namespace) -> dict:
 WORKERS = {"export": worker_export, "ours": worker_ours}
 
 
-def run_worker(kind: str, log: Path, **opts) -> dict:
-    """This script as a worker in a child process; its peak RSS from wait4, and its RSS sampled
-    every second with the export's progress-bar stage at that moment."""
+def run_worker(kind: str, log: Path, env: dict[str, str] | None = None, **opts) -> dict:
+    """This script as a worker in a child process (``env`` added to its environment); its peak
+    RSS from wait4, and its RSS sampled every second with the export's progress-bar stage at
+    that moment."""
     result = log.with_suffix(".json")
     result.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--worker", kind, "--result", str(result)]
@@ -164,7 +165,7 @@ def run_worker(kind: str, log: Path, **opts) -> dict:
     samples: list[tuple[float, float, str]] = []
     start = time.perf_counter()
     with open(log, "w") as err:
-        proc = subprocess.Popen(cmd, stdout=err, stderr=err)
+        proc = subprocess.Popen(cmd, stdout=err, stderr=err, env={**os.environ, **(env or {})})
         done = threading.Event()
 
         def sample() -> None:
@@ -310,13 +311,22 @@ def measure(a) -> dict:
         block = "" if a.block_size == 32 else f"-b{a.block_size}"
         block += "-acc4" if a.experts_accuracy_level == 4 else ""
         folder = work / f"{a.config}-L{cfg.num_hidden_layers}-{precision}{block}"
-        log(f"export {precision} -> {folder}")
-        busy = cpu_busy()
-        results["export"][precision] = run_worker(
-            "export", logs / f"export-{precision}.log", config=a.config,
-            layers=cfg.num_hidden_layers, precision=precision, folder=folder,
-            block_size=a.block_size, experts_accuracy_level=a.experts_accuracy_level)
-        results["export"][precision]["cpu_busy_before"] = busy
+        record = folder.with_name(folder.name + ".export.json")
+        if a.reuse and (folder / "manifest.json").is_file() and record.is_file():
+            log(f"export {precision}: reusing {folder} (--reuse; its figures from {record.name})")
+            results["export"][precision] = json.loads(record.read_text())
+        else:
+            log(f"export {precision} -> {folder}")
+            busy = cpu_busy()
+            env = export_env(a)
+            results["export"][precision] = run_worker(
+                "export", logs / f"export-{precision}.log", env, config=a.config,
+                layers=cfg.num_hidden_layers, precision=precision, folder=folder,
+                block_size=a.block_size, experts_accuracy_level=a.experts_accuracy_level)
+            results["export"][precision]["cpu_busy_before"] = busy
+            results["export"][precision]["env"] = env
+            if a.keep:
+                record.write_text(json.dumps(results["export"][precision], indent=1))
         log(f"  {results['export'][precision]['seconds']:.0f} s, peak RSS "
             f"{results['export'][precision]['process_peak_rss_mib']:.0f} MiB")
         if precision in a.run:
@@ -339,6 +349,7 @@ def measure(a) -> dict:
                 shutil.rmtree(path, ignore_errors=True)
         if not a.keep:
             shutil.rmtree(folder, ignore_errors=True)
+            record.unlink(missing_ok=True)
         if a.llama and precision in a.run:
             qtype = MATCH[precision]
             gguf = work / f"{a.config}-L{cfg.num_hidden_layers}-{qtype}.gguf"
@@ -356,6 +367,16 @@ def measure(a) -> dict:
             if not a.keep:
                 gguf.unlink(missing_ok=True)
     return results
+
+
+def export_env(a) -> dict[str, str]:
+    """The export worker's allocator setting. glibc raises its mmap threshold (up to 32 MiB)
+    each time a mapped block is freed, after which the export's per-expert float tensors (2-4
+    MiB) come from the heap, and the heap it keeps grows by a layer's worth of freed tensors:
+    0.3-0.5 GiB a Qwen3.6-35B-A3B layer (256 experts), measured. A fixed threshold keeps such
+    blocks mapped and returned when freed."""
+    t = a.export_mmap_threshold
+    return {"MALLOC_MMAP_THRESHOLD_": str(t)} if t else {}
 
 
 def qmoe_variant(folder: Path, out: Path) -> Path:
@@ -488,6 +509,10 @@ def main() -> None:
     p.add_argument("--experts-accuracy-level", type=int, choices=(0, 4), default=0,
                    help="the export's QMoE accuracy level (llm-onnx export "
                         "--experts-accuracy-level): 4 = int8 activations, also when serving")
+    p.add_argument("--export-mmap-threshold", type=int, default=128 * 1024, metavar="BYTES",
+                   help="glibc's MALLOC_MMAP_THRESHOLD_ for the export worker: blocks this large "
+                        "or larger are mapped and given back when freed (0: glibc's dynamic "
+                        "threshold, under which the export's heap grows with the layers)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=128)
@@ -510,6 +535,10 @@ def main() -> None:
     p.add_argument("--bench-work", type=Path, default=Path.home() / ".cache" / "llm-onnx-bench",
                    help="where serve_load.py builds llama-server (shared with it)")
     p.add_argument("--keep", action="store_true", help="keep the model folders and GGUFs")
+    p.add_argument("--reuse", action="store_true",
+                   help="take a folder an earlier --keep run exported (and its export figures) "
+                        "instead of exporting again: export while the machine is shared, then "
+                        "time the rest alone")
     p.add_argument("--out", type=Path, help="the JSON (default: WORK/results/moe-full-TIME.json)")
     a = p.parse_args()
     check_config(p, a.config)

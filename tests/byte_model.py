@@ -109,6 +109,12 @@ def byte_model_folder(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def byte_think_model_folder(tmp_path_factory) -> Path:
+    """The byte model with <think> tags (Qwen3's chat template renders them)."""
+    return export_byte_model(tmp_path_factory, think=True)
+
+
+@pytest.fixture(scope="session")
 def hybrid_byte_model_folder(tmp_path_factory) -> Path:
     """The byte model as a Qwen3.5 (a linear and a full layer: a recurrent state per row)."""
     return export_byte_model(tmp_path_factory, preset="qwen3_5_tiny")

@@ -51,7 +51,7 @@ def test_debug_shows_the_traceback():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--max-new-tokens", "0"], "max_new_tokens"),
+    (["--max-new-tokens", "-1"], "max_new_tokens"),
     (["--temperature", "-1"], "temperature"),
     (["--top-p", "0"], "top_p"),
     (["--top-k", "-1"], "top_k"),

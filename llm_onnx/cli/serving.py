@@ -105,7 +105,8 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, m
         return _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len,
                           max_cache_memory, api_key, model_name, provider, threads, replicas,
                           autoscale, address, cors_origins, chat_template, tool_call_format,
-                          web_ui, speculation)
+                          web_ui, speculation, stored_responses,
+                          int(stored_responses_memory * 2**20))
     if replicas or autoscale or address:
         raise click.UsageError("--replicas, --autoscale and --address need --ray.")
     try:
@@ -172,7 +173,8 @@ def _page_url(host: str, port: int) -> str:
 def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len,
                max_cache_memory, api_key,
                model_name, provider, threads, replicas, autoscale, address, cors_origins,
-               chat_template, tool_call_format, web_ui, speculation) -> None:
+               chat_template, tool_call_format, web_ui, speculation, stored_responses,
+               stored_bytes) -> None:
     try:
         from llm_onnx.serve import ray_app
     except ImportError as e:
@@ -213,7 +215,8 @@ def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_l
                                    draft_model=str(Path(speculation["draft_model"]).resolve())
                                    if speculation["draft_model"] else None,
                                    num_speculative_tokens=speculation["num_speculative_tokens"],
-                                   web_ui=web_ui)
+                                   web_ui=web_ui, stored_responses=stored_responses,
+                                   stored_bytes=stored_bytes)
     scaling = ray_app.Scaling(replicas=replicas or 1,
                               autoscale=ray_app.parse_autoscale(autoscale) if autoscale else None)
     where = "a local Ray instance" if address is None else f"the Ray cluster at {address}"

@@ -91,34 +91,21 @@ def rotary_embedding(x: TFloat, position_ids: INT64, cos_cache: TFloat, sin_cach
                                 interleaved=interleaved, rotary_embedding_dim=rotary_dim)
 
 
+# One translation for layers with and without RoPE: do_rotary is the op's per call (SmolLM3's
+# NoPE layers run beside rotating ones; a model without RoPE passes no cos/sin caches at all).
 @onnxscript.script(opset=_here)
 def group_query_attention(
     query: TFloat, key: Optional[TFloat], value: Optional[TFloat], past_key: TFloat,
     past_value: TFloat, seqlens_k: INT32, total_sequence_length: INT32,
     cos_cache: Optional[TFloat], sin_cache: Optional[TFloat], num_heads: int, kv_num_heads: int,
-    scale: float, local_window_size: int, rotary_interleaved: bool,
+    scale: float, local_window_size: int, rotary_interleaved: bool, do_rotary: bool,
     attention_bias: Optional[TFloat] = None, head_sink: Optional[TFloat] = None,
 ) -> tuple[TFloat, TFloat, TFloat]:
     out, present_key, present_value = msft.GroupQueryAttention(
         query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
         cos_cache, sin_cache, None, attention_bias, head_sink, num_heads=num_heads,
         kv_num_heads=kv_num_heads, scale=scale, local_window_size=local_window_size,
-        rotary_interleaved=rotary_interleaved, do_rotary=1)
-    return out, present_key, present_value
-
-
-@onnxscript.script(opset=_here)
-def group_query_attention_nope(
-    query: TFloat, key: Optional[TFloat], value: Optional[TFloat], past_key: TFloat,
-    past_value: TFloat, seqlens_k: INT32, total_sequence_length: INT32,
-    cos_cache: Optional[TFloat], sin_cache: Optional[TFloat], num_heads: int, kv_num_heads: int,
-    scale: float, local_window_size: int, rotary_interleaved: bool,
-    attention_bias: Optional[TFloat] = None, head_sink: Optional[TFloat] = None,
-) -> tuple[TFloat, TFloat, TFloat]:
-    out, present_key, present_value = msft.GroupQueryAttention(
-        query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
-        None, None, None, attention_bias, head_sink, num_heads=num_heads, kv_num_heads=kv_num_heads,
-        scale=scale, local_window_size=local_window_size)
+        rotary_interleaved=rotary_interleaved, do_rotary=do_rotary)
     return out, present_key, present_value
 
 
@@ -330,7 +317,7 @@ def swiglu(gate_up: TFloat) -> TFloat:
     return op18.Mul(op18.Mul(gate, op18.Sigmoid(gate)), up)  # ORT fuses x*sigmoid(x): QuickGelu
 
 
-def translation_table(rotary_fused: bool) -> dict:
+def translation_table() -> dict:
     """torch op -> ONNX translation, for torch.onnx.export(custom_translation_table=...)."""
     t = torch.ops.llm_onnx
     return {
@@ -342,8 +329,7 @@ def translation_table(rotary_fused: bool) -> dict:
         t.fast_gelu.default: fast_gelu,
         t.alibi_bias.default: alibi_bias,
         t.rotary_embedding.default: rotary_embedding,
-        t.group_query_attention.default: (group_query_attention if rotary_fused
-                                          else group_query_attention_nope),
+        t.group_query_attention.default: group_query_attention,
         t.plain_attention.default: plain_attention,
         t.moe.default: moe,
         t.matmul_transposed.default: matmul_transposed,

@@ -57,8 +57,7 @@ def _example_inputs(model: Decoder, seq_len: int) -> tuple[torch.Tensor, ...]:
     )
 
 
-def trace_graph(model: Decoder, kind: str, *, all_logits: bool = False,
-                rotary_fused: bool = True) -> ir.Model:
+def trace_graph(model: Decoder, kind: str, *, all_logits: bool = False) -> ir.Model:
     """Export one graph; initializers keep the module names and hold no data yet."""
     if kind not in GRAPHS:
         raise ValueError(kind)
@@ -88,7 +87,7 @@ def trace_graph(model: Decoder, kind: str, *, all_logits: bool = False,
         program = torch.onnx.export(
             model, example, kwargs=kwargs,
             dynamo=True, dynamic_shapes=dynamic, optimize=False, verbose=False,
-            custom_translation_table=translation_table(rotary_fused),
+            custom_translation_table=translation_table(),
             input_names=inputs, output_names=names.output_names(layers, linear),
         )
     graph_model = program.model
@@ -101,7 +100,7 @@ def trace_graph(model: Decoder, kind: str, *, all_logits: bool = False,
     return graph_model
 
 
-def trace_embed(model: EmbeddingDecoder, *, rotary_fused: bool = True) -> ir.Model:
+def trace_embed(model: EmbeddingDecoder) -> ir.Model:
     """Export the embedding graph (batch and sequence length dynamic); initializers keep the
     module names and hold no data yet."""
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
@@ -112,7 +111,7 @@ def trace_embed(model: EmbeddingDecoder, *, rotary_fused: bool = True) -> ir.Mod
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             model, example, dynamo=True, dynamic_shapes=dynamic, optimize=False, verbose=False,
-            custom_translation_table=translation_table(rotary_fused),
+            custom_translation_table=translation_table(),
             input_names=[names.INPUT_IDS, names.SEQUENCE_LENGTHS],
             output_names=[names.EMBEDDINGS])
     graph_model = program.model

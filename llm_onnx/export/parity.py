@@ -165,8 +165,10 @@ class _ScratchSource:
 
 def _scratch_config(cfg: ModelConfig) -> ModelConfig:
     layers = min(SCRATCH_LAYERS, cfg.num_hidden_layers)
-    kinds = cfg.layer_types[:layers] if cfg.layer_types is not None else None  # one per layer
-    small = cfg.replace(num_hidden_layers=layers, layer_types=kinds,
+    # what is given per layer is cut with the layers (kinds; SmolLM3's RoPE flags)
+    kinds = cfg.layer_types[:layers] if cfg.layer_types is not None else None
+    rope = cfg.no_rope_layers[:layers] if cfg.no_rope_layers is not None else None
+    small = cfg.replace(num_hidden_layers=layers, layer_types=kinds, no_rope_layers=rope,
                         vocab_size=min(SCRATCH_VOCAB, cfg.vocab_size))
     if cfg.moe is not None and cfg.moe.num_experts > SCRATCH_EXPERTS:
         small = small.replace(moe=replace(cfg.moe, num_experts=SCRATCH_EXPERTS,

@@ -104,17 +104,14 @@ class ExportPlan:
         return sum(1 for m in self.model.modules() if _writes(m))
 
     def trace(self, progress: Progress) -> dict[str, ir.Model]:
-        layers = self.model.model.layers
-        fused = any(layers[i].self_attn.fused_rotary for i in self.cfg.attention_layers)
         if isinstance(self.model, EmbeddingDecoder):
             progress.stage("tracing embed")
-            self.graphs["embed"] = trace_embed(self.model, rotary_fused=fused)
+            self.graphs["embed"] = trace_embed(self.model)
             progress.advance(2)  # the steps of the two generation graphs
             return self.graphs
         for kind in GRAPHS:
             progress.stage(f"tracing {kind}")
-            self.graphs[kind] = trace_graph(self.model, kind, all_logits=self.options.all_logits,
-                                            rotary_fused=fused)
+            self.graphs[kind] = trace_graph(self.model, kind, all_logits=self.options.all_logits)
             progress.advance(1)
         return self.graphs
 

@@ -1,8 +1,7 @@
 """Attention: the module (q/k/v/o projections, Qwen3's q/k norms, Qwen3.5's output gate,
-gpt-oss's sinks, RoPE
-outside or inside GroupQueryAttention, plain ONNX ops for the head sizes the kernel refuses) and
-the choice of
-the fastest form ONNX Runtime runs for a config (``attention_form``)."""
+gpt-oss's sinks, RoPE outside or inside GroupQueryAttention or none on SmolLM3's NoPE layers,
+plain ONNX ops for the head sizes the kernel refuses) and the choice of the fastest form ONNX
+Runtime runs for a config (``attention_form``)."""
 
 from __future__ import annotations
 
@@ -82,7 +81,9 @@ class Attention(nn.Module):
         if cfg.attention_sinks:  # gpt-oss: one learned logit per query head in every softmax
             self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=dtype), requires_grad=False)
         self.has_sinks = cfg.attention_sinks
-        self.rope = cfg.position_embedding_type == "rope"
+        # SmolLM3: its NoPE layers (no_rope_layers) attend without rotating q and k, so their
+        # GroupQueryAttention gets no cos/sin caches (do_rotary=0) beside rotating layers.
+        self.rope = cfg.layer_uses_rope(layer)
         self.plain = plain
         self.fused_rotary = fused_rotary and self.rope and not plain
 

@@ -120,6 +120,8 @@ class ModelConfig:
             normalized after the residual sum, x = norm(x + f(x)), and there is no final norm.
         embed_dim: OPT-350m (``word_embed_proj_dim``): the embedding and LM head width when it is
             not ``hidden_size``; ``project_in`` / ``project_out`` map between the two.
+        no_rope_layers: SmolLM3 (Hugging Face's name and form): per layer, 1 if its attention
+            applies RoPE, 0 if it attends without positions (NoPE); None: every layer rotates.
     """
 
     vocab_size: int
@@ -163,6 +165,7 @@ class ModelConfig:
     final_logit_softcapping: float | None = None  # Gemma: c * tanh(logits / c)
     post_layernorm: bool = False  # OPT-350m: x = norm(x + f(x)), no final norm
     embed_dim: int | None = None  # OPT-350m: embedding / head width, projected to hidden_size
+    no_rope_layers: tuple[int, ...] | None = None  # SmolLM3: 1 = the layer rotates, 0 = NoPE
     architecture: str = "LlamaForCausalLM"  # the Hugging Face class this config mirrors
 
     def __post_init__(self) -> None:
@@ -215,6 +218,14 @@ class ModelConfig:
                 and self.linear_attention is None:
             problems.append("layer_types names linear_attention layers but linear_attention "
                             "(their shape) is not given")
+        if self.no_rope_layers is not None and (
+                not isinstance(self.no_rope_layers, tuple)
+                or len(self.no_rope_layers) != self.num_hidden_layers
+                or any(type(v) is not int or v not in (0, 1) for v in self.no_rope_layers)):
+            problems.append(f"no_rope_layers must give 1 (RoPE) or 0 (no RoPE) for each of the "
+                            f"{self.num_hidden_layers} layers, got {self.no_rope_layers!r}")
+        elif self.no_rope_layers is not None and self.position_embedding_type != "rope":
+            problems.append("no_rope_layers needs RoPE (position_embedding_type rope)")
         la = self.linear_attention
         if la is not None:
             for name in ("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim",
@@ -253,6 +264,11 @@ class ModelConfig:
             return None
         return self.sliding_window
 
+    def layer_uses_rope(self, layer: int) -> bool:
+        """Whether ``layer``'s attention rotates q and k (SmolLM3's NoPE layers do not)."""
+        return self.position_embedding_type == "rope" and (
+            self.no_rope_layers is None or bool(self.no_rope_layers[layer]))
+
     def layer_is_local(self, layer: int) -> bool:
         """Whether ``layer`` takes the local RoPE tables (Gemma 3's sliding layers)."""
         return (self.rope_local_theta is not None and self.layer_types is not None
@@ -286,8 +302,9 @@ class ModelConfig:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"Unknown model config fields: {', '.join(unknown)}.")
-        if data.get("layer_types") is not None:
-            data["layer_types"] = tuple(data["layer_types"])
+        for name in ("layer_types", "no_rope_layers"):
+            if data.get(name) is not None:
+                data[name] = tuple(data[name])
         if data.get("moe") is not None:
             moe = dict(data["moe"])
             moe["mlp_only_layers"] = tuple(moe.get("mlp_only_layers", ()))

@@ -351,7 +351,6 @@ def _(x, position_ids, cos_cache, sin_cache, num_heads, interleaved, rotary_dim)
     return torch.empty_like(x)
 
 
-@torch.library.custom_op("llm_onnx::group_query_attention", mutates_args=())
 def group_query_attention(
     query: Tensor, key: Tensor | None, value: Tensor | None, past_key: Tensor, past_value: Tensor,
     seqlens_k: Tensor, total_sequence_length: Tensor, cos_cache: Tensor | None,
@@ -360,18 +359,35 @@ def group_query_attention(
     head_sink: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """GroupQueryAttention (see attention_ref). ``key``/``value`` None: ``query`` is packed QKV
-    (B, T, H*D + 2*Hkv*D). ``cos_cache``/``sin_cache`` given: RoPE is applied inside (do_rotary).
+    (B, T, H*D + 2*Hkv*D). ``cos_cache``/``sin_cache`` given: RoPE is applied inside (do_rotary;
+    the op is told per call, so layers with and without RoPE share one graph: SmolLM3).
     ``attention_bias`` (1, H, T, S): added to the scores (ALiBi). ``head_sink`` (H,): gpt-oss's
     sinks."""
+    return _group_query_attention(query, key, value, past_key, past_value, seqlens_k,
+                                  total_sequence_length, cos_cache, sin_cache, num_heads,
+                                  kv_num_heads, scale, local_window_size, rotary_interleaved,
+                                  cos_cache is not None, attention_bias, head_sink)
+
+
+@torch.library.custom_op("llm_onnx::group_query_attention", mutates_args=())
+def _group_query_attention(
+    query: Tensor, key: Tensor | None, value: Tensor | None, past_key: Tensor, past_value: Tensor,
+    seqlens_k: Tensor, total_sequence_length: Tensor, cos_cache: Tensor | None,
+    sin_cache: Tensor | None, num_heads: int, kv_num_heads: int, scale: float,
+    local_window_size: int, rotary_interleaved: bool, do_rotary: bool,
+    attention_bias: Tensor | None = None, head_sink: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
     if key is None or value is None:
         d = past_key.shape[-1]
         query, key, value = query.split([num_heads * d, kv_num_heads * d, kv_num_heads * d], dim=-1)
+    if not do_rotary:
+        cos_cache = sin_cache = None
     return attention_ref(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
                          cos_cache, sin_cache, num_heads, kv_num_heads, scale, local_window_size,
                          rotary_interleaved, attention_bias, head_sink)
 
 
-@group_query_attention.register_fake
+@_group_query_attention.register_fake
 def _(query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
       sin_cache, num_heads, kv_num_heads, *args):
     b, t, _ = query.shape

@@ -111,6 +111,6 @@ def _chat_pieces(pieces: Iterator[str], splitter: ReasoningSplitter | None) -> I
         for piece in pieces:
             yield ChatPiece(piece)
         return
-    for piece in pieces:
-        yield from splitter.push(piece)
-    yield from splitter.flush()
+    for piece in pieces:  # (a harmony reader's tool-call deltas are not a session's)
+        yield from (p for p in splitter.push(piece) if isinstance(p, ChatPiece))
+    yield from (p for p in splitter.flush() if isinstance(p, ChatPiece))

@@ -28,7 +28,8 @@ import tokenizers
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.model_folder import GenerationDefaults
-from llm_onnx.runtime.chat.render import Message, check_template_vars, render_chat
+from llm_onnx.runtime.chat.render import (Message, check_template_vars, continue_final,
+                                          render_chat)
 from llm_onnx.runtime.chat.request import (ChatRequest, check_tool_choice, check_tools,
                                          read_chat_template)
 from llm_onnx.runtime.structured.constraint import constraint_shorthand
@@ -38,9 +39,10 @@ from llm_onnx.runtime.core.engine import RuntimeOptions
 from llm_onnx.runtime.chat_session import ChatSession
 from llm_onnx.runtime.generation.generator import Generator
 from llm_onnx.runtime.generation.options import row_options
+from llm_onnx.runtime.chat.harmony import HarmonyReader
 from llm_onnx.runtime.chat.reasoning import ChatPiece, ReasoningSplitter, has_think_tokens, opens_thought
 from llm_onnx.runtime.generation.options import GenerationOptions
-from llm_onnx.runtime.generation.sequence import Result
+from llm_onnx.runtime.generation.sequence import Result, TokenLogprob
 from llm_onnx.runtime.generation.speculative import (SpeculativeOptions, check_same_tokenizer,
                                                      speculative_options)
 from llm_onnx.runtime.chat.tools import ToolCallDelta, ToolChoice, detect_format, get_format
@@ -225,19 +227,23 @@ class Model:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True, *,
-                    tools: Tools | None = None,
-                    template_vars: dict[str, Any] | None = None) -> str:
+                    tools: Tools | None = None, template_vars: dict[str, Any] | None = None,
+                    continue_final_message: bool = False) -> str:
         """The prompt text of ``messages`` with the model's chat template; ``tools`` (OpenAI's
         function schemas) and ``template_vars`` (``{"enable_thinking": False}``, ...) are passed
-        to the template as transformers' ``apply_chat_template`` passes them."""
+        to the template as transformers' ``apply_chat_template`` passes them.
+        ``continue_final_message``: the reply continues the final message (an assistant's
+        partial answer) instead of opening a turn of its own."""
         if not self.chat_template:
             raise GenerationError("this model has no chat template; use generate() with a raw prompt.")
         if tools is not None and (isinstance(tools, (str, bytes, dict)) or not all(
                 isinstance(t, dict) for t in tools)):
             raise GenerationError("tools must be a list of dicts (OpenAI's {'type': 'function', "
                                   "'function': {...}} schemas).")
-        return render_chat(self.chat_template, messages, self.special_tokens, add_generation_prompt,
-                           tools=tools, **check_template_vars(template_vars))
+        text = render_chat(self.chat_template, messages, self.special_tokens,
+                           add_generation_prompt and not continue_final_message, tools=tools,
+                           **check_template_vars(template_vars))
+        return continue_final(text, messages) if continue_final_message else text
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         """A prompt (text, encoded with special tokens, or token ids) as checked token ids."""
@@ -299,6 +305,19 @@ class Model:
             pass
         results = [gen.result(row) for row in range(len(prompts))]
         return results if batch else results[0]
+
+    def prompt_logprobs(self, prompt: Prompt, top: int = 0) -> list[TokenLogprob | None]:
+        """log P(token | the tokens before it) of every token of ``prompt`` (text, encoded with
+        special tokens, or token ids), None for the first, with the ``top`` most likely
+        alternatives at each position: one run of the prompt (in chunks if long), nothing
+        generated. Their sum is the prompt's log-likelihood under the model."""
+        gen = self.generator(self.options(max_new_tokens=0))
+        gen.append_tokens(self.prompt_ids(prompt), prompt_logprobs=top)
+        for _ in gen.events():
+            pass
+        scored = gen.result().prompt_logprobs
+        assert scored is not None
+        return scored
 
     def stream(self, prompt: Prompt, options: GenerationOptions | None = None,
                **overrides: Any) -> Iterator[str]:
@@ -449,9 +468,11 @@ class Model:
         """A rendered chat prompt's token ids (the template wrote any special tokens)."""
         return self.encode(prompt, add_special_tokens=False)
 
-    def reasoning_splitter(self, prompt: str) -> ReasoningSplitter | None:
+    def reasoning_splitter(self, prompt: str) -> ReasoningSplitter | HarmonyReader | None:
         """A reasoning splitter for the reply to ``prompt`` (None: the model has no think
-        tokens, the reply is all answer)."""
+        tokens, the reply is all answer); for a harmony model, its reader."""
+        if self.tool_format == "harmony":
+            return HarmonyReader(prompt)
         return ReasoningSplitter(opens_thought(prompt)) if self.splits_reasoning else None
 
     def _start(self, prompts: list[list[int]], opts: GenerationOptions) -> Generator:

@@ -8,6 +8,8 @@ scheduler, metrics, the served name and API key).
     POST /v1/embeddings           texts -> vectors (an embedding model's folder: embeddings.py)
     GET  /metrics                 Prometheus text format
     GET  /                        the chat page (llm_onnx/serve/web; off with web_ui=False)
+    POST /v1/messages             Anthropic's Messages API (messages.py; /count_tokens too)
+    POST /tokenize, /detokenize   vLLM's and llama.cpp's token endpoints (tokens_api.py)
 
 ``create_app(service)`` is the one app definition: ``llm-onnx serve`` runs it under uvicorn, the
 Ray Serve deployment mounts the same object.
@@ -37,8 +39,8 @@ from llm_onnx.runtime.chat.reasoning import ChatPiece
 from llm_onnx.runtime.generation.scheduler import Scheduler
 from llm_onnx.runtime.generation.sequence import Result, TokenEvent
 from llm_onnx.runtime.chat.tools import ToolCallDelta
-from llm_onnx.serve import (embeddings, openai_responses, protocol as p, requests as rq,
-                            responses as rs, runner, structured, web)
+from llm_onnx.serve import (embeddings, messages, openai_responses, protocol as p,
+                            requests as rq, responses as rs, runner, structured, tokens_api, web)
 from llm_onnx.serve.metrics import CONTENT_TYPE, Metrics
 from llm_onnx.serve.response_input import ResponseStore
 
@@ -122,6 +124,10 @@ class Service:
     def start(self) -> None:
         if self.scheduler is not None:
             self.scheduler.start()
+
+    def count(self, request: Request, status: int | str) -> None:
+        """One answer to ``request`` in the metrics (by endpoint and status)."""
+        _count(self, request, status)
 
     def begin_shutdown(self, grace_s: float) -> None:
         """Stop taking requests now; running and queued ones get ``grace_s`` seconds to finish,
@@ -211,7 +217,8 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = (),
                 "task": service.model.task if hasattr(service.model, "task") else "generate",
                 "precision": manifest.precision.precision if manifest is not None else None,
                 "runs_on": where, "served_by": service.served_by,
-                "reasoning": service.model.splits_reasoning,
+                "reasoning": service.model.splits_reasoning or
+                service.model.tool_format == "harmony",
                 "tool_call_format": service.model.tool_format}
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])
@@ -249,7 +256,7 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = (),
 
 
 # Modules that add an API's routes: ``add_routes(app, service, authorized)``.
-APIS: list[Any] = [openai_responses, embeddings]
+APIS: list[Any] = [openai_responses, embeddings, messages, tokens_api]
 
 
 def _error_body(request: Request, e: p.ApiError) -> dict[str, Any]:
@@ -286,6 +293,7 @@ class _ReplicaHeader:
 
 
 _count = runner.count
+runner.ENDPOINTS.update(messages.PATHS, tokens_api.PATHS)
 
 
 async def _answer(service: Service, request: Request, plan: p.Plan) -> Response:
@@ -331,7 +339,7 @@ async def _events(service: Service, request: Request, plan: p.Plan,
             if chat:
                 first.append({"index": i, "delta": {"role": "assistant", "content": ""},
                               "logprobs": None, "finish_reason": None})
-            elif plan.echo:
+            elif plan.echo and plan.prompt_logprobs is None:  # else with its logprobs, below
                 text = plan.prompt_texts[i // plan.n]
                 offsets[i] = len(text)
                 first.append({"index": i, "text": text, "logprobs": None, "finish_reason": None})
@@ -339,6 +347,8 @@ async def _events(service: Service, request: Request, plan: p.Plan,
             yield _sse(rs.chunk(plan, first))
         async for i, item in run.items():
             if isinstance(item, TokenEvent):
+                if item.prompt_logprobs is not None and plan.echo:
+                    yield _sse(rs.chunk(plan, [_echo(plan, service, i, item, offsets)]))
                 generated += item.token_id >= 0
                 last = item.finish_reason is not None
                 pieces = replies[i].push(item.text, last) if replies[i] is not None else \
@@ -397,6 +407,17 @@ def _choice(plan: p.Plan, service: Service, i: int, event: TokenEvent,
         logprobs = rs.completion_logprobs([event.logprob], service.tokens, offsets[i])
     offsets[i] += len(event.text)
     return {"index": i, "text": event.text, "logprobs": logprobs, "finish_reason": reason}
+
+
+def _echo(plan: p.Plan, service: Service, i: int, event: TokenEvent,
+          offsets: list[int]) -> dict[str, Any]:
+    """A streamed completion's echoed prompt with its logprobs (sent once they are known)."""
+    assert event.prompt_logprobs is not None
+    logprobs = rs.echo_logprobs(plan.prompts[i // plan.n], event.prompt_logprobs, [],
+                                service.tokens)
+    offsets[i] = sum(len(t) for t in logprobs["tokens"])
+    return {"index": i, "text": plan.prompt_texts[i // plan.n], "logprobs": logprobs,
+            "finish_reason": None}
 
 
 def _sse(obj: dict[str, Any]) -> str:

@@ -109,6 +109,8 @@ class Metrics:
         self.prompt_tokens.inc(len(request.prompt))
 
     def token(self, request: Request, event: TokenEvent, now: float) -> None:
+        if event.token_id < 0:  # an end without a token (max_tokens 0, a failed constraint)
+            return
         self.generated.inc()
         if request.first_token_at is None:
             self.ttft.observe(now - request.submitted_at)

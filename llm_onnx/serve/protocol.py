@@ -40,7 +40,7 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream
 _CHAT = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
                    "parallel_tool_calls", "functions", "function_call",
                    # vLLM's extra field: chat template variables ({"enable_thinking": false})
-                   "chat_template_kwargs"}
+                   "chat_template_kwargs", "reasoning_effort"}
 _COMPLETIONS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
 MAX_N = 128
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI's legacy completions endpoint
@@ -51,6 +51,7 @@ class ApiError(Exception):
 
     def __init__(self, status: int, message: str, *, param: str | None = None,
                  type: str = "invalid_request_error", code: str | None = None) -> None:
+        message, param = _encodable(message), _encodable(param)  # a lone surrogate quoted
         super().__init__(message)
         self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
 
@@ -65,6 +66,12 @@ class ApiError(Exception):
         message = self.message if self.param is None or self.message.startswith(self.param) \
             else f"{self.param}: {self.message}"
         return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def _encodable(text: str | None) -> str | None:
+    """``text`` as UTF-8 can carry it: a lone surrogate from the request (a JSON "\\ud800")
+    written as its escape, so that the error can be sent at all."""
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 # Anthropic's error types by HTTP status (docs.anthropic.com, "Errors")
@@ -117,6 +124,8 @@ class Plan:
     constraint: Constraint | None = None
     # Chat: where later prompts may part from this one (a recurrent state's checkpoints)
     reuse_points: list[int] = field(default_factory=list)
+    # Completions with echo and logprobs: each prompt token's logprob and k alternatives
+    prompt_logprobs: int | None = None
     id: str = ""
     created: int = 0
 
@@ -284,9 +293,9 @@ def sampling(body: dict, base: GenerationOptions, vocab: int) -> GenerationOptio
 
 
 def fit_length(body: dict, names: Sequence[str], prompt: list[int], context: int,
-                default: int | None, what: str) -> int:
-    """max_new_tokens for one prompt: the request's value (refused if prompt + it exceed the
-    context) or ``default`` cut to the room left (None: all of it)."""
+                default: int | None, what: str, low: int = 1) -> int:
+    """max_new_tokens for one prompt: the request's value, at least ``low`` (refused if prompt
+    + it exceed the context) or ``default`` cut to the room left (None: all of it)."""
     if len(prompt) >= context:
         raise bad("messages" if what == "messages" else "prompt",
                   f"This model's maximum context length is {context} tokens. However, your "
@@ -294,7 +303,7 @@ def fit_length(body: dict, names: Sequence[str], prompt: list[int], context: int
                   f"{what}.", code="context_length_exceeded")
     room = context - len(prompt)
     for name in names:
-        value = integer(body, name, 1)
+        value = integer(body, name, low)
         if value is not None:
             if value > room:
                 raise bad(name, f"This model's maximum context length is {context} tokens. "

@@ -68,6 +68,9 @@ class ReplicaConfig:
     draft_model: str | None = None  # a folder the replicas can read
     num_speculative_tokens: int | None = None
     web_ui: bool = True  # the chat page at /
+    # the Responses API's stored responses, kept by each replica in its own memory
+    stored_responses: int = 1000
+    stored_bytes: int = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -100,7 +103,9 @@ class ModelReplica:
         self.service = Service(model, name=cfg.name, api_key=cfg.api_key,
                                max_batch=cfg.max_batch, max_queue=cfg.max_queue,
                                prefill_chunk=cfg.prefill_chunk, max_length=cfg.max_seq_len,
-                               served_by="Ray Serve", max_cache_bytes=cfg.max_cache_bytes)
+                               served_by="Ray Serve", max_cache_bytes=cfg.max_cache_bytes,
+                               stored_responses=cfg.stored_responses,
+                               stored_bytes=cfg.stored_bytes)
         self.app = create_app(self.service, web_ui=cfg.web_ui)
         self.service.start()
         self.id = f"{socket.gethostname()}:{os.getpid()}"

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.chat.render import check_template_vars
+from llm_onnx.runtime.chat.render import check_template_vars, template_variables
 from llm_onnx.runtime.chat.request import ChatRequest
 from llm_onnx.runtime.structured.constraint import ConstraintError
 from llm_onnx.runtime.model import Model
@@ -30,7 +30,7 @@ def chat_plan(body: Any, model: Model, served: str, context: int) -> Plan:
         raise bad("messages", "this model has no chat template; use /v1/completions.")
     answer = answer_constraint(body)
     tools, choice, parallel = tool_fields(body, model.chat_template)
-    template_vars = _template_kwargs(body)
+    template_vars = _reasoning_vars(body, model.chat_template, _template_kwargs(body))
     messages = _messages(body.get("messages"))
     try:
         text = model.render_chat(messages, tools=tools, template_vars=template_vars)
@@ -54,6 +54,31 @@ def chat_plan(body: Any, model: Model, served: str, context: int) -> Plan:
                 logprobs, chat=chat, constraint=answer,
                 reuse_points=model.reuse_points(messages, prompt, tools=tools,
                                                 template_vars=template_vars))
+
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def _reasoning_vars(body: dict, template: str, variables: dict[str, Any] | None,
+                    ) -> dict[str, Any] | None:
+    """``reasoning_effort`` (OpenAI's field, which vLLM and Ollama also take) as the chat
+    template's own switch: gpt-oss's ``reasoning_effort`` (low, medium, high: none and minimal
+    read as low, xhigh as high), or for a template with ``enable_thinking`` (Qwen3), thinking
+    off for none. chat_template_kwargs, if it sets the same variable, wins."""
+    effort = body.get("reasoning_effort")
+    if effort is None:
+        return variables
+    if effort not in REASONING_EFFORTS:
+        raise bad("reasoning_effort", f"'reasoning_effort' must be one of "
+                                      f"{', '.join(REASONING_EFFORTS)}, got {effort!r}.")
+    names = template_variables(template)
+    extra: dict[str, Any] = {}
+    if "reasoning_effort" in names:
+        extra["reasoning_effort"] = {"none": "low", "minimal": "low", "xhigh": "high"}.get(
+            effort, effort)
+    elif "enable_thinking" in names and effort == "none":
+        extra["enable_thinking"] = False
+    return {**extra, **(variables or {})} or variables
 
 
 def _template_kwargs(body: dict) -> dict[str, Any] | None:
@@ -157,18 +182,21 @@ def completion_plan(body: Any, model: Model, served: str, context: int) -> Plan:
         raise bad("best_of", "'best_of' different from 'n' is not supported.")
     echo = bool(boolean(body, "echo"))
     logprobs = integer(body, "logprobs", 0, 5)
-    if echo and logprobs is not None:
-        raise bad("echo", "'echo' together with 'logprobs' (prompt logprobs) is not supported.")
+    scored = logprobs if echo else None  # the echoed prompt's logprobs too (vLLM's answer)
+    if scored is not None and not getattr(model.engine, "verifies", False):
+        raise bad("echo", "'echo' with 'logprobs' needs the logits of every prompt position, "
+                          "which this model folder's prefill.onnx does not return; re-export it "
+                          "with this version of llm-onnx.")
     stream, usage = stream_fields(body)
     texts, prompts = _prompts(body.get("prompt"), model)
     options = sampling(body, model.defaults, model.engine.vocab_size)
-    fitted = [replace(options, max_new_tokens=fit_length(
-        body, ("max_tokens",), p, context, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt"))
-        for p in prompts]
+    fitted = [replace(options, max_new_tokens=fit_length(  # 0 with echo: the prompt only
+        body, ("max_tokens",), p, context, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt",
+        low=0 if echo else 1)) for p in prompts]
     if len(prompts) * n > MAX_N:
         raise bad("n", f"{len(prompts)} prompts x n={n} is more than {MAX_N} choices.")
     return Plan(COMPLETION, name, prompts, fitted, n, stream, usage, logprobs, echo, texts,
-                constraint=answer)
+                constraint=answer, prompt_logprobs=scored)
 
 
 def _prompts(prompt: Any, model: Model) -> tuple[list[str], list[list[int]]]:

@@ -56,7 +56,7 @@ BUILT_IN_TOOLS = {"web_search", "web_search_preview", "web_search_preview_2025_0
                   "image_generation", "mcp", "local_shell", "shell", "apply_patch", "custom"}
 # Chat Completions' field names in errors, told in the Responses API's own words.
 FIELD_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.format",
-               "messages": "input", "chat_template_kwargs": "reasoning"}
+               "messages": "input", "reasoning_effort": "reasoning.effort"}
 
 
 def _text_parts(content: Any, where: str, role: str) -> str:
@@ -199,9 +199,10 @@ def text_format(text: Any) -> dict[str, Any] | None:
                                   f"got {kind!r}.")
 
 
-def reasoning_vars(reasoning: Any) -> dict[str, Any] | None:
-    """``reasoning``: {"effort": "none"} turns a reasoning template's thinking off; any other
-    effort leaves it on (the model's own length)."""
+def reasoning_effort(reasoning: Any) -> str | None:
+    """``reasoning.effort`` as Chat Completions' ``reasoning_effort`` (max read as xhigh): a
+    harmony template's effort, or for a template with ``enable_thinking``, none turns thinking
+    off; the model's own length otherwise."""
     if reasoning is None:
         return None
     if not isinstance(reasoning, dict):
@@ -210,7 +211,7 @@ def reasoning_vars(reasoning: Any) -> dict[str, Any] | None:
     if effort not in (None, "none", "minimal", "low", "medium", "high", "xhigh", "max"):
         raise bad("reasoning.effort", f"'reasoning.effort' {effort!r} is not one of none, "
                                       "minimal, low, medium, high, xhigh, max.")
-    return {"enable_thinking": False} if effort == "none" else None
+    return "xhigh" if effort == "max" else effort
 
 
 def chat_body(body: dict[str, Any], history: list[dict[str, Any]],
@@ -238,7 +239,7 @@ def chat_body(body: dict[str, Any], history: list[dict[str, Any]],
             chat[theirs] = body[ours]
     converted = {"tools": tools(body.get("tools")), "tool_choice": tool_choice(
         body.get("tool_choice")), "response_format": text_format(body.get("text")),
-        "chat_template_kwargs": reasoning_vars(body.get("reasoning"))}
+        "reasoning_effort": reasoning_effort(body.get("reasoning"))}
     chat.update({k: v for k, v in converted.items() if v is not None})
     if logprobs is not None:
         chat.update(logprobs=True, top_logprobs=logprobs)

@@ -86,6 +86,22 @@ def completion_logprobs(items: Sequence[TokenLogprob], text: TokenText,
             "text_offset": offsets}
 
 
+def echo_logprobs(prompt: Sequence[int], scored: Sequence[TokenLogprob | None],
+                  generated: Sequence[TokenLogprob], text: TokenText) -> dict[str, Any]:
+    """An echoed prompt's logprobs, then its completion's, as vLLM answers them: one entry per
+    prompt token (the first has null token_logprobs and top_logprobs: nothing precedes it),
+    text offsets counted from the prompt's first token."""
+    tokens = [text.text(t) for t in prompt]
+    offsets = [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    tail = completion_logprobs(generated, text, sum(len(t) for t in tokens))
+    return {"tokens": tokens + tail["tokens"],
+            "token_logprobs": [None if lp is None else lp.logprob for lp in scored]
+            + tail["token_logprobs"],
+            "top_logprobs": [None if lp is None else {text.text(t): v for t, v in lp.top}
+                             for lp in scored] + tail["top_logprobs"],
+            "text_offset": offsets + tail["text_offset"]}
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
@@ -110,6 +126,9 @@ def response(plan: Plan, results: Sequence[Result], text: TokenText) -> dict[str
             choice = {"index": index, "message": message, "logprobs": logprobs,
                       "finish_reason": finish_reason(r.finish_reason, bool(calls))}
         else:
+            if plan.prompt_logprobs is not None and r.prompt_logprobs is not None:
+                logprobs = echo_logprobs(plan.prompts[index // plan.n], r.prompt_logprobs,
+                                         r.logprobs or [], text)
             prefix = plan.prompt_texts[index // plan.n] if plan.echo else ""
             choice = {"index": index, "text": prefix + r.text, "logprobs": logprobs,
                       "finish_reason": finish_reason(r.finish_reason)}

@@ -124,7 +124,8 @@ def submit(service: Any, plan: p.Plan, stream: bool) -> Run:
 
     try:
         jobs = service.scheduler.submit_many(plan.jobs(), logprobs=plan.logprobs,
-                                             listener=listener, reuse_points=plan.reuse_points)
+                                             listener=listener, reuse_points=plan.reuse_points,
+                                             prompt_logprobs=plan.prompt_logprobs)
     except QueueFull as e:
         raise p.ApiError(429, str(e), type="rate_limit_error", code="rate_limit_exceeded") from None
     except SchedulerClosed as e:
@@ -155,6 +156,7 @@ async def disconnected(request: Request) -> None:
 
 
 async def read_body(request: Request) -> Any:
+    """A request's JSON body (413 past MAX_BODY_BYTES, 400 if it is not JSON)."""
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
         raise p.ApiError(413, f"the request body has {size} bytes; the limit is "

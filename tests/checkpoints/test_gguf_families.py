@@ -45,6 +45,8 @@ def gguf_shape(arch: str, cfg: ModelConfig) -> ModelConfig:
 
         return cfg.replace(num_hidden_layers=6, layer_types=pattern_layers(6, 6),
                            attention_scale=cfg.head_dim ** -0.5)
+    if arch == "smollm3":  # llama.cpp's smollm3: every fourth layer NoPE, fixed (no key)
+        return cfg.replace(num_hidden_layers=4, no_rope_layers=(1, 1, 1, 0))
     if arch == "qwen3next":  # llama.cpp's qwen3next has no dense layers (mlp_only_layers)
         import dataclasses
 
@@ -90,6 +92,8 @@ def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 HYBRID = ("qwen35", "qwen35moe", "qwen3next")
+# convert_hf_to_gguf's LlamaModel and its subclass SmolLM3Model (undo_permute) interleave q/k rows
+LLAMA_PERMUTED = ("llama", "smollm3")
 
 
 def tile_v_heads(t: np.ndarray, cfg: ModelConfig, axis: int, per_head: int) -> np.ndarray:
@@ -184,7 +188,7 @@ def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path,
         if arch in HYBRID:
             out.update(hybrid_tensors(name, t, cfg, arch))
             continue
-        if arch == "llama" and base.endswith(("q_proj", "k_proj")):
+        if arch in LLAMA_PERMUTED and base.endswith(("q_proj", "k_proj")):
             heads = cfg.num_attention_heads if base.endswith("q_proj") else cfg.num_key_value_heads
             t = llama_cpp_permute(t, heads)
         out[name] = t

@@ -90,10 +90,12 @@ def test_graphs_use_contrib_ops(arch, precision, tiny_export):
             assert (attribute(n, "q_num_heads"), attribute(n, "kv_num_heads")) == (
                 la.num_key_heads, la.num_value_heads)
         for layer, n in zip(cfg.attention_layers, gqa):  # one node per layer, in order
-            # RoPE inside the attention kernel; a sliding window as local_window_size (Gemma 3:
-            # on its sliding layers only); ALiBi as the attention_bias input; multi-query as one
-            # kv head.
-            assert (attribute(n, "do_rotary") or 0) == int(cfg.position_embedding_type == "rope")
+            # RoPE inside the attention kernel (not on SmolLM3's NoPE layers: no cos/sin caches
+            # either); a sliding window as local_window_size (Gemma 3: on its sliding layers
+            # only); ALiBi as the attention_bias input; multi-query as one kv head.
+            rope = cfg.layer_uses_rope(layer)
+            assert (attribute(n, "do_rotary") or 0) == int(rope)
+            assert bool(n.input[7:9] and all(n.input[7:9])) == rope
             assert attribute(n, "local_window_size") == (cfg.layer_window(layer) or -1)
             bias = n.input[10] if len(n.input) > 10 else ""
             assert bool(bias) == (cfg.position_embedding_type == "alibi")

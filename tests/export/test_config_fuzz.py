@@ -44,7 +44,7 @@ DERIVED_HEAD = {"GPT2LMHeadModel", "OPTForCausalLM", "XGLMForCausalLM", "BloomFo
                 "FalconForCausalLM", "Phi3ForCausalLM"}
 MHA = {"GPT2LMHeadModel", "OPTForCausalLM", "XGLMForCausalLM", "BloomForCausalLM"}
 LLAMA_LIKE = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-              "Qwen3MoeForCausalLM"}
+              "Qwen3MoeForCausalLM", "SmolLM3ForCausalLM"}
 # The first of each list is what the simplest draw takes: shapes the fused kernel refuses.
 HEAD_DIMS = [24, 8, 12, 16, 20, 32, 40, 48, 64]
 ROPE_SCALINGS = [
@@ -79,7 +79,7 @@ def configs(draw, arch: str):
         changes["intermediate_size"] = 4 * hidden
     if kind in LLAMA_LIKE:
         changes["rope_scaling"] = draw(st.sampled_from(ROPE_SCALINGS))
-    if kind == "LlamaForCausalLM":
+    if kind in ("LlamaForCausalLM", "SmolLM3ForCausalLM"):
         changes["attention_bias"] = draw(st.booleans())
         changes["mlp_bias"] = draw(st.booleans())
     if kind == "FalconForCausalLM":
@@ -118,6 +118,16 @@ def configs(draw, arch: str):
                                                              "full_attention"]))
                                        for _ in range(layers))
         changes["rope_scaling"] = draw(st.sampled_from([base.rope_scaling, None, ROPE_SCALINGS[0]]))
+    if base.no_rope_layers is not None:  # SmolLM3: NoPE layers beside rotating ones
+        layers = draw(st.integers(2, 3))
+        flags = [draw(st.sampled_from([0, 1])) for _ in range(layers - 2)] + [1, 0]
+        changes["num_hidden_layers"] = layers
+        changes["no_rope_layers"] = tuple(draw(st.permutations(flags)))
+        # transformers' windows: on the NoPE layers (its default layer_types)
+        window = draw(st.one_of(st.integers(2, 8), st.none()))
+        changes["sliding_window"] = window
+        changes["layer_types"] = None if window is None else tuple(
+            "full_attention" if f else "sliding_attention" for f in changes["no_rope_layers"])
     if base.linear_attention is not None:  # Qwen3.5, Qwen3-Next: the hybrid's own shapes
         layers = draw(st.integers(2, 3))
         # any mix with a layer of each kind (transformers runs no model without attention)

@@ -76,7 +76,7 @@ def _run_exported(block: MoEBlock, x: torch.Tensor) -> np.ndarray:
 
     program = torch.onnx.export(block, (x,), dynamo=True, optimize=False, verbose=False,
                                 dynamic_shapes=({0: torch.export.Dim("n")},),
-                                custom_translation_table=translation_table(True))
+                                custom_translation_table=translation_table())
     so = ort.SessionOptions()
     so.log_severity_level = 3
     session = ort.InferenceSession(program.model_proto.SerializeToString(), so,

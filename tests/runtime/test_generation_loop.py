@@ -94,7 +94,7 @@ def test_answer_is_cut_at_the_context():
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
-    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"max_new_tokens": -1}, "max_new_tokens"),
     ({"temperature": -1}, "temperature"),
     ({"top_p": 1.5}, "top_p"),
     ({"top_k": -1}, "top_k"),
@@ -106,6 +106,11 @@ def test_bad_options_are_one_line_errors(kwargs, fragment):
     with pytest.raises(GenerationError) as e:
         model([7]).generate([1], **kwargs)
     assert fragment in str(e.value) and "\n" not in str(e.value)
+
+
+def test_max_new_tokens_0_generates_nothing():
+    r = model([7]).generate([1, 2], max_new_tokens=0)
+    assert (r.token_ids, r.text, r.finish_reason, r.prompt_tokens) == ([], "", "length", 2)
 
 
 @pytest.mark.parametrize("prompt", ["", [], [99]])

@@ -276,7 +276,6 @@ def test_out_of_vocabulary_prompt_id_is_a_generation_error() -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("max_new_tokens", 0),
         ("max_new_tokens", -5),
         ("max_new_tokens", 2.0),
         ("max_new_tokens", True),
@@ -425,7 +424,7 @@ def test_property_any_option_value_is_accepted_or_a_generation_error(field: str,
 )
 def test_property_out_of_range_values_raise_generation_error(field: str, data: st.DataObject) -> None:
     bad = {
-        "max_new_tokens": st.integers(max_value=0),
+        "max_new_tokens": st.integers(max_value=-1),  # 0: score the prompt, generate nothing
         "temperature": st.one_of(st.floats(max_value=-1e-300), st.just(math.nan), st.just(math.inf)),
         "top_k": st.integers(max_value=-1),
         "top_p": st.one_of(st.floats(max_value=0.0), st.floats(min_value=1.0, exclude_min=True)),

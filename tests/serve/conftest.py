@@ -48,18 +48,21 @@ class ServerProcess:
     ``held=N``: the same command with its model runs held after the first N
     (tests/serve/held_server.py) until a request that had not finished is cancelled or the
     test calls ``release()``: a request then cannot finish before the test lets it, however
-    fast the machine, and what a test sees meanwhile cannot move."""
+    fast the machine, and what a test sees meanwhile cannot move. ``script``: a JSON file of
+    [key, reply] pairs whose replies the model writes (tests/serve/scripted_server.py)."""
 
     def __init__(self, folder: Path, *args: str, api_key: str | None = None,
-                 timeout: float = 90, held: int | None = None) -> None:
+                 timeout: float = 90, held: int | None = None,
+                 script: Path | None = None) -> None:
         self.port = free_port()
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         env = {"LLM_ONNX_API_KEY": api_key} if api_key else {}
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = folder.parent / f"serve-{self.port}.log"
         command = ["llm_onnx.cli"]
-        if held is not None:
-            command = ["tests.serve.held_server", str(held)]
+        if held is not None or script is not None:
+            command = ["tests.serve.held_server", str(held)] if held is not None else \
+                ["tests.serve.scripted_server", str(script)]
             env["PYTHONPATH"] = os.pathsep.join(
                 [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
         cmd = [sys.executable, "-m", *command, "serve", "--model", str(folder),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import signal
 import threading
 from types import SimpleNamespace
@@ -174,8 +175,11 @@ def test_a_full_queue_answers_429():
         for done in await asyncio.gather(running, waiting):
             assert done[0].shape == (1, 4) and done[1] == 1
 
+    # A thread of its own: the session's browser (Playwright's sync API) keeps an event loop
+    # running on the main thread once a chat page test has run, and asyncio.run refuses to nest.
     try:
-        asyncio.run(main())
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, main()).result()
     finally:
         gate.set()
         runner.close()

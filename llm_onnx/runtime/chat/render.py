@@ -10,7 +10,10 @@ OpenAI client sends ``"content": null`` beside ``tool_calls``), and a message's 
 as vLLM does, a tool call's ``arguments`` given as JSON text reach the template as an object.
 
 Callers add their own variables (``enable_thinking=False``, ...) as keywords; they override a
-special token of the same name, as in transformers.
+special token of the same name, as in transformers. One deliberate difference: a template that
+lists tools from ``xml_tools`` and never reads ``tools`` (SmolLM3's first release, whose model
+card says ``apply_chat_template(..., xml_tools=tools)``) gets the tools under that name, so an
+OpenAI-style request's tools reach the model; transformers would leave them out.
 """
 
 from __future__ import annotations
@@ -142,6 +145,23 @@ def _arguments_as_object(call: Any) -> Any:
     return {**call, "function": {**function, "arguments": arguments}}
 
 
+def continue_final(rendered: str, messages: Sequence[Message]) -> str:
+    """``rendered`` (``messages`` rendered without a generation prompt) cut right after the
+    final message's text, so that a reply continues it rather than starting a turn of its own:
+    transformers' ``continue_final_message`` (the text is found stripped, as templates often
+    trim it)."""
+    content = messages[-1].get("content") if messages and isinstance(messages[-1], dict) else None
+    if isinstance(content, list):
+        texts = [p.get("text") for p in content if isinstance(p, dict)]
+        content = texts[-1] if texts else None
+    final = content.strip() if isinstance(content, str) else ""
+    at = rendered.rfind(final) if final else -1
+    if at < 0:
+        raise GenerationError("the final message cannot be continued: its text is empty or "
+                              "the chat template does not write it as given.")
+    return rendered[:at + len(final)]
+
+
 def render_chat(template: str, messages: Sequence[Message], special_tokens: dict[str, str],
                 add_generation_prompt: bool = True, *, tools: Sequence[dict] | None = None,
                 documents: Sequence[dict] | None = None, **variables: Any) -> str:
@@ -149,6 +169,10 @@ def render_chat(template: str, messages: Sequence[Message], special_tokens: dict
     tools=tools, documents=documents, **variables)`` would render it."""
     messages = check_messages(messages)
     context = {**special_tokens, **check_template_vars(variables)}
+    if tools is not None and "xml_tools" not in context:
+        names = template_variables(template)
+        if "xml_tools" in names and "tools" not in names:  # SmolLM3's first template
+            context["xml_tools"] = list(tools)
     try:
         return _compile(template).render(
             messages=messages, tools=None if tools is None else list(tools),

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import tokenizers
 
 from llm_onnx.errors import GenerationError
+from llm_onnx.runtime.chat.harmony import MARKERS, HarmonyReader, harmony_constraint
 from llm_onnx.runtime.chat.render import render_chat
 from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
 from llm_onnx.runtime.structured.matcher import Constraints
@@ -180,6 +181,11 @@ class ChatRequest:
     parallel: bool = True
     format: ToolFormat | None = field(init=False, default=None)
 
+    @property
+    def harmony(self) -> bool:
+        """The model writes harmony messages (gpt-oss): every reply is read by channel."""
+        return self.model.tool_format == "harmony"
+
     def __post_init__(self) -> None:
         if self.tools and self.tool_choice != "none":
             if self.model.tool_format is None:
@@ -193,24 +199,26 @@ class ChatRequest:
 
     @property
     def thinking(self) -> bool | None:
-        """True if the reply starts inside a think block; None: no reasoning split."""
+        """True if the reply starts inside a think block; None: no reasoning split (a harmony
+        reply is split by channel: False)."""
+        if self.harmony:
+            return False
         return opens_thought(self.prompt) if self.model.splits_reasoning else None
 
     def constraint(self) -> Constraint | None:
         """The reply's constraint: the tool choice's grammar (with the answer's constraint for
         "auto") or the answer's, after a free think block for a reasoning model."""
         constraint = self.answer
+        if self.harmony:
+            tools = self._checked_tools() if self.format is not None else None
+            if tools is None and self.answer is None:
+                return None
+            try:
+                return harmony_constraint(tools, self.tool_choice, self._special_id, self.answer)
+            except ValueError as e:
+                raise ConstraintError(str(e), "tools" if tools else "response_format") from None
         if self.format is not None:
-            constraints = self.model.constraints
-            tools = []
-            for i, tool in enumerate(self.tools or []):  # each schema's errors with its path
-                parameters = tool["function"].get("parameters")
-                if parameters is not None:  # as the engine takes it (tightened if need be)
-                    parameters = json.loads(constraints.compile(Constraint.json_schema(
-                        parameters, where=f"tools[{i}].function.parameters")).source)
-                    tool = {**tool, "function": {**tool["function"], "parameters": parameters}}
-                tools.append(tool)
-            constraint = tool_constraint(self.format, tools, self.tool_choice,
+            constraint = tool_constraint(self.format, self._checked_tools(), self.tool_choice,
                                          self.parallel, self._special_id, self.answer)
         elif constraint is not None:
             constraint = constraint.fenced()
@@ -221,8 +229,26 @@ class ChatRequest:
                 thinking_mode(self.prompt), None if None in tags else tags)  # type: ignore[arg-type]
         return constraint
 
+    def _checked_tools(self) -> list[dict]:
+        """The tools with each schema as the constraint engine takes it (tightened if need be;
+        a schema's errors name its path)."""
+        constraints = self.model.constraints
+        tools = []
+        for i, tool in enumerate(self.tools or []):
+            parameters = tool["function"].get("parameters")
+            if parameters is not None:
+                parameters = json.loads(constraints.compile(Constraint.json_schema(
+                    parameters, where=f"tools[{i}].function.parameters")).source)
+                tool = {**tool, "function": {**tool["function"], "parameters": parameters}}
+            tools.append(tool)
+        return tools
+
     def options_for(self, options: Any) -> Any:
-        """``options`` (GenerationOptions) with this reply's constraint."""
+        """``options`` (GenerationOptions) with this reply's constraint (and, for harmony, its
+        markers kept in the text for the reader)."""
+        if self.harmony:
+            keep = tuple(dict.fromkeys(options.keep_special + MARKERS))
+            return replace(options, constraint=self.constraint(), keep_special=keep)
         return replace(options, constraint=self.constraint())
 
     def _special_id(self, marker: str) -> int | None:
@@ -233,10 +259,12 @@ class ChatRequest:
     @property
     def fenced(self) -> bool:
         """The answer is JSON that may come in a ```json fence (stripped when read)."""
-        return self.format is None and self.answer is not None and \
+        return self.format is None and self.answer is not None and not self.harmony and \
             self.answer.fenced().fence
 
-    def splitter(self) -> ReasoningSplitter | None:
+    def splitter(self) -> ReasoningSplitter | HarmonyReader | None:
+        if self.harmony:
+            return HarmonyReader(self.prompt)
         return ReasoningSplitter(bool(self.thinking)) if self.thinking is not None else None
 
     def stream(self) -> ReplyStream:
@@ -246,6 +274,12 @@ class ChatRequest:
         """``result`` with its thinking apart (``reasoning``) and its tool calls parsed
         (``tool_calls``; ``text`` is then the content around them)."""
         reasoning, answer = None, result.text
+        if self.harmony:
+            reader = HarmonyReader(self.prompt)
+            reader.push(result.text)
+            reader.flush()
+            return replace(result, text=reader.answer, reasoning=reader.reasoning,
+                           tool_calls=reader.calls if self.format is not None else None)
         splitter = self.splitter()
         if splitter is not None:
             splitter.push(result.text)
@@ -266,10 +300,16 @@ class ReplyStream:
 
     def __init__(self, request: ChatRequest) -> None:
         self.splitter = request.splitter()
-        self.calls = ToolCallStream(request.format) if request.format is not None else None
+        self.harmony = request.harmony
+        self.tools = request.format is not None
+        self.calls = ToolCallStream(request.format) if request.format is not None and \
+            not self.harmony else None
         self.fence = FenceStripper() if request.fenced else None
 
     def push(self, text: str, last: bool = False) -> list[ChatPiece | ToolCallDelta]:
+        if self.harmony:  # the reader gives the calls too (none kept without tools)
+            out = self.splitter.push(text) + (self.splitter.flush() if last else [])
+            return [p for p in out if self.tools or not isinstance(p, ToolCallDelta)]
         pieces = [ChatPiece(text)] if self.splitter is None else self.splitter.push(text)
         if last and self.splitter is not None:
             pieces += self.splitter.flush()
@@ -290,10 +330,14 @@ class ReplyStream:
 
     @property
     def tool_calls(self) -> int:
+        if self.harmony:
+            return self.splitter.call_count if self.tools else 0
         return self.calls.calls if self.calls is not None else 0
 
     @property
     def complete(self) -> bool:
+        if self.harmony:
+            return self.splitter.complete
         return self.calls.complete if self.calls is not None else True
 
 

@@ -7,6 +7,8 @@ into OpenAI's ``tool_calls`` (whole, or streamed as deltas).
                  (several separated by ";"; an optional <|python_tag|> first)
     mistral      Mistral v3 tokenizers: [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]
     phi4_mini    Phi-4-mini: <|tool_call|>[{"name": "f", "arguments": {...}}]<|/tool_call|>
+    harmony      gpt-oss: a commentary message to=functions.f whose body is the arguments
+                 (the whole reply is channels: llm_onnx.runtime.chat.harmony reads it)
 
 ``detect_format(template)`` reads the format off a chat template; ``tool_constraint`` builds the
 constraint of a request's ``tool_choice``: "required" or a named function force calls, their
@@ -57,6 +59,7 @@ FORMATS = {f.name: f for f in (
                prefix="<|python_tag|>"),
     ToolFormat("mistral", "[TOOL_CALLS]", "", "arguments", array=True),
     ToolFormat("phi4_mini", "<|tool_call|>", "<|/tool_call|>", "arguments", array=True),
+    ToolFormat("harmony", "<|channel|>", "<|call|>", "arguments", array=False),
 )}
 
 
@@ -65,6 +68,8 @@ def detect_format(template: str | None) -> str | None:
     reads ``tools`` but shows none of the known markers is taken as Hermes, the common case."""
     if not template:
         return None
+    if all(m in template for m in ("<|start|>", "<|channel|>", "<|message|>")):
+        return "harmony"
     if "<tool_call>" in template:
         return "hermes"
     if "[TOOL_CALLS]" in template:

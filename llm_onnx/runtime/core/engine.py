@@ -361,8 +361,8 @@ class Engine:
 
     def verify(self, cache: KVCache, row: int, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """``prefill`` that returns the (T, V) logits of every token it ran: a speculative step
-        checks the k drafted tokens after the last picked one in one run. Rejected positions are
-        dropped afterwards with ``cache.truncate``."""
+        checks the k drafted tokens after the last picked one in one run (rejected positions are
+        dropped afterwards with ``cache.truncate``); a scored prompt gets each token's logprob."""
         if not self.verifies:
             raise GenerationError(self.cannot_verify())
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)

@@ -41,7 +41,7 @@ from llm_onnx.runtime.structured.matcher import Constraints, MaskBatch
 from llm_onnx.runtime.core.engine import EngineProtocol
 from llm_onnx.runtime.core.state import CacheProtocol
 from llm_onnx.runtime.generation.options import GenerationOptions
-from llm_onnx.runtime.generation.sequence import Result, Sequence, TokenEvent
+from llm_onnx.runtime.generation.sequence import Result, Sequence, TokenEvent, scoring_chunk
 from llm_onnx.runtime.generation.speculative import SpeculativeOptions, Speculator, speculative_options
 from llm_onnx.runtime.generation.prefix import Prefixes, last_run_start
 from llm_onnx.runtime.generation.stats import RunStats
@@ -135,7 +135,8 @@ class Generator:
     # ------------------------------------------------------------------ rows
 
     def append_tokens(self, ids: Seq[int], *, row: int = 0, options: GenerationOptions | None = None,
-                      logprobs: int | None = None, reuse_points: Seq[int] = ()) -> None:
+                      logprobs: int | None = None, reuse_points: Seq[int] = (),
+                      prompt_logprobs: int | None = None) -> None:
         """Feed token ids to row ``row``. An empty row starts a sequence with ``ids`` as its
         prompt (reusing whatever prefix of it the row's cache still holds); a row with a sequence
         continues it: everything so far becomes prompt, and generation resumes after ``ids``.
@@ -148,6 +149,9 @@ class Generator:
             reuse_points: lengths of the prompt at which a later prompt may part from this one
                 (the end of a chat's system message, of its earlier turns): a cache that keeps
                 checkpoints of a recurrent state takes them there (see HybridCache).
+            prompt_logprobs: None, or k >= 0 to score the prompt (``Result.prompt_logprobs``, on
+                the first event too): all of it runs, no cached prefix reused, every position's
+                logits returned (``engine.verify``); max_new_tokens 0 then generates nothing.
         """
         self._check_row(row)
         new = [int(i) for i in ids]
@@ -157,6 +161,9 @@ class Generator:
             raise GenerationError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1}).")
         if not new:
             raise GenerationError("append_tokens needs at least one token id.")
+        if prompt_logprobs is not None and not getattr(self.engine, "verifies", False):
+            raise GenerationError("prompt logprobs need every position's logits, which this "
+                                  "engine does not return (re-export the folder).")
         old = self._seqs[row]
         prompt = (old.tokens if old is not None else []) + new
         opts = self.options if options is None and old is None else \
@@ -175,14 +182,19 @@ class Generator:
             constraint = constraints.start(opts.constraint)
             shown = frozenset(i for i in map(constraints.token_id, opts.constraint.markers)
                               if i is not None)
+        if opts.keep_special and self.model.tokenizer is not None:
+            shown |= frozenset(i for i in map(self.model.tokenizer.token_to_id, opts.keep_special)
+                               if i is not None)
         cache = self._reserve(len(prompt) + limit)
-        reuse = self._prefixes.reuse(self._cache, row, prompt, self.free_rows,
-                                     old.tokens if old is not None else None, self.stats)
+        reuse = 0 if prompt_logprobs is not None else self._prefixes.reuse(
+            self._cache, row, prompt, self.free_rows, old.tokens if old is not None else None,
+            self.stats)
         cache.truncate(row, reuse)
         seq = Sequence(prompt, opts, vocab_size=vocab, tokenizer=self.model.tokenizer,
                        eos_token_ids=self.model.eos_token_ids, limit=limit, logprobs=logprobs,
                        rng=old.rng if old is not None and opts.seed == old.options.seed else None,
-                       constraint=constraint, shown_special=shown)
+                       constraint=constraint, shown_special=shown,
+                       prompt_logprobs=prompt_logprobs)
         seq.prefill_tokens = len(prompt) - reuse
         seq.reuse_points = tuple(sorted(p for p in reuse_points if 0 < p < len(prompt)))
         self._seqs[row] = seq
@@ -324,7 +336,9 @@ class Generator:
             assert seq is not None
             start = cache.length_of(row)
             waiting = len(seq.tokens) - start
-            n = int(min(waiting, left))
+            scoring = seq.scores_prompt and start < seq.prompt_len
+            n = int(min(waiting, left, scoring_chunk(self.engine.vocab_size) if scoring
+                        else waiting))
             if waiting - n == 1:  # never leave a prompt's last token alone (see last_run_start)
                 n = n - 1 if n > 1 else n + 1
             pause = cache.checkpoint_at(start, start + n, seq.prompt_len, seq.reuse_points) \
@@ -334,7 +348,12 @@ class Generator:
             last = start + n == len(seq.tokens)
             pending = self._start_masks([row]) if last else None
             began = time.perf_counter()
-            logits = self.engine.prefill(cache, row, seq.tokens[start:start + n])
+            if scoring:  # every position's logits: the prompt's tokens are scored
+                window = self.engine.verify(cache, row, seq.tokens[start:start + n])
+                seq.score_prompt(start, window)
+                logits = window[-1]
+            else:
+                logits = self.engine.prefill(cache, row, seq.tokens[start:start + n])
             self.stats.prefill_s += time.perf_counter() - began
             self.stats.prefill_tokens += n
             left -= n

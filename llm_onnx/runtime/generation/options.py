@@ -22,7 +22,8 @@ class GenerationOptions:
     """How to pick tokens and when to stop. Call ``validated()`` before use (the Sampler does).
 
     Args:
-        max_new_tokens: upper bound on generated tokens (> 0).
+        max_new_tokens: upper bound on generated tokens; 0 generates none (a prompt run only to
+            score it: ``Generator.append_tokens(..., prompt_logprobs=k)``).
         temperature: 0 = greedy (argmax, ties -> lowest id); otherwise a finite number > 0.
         top_k: keep the k most likely tokens; 0 = off.
         top_p: nucleus sampling, in (0, 1]; 1 = off.
@@ -39,6 +40,9 @@ class GenerationOptions:
             logit_bias: -100 bans a token, 100 all but forces it); kept as sorted pairs.
         constraint: what the reply must match (llm_onnx.runtime.constraint.Constraint: a JSON
             schema, any JSON object, a regex, a grammar, a choice); None = free text.
+        keep_special: special tokens whose text stays in the reply (a chat format's markers,
+            such as harmony's ``<|channel|>``, which its reader needs); the others are dropped
+            as decoding drops them.
     """
 
     max_new_tokens: int = 256
@@ -55,6 +59,7 @@ class GenerationOptions:
     ignore_eos: bool = False
     logit_bias: tuple[tuple[int, float], ...] = ()
     constraint: Constraint | None = None
+    keep_special: tuple[str, ...] = ()
 
     def validated(self) -> GenerationOptions:
         """A copy with checked values and normalised types (lists -> tuples, numpy scalars -> Python).
@@ -64,7 +69,7 @@ class GenerationOptions:
         """
         return dataclasses.replace(
             self,
-            max_new_tokens=_int_option("max_new_tokens", self.max_new_tokens, minimum=1),
+            max_new_tokens=_int_option("max_new_tokens", self.max_new_tokens, minimum=0),
             temperature=_float_option("temperature", self.temperature, ">= 0 (0 = greedy)", lambda v: v >= 0),
             top_k=_int_option("top_k", self.top_k, minimum=0, note=" (0 = off)"),
             top_p=_float_option("top_p", self.top_p, "in (0, 1] (1 = off)", lambda v: 0 < v <= 1),
@@ -80,6 +85,7 @@ class GenerationOptions:
             ignore_eos=_bool_option("ignore_eos", self.ignore_eos),
             logit_bias=_logit_bias(self.logit_bias),
             constraint=_constraint(self.constraint),
+            keep_special=_keep_special(self.keep_special),
         )
 
 
@@ -122,6 +128,14 @@ def _stop_strings(stop: object) -> tuple[str, ...]:
         if not isinstance(item, str) or not item:
             raise GenerationError(f"stop contains {item!r}: every stop string must be a non-empty string")
     return tuple(stop)
+
+
+def _keep_special(tokens: object) -> tuple[str, ...]:
+    if isinstance(tokens, (str, bytes)) or not isinstance(tokens, Sequence) or \
+            not all(isinstance(t, str) and t for t in tokens):
+        raise GenerationError(f"keep_special={tokens!r} is not allowed: it must be a list of "
+                              "special tokens' texts")
+    return tuple(tokens)
 
 
 def _stop_token_ids(ids: object) -> tuple[int, ...]:

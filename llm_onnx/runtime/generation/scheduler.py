@@ -83,6 +83,7 @@ class Request:
     row: int | None = None
     outcome: Result | BaseException | None = None
     reuse_points: tuple[int, ...] = ()  # where later prompts may part from this one
+    prompt_logprobs: int | None = None  # score the prompt (see Generator.append_tokens)
     _cancelled: bool = False
     _done: threading.Event = field(default_factory=threading.Event)
     _items: queue.SimpleQueue | None = None
@@ -186,10 +187,11 @@ class Scheduler:
 
     def submit_many(self, items: Seq[tuple[Seq[int], GenerationOptions]], *,
                     logprobs: int | None = None, listener: Listener | None = None,
-                    reuse_points: Seq[int] = ()) -> list[Request]:
+                    reuse_points: Seq[int] = (), prompt_logprobs: int | None = None,
+                    ) -> list[Request]:
         """Queue several requests at once, all or none (the choices of one API call).
-        ``reuse_points``: lengths at which later prompts may part from these (see
-        Generator.append_tokens).
+        ``reuse_points``: lengths at which later prompts may part from these;
+        ``prompt_logprobs``: score each prompt (see Generator.append_tokens).
 
         ``listener(request, item)`` receives each TokenEvent, then the Result (or the exception
         the request failed with), on the scheduler's thread. Without one, iterate the requests.
@@ -218,7 +220,8 @@ class Scheduler:
                     f"max_tokens), more than the server's {self.max_cache_bytes / 2**20:.1f} "
                     "MiB for all requests (--max-cache-memory); ask for fewer tokens.")
             requests.append(Request(0, ids, options.validated(), logprobs, listener,
-                                    reuse_points=tuple(reuse_points)))
+                                    reuse_points=tuple(reuse_points),
+                                    prompt_logprobs=prompt_logprobs))
         with self._cond:
             if self._closed:
                 raise SchedulerClosed("the server is shutting down; no new requests are taken.")
@@ -357,7 +360,8 @@ class Scheduler:
             row = free[0]  # the lowest: running rows stay together (see Generator.decode_step)
             try:
                 gen.append_tokens(request.prompt, row=row, options=request.options,
-                                  logprobs=request.logprobs, reuse_points=request.reuse_points)
+                                  logprobs=request.logprobs, reuse_points=request.reuse_points,
+                                  prompt_logprobs=request.prompt_logprobs)
             except GenerationError as e:
                 request._emit(e)
                 if self.observer is not None:

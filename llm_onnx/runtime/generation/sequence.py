@@ -65,6 +65,9 @@ class Result:
     ``text`` is the answer after it), None otherwise. ``tool_calls``: the calls a chat reply
     made (``Model.chat(..., tools=...)``; then ``text`` is the reply without their markup).
     ``error``: why a constrained sequence ended with finish_reason "error".
+    ``stop_string``: the stop string that ended it (finish_reason "stop_string").
+    ``prompt_logprobs`` (when asked for): one entry per prompt token, the logprob of each given
+    the tokens before it; the first is None (nothing comes before it).
     """
 
     text: str
@@ -76,6 +79,8 @@ class Result:
     reasoning: str | None = None
     tool_calls: list[ToolCall] | None = None
     error: str | None = None
+    stop_string: str | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"text": self.text, "token_ids": self.token_ids,
@@ -89,6 +94,11 @@ class Result:
             d["tool_calls"] = [dataclasses.asdict(call) for call in self.tool_calls]
         if self.error is not None:
             d["error"] = self.error
+        if self.stop_string is not None:
+            d["stop_string"] = self.stop_string
+        if self.prompt_logprobs is not None:
+            d["prompt_logprobs"] = [None if lp is None else dataclasses.asdict(lp)
+                                    for lp in self.prompt_logprobs]
         return d
 
 
@@ -121,7 +131,9 @@ class TokenEvent:
 
     ``text`` is the text that became final with this token: "" while a character is still
     incomplete or a stop string might be starting, and on the last event also whatever was held
-    back. ``finish_reason`` is set on a sequence's last event only.
+    back. ``finish_reason`` is set on a sequence's last event only. A sequence asked to score
+    its prompt has ``prompt_logprobs`` on its first event (as ``Result.prompt_logprobs``); with
+    max_new_tokens 0 that event is its only one, with no token (``token_id`` -1).
     """
 
     row: int
@@ -129,6 +141,7 @@ class TokenEvent:
     text: str
     logprob: TokenLogprob | None = None
     finish_reason: str | None = None
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
 def token_logprob(logits: np.ndarray, token_id: int, top: int) -> TokenLogprob:
@@ -149,6 +162,15 @@ def token_logprob(logits: np.ndarray, token_id: int, top: int) -> TokenLogprob:
         idx = idx[np.lexsort((idx, -x[idx]))]
         alternatives = tuple((int(i), _logprob(x[i], lse)) for i in idx if x[i] > -np.inf)
     return TokenLogprob(int(token_id), _logprob(x[token_id], lse), alternatives)
+
+
+# Most logits (positions x vocabulary) one run that scores a prompt returns: 128 MiB of float32.
+SCORED_LOGITS = 1 << 25
+
+
+def scoring_chunk(vocab_size: int) -> int:
+    """Most prompt tokens one run may score (each position's logits are kept until scored)."""
+    return max(2, SCORED_LOGITS // max(1, vocab_size))
 
 
 def _bias_arrays(bias: tuple[tuple[int, float], ...], vocab: int,
@@ -182,6 +204,9 @@ class Sequence:
             ``options.ignore_eos`` drops both).
         limit: most tokens to generate (``options.max_new_tokens`` cut to the room left).
         logprobs: None = off; k >= 0 = the chosen token's logprob and k alternatives.
+        prompt_logprobs: None = off; k >= 0 = each prompt token's logprob given the tokens
+            before it, and k alternatives (the generator runs the prompt with every position's
+            logits: ``score_prompt``).
         rng: the sampler's random generator (default: from ``options.seed``).
         constraint: the matcher of ``options.constraint`` (llm_onnx.runtime.structured.constraint): each
             pick is masked to what it allows, tokens it forces are appended without a pick.
@@ -192,7 +217,8 @@ class Sequence:
                  tokenizer: tokenizers.Tokenizer | None, eos_token_ids: Seq[int], limit: int,
                  logprobs: int | None = None, rng: np.random.Generator | None = None,
                  constraint: RowConstraint | None = None,
-                 shown_special: frozenset[int] = frozenset()) -> None:
+                 shown_special: frozenset[int] = frozenset(),
+                 prompt_logprobs: int | None = None) -> None:
         self.options = options
         self.vocab_size = vocab_size
         self.tokenizer = tokenizer
@@ -215,6 +241,9 @@ class Sequence:
         self._own_mask: np.ndarray | None = None
         self._shown_special = shown_special
         self.constraint_error: str | None = None
+        self.prompt_logprobs_top = prompt_logprobs
+        self._prompt_logprobs: list[TokenLogprob | None] | None = \
+            None if prompt_logprobs is None else [None] * self.prompt_len
         self._restart_text()
 
     @property
@@ -233,10 +262,26 @@ class Sequence:
     def text(self) -> str:
         return "".join(self._pieces)
 
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether the prompt's runs must return every position's logits (``score_prompt``)."""
+        return self._prompt_logprobs is not None
+
+    def score_prompt(self, start: int, logits: np.ndarray) -> None:
+        """Record the logprobs of the prompt tokens at ``start + 1`` ... from the (T, V) logits
+        of a run of the tokens at ``start`` ... ``start + T - 1`` (row i predicts the token
+        after position start + i; a row past the prompt is the first pick's, not scored)."""
+        assert self._prompt_logprobs is not None
+        top = self.prompt_logprobs_top or 0
+        for i in range(min(logits.shape[0], self.prompt_len - 1 - start)):
+            at = start + i + 1
+            self._prompt_logprobs[at] = token_logprob(logits[i], self.tokens[at], top)
+
     def accept(self, logits: np.ndarray, row: int = 0,
                mask: np.ndarray | None = None) -> list[TokenEvent]:
         """Pick the next token from its (V,) logits and record it; then any tokens the constraint
         forces. One event per token; the last carries the finish reason if the sequence ended.
+        A sequence with no tokens to generate (limit 0) ends here, with one event and no token.
 
         Args:
             mask: the constraint's bitmask for this step, filled by the caller (MaskBatch);
@@ -245,6 +290,17 @@ class Sequence:
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now
+        first = not self.generated
+        events = self._pick(logits, row, mask, now)
+        if first and self._prompt_logprobs is not None:
+            events[0] = dataclasses.replace(events[0],
+                                            prompt_logprobs=tuple(self._prompt_logprobs))
+        return events
+
+    def _pick(self, logits: np.ndarray, row: int, mask: np.ndarray | None,
+              now: float) -> list[TokenEvent]:
+        if self.limit <= len(self.generated):  # nothing to generate: the prompt was scored
+            return [TokenEvent(row, -1, self._finish("length", now), None, "length")]
         if self._bias is not None:
             logits = np.asarray(logits, dtype=np.float32).copy()
             np.add.at(logits, self._bias[0], self._bias[1])
@@ -349,6 +405,8 @@ class Sequence:
         logprobs = self._logprobs[:len(generated)]
         self._restart_text()
         self._logprobs = logprobs
+        if self._prompt_logprobs is not None:
+            self._prompt_logprobs = self._prompt_logprobs[:self.prompt_len]
         for token in generated:
             if token not in self.eos:
                 self._push_text(token)
@@ -361,7 +419,9 @@ class Sequence:
                     decode_tokens=max(0, len(self.generated) - 1))
         return Result(self.text, self.generated, self.finish_reason or "length", self.prompt_len,
                       t, list(self._logprobs) if self.logprobs_top is not None else None,
-                      error=self.constraint_error)
+                      error=self.constraint_error, stop_string=self._stops.stop_string,
+                      prompt_logprobs=None if self._prompt_logprobs is None
+                      else list(self._prompt_logprobs))
 
     # ------------------------------------------------------------------ text
 
