@@ -1,7 +1,7 @@
 """A tiny random gpt-oss (gpt_oss_tiny: sinks, windows, biased MoE) that speaks harmony (its chat
 format) with a tokenizer that can spell anything: byte-level BPE (one token per byte) plus
-harmony's markers as special tokens, gpt-oss's own chat template, and ``<|return|>`` and ``<|call|>`` as end-of-sequence tokens as
-gpt-oss's generation config has them.
+harmony's markers as special tokens, gpt-oss's own chat template, and ``<|return|>`` and
+``<|call|>`` as end-of-sequence tokens as gpt-oss's generation config has them.
 
 Vocabulary (272 ids): 0 <|endoftext|>  1 <|start|>  2 <|end|>  3 <|message|>  4 <|channel|>
                       5 <|constrain|>  6 <|return|> (eos)  7 <|call|> (eos)   special
