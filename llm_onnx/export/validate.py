@@ -22,6 +22,7 @@ import torch
 from llm_onnx.model.decoder import Decoder
 from llm_onnx.model.linear_attention import state_shapes
 from llm_onnx.errors import ParityError
+from llm_onnx.export import quant
 from llm_onnx.export.weights import StoredTensor
 from llm_onnx import model_folder as names
 
@@ -161,7 +162,7 @@ def run_reference(reference: Decoder, vocab: int) -> tuple[_Steps, list[np.ndarr
     steps = _Steps([], [], cfg=reference.config)
     fed: list[np.ndarray] = []
     seqlens, total, tokens, last_only = [n - 1 for n in lens], t, torch.from_numpy(ids), True
-    with torch.no_grad():
+    with torch.no_grad(), quant.dequantized_once():
         for step in range(DECODE_STEPS + 1):
             out = reference(tokens, torch.tensor(seqlens, dtype=torch.int32),
                             torch.tensor(total, dtype=torch.int32), *cache, last_only=last_only)
