@@ -120,4 +120,3 @@ class HeapTrim:
         if self.pending >= self.every:
             self.pending = 0
             release_memory(collect=False)
-
