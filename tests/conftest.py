@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 from pathlib import Path
@@ -16,6 +17,15 @@ settings.register_profile("explore", max_examples=1000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def pytest_collection_finish(session) -> None:
+    """Move what collection imported (torch, transformers, onnx: ~680,000 objects) out of the
+    cycle collector's sight. Every full collection walks them otherwise; in the export tests those
+    took ~22% of the time (test_export_safety.py: 11.4 of 52 s, 8.4 s after freezing). Objects
+    made later are collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(scope="session")
