@@ -1,8 +1,11 @@
 """benchmarks/moe_gguf.py: the random GGUF llama.cpp is timed on (Qwen3-MoE, Qwen3.5-MoE,
 gpt-oss, SmolLM3) has the preset's shape. Read back by gguf-py and by our own GGUF loader (config,
-every tensor the family needs, the vocabulary), with weights of the magnitude it claims."""
+every tensor the family needs, the vocabulary), with weights of the magnitude it claims; and
+moe_full.py's --config check and --layers cut for a dense preset."""
 
 from __future__ import annotations
+
+import argparse
 
 import gguf
 import numpy as np
@@ -132,3 +135,28 @@ def test_random_smollm3_gguf_is_dense_tied_and_reads_back_with_its_nope_layers(t
         assert w.shape == shape, name
         assert np.isfinite(w).all() and 0.004 * 8 * 0.5 < np.abs(w).max() <= 0.008 * 8, name
 
+
+def test_moe_full_takes_smollm3_cut_to_layers_and_refuses_the_expert_options(capsys):
+    """moe_full.py --config smollm3_3b --layers 6 keeps SmolLM3's NoPE flags for the 6 layers
+    (the GGUF's every fourth); a dense preset refuses the expert options, and a preset whose GGUF
+    llama.cpp could not read is refused before an export, unless llama.cpp is left out."""
+    moe_full = load_benchmark("moe_full")
+    assert moe_full.model_config("smollm3_3b", 6).no_rope_layers == (1, 1, 1, 0, 1, 1)
+    p = argparse.ArgumentParser()
+    ok = argparse.Namespace(config="smollm3_3b", layers=6, llama=True,
+                            qmoe_int8_activations=False, experts_accuracy_level=0)
+    moe_full.check_config(p, ok)
+    moe_full.check_config(p, argparse.Namespace(**{**vars(ok), "config": "smollm3_tiny",
+                                                   "layers": None, "llama": False}))
+    moe_full.check_config(p, argparse.Namespace(  # the MoE presets keep their options
+        **{**vars(ok), "config": "qwen3_moe_tiny", "layers": 2,
+           "qmoe_int8_activations": True, "experts_accuracy_level": 4}))
+    refused = [({"qmoe_int8_activations": True}, "--qmoe-int8-activations: smollm3_3b is dense"),
+               ({"experts_accuracy_level": 4}, "--experts-accuracy-level 4: smollm3_3b is dense"),
+               ({"config": "smollm3_tiny", "layers": None}, "every fourth layer"),
+               ({"config": "qwen3_tiny", "layers": None}, "not an architecture moe_gguf.py"),
+               ({"layers": 37}, "--layers 37: smollm3_3b has 36 layers")]
+    for change, message in refused:
+        with pytest.raises(SystemExit):
+            moe_full.check_config(p, argparse.Namespace(**{**vars(ok), **change}))
+        assert message in capsys.readouterr().err, change
