@@ -1,23 +1,26 @@
-"""A mixture of experts at full size on this machine: export, load and decode, llama.cpp on a
-GGUF of the same shape, and `llm-onnx serve` at 1 and 4 clients; one command, one JSON, one
-table. Qwen3-30B-A3B (qwen3_30b_a3b, the default) or Qwen3.6-35B-A3B (qwen3_6_35b_a3b: Gated
-DeltaNet and gated full attention, 256 experts and a shared expert; llama.cpp's qwen35moe).
+"""A model at full size on this machine: export, load and decode, llama.cpp on a GGUF of the
+same shape, and `llm-onnx serve` at 1 and 4 clients; one command, one JSON, one table. The
+presets moe_gguf.py writes GGUFs of: the mixtures of experts Qwen3-30B-A3B (qwen3_30b_a3b, the
+default), Qwen3.6-35B-A3B (qwen3_6_35b_a3b: Gated DeltaNet and gated full attention, 256 experts
+and a shared expert; llama.cpp's qwen35moe) and gpt-oss-20b (gpt_oss_20b), and the dense
+SmolLM3-3B (smollm3_3b: every fourth layer NoPE, tied embeddings; llama.cpp's smollm3).
 
     .venv/bin/python benchmarks/moe_full.py              # the whole model: hours; the machine alone
     .venv/bin/python benchmarks/moe_full.py --layers 2   # the same pipeline on 2 of the 48 layers
     .venv/bin/python benchmarks/moe_full.py --config qwen3_6_35b_a3b             # 40 layers
     .venv/bin/python benchmarks/moe_full.py --config qwen3_6_35b_a3b --layers 4  # 3 linear + 1 full
+    .venv/bin/python benchmarks/moe_full.py --config smollm3_3b --run int4 int8  # both fit
 
 Stages, one process each, one after the other (peak RSS from wait4 or the kernel's VmHWM):
-  export   random weights of the preset (cut to --layers, keeping its pattern of layer kinds)
-           with a word-level tokenizer of its vocabulary (t0 ... t{V-1}, so the server streams
-           text), each --export precision: time, peak RSS and its timeline by stage,
-           weights.data, the parity gate's figures.
+  export   random weights of the preset (cut to --layers, keeping its pattern of layer kinds
+           and of NoPE layers) with a word-level tokenizer of its vocabulary (t0 ... t{V-1}, so
+           the server streams text), each --export precision: time, peak RSS and its timeline by
+           stage, weights.data, the parity gate's figures.
   ours     each --run precision: Model.load (RSS, PSS, anonymous and file-backed memory after
            loading, and after a --prompt-len prompt and --new-tokens tokens), then `llm-onnx
            bench` (llm_onnx.bench.run_bench: TTFT, prefill, batch-1 decode, and the
-           active-parameter ceiling: the bytes a step reads (the top-k experts' share) over the
-           read bandwidth measured beside each run).
+           active-parameter ceiling: the bytes a step reads (of experts, the top-k's share; a
+           dense model reads all) over the read bandwidth measured beside each run).
   llama    a GGUF of the same shape, random Q4_0 (against int4) or Q8_0 (int8) blocks written
            with gguf-py (moe_gguf.py), llama-server at --threads: load, RSS/PSS, one request of
            the same prompt ids and --new-tokens tokens per --repeat (its own prompt and decode
@@ -28,7 +31,8 @@ Stages, one process each, one after the other (peak RSS from wait4 or the kernel
 Folders are written under --work and deleted after their stage (--keep keeps them), never two at
 once. At full size qwen3_30b_a3b's int4 is 19 GB, int8 34 GB, Q4_0 17 GB, Q8_0 32 GB;
 qwen3_6_35b_a3b's int4 about 23 GB, int8 about 39 GB, Q4_0 19.6 GB, Q8_0 37 GB. int8 and Q8_0 do
-not fit in 24 GiB of memory: by default they are only exported (--run int4).
+not fit in 24 GiB of memory: by default they are only exported (--run int4). smollm3_3b's Q4_0 is
+1.7 GB, Q8_0 3.3 GB: pass --run int4 int8 to time both.
 """
 
 from __future__ import annotations
@@ -94,8 +98,10 @@ def model_config(name: str, layers: int | None):
     cfg = get_config(name)
     if layers is None:
         return cfg
+    # what is given per layer is cut with the layers (kinds; SmolLM3's RoPE flags)
     kinds = cfg.layer_types[:layers] if cfg.layer_types is not None else None
-    return cfg.replace(num_hidden_layers=layers, layer_types=kinds)
+    rope = cfg.no_rope_layers[:layers] if cfg.no_rope_layers is not None else None
+    return cfg.replace(num_hidden_layers=layers, layer_types=kinds, no_rope_layers=rope)
 
 
 def worker_export(a: argparse.Namespace) -> dict:
@@ -468,17 +474,32 @@ def table(r: dict) -> str:
     return "\n".join(lines)
 
 
-def check_config(p: argparse.ArgumentParser, name: str) -> None:
+def check_config(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """--config names a preset moe_gguf.py writes a GGUF of (cut to --layers, in a form llama.cpp's
+    architecture can express); the expert options need experts."""
     from llm_onnx.families import get_config
-    from moe_gguf import ARCHS
+    from moe_gguf import ARCHS, gguf_arch
 
     try:
-        cfg = get_config(name)
+        full = get_config(a.config)
     except Exception as e:  # an unknown preset: the registry's own message
         p.error(str(e))
-    if cfg.moe is None or cfg.architecture not in ARCHS:
-        p.error(f"--config {name}: not a mixture of experts moe_gguf.py writes a GGUF of "
-                f"({', '.join(ARCHS)})")
+    if a.layers is not None and not 1 <= a.layers <= full.num_hidden_layers:
+        p.error(f"--layers {a.layers}: {a.config} has {full.num_hidden_layers} layers")
+    cfg = model_config(a.config, a.layers)
+    if cfg.architecture not in ARCHS:
+        p.error(f"--config {a.config}: {cfg.architecture}, not an architecture moe_gguf.py "
+                f"writes a GGUF of ({', '.join(ARCHS)})")
+    if a.llama:
+        try:
+            gguf_arch(cfg)
+        except ValueError as e:
+            p.error(f"--config {a.config}: {e}")
+    if cfg.moe is None:
+        for flag, given in (("--qmoe-int8-activations", a.qmoe_int8_activations),
+                            ("--experts-accuracy-level 4", a.experts_accuracy_level == 4)):
+            if given:
+                p.error(f"{flag}: {a.config} is dense (no experts, no QMoE nodes); leave it out")
 
 
 def main() -> None:
@@ -497,8 +518,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="qwen3_30b_a3b",
-                   help="a mixture-of-experts preset moe_gguf.py writes GGUFs of: qwen3_30b_a3b, "
-                        "qwen3_6_35b_a3b (or their tiny presets)")
+                   help="a preset moe_gguf.py writes GGUFs of: the mixtures of experts "
+                        "qwen3_30b_a3b, qwen3_6_35b_a3b, gpt_oss_20b, the dense smollm3_3b (or "
+                        "their tiny presets)")
     p.add_argument("--layers", type=int, help="cut the preset to this many layers (default: all)")
     p.add_argument("--export", nargs="+", choices=list(MATCH), default=["int4", "int8"],
                    help="precisions exported (time, peak RSS, size)")
@@ -542,7 +564,7 @@ def main() -> None:
                         "time the rest alone")
     p.add_argument("--out", type=Path, help="the JSON (default: WORK/results/moe-full-TIME.json)")
     a = p.parse_args()
-    check_config(p, a.config)
+    check_config(p, a)
     a.work.mkdir(parents=True, exist_ok=True)
     results = measure(a)
     out = a.out or a.work / "results" / f"moe-full-{time.strftime('%Y%m%d-%H%M%S')}.json"

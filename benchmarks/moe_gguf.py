@@ -1,17 +1,17 @@
-"""A GGUF of a Qwen3-MoE, Qwen3.5/3.6-MoE or gpt-oss config with random weights, for llama.cpp's
-speed on the same shape.
+"""A GGUF of a Qwen3-MoE, Qwen3.5/3.6-MoE, gpt-oss or SmolLM3 config with random weights, for
+llama.cpp's speed on the same shape.
 
 Every matrix (embedding, attention, the linear attention's projections, experts, shared expert,
-LM head) is written in one quantized type, Q4_0 or Q8_0 ("pure", as `llama-quantize --pure`
-makes it; llama-quantize's default mix would give the LM head Q6_K). What llama.cpp's converter
-and llama-quantize keep in float32 stays F32: vectors (norms, the linear attention's ssm_a and
-ssm_dt), the routers (ffn_gate_inp, and the shared expert's (1, D) gate) and the depthwise conv
-(ssm_conv1d). Quantized blocks are random: codes uniform, block scales uniform in 0.004-0.008
-(about what N(0, 0.02) weights quantize to). The float tensors have sane values: norms 1 (the
-converter stores the (1 + w) norms as 1 + w), routers N(0, 0.02), ssm_a = -exp(N(0, 0.5))
-(negative, as -exp(A_log) is), ssm_dt 1, the conv N(0, 0.2); so nothing is NaN and the file has
-the real one's size. Tensors are streamed one at a time (the largest, Q8_0's embedding of
-Qwen3.6, is 540 MB). Tensor names and metadata keys are gguf-py's own tables.
+dense MLP, LM head) is written in one quantized type, Q4_0 or Q8_0 ("pure", as `llama-quantize
+--pure` makes it; llama-quantize's default mix would give the LM head Q6_K). What llama.cpp's
+converter and llama-quantize keep in float32 stays F32: vectors (norms, the linear attention's
+ssm_a and ssm_dt), the routers (ffn_gate_inp, and the shared expert's (1, D) gate) and the
+depthwise conv (ssm_conv1d). Quantized blocks are random: codes uniform, block scales uniform in
+0.004-0.008 (about what N(0, 0.02) weights quantize to). The float tensors have sane values: norms
+1 (the converter stores the (1 + w) norms as 1 + w), routers N(0, 0.02), ssm_a = -exp(N(0, 0.5))
+(negative, as -exp(A_log) is), ssm_dt 1, the conv N(0, 0.2); so nothing is NaN and the file has the
+real one's size. Tensors are streamed one at a time (the largest, Q8_0's embedding of Qwen3.6, is
+540 MB). Tensor names and metadata keys are gguf-py's own tables.
 
 Architectures, by the config's:
   Qwen3MoeForCausalLM     llama.cpp's ``qwen3moe`` (Qwen3-30B-A3B)
@@ -38,6 +38,16 @@ Architectures, by the config's:
                           (q/k/v/o, router, experts) and the sinks float32; metadata
                           attention.sliding_window and YaRN (rope.scaling.*).
 
+  SmolLM3ForCausalLM      ``smollm3`` (SmolLM3-3B): dense, Llama's layer (attn_norm, attn_q/k/v/
+                          output, ffn_norm, ffn_gate/up/down) and Llama's keys, as the converter
+                          writes it (its LlamaModel: rope.dimension_count = head_dim, vocab_size).
+                          Tied embeddings: no output.weight (llama.cpp reuses token_embd). No key
+                          says which layers are NoPE: llama.cpp makes every fourth one so
+                          (n_no_rope_layer_step = 4, fixed), so a config with another pattern
+                          (the tiny preset's interval 2) or a sliding window is refused.
+
+Without tied embeddings (every preset but SmolLM3's) the LM head is output.weight.
+
 The vocabulary is a SentencePiece-style ("llama") list of as many tokens: <unk>, <s>, </s>, the
 256 byte tokens, then "▁t<i>"; prompts are sent as token ids, so no text is tokenized.
 """
@@ -49,13 +59,15 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from llm_onnx.families.smollm3 import nope_every
 from llm_onnx.model.config import ModelConfig
 
 BLOCK = 32  # Q4_0 and Q8_0: 32 weights a block, one float16 scale
 QUANT_TYPES = {"Q4_0": gguf.GGMLQuantizationType.Q4_0, "Q8_0": gguf.GGMLQuantizationType.Q8_0}
 ARCHS = {"Qwen3MoeForCausalLM": gguf.MODEL_ARCH.QWEN3MOE,
          "Qwen3_5MoeForCausalLM": gguf.MODEL_ARCH.QWEN35MOE,
-         "GptOssForCausalLM": gguf.MODEL_ARCH.GPT_OSS}
+         "GptOssForCausalLM": gguf.MODEL_ARCH.GPT_OSS,
+         "SmolLM3ForCausalLM": gguf.MODEL_ARCH.SMOLLM3}
 MROPE_SECTIONS = [11, 11, 10, 0]  # Qwen3.5's mrope_section, padded to 4 as the converter writes it
 
 # How a tensor is filled: "q" quantized (random blocks); the rest float32.
@@ -64,37 +76,51 @@ MXFP4, BIAS = "mxfp4", "bias"  # gpt-oss: its experts' type whatever qtype is; i
 
 
 def gguf_arch(cfg: ModelConfig) -> gguf.MODEL_ARCH:
+    """llama.cpp's architecture of ``cfg``; ValueError for one this module does not write or a
+    config llama.cpp's architecture cannot express."""
     if cfg.architecture not in ARCHS:
         raise ValueError(f"no random GGUF for {cfg.architecture}; known: {', '.join(ARCHS)}")
-    return ARCHS[cfg.architecture]
+    arch = ARCHS[cfg.architecture]
+    if arch == gguf.MODEL_ARCH.SMOLLM3:
+        every_fourth = nope_every(cfg.num_hidden_layers, 4)
+        if cfg.no_rope_layers != every_fourth or cfg.sliding_window is not None:
+            raise ValueError(
+                f"llama.cpp's smollm3 takes every fourth layer as NoPE (no_rope_layers "
+                f"{list(every_fourth)} for {cfg.num_hidden_layers} layers) and slides no window; "
+                f"a GGUF cannot record this config's no_rope_layers "
+                f"{list(cfg.no_rope_layers or ())} and sliding_window {cfg.sliding_window}.")
+    return arch
 
 
 def tensor_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], str]]:
     """(GGUF name, shape as numpy holds it (rows last = the input dimension), fill) in llama.cpp's
     order; fill is QUANTIZED or how the float32 tensor is filled."""
-    assert cfg.moe is not None
     arch = gguf_arch(cfg)
     d, hd, v = cfg.hidden_size, cfg.head_dim, cfg.vocab_size
     q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
-    e, i = cfg.moe.num_experts, cfg.moe.moe_intermediate_size
     T = gguf.MODEL_TENSOR
 
     def name(t, bid=None, suffix=".weight") -> str:
         assert t in gguf.MODEL_TENSORS[arch], t
         return gguf.TENSOR_NAMES[t].format(bid=bid) + suffix
 
-    experts = [(T.FFN_GATE_INP, (e, d), ROUTER), (T.FFN_GATE_EXP, (e, i, d), QUANTIZED),
-               (T.FFN_UP_EXP, (e, i, d), QUANTIZED), (T.FFN_DOWN_EXP, (e, d, i), QUANTIZED)]
     out = [(name(T.TOKEN_EMBD), (v, d), QUANTIZED)]
     for b in range(cfg.num_hidden_layers):
         if arch == gguf.MODEL_ARCH.GPT_OSS:
             out += _gpt_oss_layer(cfg, b, name)
             continue
-        if arch == gguf.MODEL_ARCH.QWEN3MOE:
+        if cfg.moe is None:  # SmolLM3: Llama's dense layer
+            i = cfg.intermediate_size
+            layer = [(T.ATTN_NORM, (d,), NORM), (T.ATTN_Q, (q, d), QUANTIZED),
+                     (T.ATTN_K, (kv, d), QUANTIZED), (T.ATTN_V, (kv, d), QUANTIZED),
+                     (T.ATTN_OUT, (d, q), QUANTIZED), (T.FFN_NORM, (d,), NORM),
+                     (T.FFN_GATE, (i, d), QUANTIZED), (T.FFN_UP, (i, d), QUANTIZED),
+                     (T.FFN_DOWN, (d, i), QUANTIZED)]
+        elif arch == gguf.MODEL_ARCH.QWEN3MOE:
             layer = [(T.ATTN_NORM, (d,), NORM), (T.ATTN_Q, (q, d), QUANTIZED),
                      (T.ATTN_K, (kv, d), QUANTIZED), (T.ATTN_V, (kv, d), QUANTIZED),
                      (T.ATTN_OUT, (d, q), QUANTIZED), (T.ATTN_Q_NORM, (hd,), NORM),
-                     (T.ATTN_K_NORM, (hd,), NORM), (T.FFN_NORM, (d,), NORM), *experts]
+                     (T.ATTN_K_NORM, (hd,), NORM), (T.FFN_NORM, (d,), NORM), *_experts(cfg)]
         else:
             layer = [(T.ATTN_NORM, (d,), NORM), (T.ATTN_POST_NORM, (d,), NORM)]
             layer += _linear_attention(cfg) if cfg.is_linear_layer(b) else [
@@ -103,15 +129,26 @@ def tensor_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], str]]:
                 (T.ATTN_OUT, (d, q), QUANTIZED), (T.ATTN_Q_NORM, (hd,), NORM),
                 (T.ATTN_K_NORM, (hd,), NORM)]
             s = cfg.moe.shared_expert_intermediate_size
-            layer += experts + [(T.FFN_GATE_INP_SHEXP, (1, d), ROUTER),
-                                (T.FFN_GATE_SHEXP, (s, d), QUANTIZED),
-                                (T.FFN_UP_SHEXP, (s, d), QUANTIZED),
-                                (T.FFN_DOWN_SHEXP, (d, s), QUANTIZED)]
+            layer += _experts(cfg) + [(T.FFN_GATE_INP_SHEXP, (1, d), ROUTER),
+                                      (T.FFN_GATE_SHEXP, (s, d), QUANTIZED),
+                                      (T.FFN_UP_SHEXP, (s, d), QUANTIZED),
+                                      (T.FFN_DOWN_SHEXP, (d, s), QUANTIZED)]
         for t, shape, fill in layer:
             suffix = "" if t == T.SSM_A else ".bias" if t == T.SSM_DT else ".weight"
             out.append((name(t, b, suffix), shape, fill))
-    out += [(name(T.OUTPUT_NORM), (d,), NORM), (name(T.OUTPUT), (v, d), QUANTIZED)]
+    out.append((name(T.OUTPUT_NORM), (d,), NORM))
+    if not cfg.tie_word_embeddings:  # tied: llama.cpp's LM head is token_embd
+        out.append((name(T.OUTPUT), (v, d), QUANTIZED))
     return out
+
+
+def _experts(cfg: ModelConfig) -> list[tuple[gguf.MODEL_TENSOR, tuple[int, ...], str]]:
+    """A Qwen3-MoE / Qwen3.5-MoE layer's router and experts (E, rows, cols)."""
+    assert cfg.moe is not None
+    d, e, i = cfg.hidden_size, cfg.moe.num_experts, cfg.moe.moe_intermediate_size
+    T = gguf.MODEL_TENSOR
+    return [(T.FFN_GATE_INP, (e, d), ROUTER), (T.FFN_GATE_EXP, (e, i, d), QUANTIZED),
+            (T.FFN_UP_EXP, (e, i, d), QUANTIZED), (T.FFN_DOWN_EXP, (e, d, i), QUANTIZED)]
 
 
 def _gpt_oss_layer(cfg: ModelConfig, b: int, name) -> list[tuple[str, tuple[int, ...], str]]:
@@ -233,9 +270,9 @@ def _add_hybrid_metadata(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
 
 
 def write_random_gguf(cfg: ModelConfig, qtype: str, path: Path, seed: int = 0) -> Path:
-    """``cfg`` (a Qwen3-MoE or Qwen3.5-MoE config) as a GGUF of random ``qtype`` ("Q4_0" |
-    "Q8_0") blocks."""
-    assert cfg.moe is not None and qtype in QUANT_TYPES
+    """``cfg`` (an architecture of ARCHS) as a GGUF of random ``qtype`` ("Q4_0" | "Q8_0")
+    blocks."""
+    assert qtype in QUANT_TYPES
     arch = gguf_arch(cfg)
     rng = np.random.default_rng(seed)
     path = Path(path)
@@ -254,9 +291,12 @@ def write_random_gguf(cfg: ModelConfig, qtype: str, path: Path, seed: int = 0) -
     writer.add_value_length(cfg.head_dim)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_freq_base(cfg.rope_theta)
-    writer.add_expert_count(cfg.moe.num_experts)
-    writer.add_expert_used_count(cfg.moe.num_experts_per_tok)
-    writer.add_expert_feed_forward_length(cfg.moe.moe_intermediate_size)
+    if cfg.moe is not None:
+        writer.add_expert_count(cfg.moe.num_experts)
+        writer.add_expert_used_count(cfg.moe.num_experts_per_tok)
+        writer.add_expert_feed_forward_length(cfg.moe.moe_intermediate_size)
+    if arch == gguf.MODEL_ARCH.SMOLLM3:  # convert_hf_to_gguf's LlamaModel writes the rotary width
+        writer.add_rope_dimension_count(cfg.head_dim)
     if arch == gguf.MODEL_ARCH.QWEN35MOE:
         _add_hybrid_metadata(writer, cfg)
     if arch == gguf.MODEL_ARCH.GPT_OSS:

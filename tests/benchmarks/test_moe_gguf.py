@@ -1,8 +1,11 @@
-"""benchmarks/moe_gguf.py: the random Qwen3-MoE GGUF llama.cpp is timed on has the preset's
-shape. Read back by gguf-py and by our own GGUF loader (config, every tensor the family needs,
-the vocabulary), with weights of the magnitude it claims."""
+"""benchmarks/moe_gguf.py: the random GGUF llama.cpp is timed on (Qwen3-MoE, Qwen3.5-MoE,
+gpt-oss, SmolLM3) has the preset's shape. Read back by gguf-py and by our own GGUF loader (config,
+every tensor the family needs, the vocabulary), with weights of the magnitude it claims; and
+moe_full.py's --config check and --layers cut for a dense preset."""
 
 from __future__ import annotations
+
+import argparse
 
 import gguf
 import numpy as np
@@ -90,3 +93,70 @@ def test_random_gpt_oss_gguf_has_mxfp4_experts_and_reads_back(tmp_path):
     w = ckpt.source.get("model.layers.1.mlp.experts.2.up_proj.weight").numpy()
     assert w.shape == (cfg.moe.moe_intermediate_size, cfg.hidden_size)
     assert np.isfinite(w).all() and 2.0 ** -8 <= np.abs(w).max() <= 6 * 2.0 ** -7
+
+
+def test_random_smollm3_gguf_is_dense_tied_and_reads_back_with_its_nope_layers(tmp_path):
+    """smollm3 (SmolLM3-3B, dense): Llama's layer tensors, no experts and no output.weight (tied
+    embeddings), the rotary width; our loader recovers the config, its NoPE layers (llama.cpp's
+    every fourth: layer 3 of 5) included, and Llama's shapes. A config whose NoPE layers llama.cpp
+    cannot express (the tiny preset's every second) is refused, not written as another model."""
+    moe_gguf = load_benchmark("moe_gguf")
+    base = get_config("smollm3_tiny")
+    with pytest.raises(ValueError, match="every fourth layer"):
+        moe_gguf.write_random_gguf(base, "Q4_0", tmp_path / "refused.gguf")
+    assert not (tmp_path / "refused.gguf").exists()
+    # hidden 96: whole Q4_0 rows everywhere, and still head_dim (16) != hidden / heads (24)
+    cfg = base.replace(hidden_size=96, intermediate_size=128, num_hidden_layers=5,
+                       no_rope_layers=(1, 1, 1, 0, 1))
+    path = moe_gguf.write_random_gguf(cfg, "Q4_0", tmp_path / "tiny-smollm3.gguf")
+    reader = gguf.GGUFReader(str(path))
+    assert reader.fields["general.architecture"].contents() == "smollm3"
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    layer = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
+             "ffn_up", "ffn_down")
+    assert set(types) == {"token_embd.weight", "output_norm.weight"} | {
+        f"blk.{b}.{n}.weight" for b in range(5) for n in layer}
+    for name in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_down"):
+        assert types[f"blk.4.{name}.weight"] == "Q4_0", name
+    assert types["token_embd.weight"] == "Q4_0" and types["blk.0.ffn_norm.weight"] == "F32"
+    fields = {k: f.contents() for k, f in reader.fields.items() if k.startswith("smollm3.")}
+    assert fields["smollm3.rope.dimension_count"] == cfg.head_dim == 16
+    assert fields["smollm3.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-6)
+    assert not any("expert" in k for k in fields)
+    ckpt = open_checkpoint(path)
+    assert ckpt.config.no_rope_layers == (1, 1, 1, 0, 1) and ckpt.config.tie_word_embeddings
+    assert ckpt.config == cfg
+    assert "lm_head.weight" not in ckpt.source.names()
+    shapes = {"self_attn.q_proj": (4 * 16, 96), "self_attn.k_proj": (2 * 16, 96),
+              "self_attn.o_proj": (96, 4 * 16), "mlp.gate_proj": (128, 96),
+              "mlp.down_proj": (96, 128)}
+    for name, shape in shapes.items():
+        w = ckpt.source.get(f"model.layers.3.{name}.weight").numpy()
+        assert w.shape == shape, name
+        assert np.isfinite(w).all() and 0.004 * 8 * 0.5 < np.abs(w).max() <= 0.008 * 8, name
+
+
+def test_moe_full_takes_smollm3_cut_to_layers_and_refuses_the_expert_options(capsys):
+    """moe_full.py --config smollm3_3b --layers 6 keeps SmolLM3's NoPE flags for the 6 layers
+    (the GGUF's every fourth); a dense preset refuses the expert options, and a preset whose GGUF
+    llama.cpp could not read is refused before an export, unless llama.cpp is left out."""
+    moe_full = load_benchmark("moe_full")
+    assert moe_full.model_config("smollm3_3b", 6).no_rope_layers == (1, 1, 1, 0, 1, 1)
+    p = argparse.ArgumentParser()
+    ok = argparse.Namespace(config="smollm3_3b", layers=6, llama=True,
+                            qmoe_int8_activations=False, experts_accuracy_level=0)
+    moe_full.check_config(p, ok)
+    moe_full.check_config(p, argparse.Namespace(**{**vars(ok), "config": "smollm3_tiny",
+                                                   "layers": None, "llama": False}))
+    moe_full.check_config(p, argparse.Namespace(  # the MoE presets keep their options
+        **{**vars(ok), "config": "qwen3_moe_tiny", "layers": 2,
+           "qmoe_int8_activations": True, "experts_accuracy_level": 4}))
+    refused = [({"qmoe_int8_activations": True}, "--qmoe-int8-activations: smollm3_3b is dense"),
+               ({"experts_accuracy_level": 4}, "--experts-accuracy-level 4: smollm3_3b is dense"),
+               ({"config": "smollm3_tiny", "layers": None}, "every fourth layer"),
+               ({"config": "qwen3_tiny", "layers": None}, "not an architecture moe_gguf.py"),
+               ({"layers": 37}, "--layers 37: smollm3_3b has 36 layers")]
+    for change, message in refused:
+        with pytest.raises(SystemExit):
+            moe_full.check_config(p, argparse.Namespace(**{**vars(ok), **change}))
+        assert message in capsys.readouterr().err, change
