@@ -32,12 +32,12 @@ from llm_onnx.export.weights import (Produce, WeightFile, np_dtype, write_cast,
 from llm_onnx.model.decoder import Decoder
 from llm_onnx.model.layers import Linear
 from llm_onnx.model.mlp import Experts
-from llm_onnx.model.positions import RotaryCache, SinusoidalPositions, local_rope
+from llm_onnx.model.positions import RotaryCache, SinusoidalPositions, global_rope, local_rope
 
 
 # Projections that stay float in quantized exports (see the module docstring).
 KEPT_FLOAT = ("mlp.gate", "mlp.shared_expert_gate", "linear_attn.in_proj_a",
-              "linear_attn.in_proj_b")
+              "linear_attn.in_proj_b", "router.proj")  # (router.proj: Gemma 4's router)
 
 
 class MatMulLinear(nn.Module):
@@ -238,7 +238,7 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
                                            accuracy_level=options.experts_accuracy_level))
     cfg = model.config
     if cfg.position_embedding_type == "rope":
-        model.model.rotary = RotaryTables(cfg, model.max_positions, model.dtype)
+        model.model.rotary = RotaryTables(global_rope(cfg), model.max_positions, model.dtype)
         if cfg.rope_local_theta is not None:  # Gemma 3's sliding layers
             model.model.rotary_local = RotaryTables(local_rope(cfg), model.max_positions,
                                                     model.dtype)
@@ -248,6 +248,13 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
     emb_bits = options.head_bits if bits is not None else None
     width = cfg.embed_width  # OPT-350m's embeddings are narrower than its layers
     emb_block = fitting_block((width,), options.block_size)
+    if cfg.hidden_size_per_layer_input and emb_bits is not None:
+        # Gemma 4's per-layer table (E2B: 262144 x 8960), quantized as the token table is
+        per_layer = cfg.num_hidden_layers * cfg.hidden_size_per_layer_input
+        block = fitting_block((per_layer,), options.block_size)
+        if block is not None:
+            model.model.embed_tokens_per_layer = QuantEmbedding(
+                cfg.vocab_size, per_layer, model.dtype, emb_bits, block)
     head = hasattr(model, "lm_head")  # an embedding model has none
     if (emb_bits is None or emb_block is None) and head:
         model.lm_head = HeadLinear(model.lm_head.weight)  # tied: the embedding's own Parameter

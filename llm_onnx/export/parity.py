@@ -169,7 +169,8 @@ def _scratch_config(cfg: ModelConfig) -> ModelConfig:
     kinds = cfg.layer_types[:layers] if cfg.layer_types is not None else None
     rope = cfg.no_rope_layers[:layers] if cfg.no_rope_layers is not None else None
     small = cfg.replace(num_hidden_layers=layers, layer_types=kinds, no_rope_layers=rope,
-                        vocab_size=min(SCRATCH_VOCAB, cfg.vocab_size))
+                        vocab_size=min(SCRATCH_VOCAB, cfg.vocab_size),
+                        num_kv_shared_layers=0)  # (Gemma 4's shared layers come last)
     if cfg.moe is not None and cfg.moe.num_experts > SCRATCH_EXPERTS:
         small = small.replace(moe=replace(cfg.moe, num_experts=SCRATCH_EXPERTS,
                                           num_experts_per_tok=min(cfg.moe.num_experts_per_tok,

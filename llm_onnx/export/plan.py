@@ -139,13 +139,18 @@ class ExportPlan:
         the graphs' compute dtype (embed.onnx: its attention's, kept for one run only)."""
         cfg = self.cfg
         form = planned_attention(cfg, self.options)
-        attention = cfg.attention_layers
+        owners = cfg.cache_layers  # (Qwen3.5: not its linear layers; Gemma 4: not KV-shared ones)
+        shapes = tuple(cfg.layer_kv_shape(i) for i in owners)
+        uniform = all(s == (cfg.num_key_value_heads, cfg.head_dim) for s in shapes)
+        sources = {str(i): cfg.kv_source(i) for i in range(cfg.num_hidden_layers)
+                   if cfg.is_kv_shared(i)}
         return mf.KVCacheSpec(num_layers=cfg.num_hidden_layers,
                               num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                               dtype="float16" if self.options.float16 else "float32",
                               attention=form.name, attention_why=form.why,
                               shared_buffer=self.embedding is None,
-                              layers=None if len(attention) == cfg.num_hidden_layers else attention)
+                              layers=None if len(owners) == cfg.num_hidden_layers else owners,
+                              shapes=None if uniform else shapes, sources=sources or None)
 
     @property
     def recurrent_state(self) -> mf.RecurrentStateSpec | None:

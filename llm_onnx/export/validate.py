@@ -121,10 +121,11 @@ class _Steps:
         """A step's logits and what it wrote: ``present`` in the graphs' output order."""
         cfg = self.cfg
         self.logits.append(logits)
+        slot = {i: j for j, i in enumerate(cfg.state_layers)}  # (Gemma 4: shared layers own none)
         if cfg.attention_layers:  # (a model of linear-attention layers only has none)
             first = cfg.attention_layers[0]
-            self.keys.append(np.asarray(present[2 * first], dtype=np.float32))
-        self.states.append([np.asarray(present[2 * i + j], dtype=np.float32)
+            self.keys.append(np.asarray(present[2 * slot[first]], dtype=np.float32))
+        self.states.append([np.asarray(present[2 * slot[i] + j], dtype=np.float32)
                             for i in cfg.linear_layers for j in (0, 1)])
 
     cfg: Any = None
@@ -134,12 +135,13 @@ def new_states(cfg, batch: int, length: int, kv_dtype: np.dtype) -> list[np.ndar
     """Zeroed inputs for every layer's two state tensors, in the graphs' order: a KV buffer of
     ``length`` positions, or a linear-attention layer's conv and recurrent states (float32)."""
     out = []
-    for i in range(cfg.num_hidden_layers):
+    for i in cfg.state_layers:  # (Gemma 4's KV-shared layers own none)
         if cfg.is_linear_layer(i):
             out += [np.zeros((batch, *shape), dtype=np.float32)
                     for shape in state_shapes(cfg.linear_attention)]
         else:
-            shape = (batch, cfg.num_key_value_heads, length, cfg.head_dim)
+            heads, head_dim = cfg.layer_kv_shape(i)
+            shape = (batch, heads, length, head_dim)
             out += [np.zeros(shape, dtype=kv_dtype), np.zeros(shape, dtype=kv_dtype)]
     return out
 
@@ -189,7 +191,8 @@ def run_onnx(folder: Path, cfg, kv_dtype: np.dtype, vocab: int, fed: list[np.nda
     so = ort.SessionOptions()
     so.log_severity_level = 3
     steps = _Steps([], [], cfg=cfg)
-    state_names = names.state_names(cfg.num_hidden_layers, cfg.linear_layers)
+    state_names = names.state_names(cfg.num_hidden_layers, cfg.linear_layers,
+                                    [i for i in range(cfg.num_hidden_layers) if cfg.is_kv_shared(i)])
 
     def feed(tokens: np.ndarray, seqlens: list[int], total: int, valid: list[int]) -> dict:
         out = {names.INPUT_IDS: tokens, names.SEQLENS_K: np.array(seqlens, dtype=np.int32),
