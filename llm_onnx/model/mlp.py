@@ -131,10 +131,13 @@ class GeGLUExperts(nn.Module):
 
     def forward(self, x: Tensor, index: Tensor, weight: Tensor) -> Tensor:
         """x (N, D), index (N, K) chosen experts, weight (N, K) fp32 -> (N, D)."""
-        w1 = self.gate_up_proj[index]  # (N, K, 2I, D)
+        n, k = index.shape
+        flat = index.reshape(-1)  # (N*K,): one Gather per weight, no Transpose
+        w1 = self.gate_up_proj.index_select(0, flat).reshape(n, k, 2 * self.width, -1)
         h = torch.matmul(w1, x[:, None, :, None]).squeeze(-1)  # (N, K, 2I)
         act = ops.fast_gelu(h[..., :self.width]) * h[..., self.width:]  # (N, K, I)
-        y = torch.matmul(self.down_proj[index], act[..., None]).squeeze(-1)  # (N, K, D)
+        w2 = self.down_proj.index_select(0, flat).reshape(n, k, -1, self.width)  # (N, K, D, I)
+        y = torch.matmul(w2, act[..., None]).squeeze(-1)  # (N, K, D)
         return (y.float() * weight[..., None]).sum(1).to(x.dtype)
 
 
@@ -159,4 +162,5 @@ class Gemma4Router(nn.Module):
         probs = torch.softmax(logits, dim=-1)
         weight, index = torch.topk(probs, self.k, dim=-1)  # (N, K)
         weight = weight / weight.sum(-1, keepdim=True)
-        return index, weight * self.per_expert_scale[index]
+        scale = self.per_expert_scale.index_select(0, index.reshape(-1)).reshape(index.shape)
+        return index, weight * scale
