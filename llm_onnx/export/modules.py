@@ -31,7 +31,7 @@ from llm_onnx.export.weights import (Produce, WeightFile, np_dtype, write_cast,
                                      write_experts_quantized, write_quantized)
 from llm_onnx.model.decoder import Decoder
 from llm_onnx.model.layers import Linear
-from llm_onnx.model.mlp import Experts
+from llm_onnx.model.mlp import Experts, GeGLUExperts
 from llm_onnx.model.positions import RotaryCache, SinusoidalPositions, global_rope, local_rope
 
 
@@ -181,6 +181,59 @@ class QuantExperts(nn.Module):
                            getattr(self, part).dtype)
 
 
+class _QuantTable(nn.Module):
+    """A block-quantized (rows, K) table's tensors (qweight, scales), read by GatherBlockQuantized;
+    written by the module holding it."""
+
+    def __init__(self, rows: int, k: int, dtype: torch.dtype, bits: int, block_size: int) -> None:
+        super().__init__()
+        self.k, self.bits, self.block_size = k, bits, block_size
+        k_blocks = math.ceil(k / block_size)
+        self.register_buffer("qweight", torch.empty(rows, k_blocks * block_size * bits // 8,
+                                                    dtype=torch.uint8))
+        self.register_buffer("scales", torch.empty(rows, k_blocks, dtype=dtype))
+
+    def forward(self, rows: Tensor) -> Tensor:
+        return quant.gather_nbits(self.qweight, rows, self.scales, self.k, self.bits,
+                                  self.block_size)
+
+
+class QuantGeGLUExperts(nn.Module):
+    """Gemma 4's experts, block-quantized (symmetric) as two tables of rows, gate_up (E * 2I, D)
+    and down (E * D, I): the chosen experts' rows are gathered dequantized
+    (com.microsoft.GatherBlockQuantized) into the same batched MatMuls as the float form
+    (GeGLUExperts), since ONNX Runtime's QMoE has no GeGLU on the CPU."""
+
+    def __init__(self, experts: GeGLUExperts, bits: int, block_up: int, block_down: int) -> None:
+        super().__init__()
+        e, two_i, d = experts.gate_up_proj.shape
+        i = experts.width
+        dtype = experts.gate_up_proj.dtype
+        self.e, self.d, self.width, self.bits = e, d, i, bits
+        self.gate_up = _QuantTable(e * two_i, d, dtype, bits, block_up)
+        self.down = _QuantTable(e * d, i, dtype, bits, block_down)
+
+    def forward(self, x: Tensor, index: Tensor, weight: Tensor) -> Tensor:
+        """x (N, D), index (N, K), weight (N, K) fp32 -> (N, D) (GeGLUExperts.forward)."""
+        n, k = index.shape
+        two_i = 2 * self.width
+        up_rows = index[..., None] * two_i + torch.arange(two_i, device=index.device)
+        w1 = self.gate_up(up_rows.reshape(n, k * two_i)).reshape(n, k, two_i, self.d)
+        h = torch.matmul(w1, x[:, None, :, None]).squeeze(-1)  # (N, K, 2I)
+        act = ops.fast_gelu(h[..., :self.width]) * h[..., self.width:]  # (N, K, I)
+        down_rows = index[..., None] * self.d + torch.arange(self.d, device=index.device)
+        w2 = self.down(down_rows.reshape(n, k * self.d)).reshape(n, k, self.d, self.width)
+        y = torch.matmul(w2, act[..., None]).squeeze(-1)  # (N, K, D)
+        return (y.float() * weight[..., None]).sum(1).to(x.dtype)
+
+    def write_tensors(self, prefix: str, produce: Produce, wf: WeightFile,
+                      written: dict[int, str]) -> None:
+        for name, table in (("gate_up", self.gate_up), ("down", self.down)):
+            w = produce(f"{prefix}{name}_proj")  # (E, rows, K) as checkpoints store it
+            write_quantized(wf, f"{prefix}{name}", w.reshape(-1, w.shape[-1]), self.bits,
+                            table.block_size, table.scales.dtype, False, "symmetric", flat=True)
+
+
 class SinusoidalTable(SinusoidalPositions):
     """XGLM's position table in the graphs (model.embed_positions.weight): computed, not read
     from the checkpoint."""
@@ -228,6 +281,14 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
                                   options.block_size, options.level_for(bits),
                                   options.method != "minmax" and scheme == "zero_point", scheme)
             _set(model, path, new)
+        elif isinstance(module, GeGLUExperts) and bits is not None:  # Gemma 4
+            e, two_i, d = module.gate_up_proj.shape
+            up, down = fitting_block((d,), options.block_size), \
+                fitting_block((two_i // 2,), options.block_size)
+            if up is None or down is None:
+                raise ExportError(f"{path}: expert sizes {d} and {two_i // 2} have no "
+                                  "power-of-two block >= 16. Export fp32 or fp16.")
+            _set(model, path, QuantGeGLUExperts(module, bits, up, down))
         elif isinstance(module, Experts) and bits is not None:
             e, two_i, d = module.gate_up_proj.shape
             block = fitting_block((d, two_i // 2), options.block_size)

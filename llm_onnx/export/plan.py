@@ -28,7 +28,8 @@ from llm_onnx import model_folder as mf
 from llm_onnx.checkpoints.load import Producer, param_producers
 from llm_onnx.export.calibrate import Calibration
 from llm_onnx.export.graphs import GRAPHS, trace_embed, trace_graph
-from llm_onnx.export.modules import NBitsLinear, QuantEmbedding, QuantExperts, to_export_form
+from llm_onnx.export.modules import (NBitsLinear, QuantEmbedding, QuantExperts,
+                                     QuantGeGLUExperts, to_export_form)
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.progress import Progress
 from llm_onnx.model.config import ModelConfig
@@ -179,6 +180,9 @@ class ExportPlan:
                 quantized.append(f"{path} (int{module.bits} {module.scheme}, block "
                                  f"{module.block_size}, activations {act})")
                 activations.setdefault(act, []).append(path)
+            elif isinstance(module, QuantGeGLUExperts):  # Gemma 4's experts
+                quantized.append(f"{path} (int{module.bits} symmetric, gathered rows, blocks "
+                                 f"{module.gate_up.block_size} and {module.down.block_size})")
             elif isinstance(module, (QuantEmbedding, QuantExperts)):
                 experts = isinstance(module, QuantExperts)
                 notes = (", scales searched with router-weighted activations"
@@ -194,7 +198,8 @@ class ExportPlan:
                              for act, paths in activations.items())
         words = {"zero_point": f"uint{options.bits} zero points",
                  "offset": "float block minimums (Q4_1's form)", "symmetric": "symmetric"}
-        kept = ["norms", "router (mlp.gate)" if cfg.moe else None,
+        kept = ["norms", ("router (router.proj)" if cfg.enable_moe_block else
+                          "router (mlp.gate)") if cfg.moe else None,
                 "shared expert gate (mlp.shared_expert_gate)"
                 if cfg.moe and cfg.moe.shared_expert_intermediate_size else None,
                 "linear attention's convolution, decay and beta (conv1d, A_log, dt_bias, "
