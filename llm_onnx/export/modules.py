@@ -181,57 +181,66 @@ class QuantExperts(nn.Module):
                            getattr(self, part).dtype)
 
 
-class _QuantTable(nn.Module):
-    """A block-quantized (rows, K) table's tensors (qweight, scales), read by GatherBlockQuantized;
+class _NBitsWeight(nn.Module):
+    """A symmetric block-quantized (N, K) weight for com.microsoft.MatMulNBits (qweight, scales);
     written by the module holding it."""
 
-    def __init__(self, rows: int, k: int, dtype: torch.dtype, bits: int, block_size: int) -> None:
+    def __init__(self, k: int, n: int, dtype: torch.dtype, bits: int, block_size: int,
+                 accuracy_level: int) -> None:
         super().__init__()
-        self.k, self.bits, self.block_size = k, bits, block_size
+        self.k, self.n, self.bits, self.block_size = k, n, bits, block_size
+        self.accuracy_level = accuracy_level
         k_blocks = math.ceil(k / block_size)
-        self.register_buffer("qweight", torch.empty(rows, k_blocks * block_size * bits // 8,
+        self.register_buffer("qweight", torch.empty(n, k_blocks, block_size * bits // 8,
                                                     dtype=torch.uint8))
-        self.register_buffer("scales", torch.empty(rows, k_blocks, dtype=dtype))
+        self.register_buffer("scales", torch.empty(n, k_blocks, dtype=dtype))
 
-    def forward(self, rows: Tensor) -> Tensor:
-        return quant.gather_nbits(self.qweight, rows, self.scales, self.k, self.bits,
-                                  self.block_size)
+    def forward(self, x: Tensor) -> Tensor:
+        return quant.matmul_nbits(x, self.qweight, self.scales, None, None, self.k, self.n,
+                                  self.bits, self.block_size, self.accuracy_level)
 
 
 class QuantGeGLUExperts(nn.Module):
-    """Gemma 4's experts, block-quantized (symmetric) as two tables of rows, gate_up (E * 2I, D)
-    and down (E * D, I): the chosen experts' rows are gathered dequantized
-    (com.microsoft.GatherBlockQuantized) into the same batched MatMuls as the float form
-    (GeGLUExperts), since ONNX Runtime's QMoE has no GeGLU on the CPU."""
+    """Gemma 4's experts, block-quantized (symmetric), run densely over every expert: one
+    MatMulNBits for all experts' gate and up rows (D -> E * 2I), GeGLU, each expert's
+    activations times its routing weight (zero for the experts a token did not choose), and one
+    MatMulNBits for all experts' down projections side by side (E * I -> D), which sums the
+    chosen ones. ONNX Runtime's QMoE has no GeGLU on the CPU; of the exact forms measured
+    (docs/architectures.md, 26B-A4B's expert shape, E = 128, top 8, int4, one layer, 2 threads)
+    this one took 25 ms a decode step and 132 ms for 16 tokens, gathering the chosen experts'
+    rows dequantized (GatherBlockQuantized + MatMul) 51 and 689 ms."""
 
-    def __init__(self, experts: GeGLUExperts, bits: int, block_up: int, block_down: int) -> None:
+    def __init__(self, experts: GeGLUExperts, bits: int, block_up: int, block_down: int,
+                 accuracy_level: int) -> None:
         super().__init__()
         e, two_i, d = experts.gate_up_proj.shape
         i = experts.width
         dtype = experts.gate_up_proj.dtype
         self.e, self.d, self.width, self.bits = e, d, i, bits
-        self.gate_up = _QuantTable(e * two_i, d, dtype, bits, block_up)
-        self.down = _QuantTable(e * d, i, dtype, bits, block_down)
+        self.gate_up = _NBitsWeight(d, e * two_i, dtype, bits, block_up, accuracy_level)
+        self.down = _NBitsWeight(e * i, d, dtype, bits, block_down, accuracy_level)
 
     def forward(self, x: Tensor, index: Tensor, weight: Tensor) -> Tensor:
         """x (N, D), index (N, K), weight (N, K) fp32 -> (N, D) (GeGLUExperts.forward)."""
-        n, k = index.shape
-        two_i = 2 * self.width
-        up_rows = index[..., None] * two_i + torch.arange(two_i, device=index.device)
-        w1 = self.gate_up(up_rows.reshape(n, k * two_i)).reshape(n, k, two_i, self.d)
-        h = torch.matmul(w1, x[:, None, :, None]).squeeze(-1)  # (N, K, 2I)
-        act = ops.fast_gelu(h[..., :self.width]) * h[..., self.width:]  # (N, K, I)
-        down_rows = index[..., None] * self.d + torch.arange(self.d, device=index.device)
-        w2 = self.down(down_rows.reshape(n, k * self.d)).reshape(n, k, self.d, self.width)
-        y = torch.matmul(w2, act[..., None]).squeeze(-1)  # (N, K, D)
-        return (y.float() * weight[..., None]).sum(1).to(x.dtype)
+        n = x.shape[0]
+        h = self.gate_up(x).reshape(n, self.e, 2 * self.width)  # (N, E, 2I)
+        act = ops.fast_gelu(h[..., :self.width]) * h[..., self.width:]  # (N, E, I)
+        routed = torch.zeros(n, self.e, dtype=weight.dtype, device=x.device).scatter(
+            1, index, weight)  # (N, E), zero where not chosen
+        act = (act.float() * routed[..., None]).to(x.dtype).reshape(n, self.e * self.width)
+        return self.down(act)  # (N, D): the chosen experts' outputs, weighted, summed
 
     def write_tensors(self, prefix: str, produce: Produce, wf: WeightFile,
                       written: dict[int, str]) -> None:
-        for name, table in (("gate_up", self.gate_up), ("down", self.down)):
-            w = produce(f"{prefix}{name}_proj")  # (E, rows, K) as checkpoints store it
-            write_quantized(wf, f"{prefix}{name}", w.reshape(-1, w.shape[-1]), self.bits,
-                            table.block_size, table.scales.dtype, False, "symmetric", flat=True)
+        up = produce(f"{prefix}gate_up_proj")  # (E, 2I, D): every expert's rows, stacked
+        write_quantized(wf, f"{prefix}gate_up", up.reshape(-1, up.shape[-1]), self.bits,
+                        self.gate_up.block_size, self.gate_up.scales.dtype, False, "symmetric",
+                        flat=False)
+        del up
+        down = produce(f"{prefix}down_proj")  # (E, D, I) -> (D, E * I): experts side by side
+        write_quantized(wf, f"{prefix}down", down.permute(1, 0, 2).reshape(self.d, -1),
+                        self.bits, self.down.block_size, self.down.scales.dtype, False,
+                        "symmetric", flat=False)
 
 
 class SinusoidalTable(SinusoidalPositions):
@@ -288,7 +297,8 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
             if up is None or down is None:
                 raise ExportError(f"{path}: expert sizes {d} and {two_i // 2} have no "
                                   "power-of-two block >= 16. Export fp32 or fp16.")
-            _set(model, path, QuantGeGLUExperts(module, bits, up, down))
+            _set(model, path, QuantGeGLUExperts(module, bits, up, down,
+                                                options.level_for(bits)))
         elif isinstance(module, Experts) and bits is not None:
             e, two_i, d = module.gate_up_proj.shape
             block = fitting_block((d, two_i // 2), options.block_size)

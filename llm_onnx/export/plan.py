@@ -181,8 +181,9 @@ class ExportPlan:
                                  f"{module.block_size}, activations {act})")
                 activations.setdefault(act, []).append(path)
             elif isinstance(module, QuantGeGLUExperts):  # Gemma 4's experts
-                quantized.append(f"{path} (int{module.bits} symmetric, gathered rows, blocks "
-                                 f"{module.gate_up.block_size} and {module.down.block_size})")
+                quantized.append(f"{path} (int{module.bits} symmetric, every expert densely, "
+                                 f"blocks {module.gate_up.block_size} and "
+                                 f"{module.down.block_size})")
             elif isinstance(module, (QuantEmbedding, QuantExperts)):
                 experts = isinstance(module, QuantExperts)
                 notes = (", scales searched with router-weighted activations"
