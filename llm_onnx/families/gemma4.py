@@ -23,7 +23,8 @@ and full layers by ``layer_types``, an optional final soft-cap), with these diff
 Checkpoints: the text-only class, or the multimodal one with its text fields under
 ``text_config`` and text weights under ``model.language_model.``; the vision and audio towers
 (``model.vision_tower.``, ``model.audio_tower.``, ``model.embed_vision.``,
-``model.embed_audio.``) are skipped by name. Refused: bidirectional attention ("all"), RoPE other
+``model.embed_audio.``) are skipped by name. GGUF: llama.cpp's ``gemma4`` (the experts fused as
+``ffn_gate_up_exps``, as its converter writes transformers' stacked tensor). Refused: bidirectional attention ("all"), RoPE other
 than default / proportional, a per-layer vocabulary unlike the token vocabulary.
 """
 
@@ -32,8 +33,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from llm_onnx.errors import ConfigError
-from llm_onnx.families.layouts import Part
+from llm_onnx.errors import CheckpointError, ConfigError
+from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.model.config import ModelConfig, MoEConfig
 from llm_onnx.model.shapes import layer_shapes
 
@@ -258,3 +259,98 @@ CHECKPOINT_GLOBALS = {name: name for name in ("model.embed_tokens.weight", "mode
 def checkpoint_layer(cfg: ModelConfig, i: int) -> dict[str, Part]:
     return {name: Part(name) for name in layer_shapes(cfg, i)}
 
+
+
+# ----------------------------------------------------------------------------- GGUF
+
+
+def _per_layer(value: Any, layers: int) -> list[int]:
+    """A GGUF key that is a number or one number per layer, as a list."""
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)] * layers
+
+
+def gemma4_gguf_fields(meta: Any) -> dict[str, Any]:
+    """ModelConfig fields from llama.cpp's gemma4 metadata: the sliding pattern (one flag per
+    layer), the full layers' head size (``attention.key_length``) and the sliding ones'
+    (``key_length_swa``), KV heads per layer (a number or one per layer), the shared layers, the
+    per-layer embeddings' width, the MLP width per layer (E2B's doubled shared layers), the
+    experts; the full layers' proportional RoPE share from ``rope_freqs`` (1 for the rotating
+    pairs, 1e30 for the others); keys that are values where full layers have no attn_v."""
+    hidden, heads = int(meta.need("embedding_length")), int(meta.need("attention.head_count"))
+    layers = int(meta.need("block_count"))
+    swa = meta.need("attention.sliding_window_pattern")
+    if not isinstance(swa, list) or len(swa) != layers:
+        raise CheckpointError(f"{meta.path}: gemma4.attention.sliding_window_pattern must give "
+                              f"one flag for each of the {layers} layers.")
+    types = tuple("sliding_attention" if f else "full_attention" for f in swa)
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    sliding = [i for i, t in enumerate(types) if t == "sliding_attention"]
+    head_full = int(meta.need("attention.key_length"))
+    head_swa = int(meta.get("attention.key_length_swa") or head_full)
+    kv = _per_layer(meta.get("attention.head_count_kv") or heads, layers)
+    kv_swa = kv[sliding[0]] if sliding else kv[full[0]]
+    kv_full = kv[full[0]]
+    ff = _per_layer(meta.need("feed_forward_length"), layers)
+    shared = int(meta.get("attention.shared_kv_layers") or 0)
+    k_eq_v = bool(full) and f"blk.{full[0]}.attn_v.weight" not in meta.tensor_names \
+        and f"blk.{full[0]}.attn_k.weight" in meta.tensor_names
+    freqs = meta.floats("rope_freqs.weight")
+    share = (sum(1 for f in freqs if f < 1e10) / len(freqs)) if freqs else 0.25
+    experts = meta.get("expert_count")
+    moe = None
+    if experts:
+        moe = MoEConfig(num_experts=int(experts), num_experts_per_tok=int(meta.need(
+            "expert_used_count")), moe_intermediate_size=int(meta.need(
+                "expert_feed_forward_length")))
+    softcap = meta.get("final_logit_softcapping")
+    return dict(
+        vocab_size=meta.vocab_size(), hidden_size=hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_swa, head_dim=head_swa,
+        intermediate_size=ff[0], max_position_embeddings=int(meta.need("context_length")),
+        rms_norm_eps=float(meta.need("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(meta.get("rope.freq_base") or 1_000_000.0),
+        rope_local_theta=float(meta.get("rope.freq_base_swa") or 10_000.0),
+        rope_scaling=proportional(share) if share != 1.0 else None,
+        hidden_act="gelu_pytorch_tanh", qk_norm=True,
+        tie_word_embeddings="output.weight" not in meta.tensor_names,
+        embedding_multiplier=math.sqrt(hidden), attention_scale=1.0, sandwich_norm=True,
+        sliding_window=int(meta.need("attention.sliding_window")), layer_types=types,
+        final_logit_softcapping=float(softcap) if softcap else None,
+        global_head_dim=head_full if head_full != head_swa else None,
+        num_global_key_value_heads=kv_full if kv_full != kv_swa else None,
+        attention_k_eq_v=k_eq_v, value_norm=True, num_kv_shared_layers=shared,
+        hidden_size_per_layer_input=int(meta.get("embedding_length_per_layer_input") or 0),
+        layer_scalar=True, enable_moe_block=moe is not None, moe=moe,
+        use_double_wide_mlp=len(set(ff)) > 1)
+
+
+GGUF = GGUFNames(
+    arch="gemma4", config_fields=gemma4_gguf_fields,
+    globals={"token_embd.weight": "model.embed_tokens.weight",
+             "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight",
+             "per_layer_token_embd.weight": "model.embed_tokens_per_layer.weight",
+             "per_layer_model_proj.weight": "model.per_layer_model_projection.weight",
+             "per_layer_proj_norm.weight": "model.per_layer_projection_norm.weight"},
+    layer={"attn_norm.weight": "input_layernorm.weight",
+           "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+           "attn_v.weight": "self_attn.v_proj.weight",
+           "attn_output.weight": "self_attn.o_proj.weight",
+           "attn_q_norm.weight": "self_attn.q_norm.weight",
+           "attn_k_norm.weight": "self_attn.k_norm.weight",
+           "post_attention_norm.weight": "post_attention_layernorm.weight",
+           "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+           "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+           "ffn_down.weight": "mlp.down_proj.weight",
+           "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
+           "ffn_gate_inp.weight": "router.proj.weight", "ffn_gate_inp.scale": "router.scale",
+           "ffn_down_exps.scale": "router.per_expert_scale",
+           # the experts as transformers stacks them: (E, 2I, D) rows [gate | up], (E, D, I)
+           "ffn_gate_up_exps.weight": "experts.gate_up_proj",
+           "ffn_down_exps.weight": "experts.down_proj",
+           "pre_ffw_norm_2.weight": "pre_feedforward_layernorm_2.weight",
+           "post_ffw_norm_1.weight": "post_feedforward_layernorm_1.weight",
+           "post_ffw_norm_2.weight": "post_feedforward_layernorm_2.weight",
+           "layer_output_scale.weight": "layer_scalar",
+           "inp_gate.weight": "per_layer_input_gate.weight",
+           "proj.weight": "per_layer_projection.weight",
+           "post_norm.weight": "post_per_layer_input_norm.weight"})

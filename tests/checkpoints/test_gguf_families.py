@@ -85,6 +85,41 @@ def phi3_metadata(writer, cfg: ModelConfig) -> dict[str, np.ndarray]:
             "rope_factors_short.weight": np.array(scaling["short_factor"], np.float32)}
 
 
+def gemma4_metadata(writer, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """What llama.cpp's Gemma4Model converter writes: the window and the sliding pattern (one
+    flag per layer), the shared layers, the per-layer embeddings' width, the full and sliding
+    head sizes, KV heads and MLP widths per layer, the soft cap, the sliding layers' RoPE base;
+    and rope_freqs (1 for the full layers' rotating pairs, 1e30 for the others)."""
+    types = cfg.layer_types
+    writer.add_sliding_window(cfg.sliding_window)
+    writer.add_sliding_window_pattern([t == "sliding_attention" for t in types])
+    writer.add_shared_kv_layers(cfg.num_kv_shared_layers)
+    writer.add_embedding_length_per_layer_input(cfg.hidden_size_per_layer_input)
+    full = cfg.global_head_dim or cfg.head_dim
+    writer.add_key_length_swa(cfg.head_dim)
+    writer.add_value_length_swa(cfg.head_dim)
+    writer.add_head_count_kv([cfg.layer_kv_heads(i) for i in range(cfg.num_hidden_layers)])
+    if cfg.use_double_wide_mlp:
+        writer.add_feed_forward_length([cfg.layer_intermediate(i)
+                                        for i in range(cfg.num_hidden_layers)])
+    if cfg.final_logit_softcapping:
+        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    writer.add_rope_freq_base_swa(cfg.rope_local_theta)
+    share = (cfg.rope_scaling or {}).get("partial_rotary_factor", 1.0)
+    rotating = int(full * share / 2)
+    return {"rope_freqs.weight": np.array([1.0] * rotating + [1e30] * (full // 2 - rotating),
+                                          np.float32)}
+
+
+def gemma4_tensors(name: str, t: np.ndarray) -> tuple[str, np.ndarray]:
+    """Gemma4Model.filter_tensors / modify_tensors: ``.weight`` on layer_scalar and the stacked
+    experts; the router's scale and the per-expert scale as ffn_gate_inp.scale and
+    ffn_down_exps.scale (written by name in write_gguf)."""
+    if name.endswith(("layer_scalar", "experts.gate_up_proj", "experts.down_proj")):
+        return f"{name}.weight", t
+    return name, t
+
+
 def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     """convert_hf_to_gguf's LlamaModel.permute: each head's rotary halves interleaved."""
     return (w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:])
@@ -176,9 +211,11 @@ def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path,
     experts: dict[str, dict[int, np.ndarray]] = {}
     out: dict[str, np.ndarray] = {}
     for name, t in tensors.items():
+        if arch == "gemma4":
+            name, t = gemma4_tensors(name, t)
         base, suffix = name.rsplit(".", 1)
         parts = base.split(".")
-        if "experts" in parts:  # model.layers.L.mlp.experts.E.gate_proj -> stacked by projection
+        if "experts" in parts and arch != "gemma4":  # model.layers.L.mlp.experts.E.gate_proj -> stacked by projection
             i = parts.index("experts")
             stacked = ".".join(parts[:i + 1] + parts[i + 2:])
             experts.setdefault(f"{stacked}.{suffix}", {})[int(parts[i + 1])] = t
@@ -199,17 +236,21 @@ def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path,
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_block_count(cfg.num_hidden_layers + (arch in HYBRID))  # + the MTP block
-    writer.add_feed_forward_length(cfg.intermediate_size)
+    if not (arch == "gemma4" and cfg.use_double_wide_mlp):
+        writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
+    if arch != "gemma4":
+        writer.add_head_count_kv(cfg.num_key_value_heads)
     extra = phi3_metadata(writer, cfg) if arch == "phi3" else {}
+    if arch == "gemma4":
+        extra = gemma4_metadata(writer, cfg)
     if arch == "gemma3":
         gemma3_metadata(writer, cfg)
     if arch in HYBRID:
         hybrid_metadata(writer, cfg)
-    if arch != "phi3":
-        writer.add_key_length(cfg.head_dim)
-        writer.add_value_length(cfg.head_dim)
+    if arch != "phi3":  # (gemma4: the full layers' head size; the sliding ones' as *_swa)
+        writer.add_key_length(cfg.global_head_dim or cfg.head_dim)
+        writer.add_value_length(cfg.global_head_dim or cfg.head_dim)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_freq_base(cfg.rope_theta)
     writer.add_vocab_size(cfg.vocab_size)
@@ -229,6 +270,11 @@ def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path,
         base, suffix = name.rsplit(".", 1)
         if name.endswith("A_log"):  # llama.cpp's ssm_a has no .weight suffix
             base, suffix = name, ""
+        if arch == "gemma4" and name.endswith(("router.scale", "router.per_expert_scale")):
+            bid = name.split(".")[2]  # Gemma4Model.modify_tensors' names for the two scales
+            writer.add_tensor(f"blk.{bid}.ffn_gate_inp.scale" if name.endswith("router.scale")
+                              else f"blk.{bid}.ffn_down_exps.scale", t.astype(np.float32))
+            continue
         gname = names.get_name(base)
         assert gname is not None, f"gguf-py has no {arch} name for {base}"
         gname = f"{gname}.{suffix}" if suffix else gname
