@@ -1,7 +1,8 @@
 """A mixture of experts at full size on this machine: export, load and decode, llama.cpp on a
 GGUF of the same shape, and `llm-onnx serve` at 1 and 4 clients; one command, one JSON, one
-table. Qwen3-30B-A3B (qwen3_30b_a3b, the default) or Qwen3.6-35B-A3B (qwen3_6_35b_a3b: Gated
-DeltaNet and gated full attention, 256 experts and a shared expert; llama.cpp's qwen35moe).
+table. Qwen3-30B-A3B (qwen3_30b_a3b, the default), Qwen3.6-35B-A3B (qwen3_6_35b_a3b: Gated
+DeltaNet and gated full attention, 256 experts and a shared expert; llama.cpp's qwen35moe) or
+Gemma 4 26B-A4B (gemma4_26b_a4b: 128 GeGLU experts beside a dense MLP; llama.cpp's gemma4).
 
     .venv/bin/python benchmarks/moe_full.py              # the whole model: hours; the machine alone
     .venv/bin/python benchmarks/moe_full.py --layers 2   # the same pipeline on 2 of the 48 layers
@@ -497,7 +498,7 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="qwen3_30b_a3b",
                    help="a mixture-of-experts preset moe_gguf.py writes GGUFs of: qwen3_30b_a3b, "
-                        "qwen3_6_35b_a3b (or their tiny presets)")
+                        "qwen3_6_35b_a3b, gemma4_26b_a4b (or their tiny presets)")
     p.add_argument("--layers", type=int, help="cut the preset to this many layers (default: all)")
     p.add_argument("--export", nargs="+", choices=list(MATCH), default=["int4", "int8"],
                    help="precisions exported (time, peak RSS, size)")
