@@ -117,6 +117,12 @@ class SafetensorsSource:
 # ----------------------------------------------------------------------------- random
 
 
+# Tensors that scale as a norm weight does (Gemma 4: a layer's output, the router's input and
+# each expert's weight): random weights give them 1, not N(0, 0.02) (30 layer scalars of 0.02
+# would shrink the residual stream below float32's range).
+SCALES_OF_ONE = (".layer_scalar", ".router.scale", ".router.per_expert_scale")
+
+
 class RandomSource:
     """Seeded random weights for any config: the same (config, seed, name) always gives the same
     tensor, independent of the order tensors are read in. Matrices ~ N(0, 0.02); norms 1.
@@ -138,6 +144,8 @@ class RandomSource:
     def get(self, name: str) -> torch.Tensor:
         shape = self._shapes[name]
         if "norm" in name.rsplit(".", 2)[-2] and name.endswith(".weight"):
+            return torch.ones(shape, dtype=self.dtype)
+        if name.endswith(SCALES_OF_ONE):  # Gemma 4's multiplying scales, as norms: 1
             return torch.ones(shape, dtype=self.dtype)
         if name.endswith(".bias"):
             return torch.zeros(shape, dtype=self.dtype)

@@ -265,7 +265,11 @@ def test_shapes_the_fused_kernel_refuses(arch, changes, tmp_path):
     dict(num_kv_shared_layers=0, use_double_wide_mlp=False, hidden_size_per_layer_input=0,
          global_head_dim=None, layer_types=("sliding_attention", "sliding_attention",
                                             "full_attention", "full_attention")),
-], ids=["all-off", "k-eq-v-and-experts"])
+    # the released head sizes, 256 and 512, with RoPE on a quarter of the full layers' pairs
+    dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=256,
+         global_head_dim=512, intermediate_size=64, embedding_multiplier=8.0,
+         rope_scaling={"rope_type": "proportional", "partial_rotary_factor": 0.25}),
+], ids=["all-off", "k-eq-v-and-experts", "heads-256-and-512"])
 def test_gemma4_switches(changes, tmp_path):
     _check(get_config("gemma4_tiny"), changes, tmp_path)
 
