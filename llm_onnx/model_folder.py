@@ -79,9 +79,10 @@ def input_names(num_layers: int, linear: Collection[int] = (),
         past for past, _ in state_names(num_layers, linear, shared)]
 
 
-def output_names(num_layers: int, linear: Collection[int] = (),
-                 shared: Collection[int] = ()) -> list[str]:
-    return [LOGITS] + [present for _, present in state_names(num_layers, linear, shared)]
+def output_names(num_layers: int, linear: Collection[int] = ()) -> list[str]:
+    """Every layer's presents (Gemma 4's KV-shared layers too: bound to their source's buffer,
+    while their pasts are not inputs)."""
+    return [LOGITS] + [present for _, present in state_names(num_layers, linear)]
 
 
 # ----------------------------------------------------------------------------- sections
@@ -156,7 +157,9 @@ class KVCacheSpec:
     # between layers (Gemma 4's full layers); None: every buffer (num_key_value_heads, head_dim)
     shapes: tuple[tuple[int, int], ...] | None = None
     # Gemma 4: {KV-shared layer (its number as a string, as JSON keys are): the layer whose
-    # buffer it reads} (informative: the graphs take no buffer for those layers)
+    # buffer it reads}. Those layers have no past inputs; their present outputs are bound to
+    # the source layer's buffer too, where their kernel rewrites the same keys and values in
+    # place and attends over it (no copy)
     sources: dict[str, int] | None = None
 
     @property

@@ -61,7 +61,8 @@ class Graphs:
                 valid = [n + 1 for n in seqlens] if total == t else [t] * len(seqlens)
             feed["valid_tokens"] = np.array(valid, np.int32)
         out = self.sessions[graph].run(None, feed)
-        return out[0], out[1:]
+        # (Gemma 4: its shared layers' presents are their source's buffer again; not a past)
+        return out[0], [o for i, o in enumerate(out[1:]) if i // 2 in self.owners]
 
     def greedy(self, prompt: list[int], steps: int) -> list[int]:
         cache = self.new_cache(1, len(prompt) + steps + 1)

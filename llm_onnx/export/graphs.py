@@ -90,7 +90,7 @@ def trace_graph(model: Decoder, kind: str, *, all_logits: bool = False) -> ir.Mo
             model, example, kwargs=kwargs,
             dynamo=True, dynamic_shapes=dynamic, optimize=False, verbose=False,
             custom_translation_table=translation_table(),
-            input_names=inputs, output_names=names.output_names(layers, linear, shared),
+            input_names=inputs, output_names=names.output_names(layers, linear),
         )
     graph_model = program.model
     if last_only:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from llm_onnx.model.decoder import Decoder
+from llm_onnx.model.decoder import Decoder, owned_states
 from llm_onnx.model.linear_attention import state_shapes
 from llm_onnx.errors import ParityError
 from llm_onnx.export.weights import StoredTensor
@@ -127,11 +127,10 @@ class _Steps:
         """A step's logits and what it wrote: ``present`` in the graphs' output order."""
         cfg = self.cfg
         self.logits.append(logits)
-        slot = {i: j for j, i in enumerate(cfg.state_layers)}  # (Gemma 4: shared layers own none)
         if cfg.attention_layers:  # (a model of linear-attention layers only has none)
             first = cfg.attention_layers[0]
-            self.keys.append(np.asarray(present[2 * slot[first]], dtype=np.float32))
-        self.states.append([np.asarray(present[2 * slot[i] + j], dtype=np.float32)
+            self.keys.append(np.asarray(present[2 * first], dtype=np.float32))
+        self.states.append([np.asarray(present[2 * i + j], dtype=np.float32)
                             for i in cfg.linear_layers for j in (0, 1)])
 
     cfg: Any = None
@@ -186,7 +185,7 @@ def run_reference(reference: Decoder, vocab: int) -> tuple[_Steps, list[np.ndarr
                 steps.clear.append(clear.copy())
             logits = out[0][:, -1, :vocab].float().numpy()
             steps.record(logits, [t.float().numpy() for t in out[1:]])
-            cache = list(out[1:])
+            cache = reference.next_cache(out[1:])
             nxt = logits.argmax(-1)[:, None].astype(np.int64)
             fed.append(nxt)
             seqlens = [n + 1 for n in seqlens] if step else [n for n in lens]
@@ -251,7 +250,7 @@ def run_onnx(folder: Path, cfg, kv_dtype: np.dtype, vocab: int, fed: list[np.nda
         if not np.all(np.isfinite(logits)):
             raise ParityError(f"ONNX Runtime produced inf/NaN logits at step {len(steps.logits)}.")
         steps.record(logits, out[1:])
-        cache[:] = out[1:]
+        cache[:] = owned_states(cfg, out[1:])  # (Gemma 4: not its shared layers' presents)
 
     session = ort.InferenceSession(str(folder / "prefill.onnx"), so, providers=["CPUExecutionProvider"])
     record(session.run(None, feed(ids, [n - 1 for n in lens], t, lens)))

@@ -46,6 +46,15 @@ from llm_onnx.model.mlp import _ACT, MLP, GeGLUExperts, Gemma4Router, SparseMoE
 from llm_onnx.model.positions import RotaryCache, SinusoidalPositions, global_rope, local_rope
 
 
+def owned_states(cfg: ModelConfig, present):
+    """``present`` (two per layer, every layer) less Gemma 4's KV-shared layers' pairs: what the
+    next step takes as its past (works on lists of tensors or of numpy arrays)."""
+    if not cfg.num_kv_shared_layers:
+        return list(present)
+    return [t for i in range(cfg.num_hidden_layers) if not cfg.is_kv_shared(i)
+            for t in present[2 * i:2 * i + 2]]
+
+
 @dataclass(frozen=True)
 class Fusion:
     """Which computations run fused. Same math either way; the parity tests run both.
@@ -304,7 +313,8 @@ class Decoder(nn.Module):
                 *past: Tensor, last_only: bool = False, logits_window: Tensor | None = None,
                 valid_tokens: Tensor | None = None) -> tuple[Tensor, ...]:
         """Logits (B, T, V) fp32 (or (B, 1, V) at each row's last new token when ``last_only``)
-        and the updated caches, in the order of ``past``.
+        and the updated caches, two per layer in layer order (``past`` less Gemma 4's KV-shared
+        layers, whose presents are their source's buffer again: ``next_cache``).
 
         ``logits_window`` (with ``last_only``): a (W,) tensor whose length alone counts: the
         logits of each row's last W new tokens, (B, W, V) (a speculative verify step reads the
@@ -342,20 +352,22 @@ class Decoder(nn.Module):
         x = self.embed(input_ids, seqlens_k, total_sequence_length, valid_tokens)
         present: list[Tensor] = []
         slots = iter(past)  # two per layer that owns state (cfg.state_layers)
-        # Gemma 4: a KV-shared layer attends over its source's present cache, with the new keys
-        # and values the source handed its kernel (the kernel writes them again, unchanged):
-        # the cache has no buffer of its own for it, and its present is dropped.
+        # Gemma 4: a KV-shared layer attends over its source's cache: its kernel takes the
+        # source's past (the same buffer, bound in place) and the new keys and values the source
+        # handed its own kernel, writes them again at the same positions, unchanged, and
+        # attends. Its present is the source's buffer once more: the runtime binds it there, so
+        # nothing is copied (shared_presents); the cache owns no buffer for it.
         sources: dict[int, tuple[Tensor, Tensor, Tensor, Tensor]] = {}
         for i in range(len(self.model.layers)):
             if cfg.is_kv_shared(i):
                 nk, nv, pk, pv = sources[cfg.kv_source(i)]
-                self.run_layer(i, x, seqlens_k, total_sequence_length, pk, pv, reuse=(nk, nv))
+                present += self.run_layer(i, x, seqlens_k, total_sequence_length, pk, pv,
+                                          reuse=(nk, nv))
                 continue
-            pk, pv = self.run_layer(i, x, seqlens_k, total_sequence_length, next(slots),
-                                    next(slots))
-            present += [pk, pv]
+            past_k, past_v = next(slots), next(slots)
+            present += self.run_layer(i, x, seqlens_k, total_sequence_length, past_k, past_v)
             if cfg.num_kv_shared_layers and not cfg.is_linear_layer(i):
-                sources[i] = (*self.model.layers[i].new_kv, pk, pv)
+                sources[i] = (*self.model.layers[i].new_kv, past_k, past_v)
         if self.config.post_layernorm:  # the last layer's output is already normalized
             return x.residual, x.last, present
         assert x.branch is not None
@@ -371,6 +383,12 @@ class Decoder(nn.Module):
         heads, head_dim = cfg.layer_kv_shape(i)  # (Gemma 4: per layer kind)
         shape = (batch, heads, length, head_dim)
         return [torch.zeros(shape, dtype=self.dtype) for _ in range(2)]
+
+    def next_cache(self, present: list[Tensor] | tuple[Tensor, ...]) -> list[Tensor]:
+        """The past of the next step from a forward's presents: those of the layers that own
+        state (Gemma 4's KV-shared layers return their source's buffer again, as a present the
+        runtime binds to that buffer, but take no past)."""
+        return owned_states(self.config, present)
 
     def new_cache(self, batch: int, length: int) -> list[Tensor]:
         """Zeroed KV buffers (B, Hkv, length, D) for every layer that owns one (a

@@ -226,7 +226,9 @@ class Engine:
                                layers=kv.layers,
                                shapes=tuple(kv.buffer_shape(j)
                                             for j in range(len(kv.layer_indices)))
-                               if kv.shapes is not None else None)
+                               if kv.shapes is not None else None,
+                               sources={int(k): v for k, v in kv.sources.items()}
+                               if kv.sources else None)
         rs = m.recurrent_state
         self.state_layout = None if rs is None else StateLayout(
             layers=rs.layers, conv_shape=rs.conv_shape, recurrent_shape=rs.recurrent_shape)

@@ -47,6 +47,8 @@ class KVLayout:
     # (KV heads, head size) per layer of layer_indices where they differ (Gemma 4's full
     # layers); None: (kv_heads, head_dim) for every buffer
     shapes: tuple[tuple[int, int], ...] | None = None
+    # Gemma 4: {KV-shared layer: the buffer-owning layer whose buffer its present is bound to}
+    sources: dict[int, int] | None = None
 
     @property
     def layer_indices(self) -> tuple[int, ...]:
@@ -174,7 +176,11 @@ class KVCache:
         """Bind rows [start, stop) of every layer's buffers as both past (input) and present
         (output) of ``binding``: GroupQueryAttention then updates them in place."""
         lay = self.layout
-        for j, i in enumerate(lay.layer_indices):  # (Gemma 4: buffers of two shapes)
+        owner = {i: j for j, i in enumerate(lay.layer_indices)}
+        readers: dict[int, list[int]] = {}  # Gemma 4: the shared layers reading each owner
+        for shared, source in (lay.sources or {}).items():
+            readers.setdefault(source, []).append(shared)
+        for i, j in owner.items():  # (Gemma 4: buffers of two shapes)
             shape = [stop - start, *lay.row_shape(self.length + self.spare, j)]
             row_bytes = int(np.prod(lay.row_shape(self.length + self.spare, j))) \
                 * np.dtype(lay.dtype).itemsize
@@ -183,8 +189,9 @@ class KVCache:
                                            names.PRESENT_VALUE)):
                 ptr = buffer.data_ptr() + start * row_bytes
                 binding.bind_input(past.format(i), lay.device, lay.device_id, lay.dtype, shape, ptr)
-                binding.bind_output(present.format(i), lay.device, lay.device_id, lay.dtype, shape,
-                                    ptr)
+                for layer in (i, *readers.get(i, ())):  # a shared layer's present: this buffer
+                    binding.bind_output(present.format(layer), lay.device, lay.device_id,
+                                        lay.dtype, shape, ptr)
 
     def decode_binding(self, session: ort.InferenceSession, start: int, rows: int,
                        vocab_size: int, run_options: ort.RunOptions | None = None,
