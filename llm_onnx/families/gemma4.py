@@ -96,7 +96,7 @@ GEMMA4_E2B = GEMMA4_E4B.replace(
 # span 32 with half the frequencies zero), keys that are values with one KV head on the full
 # layers, the last two layers KV-shared with doubled MLPs, per-layer embeddings of 8 and four
 # experts (top 2) beside the MLP: every switch at once. Variants with each off:
-# tests/model/test_gemma4.py.
+# tests/export/test_config_fuzz.py (test_gemma4_switches, and the fuzz's draws).
 GEMMA4_TINY = GEMMA4_26B_A4B.replace(
     vocab_size=256, hidden_size=48, num_hidden_layers=4, num_attention_heads=4,
     num_key_value_heads=2, head_dim=16, intermediate_size=64, max_position_embeddings=256,
