@@ -1,7 +1,7 @@
-"""A tiny random model that speaks harmony (gpt-oss's chat format) with a tokenizer that can
-spell anything: byte-level BPE (one token per byte) plus harmony's markers as special tokens,
-gpt-oss's own chat template, and ``<|return|>`` and ``<|call|>`` as end-of-sequence tokens as
-gpt-oss's generation config has them.
+"""A tiny random gpt-oss (gpt_oss_tiny: sinks, windows, biased MoE) that speaks harmony (its chat
+format) with a tokenizer that can spell anything: byte-level BPE (one token per byte) plus
+harmony's markers as special tokens, gpt-oss's own chat template, and ``<|return|>`` and
+``<|call|>`` as end-of-sequence tokens as gpt-oss's generation config has them.
 
 Vocabulary (272 ids): 0 <|endoftext|>  1 <|start|>  2 <|end|>  3 <|message|>  4 <|channel|>
                       5 <|constrain|>  6 <|return|> (eos)  7 <|call|> (eos)   special
@@ -43,7 +43,7 @@ def save_harmony_tokenizer(folder: Path) -> None:
         "pad_token": "<|endoftext|>"}), encoding="utf-8")
 
 
-def make_harmony_checkpoint(folder: Path, preset: str = "qwen3_tiny", seed: int = 7):
+def make_harmony_checkpoint(folder: Path, preset: str = "gpt_oss_tiny", seed: int = 7):
     """A tiny random ``preset`` model with the harmony tokenizer; returns the transformers model."""
     from llm_onnx.families import get_config
     from tests.hf_models import make_hf_model
@@ -60,13 +60,13 @@ def make_harmony_checkpoint(folder: Path, preset: str = "qwen3_tiny", seed: int 
 _MADE: dict[str, Path] = {}
 
 
-def export_harmony_model(tmp_path_factory, preset: str = "qwen3_tiny") -> Path:
+def export_harmony_model(tmp_path_factory, preset: str = "gpt_oss_tiny") -> Path:
     """The exported fp32 folder (made once per session for each ``preset``)."""
     if preset not in _MADE:
         from llm_onnx.checkpoints import open_checkpoint
         from llm_onnx.export import ExportOptions, export_model
 
-        name = "tiny-harmony" + ("" if preset == "qwen3_tiny" else f"-{preset}")
+        name = "tiny-harmony" + ("" if preset == "gpt_oss_tiny" else f"-{preset}")
         ckpt = tmp_path_factory.mktemp(f"{name}-ckpt") / name
         make_harmony_checkpoint(ckpt, preset)
         out = tmp_path_factory.mktemp(name) / name

@@ -25,6 +25,8 @@ Their eager forms compute x @ dequantize(W)^T, which is how quantized exports ar
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor
 
@@ -232,12 +234,52 @@ def dequantize(qweight: Tensor, scales: Tensor, bits: int, k: int,
     return w.reshape(qweight.shape[0], -1)[:, :k]
 
 
+# Dequantized weights kept while ``dequantized_once`` is active: the parity gate's reference
+# steps the model several times over the same quantized buffers (a third of a SmolLM2-135M int8
+# export went to dequantizing each weight again each step). Keyed by the buffers themselves (held
+# here, so their ids stay theirs) and their versions (an in-place change misses). At most
+# DEQUANTIZED_BYTES of float copies: past that, weights are dequantized per call as before, so
+# the export's memory bound holds for the largest models the gate runs whole.
+_DEQUANTIZED: dict | None = None
+DEQUANTIZED_BYTES = 1 << 30
+
+
+@contextlib.contextmanager
+def dequantized_once():
+    """Within this block, matmul_nbits dequantizes each weight once (memory: the float copies of
+    the weights it meets, released at the end)."""
+    global _DEQUANTIZED
+    saved, _DEQUANTIZED = _DEQUANTIZED, {}
+    try:
+        yield
+    finally:
+        _DEQUANTIZED = saved
+
+
+def _dequantized(qweight: Tensor, scales: Tensor, bits: int, k: int,
+                 zero_points: Tensor | None, dtype: torch.dtype) -> Tensor:
+    if _DEQUANTIZED is None:
+        return dequantize(qweight, scales, bits, k, zero_points).to(dtype)
+    parts = (qweight, scales, zero_points)
+    key = (*(id(t) for t in parts), dtype)
+    versions = tuple(-1 if t is None else t._version for t in parts)
+    hit = _DEQUANTIZED.get(key)
+    if hit is None or hit[1] != versions:
+        w = dequantize(qweight, scales, bits, k, zero_points).to(dtype)
+        held = sum(h[2].nbytes for h in _DEQUANTIZED.values())
+        if held + w.nbytes > DEQUANTIZED_BYTES:
+            return w
+        hit = (parts, versions, w)
+        _DEQUANTIZED[key] = hit
+    return hit[2]
+
+
 @torch.library.custom_op("llm_onnx::matmul_nbits", mutates_args=())
 def matmul_nbits(x: Tensor, qweight: Tensor, scales: Tensor, zero_points: Tensor | None,
                  bias: Tensor | None, k: int, n: int, bits: int, block_size: int,
                  accuracy_level: int) -> Tensor:
     """x (..., K) @ dequantize(W)^T (+ bias) -> (..., N), computed in x's dtype."""
-    w = dequantize(qweight, scales, bits, k, zero_points).to(x.dtype)
+    w = _dequantized(qweight, scales, bits, k, zero_points, x.dtype)
     y = x @ w.t()
     return y + bias if bias is not None else y
 

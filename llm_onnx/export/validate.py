@@ -22,6 +22,7 @@ import torch
 from llm_onnx.model.decoder import Decoder, owned_states
 from llm_onnx.model.linear_attention import state_shapes
 from llm_onnx.errors import ParityError
+from llm_onnx.export import quant
 from llm_onnx.export.weights import StoredTensor
 from llm_onnx import model_folder as names
 
@@ -171,7 +172,7 @@ def run_reference(reference: Decoder, vocab: int) -> tuple[_Steps, list[np.ndarr
     gaps: list[torch.Tensor] = []
     hooks = _router_hooks(reference, gaps)
     clear = np.ones(b, dtype=bool)
-    with torch.no_grad():
+    with torch.no_grad(), quant.dequantized_once():
         for step in range(DECODE_STEPS + 1):
             gaps.clear()
             out = reference(tokens, torch.tensor(seqlens, dtype=torch.int32),

@@ -95,14 +95,21 @@ def test_out_inside_checkpoint_folder_is_refused(tmp_path):
         export_model(open_checkpoint(folder), folder / "onnx", FAST, progress=False)
 
 
-def test_large_models_are_checked_on_a_scratch_export(tmp_path, monkeypatch):
-    """Above the size limit the gate exports the first layer, first vocabulary rows and first
-    experts of the same checkpoint and compares those."""
+def scratch_gate(monkeypatch, experts: int | None = None) -> None:
+    """The parity gate takes its scratch route for any model: the first 100 vocabulary rows (and
+    the first ``experts`` experts)."""
     import llm_onnx.export.parity as export_module
 
     monkeypatch.setattr(export_module, "FULL_VALIDATION_PARAMS", 0)
     monkeypatch.setattr(export_module, "SCRATCH_VOCAB", 100)
-    monkeypatch.setattr(export_module, "SCRATCH_EXPERTS", 2)
+    if experts is not None:
+        monkeypatch.setattr(export_module, "SCRATCH_EXPERTS", experts)
+
+
+def test_large_models_are_checked_on_a_scratch_export(tmp_path, monkeypatch):
+    """Above the size limit the gate exports the first layer, first vocabulary rows and first
+    experts of the same checkpoint and compares those."""
+    scratch_gate(monkeypatch, experts=2)
     ckpt = random_checkpoint(get_config("qwen3_moe_tiny"), "moe")
     out = export_model(ckpt, tmp_path / "m", ExportOptions(precision="fp32", max_seq_len=32),
                        progress=False)
@@ -114,11 +121,7 @@ def test_large_models_are_checked_on_a_scratch_export(tmp_path, monkeypatch):
 def test_the_scratch_export_of_a_hybrid_keeps_its_first_layers_kind(tmp_path, monkeypatch):
     """A hybrid model (Qwen3.5-MoE, linear then full attention) too large to validate whole:
     the scratch config cuts layer_types with the layers (its first layer is linear attention)."""
-    import llm_onnx.export.parity as export_module
-
-    monkeypatch.setattr(export_module, "FULL_VALIDATION_PARAMS", 0)
-    monkeypatch.setattr(export_module, "SCRATCH_VOCAB", 100)
-    monkeypatch.setattr(export_module, "SCRATCH_EXPERTS", 2)
+    scratch_gate(monkeypatch, experts=2)
     ckpt = random_checkpoint(get_config("qwen3_5_moe_tiny"), "hybrid")
     out = export_model(ckpt, tmp_path / "m", ExportOptions(precision="int4", max_seq_len=32),
                        progress=False)
@@ -147,10 +150,7 @@ def test_the_scratch_export_of_gemma4_cuts_its_experts_and_per_layer_tables(tmp_
 def test_the_scratch_export_of_an_awq_model_reuses_its_calibration(tmp_path, monkeypatch):
     """int4 from a float source (awq): the scratch model's first layer gets the scales decided
     for the whole model (it has no layer 1 to fold into) and passes the gate."""
-    import llm_onnx.export.parity as export_module
-
-    monkeypatch.setattr(export_module, "FULL_VALIDATION_PARAMS", 0)
-    monkeypatch.setattr(export_module, "SCRATCH_VOCAB", 100)
+    scratch_gate(monkeypatch)
     ckpt = random_checkpoint(get_config("llama_tiny"), "tiny")
     out = export_model(ckpt, tmp_path / "m", ExportOptions(precision="int4", max_seq_len=32),
                        progress=False)

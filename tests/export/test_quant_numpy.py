@@ -156,3 +156,34 @@ def test_scale_search_never_increases_a_blocks_weighted_error(bits, asymmetric):
     assert np.all(errors[1] <= errors[0] * (1 + 1e-5) + 1e-12)
     if bits == 4:  # 16 levels: another scale pays off in some blocks
         assert errors[1].sum() < errors[0].sum()
+
+
+def test_the_gates_reference_dequantizes_each_weight_once(monkeypatch):
+    """Within dequantized_once, matmul_nbits dequantizes a weight on its first call only (the
+    same product as without it), again after an in-place change of its scales, and never keeps
+    more than DEQUANTIZED_BYTES."""
+    from llm_onnx.export import quant
+
+    calls = []
+    real = quant.dequantize
+    monkeypatch.setattr(quant, "dequantize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    w = torch.from_numpy(weights(8, 64, 3))
+    q, scales, zp = quantize(w, 8, 32)
+    x = torch.randn(2, 64)
+
+    def product():
+        return quant.matmul_nbits(x, q, scales, zp, None, 64, 8, 8, 32, 0)
+
+    plain = product()
+    assert len(calls) == 1
+    with quant.dequantized_once():
+        for _ in range(3):
+            torch.testing.assert_close(product(), plain, rtol=0, atol=0)
+        assert len(calls) == 2
+        scales.mul_(2)  # the gate never does this; a changed buffer must not read a stale copy
+        torch.testing.assert_close(product(), 2 * plain)
+        assert len(calls) == 3
+    monkeypatch.setattr(quant, "DEQUANTIZED_BYTES", 0)
+    with quant.dequantized_once():
+        product(), product()
+    assert len(calls) == 5
