@@ -38,7 +38,7 @@ from llm_onnx.checkpoints.load import (Checkpoint, ExpertsProducer, _set_param, 
                                        param_producers)
 from llm_onnx.checkpoints.sources import TensorSource
 from llm_onnx.errors import ExportError
-from llm_onnx.export.folder import release_memory
+from llm_onnx.export.folder import HeapTrim
 from llm_onnx.model import ops
 from llm_onnx.model.config import ModelConfig
 from llm_onnx.model.decoder import Fusion
@@ -156,6 +156,7 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
     model = build_model(cfg, dtype=torch.float32, fusion=fusion, max_positions=max(len(ids), 2))
     producers = dict(param_producers(model))
     cal = Calibration(description=description)
+    trim = HeapTrim()  # a layer's freed float weights and streamed experts, given back
 
     def load(prefix: str, keep: Callable[[str], bool] = lambda n: True) -> None:
         for name, produce in producers.items():
@@ -220,10 +221,8 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
             _decide_layer(cal, cfg, layer, prefix, stats, block_size)
             if isinstance(getattr(layer.mlp, "experts", None), StreamedExperts):
                 layer.mlp.experts.decide(cal, f"{prefix}mlp.experts")
+            trim(4 * sum(p.numel() for p in layer.parameters() if not p.is_meta))
             drop(layer)
-            # glibc keeps a layer's freed per-expert tensors as heap (0.2-0.5 GiB a layer of a
-            # 256-expert model, 9.5 GiB over Qwen3.6-35B-A3B's 40) unless told to give it back
-            release_memory()
             progress(1)
         if cfg.embed_dim is None:  # the LM head's input: the final norm's output
             if cfg.post_layernorm:

@@ -100,3 +100,23 @@ def release_memory(collect: bool = True) -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+class HeapTrim:
+    """Hands freed heap back (``release_memory`` without the cycle collector) each time at least
+    ``every`` bytes of weights have gone through since the last time: after every layer or two of
+    a large model, almost never for a small one. glibc keeps freed blocks of up to 32 MiB as heap,
+    so an export's resident memory otherwise grows with the layers (Qwen3.6-35B-A3B: 9.1 GiB in
+    the calibration, 4.8 GiB writing weights; 2.85 GiB with trims). A trim costs little itself,
+    but the pages it gives back are faulted in again by the next allocations; a trim per module
+    (or a collection per layer) slowed the test suite's thousand small exports several times."""
+
+    def __init__(self, every: int = 64 << 20) -> None:
+        self.every, self.pending = every, 0
+
+    def __call__(self, nbytes: int) -> None:
+        self.pending += nbytes
+        if self.pending >= self.every:
+            self.pending = 0
+            release_memory(collect=False)
+

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from llm_onnx.checkpoints.sources import TensorSource
 from llm_onnx.errors import ExportError
 from llm_onnx.export import quant
-from llm_onnx.export.folder import release_memory
+from llm_onnx.export.folder import HeapTrim
 from llm_onnx.model.decoder import Decoder
 from llm_onnx.model.mlp import Experts
 
@@ -254,15 +254,15 @@ def write_weights(model: Decoder, producers: dict[str, Callable[[TensorSource], 
 
     produce = Produce(producers, source)
     written: dict[int, str] = {}  # id(parameter) -> name it was written under
+    trim = HeapTrim(8 << 20)  # 8 MiB written: up to 64 MiB of float weights at int4
     for path, module in model.named_modules():
         prefix = f"{path}." if path else ""
+        before = wf.offset
         if hasattr(module, "write_tensors"):
             module.write_tensors(prefix, produce, wf, written)
         elif any(True for _ in module.parameters(recurse=False)):
             write_params(module, prefix, produce, wf, written)
         else:
             continue
-        # a module's float and quantized copies are freed by now; without this glibc's heap
-        # grew to 4.8 GiB writing Qwen3.6-35B-A3B's 40 layers
-        release_memory(collect=False)
+        trim(wf.offset - before)  # the float and quantized copies of what was written
         progress(1)

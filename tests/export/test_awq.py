@@ -212,21 +212,44 @@ def test_a_calibration_text_is_tokenized_with_the_checkpoints_tokenizer(tiny_hf,
     assert TINY_ARCHS  # the tokenizer-less tiny presets calibrate on random ids (manifest test)
 
 
-def test_the_export_hands_freed_heap_back_after_each_layer_and_module(tiny_hf, tmp_path,
-                                                                      monkeypatch):
-    """glibc keeps freed blocks of up to 32 MiB as heap: without a trim after each calibrated
-    layer and each written module, Qwen3.6-35B-A3B's export grew 0.2 GiB a layer (9.1 GiB)."""
+def test_the_export_hands_freed_heap_back_as_the_weights_go_through(tiny_hf, tmp_path,
+                                                                  monkeypatch):
+    """glibc keeps freed blocks of up to 32 MiB as heap: without trims as the layers go
+    through, Qwen3.6-35B-A3B's export grew 0.2 GiB a layer (9.1 GiB). With every layer counted as
+    large, the calibration trims after each layer and the writer after each module that wrote;
+    at the real thresholds a tiny model is never trimmed (a trim's pages are faulted in again)."""
     import llm_onnx.export.calibrate as calibrate_mod
+    import llm_onnx.export.folder as folder_mod
     import llm_onnx.export.weights as weights_mod
 
-    calls: list[str] = []
-    monkeypatch.setattr(calibrate_mod, "release_memory", lambda *a, **k: calls.append("layer"))
-    monkeypatch.setattr(weights_mod, "release_memory", lambda *a, **k: calls.append("module"))
-    written = []
-    real = weights_mod.write_params
-    monkeypatch.setattr(weights_mod, "write_params",
-                        lambda module, *a, **k: (written.append(module), real(module, *a, **k)))
-    export_model(open_checkpoint(tiny_hf("llama_tiny")[1]), tmp_path / "out", ExportOptions(
-        precision="int4", block_size=32, max_seq_len=64), progress=False)
-    assert calls.count("layer") == get_config("llama_tiny").num_hidden_layers
-    assert calls.count("module") > len(written) > 0  # every module, quantized ones too
+    trims: list[str] = []
+    monkeypatch.setattr(folder_mod, "release_memory", lambda collect=True: trims.append("trim"))
+    ckpt = open_checkpoint(tiny_hf("llama_tiny")[1])
+    options = ExportOptions(precision="int4", block_size=32, max_seq_len=64)
+    export_model(ckpt, tmp_path / "real", options, progress=False)
+    assert trims == []
+
+    def every_byte(stage):
+        def make(every=0):
+            trim = folder_mod.HeapTrim(1)
+            real = trim.__call__
+            return lambda n: (trims.append(stage) if n else None, real(n))
+        return make
+
+    monkeypatch.setattr(calibrate_mod, "HeapTrim", every_byte("layer"))
+    monkeypatch.setattr(weights_mod, "HeapTrim", every_byte("module"))
+    export_model(ckpt, tmp_path / "every", options, progress=False)
+    assert trims.count("layer") == get_config("llama_tiny").num_hidden_layers
+    assert trims.count("module") > 2 * get_config("llama_tiny").num_hidden_layers
+    assert trims.count("trim") == trims.count("layer") + trims.count("module")
+
+
+def test_heap_trims_wait_for_enough_bytes(monkeypatch):
+    import llm_onnx.export.folder as folder_mod
+
+    trims = []
+    monkeypatch.setattr(folder_mod, "release_memory", lambda collect=True: trims.append(collect))
+    trim = folder_mod.HeapTrim(100)
+    for n in (60, 30, 0, 20, 99, 1, 250):
+        trim(n)
+    assert trims == [False, False, False]  # at 110, 100 and 250; never the cycle collector
