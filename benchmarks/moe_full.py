@@ -372,8 +372,8 @@ def measure(a) -> dict:
 
 def export_env(a) -> dict[str, str]:
     """The export worker's allocator setting: glibc's own by default. The export hands freed
-    heap back after each calibrated layer and each written module (malloc_trim): Qwen3.6-35B-A3B
-    peaked at 2.85 GiB so, in 11 minutes. A fixed threshold was the earlier workaround: at
+    heap back as the weights go through (HeapTrim, malloc_trim): Qwen3.6-35B-A3B peaked at
+    3.03 GiB so, in 10 minutes. A fixed threshold was the earlier workaround: at
     128 KiB every 2-16 MiB tensor is a fresh mapping and the calibration spent most of its time
     in the kernel zeroing pages (7.5 s a step against 3.3); at 32 MiB, without the trims, the
     heap grew 0.2 GiB a layer (9.1 GiB)."""

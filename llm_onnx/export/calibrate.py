@@ -221,7 +221,7 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
             _decide_layer(cal, cfg, layer, prefix, stats, block_size)
             if isinstance(getattr(layer.mlp, "experts", None), StreamedExperts):
                 layer.mlp.experts.decide(cal, f"{prefix}mlp.experts")
-            trim(4 * sum(p.numel() for p in layer.parameters() if not p.is_meta))
+            trim(sum(p.nbytes for p in layer.parameters() if not p.is_meta))
             drop(layer)
             progress(1)
         if cfg.embed_dim is None:  # the LM head's input: the final norm's output
