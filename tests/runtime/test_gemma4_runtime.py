@@ -1,5 +1,6 @@
 """Gemma 4 through the runtime's paths that reuse or share a KV cache, on the tiny preset with
-the byte tokenizer (tests/byte_model.py): the cache has buffers of two shapes (sliding layers'
+Gemma 4's chat template and markers over a byte tokenizer (tests/gemma4_chat_model.py, the
+export the server's Gemma 4 tests use too): the cache has buffers of two shapes (sliding layers'
 (2, 16), full layers' (1, 32)) and two layers that own none (they read layers 0 and 1's). The
 tests are gpt-oss's (test_gpt_oss_runtime.py): rows of a continuous batch with shared prefixes,
 a rewind past the window, a chat session's next turn and speculative verify runs each give the
@@ -10,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from llm_onnx.runtime import Model
-from tests.byte_model import export_byte_model
+from tests.gemma4_chat_model import gemma4_chat_model_folder  # noqa: F401 (fixture)
 from tests.runtime.test_gpt_oss_runtime import (  # noqa: F401  (collected here too)
     test_a_chat_session_answers_as_a_fresh_chat,
     test_a_rewind_past_the_window_continues_as_a_fresh_run,
@@ -20,9 +21,8 @@ from tests.runtime.test_gpt_oss_runtime import (  # noqa: F401  (collected here 
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    folder = export_byte_model(tmp_path_factory, preset="gemma4_tiny")
-    return Model.load(folder, provider="cpu", threads=1, speculative="off")
+def model(gemma4_chat_model_folder):  # noqa: F811
+    return Model.load(gemma4_chat_model_folder, provider="cpu", threads=1, speculative="off")
 
 
 def test_the_cache_owns_buffers_of_two_shapes_and_none_for_shared_layers(model):
