@@ -24,7 +24,9 @@ Checkpoints: the text-only class, or the multimodal one with its text fields und
 ``text_config`` and text weights under ``model.language_model.``; the vision and audio towers
 (``model.vision_tower.``, ``model.audio_tower.``, ``model.embed_vision.``,
 ``model.embed_audio.``) are skipped by name. GGUF: llama.cpp's ``gemma4`` (the experts fused as
-``ffn_gate_up_exps``, as its converter writes transformers' stacked tensor). Refused: bidirectional attention ("all"), RoPE other
+``ffn_gate_up_exps``, as its converter writes transformers' stacked tensor, or apart as
+``ffn_gate_exps`` and ``ffn_up_exps``, which llama.cpp's loader also takes and its converter
+writes from per-expert checkpoints). Refused: bidirectional attention ("all"), RoPE other
 than default / proportional, a per-layer vocabulary unlike the token vocabulary.
 """
 
@@ -353,4 +355,6 @@ GGUF = GGUFNames(
            "layer_output_scale.weight": "layer_scalar",
            "inp_gate.weight": "per_layer_input_gate.weight",
            "proj.weight": "per_layer_projection.weight",
-           "post_norm.weight": "post_per_layer_input_norm.weight"})
+           "post_norm.weight": "post_per_layer_input_norm.weight"},
+    # the experts' gate and up apart, (E, I, D) each, as llama.cpp also reads them
+    joined={"experts.gate_up_proj": (("ffn_gate_exps.weight", "ffn_up_exps.weight"), 1)})

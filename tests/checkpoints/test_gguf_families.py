@@ -120,6 +120,23 @@ def gemma4_tensors(name: str, t: np.ndarray) -> tuple[str, np.ndarray]:
     return name, t
 
 
+def split_gate_up(t: np.ndarray, bid: int) -> list[tuple[str, np.ndarray]]:
+    """Gemma 4's experts (E, 2I, D) as ffn_gate_exps and ffn_up_exps, (E, I, D) each: what
+    llama.cpp's converter writes from per-expert checkpoints (its NVFP4 path), each with the
+    per-expert ``.scale`` (E,) that llama.cpp multiplies into the projection's output (powers of
+    two here, so the weights divided by them are exact). llama.cpp's gemma4 loader takes them
+    where a file has no ffn_gate_up_exps; gguf-py 0.19 does not list them for gemma4 (newer
+    ones do), so the names come from its tensor-name table."""
+    gate, up = np.split(t, 2, axis=1)
+    out = []
+    for kind, part, scale in ((gguf.MODEL_TENSOR.FFN_GATE_EXP, gate, 2.0 ** np.arange(len(t))),
+                              (gguf.MODEL_TENSOR.FFN_UP_EXP, up, 2.0 ** -np.arange(len(t)))):
+        name = gguf.TENSOR_NAMES[kind].format(bid=bid)
+        out += [(f"{name}.weight", np.ascontiguousarray(part / scale[:, None, None], np.float32)),
+                (f"{name}.scale", scale.astype(np.float32))]
+    return out
+
+
 def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     """convert_hf_to_gguf's LlamaModel.permute: each head's rotary halves interleaved."""
     return (w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:])
@@ -202,9 +219,10 @@ def hybrid_metadata(writer, cfg: ModelConfig) -> None:
 
 
 def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path,
-               pooling_type: int | None = None) -> Path:
+               pooling_type: int | None = None, experts_apart: bool = False) -> Path:
     """The safetensors checkpoint in ``folder`` as a float32 GGUF of llama.cpp's ``arch``
-    (``pooling_type``: llama.cpp's key of an embedding model's file)."""
+    (``pooling_type``: llama.cpp's key of an embedding model's file; ``experts_apart``: gemma4's
+    experts as ``split_gate_up`` writes them)."""
     tensors = load_file(str(folder / "model.safetensors"))
     model_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
     names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
@@ -270,6 +288,10 @@ def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path,
         base, suffix = name.rsplit(".", 1)
         if name.endswith("A_log"):  # llama.cpp's ssm_a has no .weight suffix
             base, suffix = name, ""
+        if experts_apart and name.endswith("experts.gate_up_proj.weight"):
+            for gname, part in split_gate_up(t, int(name.split(".")[2])):
+                writer.add_tensor(gname, part)
+            continue
         if arch == "gemma4" and name.endswith(("router.scale", "router.per_expert_scale")):
             bid = name.split(".")[2]  # Gemma4Model.modify_tensors' names for the two scales
             writer.add_tensor(f"blk.{bid}.ffn_gate_inp.scale" if name.endswith("router.scale")
@@ -317,6 +339,26 @@ def test_gguf_checkpoint_matches_transformers(arch, preset, tiny_hf, tmp_path):
         # The comparison can fail: transformers with one perturbed weight is far outside it.
         with perturbed(hf) as moved:
             assert (got - moved(ids).logits).abs().max().item() > TORCH_VS_HF_FP32
+
+
+def test_gemma4_experts_apart_read_as_the_fused_tensor(tiny_hf, tmp_path):
+    """A gemma4 file whose experts' gate and up are apart (``split_gate_up``) reads as
+    transformers' stacked gate_up_proj, per-expert scales folded in: the same logits."""
+    hf, folder = tiny_hf("gemma4_tiny")
+    cfg = REGISTRY["Gemma4ForCausalLM"].presets["gemma4_tiny"]
+    path = write_gguf(folder, cfg, "gemma4", tmp_path / "apart.gguf", experts_apart=True)
+    written = {t.name for t in gguf.GGUFReader(str(path)).tensors}
+    assert {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.scale"} <= written
+    assert not any("gate_up" in name for name in written)
+    ckpt = open_checkpoint(path)
+    assert ckpt.config == cfg
+    name = "model.layers.1.experts.gate_up_proj"
+    assert ckpt.source.shape(name) == tuple(hf.get_parameter(name).shape)
+    assert torch.equal(ckpt.source.get(name), hf.get_parameter(name).detach())
+    ids = torch.randint(0, cfg.vocab_size, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = logits(build_model(ckpt.config, ckpt.source), ids)
+        assert (got - hf(ids).logits).abs().max().item() <= TORCH_VS_HF_FP32
 
 
 def test_llama_files_need_the_permutation_undone(tiny_hf, tmp_path):
