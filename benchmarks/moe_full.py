@@ -2,7 +2,8 @@
 same shape, and `llm-onnx serve` at 1 and 4 clients; one command, one JSON, one table. The
 presets moe_gguf.py writes GGUFs of: the mixtures of experts Qwen3-30B-A3B (qwen3_30b_a3b, the
 default), Qwen3.6-35B-A3B (qwen3_6_35b_a3b: Gated DeltaNet and gated full attention, 256 experts
-and a shared expert; llama.cpp's qwen35moe) and gpt-oss-20b (gpt_oss_20b), and the dense
+and a shared expert; llama.cpp's qwen35moe), gpt-oss-20b (gpt_oss_20b) and Gemma 4 26B-A4B
+(gemma4_26b_a4b: 128 GeGLU experts beside a dense MLP; llama.cpp's gemma4), and the dense
 SmolLM3-3B (smollm3_3b: every fourth layer NoPE, tied embeddings; llama.cpp's smollm3).
 
     .venv/bin/python benchmarks/moe_full.py              # the whole model: hours; the machine alone
@@ -519,8 +520,8 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="qwen3_30b_a3b",
                    help="a preset moe_gguf.py writes GGUFs of: the mixtures of experts "
-                        "qwen3_30b_a3b, qwen3_6_35b_a3b, gpt_oss_20b, the dense smollm3_3b (or "
-                        "their tiny presets)")
+                        "qwen3_30b_a3b, qwen3_6_35b_a3b, gpt_oss_20b, gemma4_26b_a4b, the dense "
+                        "smollm3_3b (or their tiny presets)")
     p.add_argument("--layers", type=int, help="cut the preset to this many layers (default: all)")
     p.add_argument("--export", nargs="+", choices=list(MATCH), default=["int4", "int8"],
                    help="precisions exported (time, peak RSS, size)")

@@ -1,5 +1,5 @@
-"""A GGUF of a Qwen3-MoE, Qwen3.5/3.6-MoE, gpt-oss or SmolLM3 config with random weights, for
-llama.cpp's speed on the same shape.
+"""A GGUF of a Qwen3-MoE, Qwen3.5/3.6-MoE, gpt-oss, Gemma 4 or SmolLM3 config with random weights,
+for llama.cpp's speed on the same shape.
 
 Every matrix (embedding, attention, the linear attention's projections, experts, shared expert,
 dense MLP, LM head) is written in one quantized type, Q4_0 or Q8_0 ("pure", as `llama-quantize
@@ -38,6 +38,17 @@ Architectures, by the config's:
                           (q/k/v/o, router, experts) and the sinks float32; metadata
                           attention.sliding_window and YaRN (rope.scaling.*).
 
+  Gemma4ForCausalLM       ``gemma4`` (Gemma 4 26B-A4B; a config without per-layer embeddings or
+                          shared layers): per layer its own head size and KV heads (the full
+                          layers' keys are their values: no attn_v), q/k norms, the four Gemma
+                          norms and the experts' three, the dense MLP beside the experts (fused
+                          ffn_gate_up_exps, as llama.cpp's converter writes transformers' stacked
+                          tensor), the router's scale (ffn_gate_inp.scale) and the per-expert
+                          scale (ffn_down_exps.scale) 1, layer_output_scale 1, rope_freqs (1 for
+                          the full layers' rotating pairs, 1e30 for the others); metadata: the
+                          sliding flags per layer, both head sizes, KV heads per layer, both RoPE
+                          bases, the window, the soft cap. Tied embeddings: no output tensor.
+
   SmolLM3ForCausalLM      ``smollm3`` (SmolLM3-3B): dense, Llama's layer (attn_norm, attn_q/k/v/
                           output, ffn_norm, ffn_gate/up/down) and Llama's keys, as the converter
                           writes it (its LlamaModel: rope.dimension_count = head_dim, vocab_size).
@@ -46,7 +57,7 @@ Architectures, by the config's:
                           (n_no_rope_layer_step = 4, fixed), so a config with another pattern
                           (the tiny preset's interval 2) or a sliding window is refused.
 
-Without tied embeddings (every preset but SmolLM3's) the LM head is output.weight.
+Without tied embeddings (every preset but SmolLM3's and Gemma 4's) the LM head is output.weight.
 
 The vocabulary is a SentencePiece-style ("llama") list of as many tokens: <unk>, <s>, </s>, the
 256 byte tokens, then "▁t<i>"; prompts are sent as token ids, so no text is tokenized.
@@ -67,11 +78,13 @@ QUANT_TYPES = {"Q4_0": gguf.GGMLQuantizationType.Q4_0, "Q8_0": gguf.GGMLQuantiza
 ARCHS = {"Qwen3MoeForCausalLM": gguf.MODEL_ARCH.QWEN3MOE,
          "Qwen3_5MoeForCausalLM": gguf.MODEL_ARCH.QWEN35MOE,
          "GptOssForCausalLM": gguf.MODEL_ARCH.GPT_OSS,
+         "Gemma4ForCausalLM": gguf.MODEL_ARCH.GEMMA4,
          "SmolLM3ForCausalLM": gguf.MODEL_ARCH.SMOLLM3}
 MROPE_SECTIONS = [11, 11, 10, 0]  # Qwen3.5's mrope_section, padded to 4 as the converter writes it
 
 # How a tensor is filled: "q" quantized (random blocks); the rest float32.
 QUANTIZED, NORM, ROUTER, SSM_A, SSM_DT, CONV = "q", "norm", "router", "ssm_a", "ssm_dt", "conv"
+ROPE_FREQS = "rope_freqs"  # Gemma 4: 1 for the full layers' rotating pairs, 1e30 for the others
 MXFP4, BIAS = "mxfp4", "bias"  # gpt-oss: its experts' type whatever qtype is; its biases
 
 
@@ -105,6 +118,14 @@ def tensor_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], str]]:
         return gguf.TENSOR_NAMES[t].format(bid=bid) + suffix
 
     out = [(name(T.TOKEN_EMBD), (v, d), QUANTIZED)]
+    if arch == gguf.MODEL_ARCH.GEMMA4:
+        full = cfg.global_head_dim or cfg.head_dim
+        out = [(name(T.ROPE_FREQS), (full // 2,), ROPE_FREQS)] + out
+        out += [t for b in range(cfg.num_hidden_layers) for t in _gemma4_layer(cfg, b, name)]
+        out.append((name(T.OUTPUT_NORM), (d,), NORM))
+        if not cfg.tie_word_embeddings:
+            out.append((name(T.OUTPUT), (v, d), QUANTIZED))
+        return out
     for b in range(cfg.num_hidden_layers):
         if arch == gguf.MODEL_ARCH.GPT_OSS:
             out += _gpt_oss_layer(cfg, b, name)
@@ -168,6 +189,61 @@ def _gpt_oss_layer(cfg: ModelConfig, b: int, name) -> list[tuple[str, tuple[int,
     for t, rows, cols in ((T.FFN_GATE_EXP, i, d), (T.FFN_UP_EXP, i, d), (T.FFN_DOWN_EXP, d, i)):
         out += [(name(t, b), (e, rows, cols), MXFP4), (name(t, b, ".bias"), (e, rows), BIAS)]
     return out
+
+
+def _gemma4_layer(cfg: ModelConfig, b: int, name) -> list[tuple[str, tuple[int, ...], str]]:
+    """A Gemma 4 layer as llama.cpp's converter writes it (llama_model_gemma4's tensors)."""
+    moe = cfg.moe
+    assert moe is not None
+    d, hd, kv = cfg.hidden_size, cfg.layer_head_dim(b), cfg.layer_kv_heads(b)
+    q, e, i = cfg.num_attention_heads * hd, moe.num_experts, moe.moe_intermediate_size
+    ff = cfg.layer_intermediate(b)
+    T = gguf.MODEL_TENSOR
+    out = [(name(T.ATTN_NORM, b), (d,), NORM), (name(T.ATTN_Q, b), (q, d), QUANTIZED),
+           (name(T.ATTN_K, b), (kv * hd, d), QUANTIZED)]
+    if not cfg.layer_k_eq_v(b):
+        out.append((name(T.ATTN_V, b), (kv * hd, d), QUANTIZED))
+    out += [(name(T.ATTN_OUT, b), (d, q), QUANTIZED), (name(T.ATTN_Q_NORM, b), (hd,), NORM),
+            (name(T.ATTN_K_NORM, b), (hd,), NORM), (name(T.ATTN_POST_NORM, b), (d,), NORM),
+            (name(T.LAYER_OUT_SCALE, b), (1,), NORM), (name(T.FFN_PRE_NORM, b), (d,), NORM),
+            (name(T.FFN_GATE, b), (ff, d), QUANTIZED), (name(T.FFN_UP, b), (ff, d), QUANTIZED),
+            (name(T.FFN_DOWN, b), (d, ff), QUANTIZED), (name(T.FFN_POST_NORM, b), (d,), NORM),
+            (name(T.FFN_GATE_INP, b), (e, d), ROUTER),
+            (name(T.FFN_GATE_INP, b, ".scale"), (d,), NORM),
+            (name(T.FFN_PRE_NORM_2, b), (d,), NORM), (name(T.FFN_POST_NORM_1, b), (d,), NORM),
+            (name(T.FFN_POST_NORM_2, b), (d,), NORM),
+            (name(T.FFN_GATE_UP_EXP, b), (e, 2 * i, d), QUANTIZED),
+            (name(T.FFN_DOWN_EXP, b), (e, d, i), QUANTIZED),
+            (name(T.FFN_DOWN_EXP, b, ".scale"), (e,), NORM)]
+    return out
+
+
+def _add_gemma4_metadata(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
+    """What llama.cpp's Gemma4Model converter writes beyond the common keys."""
+    n = cfg.num_hidden_layers
+    assert cfg.layer_types is not None and cfg.sliding_window is not None
+    full = cfg.global_head_dim or cfg.head_dim
+    writer.add_sliding_window(cfg.sliding_window)
+    writer.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
+    writer.add_shared_kv_layers(cfg.num_kv_shared_layers)
+    writer.add_embedding_length_per_layer_input(cfg.hidden_size_per_layer_input)
+    writer.add_head_count_kv([cfg.layer_kv_heads(b) for b in range(n)])
+    writer.add_key_length(full)
+    writer.add_value_length(full)
+    writer.add_key_length_swa(cfg.head_dim)
+    writer.add_value_length_swa(cfg.head_dim)
+    writer.add_rope_dimension_count(full)
+    writer.add_rope_dimension_count_swa(cfg.head_dim)
+    writer.add_rope_freq_base_swa(cfg.rope_local_theta or 10_000.0)
+    if cfg.final_logit_softcapping:
+        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+
+
+def _rope_freqs(cfg: ModelConfig, pairs: int) -> np.ndarray:
+    """Gemma 4's rope_freqs: 1 for the full layers' rotating pairs, 1e30 (no rotation) after."""
+    share = (cfg.rope_scaling or {}).get("partial_rotary_factor", 1.0)
+    rotating = int((cfg.global_head_dim or cfg.head_dim) * share / 2)
+    return np.array([1.0] * rotating + [1e30] * (pairs - rotating), np.float32)
 
 
 def _random_mxfp4(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -274,6 +350,11 @@ def write_random_gguf(cfg: ModelConfig, qtype: str, path: Path, seed: int = 0) -
     blocks."""
     assert qtype in QUANT_TYPES
     arch = gguf_arch(cfg)
+    gemma4 = arch == gguf.MODEL_ARCH.GEMMA4
+    if gemma4 and (cfg.hidden_size_per_layer_input or cfg.num_kv_shared_layers):
+        raise ValueError("random Gemma 4 GGUFs are written for configs without per-layer "
+                         "embeddings or shared layers (26B-A4B's form)")
+
     rng = np.random.default_rng(seed)
     path = Path(path)
     tmp = path.with_name(path.name + ".partial")
@@ -286,9 +367,10 @@ def write_random_gguf(cfg: ModelConfig, qtype: str, path: Path, seed: int = 0) -
     writer.add_block_count(cfg.num_hidden_layers)
     writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_key_length(cfg.head_dim)
-    writer.add_value_length(cfg.head_dim)
+    if not gemma4:  # (Gemma 4: per layer kind, below)
+        writer.add_head_count_kv(cfg.num_key_value_heads)
+        writer.add_key_length(cfg.head_dim)
+        writer.add_value_length(cfg.head_dim)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_freq_base(cfg.rope_theta)
     if cfg.moe is not None:
@@ -301,6 +383,8 @@ def write_random_gguf(cfg: ModelConfig, qtype: str, path: Path, seed: int = 0) -
         _add_hybrid_metadata(writer, cfg)
     if arch == gguf.MODEL_ARCH.GPT_OSS:
         _add_gpt_oss_metadata(writer, cfg)
+    if gemma4:
+        _add_gemma4_metadata(writer, cfg)
     writer.add_vocab_size(cfg.vocab_size)
     _add_vocabulary(writer, cfg.vocab_size)
     raw = QUANT_TYPES[qtype]
@@ -327,6 +411,8 @@ def write_random_gguf(cfg: ModelConfig, qtype: str, path: Path, seed: int = 0) -
             data = _random_mxfp4(shape, rng)
         elif stored_quantized(shape, fill):
             data = _random_blocks(shape, qtype, rng)
+        elif fill == ROPE_FREQS:
+            data = _rope_freqs(cfg, shape[0])
         else:
             data = _random_float(shape, fill, rng)
         writer.write_tensor_data(data)

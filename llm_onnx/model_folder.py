@@ -55,11 +55,15 @@ SEQUENCE_LENGTHS = "sequence_lengths"  # (B,) int32, 1 <= n <= T
 EMBEDDINGS = "embeddings"  # (B, E) float32, pooled (and L2-normalised where the spec says)
 
 
-def state_names(num_layers: int, linear: Collection[int] = ()) -> list[tuple[str, str]]:
+def state_names(num_layers: int, linear: Collection[int] = (),
+                shared: Collection[int] = ()) -> list[tuple[str, str]]:
     """(past, present) graph names of every layer's two state tensors, in the graphs' order:
-    keys and values, or a linear-attention layer's conv and recurrent states."""
+    keys and values, or a linear-attention layer's conv and recurrent states; ``shared``
+    layers (Gemma 4's KV-shared ones) have none."""
     out = []
     for i in range(num_layers):
+        if i in shared:
+            continue
         if i in linear:
             out += [(PAST_CONV.format(i), PRESENT_CONV.format(i)),
                     (PAST_RECURRENT.format(i), PRESENT_RECURRENT.format(i))]
@@ -69,12 +73,15 @@ def state_names(num_layers: int, linear: Collection[int] = ()) -> list[tuple[str
     return out
 
 
-def input_names(num_layers: int, linear: Collection[int] = ()) -> list[str]:
+def input_names(num_layers: int, linear: Collection[int] = (),
+                shared: Collection[int] = ()) -> list[str]:
     return [INPUT_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH] + [
-        past for past, _ in state_names(num_layers, linear)]
+        past for past, _ in state_names(num_layers, linear, shared)]
 
 
 def output_names(num_layers: int, linear: Collection[int] = ()) -> list[str]:
+    """Every layer's presents (Gemma 4's KV-shared layers too: bound to their source's buffer,
+    while their pasts are not inputs)."""
     return [LOGITS] + [present for _, present in state_names(num_layers, linear)]
 
 
@@ -143,12 +150,28 @@ class KVCacheSpec:
     # head sizes GroupQueryAttention refuses), and what ruled out the faster forms.
     attention: str = "fused"
     attention_why: str | None = None
-    # The layers that own a buffer (None: every layer; Qwen3.5: its full-attention layers only)
+    # The layers that own a buffer (None: every layer; Qwen3.5: its full-attention layers only;
+    # Gemma 4: not its KV-shared layers, which read the buffer of ``sources``' layer)
     layers: tuple[int, ...] | None = None
+    # Per layer of ``layer_indices``, (KV heads, head size) of its buffers, where they differ
+    # between layers (Gemma 4's full layers); None: every buffer (num_key_value_heads, head_dim)
+    shapes: tuple[tuple[int, int], ...] | None = None
+    # Gemma 4: {KV-shared layer (its number as a string, as JSON keys are): the layer whose
+    # buffer it reads}. Those layers have no past inputs; their present outputs are bound to
+    # the source layer's buffer too, where their kernel rewrites the same keys and values in
+    # place and attends over it (no copy)
+    sources: dict[str, int] | None = None
 
     @property
     def layer_indices(self) -> tuple[int, ...]:
         return self.layers if self.layers is not None else tuple(range(self.num_layers))
+
+    def buffer_shape(self, j: int) -> tuple[int, int]:
+        """(KV heads, head size) of the j-th buffer-owning layer's keys and values."""
+        if self.shapes is None:
+            return self.num_key_value_heads, self.head_dim
+        heads, head_dim = self.shapes[j]
+        return int(heads), int(head_dim)
 
 
 # The kinds of per-row recurrent state this llm-onnx reads (RecurrentStateSpec.kind).

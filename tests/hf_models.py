@@ -32,10 +32,27 @@ def make_hf_model(cfg: ModelConfig, seed: int = 0):
     offset = family(cfg.architecture).norm_weight_offset  # Gemma: (1 + w) norms
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if ("norm" in name or ".ln_" in name) and name.endswith(".weight"):
+            if name.endswith(("q_norm.weight", "k_norm.weight")) and cfg.attention_scale == 1.0:
+                # Gemma 4 scores q . k unscaled: its q/k norm weights set the softmax's
+                # temperature, drawn here as head_dim ** -0.5 (split between q and k) gives it
+                # (around 1, a head of 32 scores to +-30 and the softmax amplifies any rounding)
+                p.copy_(p.shape[0] ** -0.25 * (1.0 + 0.2 * torch.randn(p.shape, generator=gen)))
+            elif ("norm" in name or ".ln_" in name) and name.endswith(".weight"):
                 p.copy_(1.0 - offset + 0.2 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("router.per_expert_scale"):  # Gemma 4: around 1
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("router.scale"):
+                # Gemma 4's router reads RMSNorm(x) * scale / sqrt(hidden): a scale around
+                # sqrt(hidden) makes its logits spread as a trained router's do, so tokens
+                # route clearly (around 0.08 every token sits on a near-tie, which int8
+                # activations' rounding flips)
+                width = model.config.hidden_size
+                p.copy_(width ** 0.5 * (1.0 + 0.2 * torch.randn(p.shape, generator=gen)))
             else:
                 p.copy_(0.08 * torch.randn(p.shape, generator=gen))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):  # Gemma 4: stored per layer, not always 1
+                b.copy_(1.0 + 0.2 * torch.randn(b.shape, generator=gen))
     return model
 
 

@@ -21,6 +21,11 @@ class Graphs:
         # linear-attention layers (Qwen3.5): a conv and a recurrent state instead of keys and values
         self.state = self.manifest.get("recurrent_state")
         self.linear = set(self.state["layers"]) if self.state else set()
+        # Gemma 4: KV-shared layers own no buffer; full layers' buffers have their own shape
+        shared = {int(i) for i in (kv.get("sources") or {})}
+        self.owners = [i for i in range(self.layers) if i not in shared]
+        kv_layers = kv.get("layers") or [i for i in self.owners if i not in self.linear]
+        self.shapes = {i: tuple(s) for i, s in zip(kv_layers, kv.get("shapes") or [])}
         so = ort.SessionOptions()
         so.log_severity_level = 3
         self.sessions = {g: ort.InferenceSession(str(self.folder / f"{g}.onnx"), so,
@@ -28,14 +33,15 @@ class Graphs:
                          for g in ("prefill", "decode")}
 
     def new_cache(self, batch: int, length: int) -> list[np.ndarray]:
-        shape = (batch, self.kv_heads, length, self.head_dim)
         out = []
-        for i in range(self.layers):
+        for i in self.owners:
             if i in self.linear:
                 out += [np.zeros((batch, *self.state[k]), np.float32)
                         for k in ("conv_shape", "recurrent_shape")]
             else:
-                out += [np.zeros(shape, self.kv_dtype) for _ in range(2)]
+                heads, head_dim = self.shapes.get(i, (self.kv_heads, self.head_dim))
+                out += [np.zeros((batch, heads, length, head_dim), self.kv_dtype)
+                        for _ in range(2)]
         return out
 
     def run(self, graph: str, ids: np.ndarray, seqlens: list[int], total: int, cache: list[np.ndarray],
@@ -44,18 +50,19 @@ class Graphs:
         a right-padded first prompt's lengths, else every new token)."""
         feed = {"input_ids": ids.astype(np.int64), "seqlens_k": np.array(seqlens, np.int32),
                 "total_sequence_length": np.array(total, np.int32)}
-        for i in range(self.layers):
+        for j, i in enumerate(self.owners):
             names = ("past_state.{}.conv", "past_state.{}.recurrent") if i in self.linear else \
                 ("past_key_values.{}.key", "past_key_values.{}.value")
-            feed[names[0].format(i)] = cache[2 * i]
-            feed[names[1].format(i)] = cache[2 * i + 1]
+            feed[names[0].format(i)] = cache[2 * j]
+            feed[names[1].format(i)] = cache[2 * j + 1]
         if self.linear:
             t = ids.shape[1]
             if valid is None:
                 valid = [n + 1 for n in seqlens] if total == t else [t] * len(seqlens)
             feed["valid_tokens"] = np.array(valid, np.int32)
         out = self.sessions[graph].run(None, feed)
-        return out[0], out[1:]
+        # (Gemma 4: its shared layers' presents are their source's buffer again; not a past)
+        return out[0], [o for i, o in enumerate(out[1:]) if i // 2 in self.owners]
 
     def greedy(self, prompt: list[int], steps: int) -> list[int]:
         cache = self.new_cache(1, len(prompt) + steps + 1)

@@ -117,6 +117,12 @@ class SafetensorsSource:
 # ----------------------------------------------------------------------------- random
 
 
+# Tensors that scale as a norm weight does (Gemma 4: a layer's output, the router's input and
+# each expert's weight): random weights give them 1, not N(0, 0.02) (30 layer scalars of 0.02
+# would shrink the residual stream below float32's range).
+SCALES_OF_ONE = (".layer_scalar", ".router.scale", ".router.per_expert_scale")
+
+
 class RandomSource:
     """Seeded random weights for any config: the same (config, seed, name) always gives the same
     tensor, independent of the order tensors are read in. Matrices ~ N(0, 0.02); norms 1.
@@ -138,6 +144,8 @@ class RandomSource:
     def get(self, name: str) -> torch.Tensor:
         shape = self._shapes[name]
         if "norm" in name.rsplit(".", 2)[-2] and name.endswith(".weight"):
+            return torch.ones(shape, dtype=self.dtype)
+        if name.endswith(SCALES_OF_ONE):  # Gemma 4's multiplying scales, as norms: 1
             return torch.ones(shape, dtype=self.dtype)
         if name.endswith(".bias"):
             return torch.zeros(shape, dtype=self.dtype)
@@ -265,6 +273,7 @@ class GGUFSource:
         self.cfg = gguf_config(self.reader, self.path)
         self._tensors = {t.name: t for t in self.reader.tensors}
         self._map: dict[str, tuple[str, int | None]] = {}  # hf name -> (gguf name, expert index)
+        self._joined: dict[str, tuple[list[str], int]] = {}  # hf name -> (gguf parts, axis)
         self._last: tuple[str, np.ndarray] | None = None  # stacked experts are read E times
         # llama.cpp appends a model's multi-token-prediction layers as blocks after its own
         mtp = int(gguf_field(self.reader, f"{names.arch}.nextn_predict_layers") or 0) > 0
@@ -286,9 +295,15 @@ class GGUFSource:
                     target += ".weight"
                 for e in range(int(t.shape[-1])):
                     self._map[f"{prefix}.mlp.experts.{e}.{target}"] = (gname, e)
+        for block in range(self.cfg.num_hidden_layers):
+            for canonical, (suffixes, axis) in names.joined.items():
+                parts = [f"blk.{block}.{suffix}" for suffix in suffixes]
+                name = f"model.layers.{block}.{canonical}"
+                if name not in self._map and all(p in self._tensors for p in parts):
+                    self._joined[name] = (parts, axis)
 
     def names(self) -> list[str]:
-        return list(self._map)
+        return list(self._map) + list(self._joined)
 
     def storage_type(self) -> str | None:
         """The GGUF type most of the layers' projections are stored in (e.g. "Q4_1")."""
@@ -299,12 +314,20 @@ class GGUFSource:
         return max(counts, key=counts.get) if counts else None
 
     def shape(self, name: str) -> Shape:
+        if name in self._joined:
+            parts, axis = self._joined[name]
+            shapes = [self._shape(p) for p in parts]
+            return shapes[0][:axis] + (sum(s[axis] for s in shapes),) + shapes[0][axis + 1:]
         gname, expert = self._map[name]
+        shape = self._shape(gname)
+        return shape[1:] if expert is not None else shape
+
+    def _shape(self, gname: str) -> Shape:
         shape = tuple(int(d) for d in reversed(self._tensors[gname].shape))
         if self.names_table.relayout is not None:  # a re-layout may change the shape
             meta = torch.empty(shape, device="meta")
             shape = tuple(self.names_table.relayout(gname, meta, self.cfg).shape)
-        return shape[1:] if expert is not None else shape
+        return shape
 
     def _dequantize(self, gname: str) -> np.ndarray:
         import gguf
@@ -323,7 +346,25 @@ class GGUFSource:
         return arr
 
     def get(self, name: str) -> torch.Tensor:
+        if name in self._joined:
+            parts, axis = self._joined[name]
+            return torch.cat([self._scaled(p) for p in parts], dim=axis).contiguous()
         gname, expert = self._map[name]
+        return self._tensor(gname, expert)
+
+    def _scaled(self, gname: str) -> torch.Tensor:
+        """A stacked part (E, ...) with its per-expert ``.scale`` (E,), if any, folded in."""
+        w = self._tensor(gname, None)
+        scale = gname.removesuffix(".weight") + ".scale"
+        if scale in self._tensors:
+            s = torch.from_numpy(np.array(self._dequantize(scale))).reshape(-1)
+            if s.shape[0] != w.shape[0]:
+                raise CheckpointError(f"{self.path}: tensor {scale} has {s.shape[0]} values, "
+                                      f"not one for each of {gname}'s {w.shape[0]} experts.")
+            w = w * s.view(-1, *[1] * (w.dim() - 1))
+        return w
+
+    def _tensor(self, gname: str, expert: int | None) -> torch.Tensor:
         arr = self._dequantize(gname)
         w = torch.from_numpy(np.array(arr[expert] if expert is not None else arr))
         if self.names_table.unpermute_qk and gname.endswith(("attn_q.weight", "attn_k.weight")):
@@ -339,5 +380,7 @@ class GGUFSource:
         return w.contiguous()
 
     def describe(self, name: str) -> str:
+        if name in self._joined:
+            return f"{self.path} (tensors {' and '.join(self._joined[name][0])})"
         gname = self._map.get(name, (name, None))[0]
         return f"{self.path} (tensor {gname})"

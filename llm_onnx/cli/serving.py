@@ -9,7 +9,7 @@ import click
 from llm_onnx.cli.app import _handle_errors, main
 from llm_onnx.cli.generating import speculative_options
 
-TOOL_FORMATS = ("hermes", "llama3_json", "mistral", "phi4_mini")  # llm_onnx.runtime.chat.tools
+TOOL_FORMATS = ("gemma4", "hermes", "llama3_json", "mistral", "phi4_mini")  # llm_onnx.runtime.chat.tools
 
 
 @main.command()

@@ -176,16 +176,24 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
         # only the rows of ``ids`` are kept, cast to float32 after the gather: the whole table in
         # float32 (2.3 GiB for a 152k x 4096 vocabulary) would double the export's peak memory.
         table = "model.embed_tokens.weight"
+        per_layer = "model.embed_tokens_per_layer.weight"  # Gemma 4's second token table
         load("model.", keep=lambda n: not n.startswith(("model.layers.", "model.norm."))
-             and n != table)
+             and n not in (table, per_layer))
         rows, row_of = torch.unique(input_ids, return_inverse=True)
-        stored = producers[table](source)
-        m.embed_tokens.weight = nn.Parameter(stored[rows].float(), requires_grad=False)
-        del stored
+        for name, module in ((table, m.embed_tokens),
+                             (per_layer, getattr(m, "embed_tokens_per_layer", None))):
+            if module is None:
+                continue
+            stored = producers[name](source)
+            module.weight = nn.Parameter(stored[rows].float(), requires_grad=False)
+            del stored
         x = model.embed(row_of, seqlens_k, total)
         for name, mod in m.named_children():
             if name != "layers" and not name.startswith("rotary"):
                 drop(mod)
+        # Gemma 4: a KV-shared layer attends over its source's present cache (Decoder's
+        # hidden_states), kept here past the source layer's drop
+        sources: dict[int, tuple] = {}
         for i, layer in enumerate(m.layers):
             prefix = f"model.layers.{i}."
             load(prefix, keep=lambda n: ".mlp.experts." not in n)
@@ -200,7 +208,14 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
                         for p in ("gate_up_proj_bias", "down_proj_bias"))
                 layer.mlp.experts.activation = old.activation
             stats = _input_stats(layer)
-            model.run_layer(i, x, seqlens_k, total, *model.new_layer_cache(i, 1, t))
+            if cfg.is_kv_shared(i):
+                nk, nv, pk, pv = sources[cfg.kv_source(i)]
+                model.run_layer(i, x, seqlens_k, total, pk, pv, reuse=(nk, nv))
+            else:
+                pk, pv = model.run_layer(i, x, seqlens_k, total,
+                                         *model.new_layer_cache(i, 1, t))
+                if cfg.num_kv_shared_layers and not layer.linear:
+                    sources[i] = (*layer.new_kv, pk, pv)
             for hook in stats.pop("hooks"):
                 hook.remove()
             _decide_layer(cal, cfg, layer, prefix, stats, block_size)
@@ -312,7 +327,8 @@ def _decide_layer(cal: Calibration, cfg: ModelConfig, layer: nn.Module, prefix: 
     else:
         attn = layer.self_attn
         qkv = ["self_attn.qkv_proj"] if attn.fuse_qkv else \
-            ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]
+            [f"self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj")
+             if hasattr(attn, p)]  # (Gemma 4: no v_proj with k_eq_v, only q in shared layers)
         _group(cal, layer, prefix, qkv, stats, block_size,
                norm="input_layernorm" if plain else None)
         _group_o(cal, cfg, layer, prefix, stats, block_size)
@@ -397,6 +413,11 @@ def _group_o(cal: Calibration, cfg: ModelConfig, layer: nn.Module, prefix: str, 
     query heads sharing one KV head share its scale."""
     attn = layer.self_attn
     h = _finite(stats["self_attn.o_proj"].float())
+    if attn.value_norm or attn.k_eq_v or attn.shared:
+        # Gemma 4: the values are RMS-normed (and may be the keys, or another layer's): a
+        # scale on v's rows would not pass through, so o_proj keeps its importance alone
+        _apply(cal, prefix, ["self_attn.o_proj"], h, torch.ones_like(h), 0.0)
+        return
     heads, kv, d = attn.num_heads, attn.kv_heads, attn.head_dim
     per_kv = h.reshape(kv, heads // kv, d).mean(1)  # (kv, d)
     shared = per_kv[:, None, :].expand(kv, heads // kv, d).reshape(-1)

@@ -40,15 +40,16 @@ GRAPHS = ("prefill", "decode")
 def _example_inputs(model: Decoder, seq_len: int) -> tuple[torch.Tensor, ...]:
     cfg = model.config
     b, p = 2, 8  # example sizes only; batch, sequence and cache length are dynamic
-    kv = (b, cfg.num_key_value_heads, p, cfg.head_dim)
     states: list[torch.Tensor] = []
-    for i in range(cfg.num_hidden_layers):
+    for i in cfg.state_layers:  # (Gemma 4's KV-shared layers own none)
         if cfg.is_linear_layer(i):  # float32 states, whatever the compute dtype
             assert cfg.linear_attention is not None
             states += [torch.zeros((b, *shape), device="meta")
                        for shape in state_shapes(cfg.linear_attention)]
         else:
-            states += [torch.zeros(kv, dtype=model.dtype, device="meta") for _ in range(2)]
+            heads, head_dim = cfg.layer_kv_shape(i)  # (Gemma 4: per layer kind)
+            states += [torch.zeros((b, heads, p, head_dim), dtype=model.dtype, device="meta")
+                       for _ in range(2)]
     return (
         torch.zeros(b, seq_len, dtype=torch.int64, device="meta"),
         torch.zeros(b, dtype=torch.int32, device="meta"),
@@ -63,17 +64,18 @@ def trace_graph(model: Decoder, kind: str, *, all_logits: bool = False) -> ir.Mo
         raise ValueError(kind)
     cfg = model.config
     layers, linear = cfg.num_hidden_layers, cfg.linear_layers
+    shared = tuple(i for i in range(layers) if cfg.is_kv_shared(i))
     batch = torch.export.Dim("batch")
     max_len = torch.export.Dim("max_len")
     ids_dims = {0: batch, 1: torch.export.Dim("sequence")} if kind == "prefill" else {0: batch}
-    past_dims = tuple({0: batch} if i // 2 in linear else {0: batch, 2: max_len}
-                      for i in range(2 * layers))
+    past_dims = tuple({0: batch} if i in linear else {0: batch, 2: max_len}
+                      for i in cfg.state_layers for _ in range(2))
     dynamic = {"input_ids": ids_dims, "seqlens_k": {0: batch}, "total_sequence_length": None,
                "past": past_dims, "last_only": None}
     example = _example_inputs(model, 3 if kind == "prefill" else 1)
     last_only = kind == "prefill" and not all_logits
     kwargs: dict = {"last_only": last_only}
-    inputs = names.input_names(layers, linear)
+    inputs = names.input_names(layers, linear, shared)
     if linear:  # how many new tokens of each row advance the linear-attention states
         kwargs["valid_tokens"] = torch.zeros(2, dtype=torch.int32, device="meta")
         dynamic["valid_tokens"] = {0: batch}

@@ -31,13 +31,13 @@ from llm_onnx.export.weights import (Produce, WeightFile, np_dtype, write_cast,
                                      write_experts_quantized, write_quantized)
 from llm_onnx.model.decoder import Decoder
 from llm_onnx.model.layers import Linear
-from llm_onnx.model.mlp import Experts
-from llm_onnx.model.positions import RotaryCache, SinusoidalPositions, local_rope
+from llm_onnx.model.mlp import Experts, GeGLUExperts
+from llm_onnx.model.positions import RotaryCache, SinusoidalPositions, global_rope, local_rope
 
 
 # Projections that stay float in quantized exports (see the module docstring).
 KEPT_FLOAT = ("mlp.gate", "mlp.shared_expert_gate", "linear_attn.in_proj_a",
-              "linear_attn.in_proj_b")
+              "linear_attn.in_proj_b", "router.proj")  # (router.proj: Gemma 4's router)
 
 
 class MatMulLinear(nn.Module):
@@ -181,6 +181,68 @@ class QuantExperts(nn.Module):
                            getattr(self, part).dtype)
 
 
+class _NBitsWeight(nn.Module):
+    """A symmetric block-quantized (N, K) weight for com.microsoft.MatMulNBits (qweight, scales);
+    written by the module holding it."""
+
+    def __init__(self, k: int, n: int, dtype: torch.dtype, bits: int, block_size: int,
+                 accuracy_level: int) -> None:
+        super().__init__()
+        self.k, self.n, self.bits, self.block_size = k, n, bits, block_size
+        self.accuracy_level = accuracy_level
+        k_blocks = math.ceil(k / block_size)
+        self.register_buffer("qweight", torch.empty(n, k_blocks, block_size * bits // 8,
+                                                    dtype=torch.uint8))
+        self.register_buffer("scales", torch.empty(n, k_blocks, dtype=dtype))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return quant.matmul_nbits(x, self.qweight, self.scales, None, None, self.k, self.n,
+                                  self.bits, self.block_size, self.accuracy_level)
+
+
+class QuantGeGLUExperts(nn.Module):
+    """Gemma 4's experts, block-quantized (symmetric), run densely over every expert: one
+    MatMulNBits for all experts' gate and up rows (D -> E * 2I), GeGLU, each expert's
+    activations times its routing weight (zero for the experts a token did not choose), and one
+    MatMulNBits for all experts' down projections side by side (E * I -> D), which sums the
+    chosen ones. ONNX Runtime's QMoE has no GeGLU on the CPU; of the exact forms measured
+    (docs/architectures.md, 26B-A4B's expert shape, E = 128, top 8, int4, one layer, 2 threads)
+    this one took 25 ms a decode step and 132 ms for 16 tokens, gathering the chosen experts'
+    rows dequantized (GatherBlockQuantized + MatMul) 51 and 689 ms."""
+
+    def __init__(self, experts: GeGLUExperts, bits: int, block_up: int, block_down: int,
+                 accuracy_level: int) -> None:
+        super().__init__()
+        e, two_i, d = experts.gate_up_proj.shape
+        i = experts.width
+        dtype = experts.gate_up_proj.dtype
+        self.e, self.d, self.width, self.bits = e, d, i, bits
+        self.gate_up = _NBitsWeight(d, e * two_i, dtype, bits, block_up, accuracy_level)
+        self.down = _NBitsWeight(e * i, d, dtype, bits, block_down, accuracy_level)
+
+    def forward(self, x: Tensor, index: Tensor, weight: Tensor) -> Tensor:
+        """x (N, D), index (N, K), weight (N, K) fp32 -> (N, D) (GeGLUExperts.forward)."""
+        n = x.shape[0]
+        h = self.gate_up(x).reshape(n, self.e, 2 * self.width)  # (N, E, 2I)
+        act = ops.fast_gelu(h[..., :self.width]) * h[..., self.width:]  # (N, E, I)
+        routed = torch.zeros(n, self.e, dtype=weight.dtype, device=x.device).scatter(
+            1, index, weight)  # (N, E), zero where not chosen
+        act = (act.float() * routed[..., None]).to(x.dtype).reshape(n, self.e * self.width)
+        return self.down(act)  # (N, D): the chosen experts' outputs, weighted, summed
+
+    def write_tensors(self, prefix: str, produce: Produce, wf: WeightFile,
+                      written: dict[int, str]) -> None:
+        up = produce(f"{prefix}gate_up_proj")  # (E, 2I, D): every expert's rows, stacked
+        write_quantized(wf, f"{prefix}gate_up", up.reshape(-1, up.shape[-1]), self.bits,
+                        self.gate_up.block_size, self.gate_up.scales.dtype, False, "symmetric",
+                        flat=False)
+        del up
+        down = produce(f"{prefix}down_proj")  # (E, D, I) -> (D, E * I): experts side by side
+        write_quantized(wf, f"{prefix}down", down.permute(1, 0, 2).reshape(self.d, -1),
+                        self.bits, self.down.block_size, self.down.scales.dtype, False,
+                        "symmetric", flat=False)
+
+
 class SinusoidalTable(SinusoidalPositions):
     """XGLM's position table in the graphs (model.embed_positions.weight): computed, not read
     from the checkpoint."""
@@ -228,6 +290,15 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
                                   options.block_size, options.level_for(bits),
                                   options.method != "minmax" and scheme == "zero_point", scheme)
             _set(model, path, new)
+        elif isinstance(module, GeGLUExperts) and bits is not None:  # Gemma 4
+            e, two_i, d = module.gate_up_proj.shape
+            up, down = fitting_block((d,), options.block_size), \
+                fitting_block((two_i // 2,), options.block_size)
+            if up is None or down is None:
+                raise ExportError(f"{path}: expert sizes {d} and {two_i // 2} have no "
+                                  "power-of-two block >= 16. Export fp32 or fp16.")
+            _set(model, path, QuantGeGLUExperts(module, bits, up, down,
+                                                options.level_for(bits)))
         elif isinstance(module, Experts) and bits is not None:
             e, two_i, d = module.gate_up_proj.shape
             block = fitting_block((d, two_i // 2), options.block_size)
@@ -238,7 +309,7 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
                                            accuracy_level=options.experts_accuracy_level))
     cfg = model.config
     if cfg.position_embedding_type == "rope":
-        model.model.rotary = RotaryTables(cfg, model.max_positions, model.dtype)
+        model.model.rotary = RotaryTables(global_rope(cfg), model.max_positions, model.dtype)
         if cfg.rope_local_theta is not None:  # Gemma 3's sliding layers
             model.model.rotary_local = RotaryTables(local_rope(cfg), model.max_positions,
                                                     model.dtype)
@@ -248,6 +319,13 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
     emb_bits = options.head_bits if bits is not None else None
     width = cfg.embed_width  # OPT-350m's embeddings are narrower than its layers
     emb_block = fitting_block((width,), options.block_size)
+    if cfg.hidden_size_per_layer_input and emb_bits is not None:
+        # Gemma 4's per-layer table (E2B: 262144 x 8960), quantized as the token table is
+        per_layer = cfg.num_hidden_layers * cfg.hidden_size_per_layer_input
+        block = fitting_block((per_layer,), options.block_size)
+        if block is not None:
+            model.model.embed_tokens_per_layer = QuantEmbedding(
+                cfg.vocab_size, per_layer, model.dtype, emb_bits, block)
     head = hasattr(model, "lm_head")  # an embedding model has none
     if (emb_bits is None or emb_block is None) and head:
         model.lm_head = HeadLinear(model.lm_head.weight)  # tied: the embedding's own Parameter

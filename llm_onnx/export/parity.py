@@ -50,7 +50,8 @@ def validate(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
         small = _scratch_config(cfg)
         experts = small.moe.num_experts if small.moe is not None and cfg.moe is not None else None
         scratch_ckpt = replace(checkpoint, config=small,
-                               source=_ScratchSource(checkpoint.source, small.vocab_size, experts))
+                               source=_ScratchSource(checkpoint.source, small.vocab_size, experts,
+                                                     cfg.hidden_size_per_layer_input))
         small_plan = ExportPlan.build(small, plan.options, min(plan.max_len, 64), plan.embedding)
         small_plan.calibration = plan.calibration  # layer 0's scales, the same tensors
         with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".llm-onnx-parity-") as tmp:
@@ -136,28 +137,42 @@ def provisional_manifest(plan: ExportPlan, folder: Path) -> mf.Manifest:
 
 class _ScratchSource:
     """A large checkpoint cut down for the parity gate: the first rows of the vocabulary and, for
-    MoE, the first experts (router rows included); every other tensor unchanged."""
+    MoE, the first experts (router rows included; Gemma 4's stacked experts and per-expert
+    scales too); Gemma 4's per-layer tables cut to the first layer's (the packed table's first
+    P columns, the projection's first P rows); every other tensor unchanged."""
 
-    def __init__(self, source, vocab: int, experts: int | None) -> None:
+    def __init__(self, source, vocab: int, experts: int | None, per_layer: int = 0) -> None:
         self.source, self.vocab, self.experts = source, vocab, experts
+        self.per_layer = per_layer  # Gemma 4's per-layer input width (0: none)
 
-    def _rows(self, name: str) -> int | None:
+    def _cut(self, name: str) -> tuple[int | None, int | None]:
+        """(rows, columns) kept of ``name`` (None: all)."""
         if name in ("model.embed_tokens.weight", "lm_head.weight"):
-            return self.vocab
-        if self.experts is not None and name.endswith((".mlp.gate.weight", ".mlp.gate.bias")):
-            return self.experts
-        return None
+            return self.vocab, None
+        if name == "model.embed_tokens_per_layer.weight":
+            return self.vocab, self.per_layer or None
+        if name == "model.per_layer_model_projection.weight":
+            return self.per_layer or None, None
+        if self.experts is not None and name.endswith((
+                ".mlp.gate.weight", ".mlp.gate.bias", ".router.proj.weight",
+                ".router.per_expert_scale", ".experts.gate_up_proj", ".experts.down_proj")):
+            return self.experts, None
+        return None, None
 
     def names(self):
         return self.source.names()
 
     def shape(self, name: str) -> Shape:
-        shape, rows = self.source.shape(name), self._rows(name)
-        return shape if rows is None else (rows, *shape[1:])
+        shape, (rows, cols) = self.source.shape(name), self._cut(name)
+        if rows is not None:
+            shape = (rows, *shape[1:])
+        return shape if cols is None else (shape[0], cols, *shape[2:])
 
     def get(self, name: str):
-        t, rows = self.source.get(name), self._rows(name)
-        return t if rows is None else t[:rows].clone()
+        t, (rows, cols) = self.source.get(name), self._cut(name)
+        if rows is None and cols is None:
+            return t
+        return t[:rows, :cols].clone() if cols is not None else t[:rows].clone()
 
     def describe(self, name: str) -> str:
         return self.source.describe(name)
@@ -169,7 +184,8 @@ def _scratch_config(cfg: ModelConfig) -> ModelConfig:
     kinds = cfg.layer_types[:layers] if cfg.layer_types is not None else None
     rope = cfg.no_rope_layers[:layers] if cfg.no_rope_layers is not None else None
     small = cfg.replace(num_hidden_layers=layers, layer_types=kinds, no_rope_layers=rope,
-                        vocab_size=min(SCRATCH_VOCAB, cfg.vocab_size))
+                        vocab_size=min(SCRATCH_VOCAB, cfg.vocab_size),
+                        num_kv_shared_layers=0)  # (Gemma 4's shared layers come last)
     if cfg.moe is not None and cfg.moe.num_experts > SCRATCH_EXPERTS:
         small = small.replace(moe=replace(cfg.moe, num_experts=SCRATCH_EXPERTS,
                                           num_experts_per_tok=min(cfg.moe.num_experts_per_tok,

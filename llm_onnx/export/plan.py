@@ -28,7 +28,8 @@ from llm_onnx import model_folder as mf
 from llm_onnx.checkpoints.load import Producer, param_producers
 from llm_onnx.export.calibrate import Calibration
 from llm_onnx.export.graphs import GRAPHS, trace_embed, trace_graph
-from llm_onnx.export.modules import NBitsLinear, QuantEmbedding, QuantExperts, to_export_form
+from llm_onnx.export.modules import (NBitsLinear, QuantEmbedding, QuantExperts,
+                                     QuantGeGLUExperts, to_export_form)
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.progress import Progress
 from llm_onnx.model.config import ModelConfig
@@ -139,13 +140,18 @@ class ExportPlan:
         the graphs' compute dtype (embed.onnx: its attention's, kept for one run only)."""
         cfg = self.cfg
         form = planned_attention(cfg, self.options)
-        attention = cfg.attention_layers
+        owners = cfg.cache_layers  # (Qwen3.5: not its linear layers; Gemma 4: not KV-shared ones)
+        shapes = tuple(cfg.layer_kv_shape(i) for i in owners)
+        uniform = all(s == (cfg.num_key_value_heads, cfg.head_dim) for s in shapes)
+        sources = {str(i): cfg.kv_source(i) for i in range(cfg.num_hidden_layers)
+                   if cfg.is_kv_shared(i)}
         return mf.KVCacheSpec(num_layers=cfg.num_hidden_layers,
                               num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                               dtype="float16" if self.options.float16 else "float32",
                               attention=form.name, attention_why=form.why,
                               shared_buffer=self.embedding is None,
-                              layers=None if len(attention) == cfg.num_hidden_layers else attention)
+                              layers=None if len(owners) == cfg.num_hidden_layers else owners,
+                              shapes=None if uniform else shapes, sources=sources or None)
 
     @property
     def recurrent_state(self) -> mf.RecurrentStateSpec | None:
@@ -174,6 +180,10 @@ class ExportPlan:
                 quantized.append(f"{path} (int{module.bits} {module.scheme}, block "
                                  f"{module.block_size}, activations {act})")
                 activations.setdefault(act, []).append(path)
+            elif isinstance(module, QuantGeGLUExperts):  # Gemma 4's experts
+                quantized.append(f"{path} (int{module.bits} symmetric, every expert densely, "
+                                 f"blocks {module.gate_up.block_size} and "
+                                 f"{module.down.block_size})")
             elif isinstance(module, (QuantEmbedding, QuantExperts)):
                 experts = isinstance(module, QuantExperts)
                 notes = (", scales searched with router-weighted activations"
@@ -189,7 +199,8 @@ class ExportPlan:
                              for act, paths in activations.items())
         words = {"zero_point": f"uint{options.bits} zero points",
                  "offset": "float block minimums (Q4_1's form)", "symmetric": "symmetric"}
-        kept = ["norms", "router (mlp.gate)" if cfg.moe else None,
+        kept = ["norms", ("router (router.proj)" if cfg.enable_moe_block else
+                          "router (mlp.gate)") if cfg.moe else None,
                 "shared expert gate (mlp.shared_expert_gate)"
                 if cfg.moe and cfg.moe.shared_expert_intermediate_size else None,
                 "linear attention's convolution, decay and beta (conv1d, A_log, dt_bias, "

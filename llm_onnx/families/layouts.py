@@ -35,7 +35,8 @@ class GGUFNames:
 
     ``layer`` maps a per-block suffix (``attn_q.weight`` of ``blk.N.attn_q.weight``) to the
     canonical suffix (``self_attn.q_proj.weight`` of ``model.layers.N....``); ``experts`` maps a
-    stacked-experts tensor to the projection of each expert; ``config_fields(meta)`` reads the
+    stacked-experts tensor to the projection of each expert; ``joined`` names canonical tensors a
+    file may instead hold in parts, joined on reading; ``config_fields(meta)`` reads the
     metadata into ModelConfig fields; ``unpermute_qk``: llama.cpp's converter interleaved the
     rotary halves of q and k rows (Llama), which the reader undoes; ``norm_shift``: what the
     converter added to the norm weights.
@@ -46,6 +47,12 @@ class GGUFNames:
     layer: dict[str, str]
     globals: dict[str, str]
     experts: dict[str, str] = field(default_factory=dict)
+    # canonical block suffix -> (the GGUF block suffixes of its parts, the axis they join on),
+    # read where the file has every part and not the canonical tensor itself (Gemma 4's experts:
+    # ffn_gate_exps and ffn_up_exps, (E, I, D) each, are experts.gate_up_proj (E, 2I, D)). A
+    # part's per-expert ``.scale`` (E,), which llama.cpp multiplies into that part's output, is
+    # folded into its rows.
+    joined: dict[str, tuple[tuple[str, ...], int]] = field(default_factory=dict)
     unpermute_qk: bool = False
     # added by llama.cpp's converter to every ``*norm.weight`` (Gemma 3 stores 1 + w), taken off
     # again on reading so the family's own checkpoint layout applies as to safetensors

@@ -37,9 +37,10 @@ def attention_form(cfg: ModelConfig) -> AttentionForm:
     """The fastest attention ONNX Runtime (1.31) runs for ``cfg`` on the CPU: its
     GroupQueryAttention refuses a head size that is not a multiple of 16, and RoPE inside it a
     rotary width whose half is not a multiple of 8 (measured; see docs/export.md)."""
-    if cfg.head_dim % 16:
-        return AttentionForm("plain", f"head_dim {cfg.head_dim} is not a multiple of 16, which "
-                                      "ONNX Runtime's GroupQueryAttention requires")
+    for head_dim in sorted({cfg.layer_head_dim(i) for i in range(cfg.num_hidden_layers)}):
+        if head_dim % 16:  # (Gemma 4: both head sizes)
+            return AttentionForm("plain", f"head_dim {head_dim} is not a multiple of 16, which "
+                                          "ONNX Runtime's GroupQueryAttention requires")
     half = cfg.rotary_dim // 2
     if cfg.position_embedding_type == "rope" and half % 8:
         return AttentionForm("rotary outside",
@@ -54,25 +55,35 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fused_rotary: bool,
                  fuse_qkv: bool, layer: int = 0, plain: bool = False) -> None:
         super().__init__()
+        # Gemma 4: full-attention layers have their own head size and KV head count
         self.num_heads, self.kv_heads, self.head_dim = (
-            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+            cfg.num_attention_heads, cfg.layer_kv_heads(layer), cfg.layer_head_dim(layer))
         self.q_width, self.kv_width = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
         d = cfg.hidden_size
+        # Gemma 4: a KV-shared layer projects only its queries and attends over the cache of
+        # an earlier layer (its keys and values are handed in: forward's ``reuse``); a full
+        # layer with attention_k_eq_v takes its key projection as the values too.
+        self.shared = cfg.is_kv_shared(layer)
+        self.k_eq_v = cfg.layer_k_eq_v(layer)
+        self.value_norm, self.eps = cfg.value_norm, cfg.rms_norm_eps
         # Qwen3.5: q_proj also emits a gate per head, rows [query_h | gate_h] for each head h
         self.output_gate = cfg.attention_output_gate
-        self.fuse_qkv = fuse_qkv and not self.output_gate
+        self.fuse_qkv = fuse_qkv and not (self.output_gate or self.shared or self.k_eq_v)
         if self.fuse_qkv:  # one matmul; rows q, then k, then v (GQA's packed QKV layout)
             self.qkv_proj = Linear(d, self.q_width + 2 * self.kv_width, cfg.attention_bias, dtype)
         else:
             self.q_proj = Linear(d, self.q_width * (2 if self.output_gate else 1),
                                  cfg.attention_bias, dtype)
-            self.k_proj = Linear(d, self.kv_width, cfg.attention_bias, dtype)
-            self.v_proj = Linear(d, self.kv_width, cfg.attention_bias, dtype)
+            if not self.shared:
+                self.k_proj = Linear(d, self.kv_width, cfg.attention_bias, dtype)
+            if not (self.shared or self.k_eq_v):
+                self.v_proj = Linear(d, self.kv_width, cfg.attention_bias, dtype)
         self.o_proj = Linear(self.q_width, d, cfg.o_proj_bias, dtype)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            if not self.shared:
+                self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.attention_scale or self.head_dim ** -0.5
         # Mistral: each query sees its last `sliding_window` keys, itself included, which is what
         # GroupQueryAttention's local_window_size means (measured: see ops.attention_ref).
@@ -88,22 +99,40 @@ class Attention(nn.Module):
         self.fused_rotary = fused_rotary and self.rope and not plain
 
     def forward(self, x: Tensor, seqlens_k: Tensor, total: Tensor, cos: Tensor | None,
-                sin: Tensor | None, positions: Tensor, past_key: Tensor, past_value: Tensor,
-                bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """bias: ALiBi's (1, H, T, S) attention bias, or None."""
+                sin: Tensor | None, positions: Tensor, past_key: Tensor | None,
+                past_value: Tensor | None, bias: Tensor | None = None,
+                reuse: tuple[Tensor, Tensor] | None = None,
+                ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor]]:
+        """bias: ALiBi's (1, H, T, S) attention bias, or None. ``reuse`` (a KV-shared layer,
+        Gemma 4): the new keys and values its source layer handed to the attention kernel;
+        ``past_key``/``past_value`` are then the source's present cache, which the kernel reads
+        (it writes the same keys and values at the same positions again). Returns the output,
+        the present cache and the new keys and values as handed to the kernel."""
         b, t, _ = x.shape
         k: Tensor | None
         v: Tensor | None
         if self.fuse_qkv:
             q, k, v = self.qkv_proj(x), None, None  # (B, T, H*D + 2*Hkv*D)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (B, T, H*D), (B, T, Hkv*D) x2
+        elif self.shared:
+            q, k, v = self.q_proj(x), None, None
+        else:  # (B, T, H*D), (B, T, Hkv*D) x2; Gemma 4's k_eq_v: the key projection twice
+            q, k = self.q_proj(x), self.k_proj(x)
+            v = k if self.k_eq_v else self.v_proj(x)
         gate = None
         if self.output_gate:  # Qwen3.5: (B, T, H, 2D) -> query and gate, each (B, T, H*D)
             qg = q.reshape(b, t, self.num_heads, 2 * self.head_dim)
             q = qg[..., :self.head_dim].reshape(b, t, self.q_width)
             gate = qg[..., self.head_dim:].reshape(b, t, self.q_width)
-        if self.qk_norm or (self.rope and not self.fused_rotary) or self.plain:
+        if self.shared:  # Gemma 4: queries only; keys and values as the source handed them
+            assert reuse is not None and past_key is not None and past_value is not None
+            if self.qk_norm:
+                q = self.q_norm(q.reshape(b, t, self.num_heads, self.head_dim)).reshape(
+                    b, t, -1).to(x.dtype)
+            if self.rope and not self.fused_rotary:
+                assert cos is not None and sin is not None
+                q = ops.rotary_embedding(q, positions, cos, sin, self.num_heads, False)
+            k, v = reuse
+        elif self.qk_norm or (self.rope and not self.fused_rotary) or self.plain:
             if k is None:
                 # Slices, not split(): torch.split exports as SplitToSequence, which has no
                 # CUDA kernel in ONNX Runtime (the node would run on the CPU).
@@ -113,10 +142,16 @@ class Attention(nn.Module):
                 q = self.q_norm(q.reshape(b, t, self.num_heads, self.head_dim)).reshape(b, t, -1)
                 k = self.k_norm(k.reshape(b, t, self.kv_heads, self.head_dim)).reshape(b, t, -1)
                 q, k = q.to(x.dtype), k.to(x.dtype)
-        if self.rope and not self.fused_rotary:
+        if self.value_norm and not self.shared:  # Gemma 4: weightless RMSNorm per value head
+            assert v is not None
+            vf = v.reshape(b, t, self.kv_heads, self.head_dim).float()
+            v = (vf * torch.rsqrt(vf.pow(2).mean(-1, keepdim=True) + self.eps)).reshape(
+                b, t, -1).to(x.dtype)
+        if self.rope and not self.fused_rotary and not self.shared:
             assert k is not None and v is not None and cos is not None and sin is not None
             q = ops.rotary_embedding(q, positions, cos, sin, self.num_heads, False)
             k = ops.rotary_embedding(k, positions, cos, sin, self.kv_heads, False)
+        assert past_key is not None and past_value is not None
         if self.plain:
             assert k is not None and v is not None
             out, pk, pv = ops.plain_attention(
@@ -131,4 +166,4 @@ class Attention(nn.Module):
                 self.sinks if self.has_sinks else None)
         if gate is not None:  # Qwen3.5: the output gated per channel, before o_proj
             out = out * torch.sigmoid(gate.float()).to(out.dtype)
-        return self.o_proj(out), pk, pv
+        return self.o_proj(out), pk, pv, (k, v)  # type: ignore[return-value]

@@ -122,6 +122,25 @@ class ModelConfig:
             not ``hidden_size``; ``project_in`` / ``project_out`` map between the two.
         no_rope_layers: SmolLM3 (Hugging Face's name and form): per layer, 1 if its attention
             applies RoPE, 0 if it attends without positions (NoPE); None: every layer rotates.
+        global_head_dim, num_global_key_value_heads: Gemma 4: the head size and KV head count
+            of the full-attention layers when they differ from the sliding ones' (None: the
+            same as ``head_dim``, ``num_key_value_heads``).
+        attention_k_eq_v: Gemma 4: full-attention layers have no v_proj; the key projection's
+            output (before k_norm and RoPE) is the value.
+        value_norm: Gemma 4: values get a weightless RMSNorm over each head (``v_norm``).
+        num_kv_shared_layers: Gemma 4: the last N layers compute no keys and values; each reads
+            the cache of the last earlier layer of its own kind (``kv_source``), which owns the
+            buffer. Their graphs have no cache inputs of their own.
+        hidden_size_per_layer_input: Gemma 4 (E2B, E4B): the width of the per-layer embeddings
+            (a second token table, [vocab, layers x width], plus a projection of the token
+            embedding), gated into each layer after its MLP; 0: none.
+        layer_scalar: Gemma 4: each layer's output is multiplied by a stored scalar
+            (``model.layers.N.layer_scalar``).
+        enable_moe_block: Gemma 4 (26B-A4B): ``moe``'s experts (GeGLU, ``hidden_act``) run beside
+            the dense MLP, from the residual stream through their own norms; the router reads
+            RMSNorm(residual) times a learned scale, and each expert's output is scaled by a
+            learned factor (folded into its down_proj when loading).
+        use_double_wide_mlp: Gemma 4 (E2B): the KV-shared layers' MLPs are twice as wide.
     """
 
     vocab_size: int
@@ -166,6 +185,16 @@ class ModelConfig:
     post_layernorm: bool = False  # OPT-350m: x = norm(x + f(x)), no final norm
     embed_dim: int | None = None  # OPT-350m: embedding / head width, projected to hidden_size
     no_rope_layers: tuple[int, ...] | None = None  # SmolLM3: 1 = the layer rotates, 0 = NoPE
+    # Gemma 4 (see the docstring)
+    global_head_dim: int | None = None  # full-attention layers' head size
+    num_global_key_value_heads: int | None = None  # full-attention layers' KV heads
+    attention_k_eq_v: bool = False  # full layers: the keys are the values
+    value_norm: bool = False  # weightless RMSNorm on the values
+    num_kv_shared_layers: int = 0  # the last N layers read an earlier layer's cache
+    hidden_size_per_layer_input: int = 0  # per-layer embeddings' width (0: none)
+    layer_scalar: bool = False  # each layer's output times a stored scalar
+    enable_moe_block: bool = False  # experts beside the dense MLP (Gemma 4's form)
+    use_double_wide_mlp: bool = False  # the KV-shared layers' MLPs twice as wide
     architecture: str = "LlamaForCausalLM"  # the Hugging Face class this config mirrors
 
     def __post_init__(self) -> None:
@@ -240,6 +269,31 @@ class ModelConfig:
             if self.layer_types is None or "linear_attention" not in self.layer_types:
                 problems.append("linear_attention is given but layer_types names no "
                                 "linear_attention layer")
+        for name in ("global_head_dim", "num_global_key_value_heads"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value <= 0):
+                problems.append(f"{name} must be a positive integer or None, got {value!r}")
+        if not problems and self.num_global_key_value_heads is not None and \
+                self.num_attention_heads % self.num_global_key_value_heads:
+            problems.append("num_attention_heads must be a multiple of "
+                            "num_global_key_value_heads")
+        shared = self.num_kv_shared_layers
+        if not isinstance(shared, int) or isinstance(shared, bool) or \
+                not 0 <= shared < self.num_hidden_layers:
+            problems.append(f"num_kv_shared_layers must be 0 to {self.num_hidden_layers - 1}, "
+                            f"got {shared!r}")
+        elif shared and self.linear_attention is not None:
+            problems.append("num_kv_shared_layers with linear-attention layers is not supported")
+        elif shared:
+            for i in range(self.num_hidden_layers - shared, self.num_hidden_layers):
+                if self._own_kv_source(i) is None:
+                    kind = self.layer_types[i] if self.layer_types else "full_attention"
+                    problems.append(f"KV-shared layer {i} ({kind}) has no earlier layer of its "
+                                    "kind to read")
+                    break
+        if self.enable_moe_block and self.moe is None:
+            problems.append("enable_moe_block needs moe (the experts' shape)")
         if self.moe is not None and self.moe.num_experts_per_tok > self.moe.num_experts:
             problems.append("moe.num_experts_per_tok exceeds moe.num_experts")
         if problems:
@@ -274,6 +328,62 @@ class ModelConfig:
         return (self.rope_local_theta is not None and self.layer_types is not None
                 and self.layer_types[layer] == "sliding_attention")
 
+    def layer_head_dim(self, layer: int) -> int:
+        """The head size of ``layer`` (Gemma 4's full-attention layers: global_head_dim)."""
+        if self.global_head_dim is not None and self.layer_window(layer) is None:
+            return self.global_head_dim
+        return self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        """The KV head count of ``layer`` (Gemma 4's full-attention layers may have fewer)."""
+        if self.num_global_key_value_heads is not None and self.layer_window(layer) is None:
+            return self.num_global_key_value_heads
+        return self.num_key_value_heads
+
+    def layer_k_eq_v(self, layer: int) -> bool:
+        """Whether ``layer``'s values are its keys' projection (Gemma 4's full layers)."""
+        return self.attention_k_eq_v and self.layer_window(layer) is None
+
+    def _own_kv_source(self, layer: int) -> int | None:
+        first = self.num_hidden_layers - self.num_kv_shared_layers
+        if layer < first:
+            return layer
+        kind = self.layer_types[layer] if self.layer_types else None
+        for j in range(first - 1, -1, -1):
+            if (self.layer_types[j] if self.layer_types else None) == kind:
+                return j
+        return None
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose KV cache ``layer`` attends over: itself, or for Gemma 4's last
+        ``num_kv_shared_layers`` layers the last earlier layer of the same kind."""
+        source = self._own_kv_source(layer)
+        assert source is not None
+        return source
+
+    def is_kv_shared(self, layer: int) -> bool:
+        return self.kv_source(layer) != layer
+
+    @property
+    def state_layers(self) -> tuple[int, ...]:
+        """The layers that own state tensors (a KV buffer, or a linear-attention layer's
+        states): every layer but Gemma 4's KV-shared ones."""
+        return tuple(i for i in range(self.num_hidden_layers) if not self.is_kv_shared(i))
+
+    @property
+    def cache_layers(self) -> tuple[int, ...]:
+        """The attention layers that own a KV buffer."""
+        return tuple(i for i in self.attention_layers if not self.is_kv_shared(i))
+
+    def layer_kv_shape(self, layer: int) -> tuple[int, int]:
+        """(KV heads, head size) of ``layer``'s cache buffer."""
+        return self.layer_kv_heads(layer), self.layer_head_dim(layer)
+
+    def layer_intermediate(self, layer: int) -> int:
+        """The dense MLP's width in ``layer`` (Gemma 4 E2B: doubled in KV-shared layers)."""
+        wide = self.use_double_wide_mlp and self.is_kv_shared(layer)
+        return self.intermediate_size * (2 if wide else 1)
+
     @property
     def embed_width(self) -> int:
         """Width of the token embedding and the LM head (OPT-350m's 512; else hidden_size)."""
@@ -284,8 +394,10 @@ class ModelConfig:
         return int(self.head_dim * self.partial_rotary_factor)
 
     def is_moe_layer(self, layer: int) -> bool:
+        """Whether ``layer``'s MLP is the sparse one (Gemma 4's experts beside a dense MLP are
+        not: ``enable_moe_block``)."""
         moe = self.moe
-        return (moe is not None and layer not in moe.mlp_only_layers
+        return (moe is not None and not self.enable_moe_block and layer not in moe.mlp_only_layers
                 and (layer + 1) % moe.decoder_sparse_step == 0)
 
     def replace(self, **changes: Any) -> ModelConfig:

@@ -42,8 +42,17 @@ from llm_onnx.model.attention import Attention
 from llm_onnx.model.config import ModelConfig
 from llm_onnx.model.layers import Linear, make_norm
 from llm_onnx.model.linear_attention import GatedDeltaNet, state_shapes
-from llm_onnx.model.mlp import MLP, SparseMoE
-from llm_onnx.model.positions import RotaryCache, SinusoidalPositions, local_rope
+from llm_onnx.model.mlp import _ACT, MLP, GeGLUExperts, Gemma4Router, SparseMoE
+from llm_onnx.model.positions import RotaryCache, SinusoidalPositions, global_rope, local_rope
+
+
+def owned_states(cfg: ModelConfig, present):
+    """``present`` (two per layer, every layer) less Gemma 4's KV-shared layers' pairs: what the
+    next step takes as its past (works on lists of tensors or of numpy arrays)."""
+    if not cfg.num_kv_shared_layers:
+        return list(present)
+    return [t for i in range(cfg.num_hidden_layers) if not cfg.is_kv_shared(i)
+            for t in present[2 * i:2 * i + 2]]
 
 
 @dataclass(frozen=True)
@@ -83,24 +92,50 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = make_norm(cfg, cfg.hidden_size)
             self.post_feedforward_layernorm = make_norm(cfg, cfg.hidden_size)
         self.mlp = (SparseMoE(cfg, dtype, fusion.gate_up) if cfg.is_moe_layer(index)
-                    else MLP(cfg, dtype, fusion.gate_up))
+                    else MLP(cfg, dtype, fusion.gate_up, cfg.layer_intermediate(index)))
+        self.moe_block = cfg.enable_moe_block
+        if self.moe_block:  # Gemma 4: experts beside the dense MLP, each branch normed
+            moe = cfg.moe
+            assert moe is not None
+            self.router = Gemma4Router(cfg, dtype)
+            self.experts = GeGLUExperts(moe.num_experts, cfg.hidden_size,
+                                        moe.moe_intermediate_size, dtype)
+            self.pre_feedforward_layernorm_2 = make_norm(cfg, cfg.hidden_size)
+            self.post_feedforward_layernorm_1 = make_norm(cfg, cfg.hidden_size)
+            self.post_feedforward_layernorm_2 = make_norm(cfg, cfg.hidden_size)
+        self.per_layer = cfg.hidden_size_per_layer_input
+        if self.per_layer:  # Gemma 4: the per-layer embedding, gated in after the MLP
+            self.per_layer_input_gate = Linear(cfg.hidden_size, self.per_layer, False, dtype)
+            self.per_layer_projection = Linear(self.per_layer, cfg.hidden_size, False, dtype)
+            self.post_per_layer_input_norm = make_norm(cfg, cfg.hidden_size)
+            self.act = _ACT[cfg.hidden_act]
+        if cfg.layer_scalar:  # Gemma 4: the layer's output times a stored scalar
+            self.layer_scalar = nn.Parameter(torch.ones(1), requires_grad=False)
+        self.scaled = cfg.layer_scalar
 
     def mix(self, h: Tensor, seqlens_k: Tensor, total: Tensor, cos: Tensor | None,
             sin: Tensor | None, positions: Tensor, past_key: Tensor, past_value: Tensor,
-            bias: Tensor | None, valid: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        """The layer's attention, or its linear attention (past_key, past_value: its states)."""
+            bias: Tensor | None, valid: Tensor | None,
+            reuse: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """The layer's attention, or its linear attention (past_key, past_value: its states).
+        The new keys and values it handed to its attention kernel go to ``self.new_kv`` (what
+        Gemma 4's KV-shared layers reuse)."""
         if self.linear:
             assert valid is not None
             return self.linear_attn(h, valid, past_key, past_value)
-        return self.self_attn(h, seqlens_k, total, cos, sin, positions, past_key, past_value,
-                              bias)
+        out, pk, pv, self.new_kv = self.self_attn(h, seqlens_k, total, cos, sin, positions,
+                                                  past_key, past_value, bias, reuse)
+        return out, pk, pv
 
     def forward(self, branch: Tensor | None, residual: Tensor, seqlens_k: Tensor, total: Tensor,
                 cos: Tensor | None, sin: Tensor | None, positions: Tensor, past_key: Tensor,
                 past_value: Tensor, bias: Tensor | None = None, valid: Tensor | None = None,
+                reuse: tuple[Tensor, Tensor] | None = None, per_layer: Tensor | None = None,
                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """branch: what the previous layer adds to the residual stream (None: nothing);
-        residual: the fp32 stream. Returns (branch, residual, present key, present value)."""
+        residual: the fp32 stream; reuse: a KV-shared layer's source keys and values (Gemma 4);
+        per_layer: this layer's per-layer input (B, T, P) (Gemma 4). Returns (branch, residual,
+        present key, present value)."""
         if self.post_norm:  # OPT-350m: x = norm(x + attn(x)); x = norm(x + mlp(x))
             if branch is not None:  # layer 0: the position embeddings
                 residual = residual + branch.float()
@@ -114,11 +149,29 @@ class DecoderLayer(nn.Module):
         else:
             h, residual = self.input_layernorm.add(branch.float(), residual)
         attn, pk, pv = self.mix(h.to(self.dtype), seqlens_k, total, cos, sin, positions,
-                                past_key, past_value, bias, valid)
+                                past_key, past_value, bias, valid, reuse)
         if self.sandwich:  # Gemma 3: x += norm(attn(norm(x))); x += norm(mlp(norm(x)))
             h, residual = self.pre_feedforward_layernorm.add(
                 self.post_attention_layernorm(attn.float()), residual)
-            return self.post_feedforward_layernorm(self.mlp(h.to(self.dtype)).float()), residual, pk, pv
+            out = self.mlp(h.to(self.dtype)).float()
+            if self.moe_block:  # Gemma 4: + norm(experts(norm(x))), routed from x itself
+                out = self.post_feedforward_layernorm_1(out)
+                b, t, d = residual.shape
+                flat = residual.reshape(b * t, d)  # (N, D) fp32
+                index, weight = self.router(flat)
+                routed = self.experts(self.pre_feedforward_layernorm_2(flat).to(self.dtype),
+                                      index, weight).float()
+                out = out + self.post_feedforward_layernorm_2(routed.reshape(b, t, d))
+            branch = self.post_feedforward_layernorm(out)
+            if self.per_layer:  # Gemma 4: x += norm(proj(act(gate(x)) * per_layer_input))
+                assert per_layer is not None
+                residual = residual + branch
+                gated = self.act(self.per_layer_input_gate(residual.to(self.dtype))) \
+                    * per_layer.to(self.dtype)
+                branch = self.post_per_layer_input_norm(self.per_layer_projection(gated).float())
+            if self.scaled:  # Gemma 4: (residual + branch) * layer_scalar
+                branch, residual = branch * self.layer_scalar, residual * self.layer_scalar
+            return branch, residual, pk, pv
         if self.parallel:  # Falcon / GPT-J: x + attn(ln(x)) + mlp(ln(x)), one norm or two
             if not self.shared_norm:
                 h = self.post_attention_layernorm(residual)
@@ -136,8 +189,8 @@ class DecoderModel(nn.Module):
         if cfg.embed_dim is not None:  # OPT-350m: embeddings narrower than the layers
             self.project_in = Linear(cfg.embed_dim, cfg.hidden_size, False, dtype)
             self.project_out = Linear(cfg.hidden_size, cfg.embed_dim, False, dtype)
-        if cfg.position_embedding_type == "rope":
-            self.rotary = RotaryCache(cfg, max_positions, dtype)
+        if cfg.position_embedding_type == "rope":  # (Gemma 4: at its full layers' head size)
+            self.rotary = RotaryCache(global_rope(cfg), max_positions, dtype)
             if cfg.rope_local_theta is not None:  # Gemma 3's sliding layers
                 self.rotary_local = RotaryCache(local_rope(cfg), max_positions, dtype)
         if cfg.position_embedding_type == "learned":  # GPT-2, OPT: a table of absolute positions
@@ -150,6 +203,12 @@ class DecoderModel(nn.Module):
                 cfg.position_padding_idx)
         if cfg.embedding_layernorm:  # BLOOM
             self.embed_layernorm = make_norm(cfg, cfg.hidden_size)
+        if cfg.hidden_size_per_layer_input:  # Gemma 4: per-layer embeddings, one packed table
+            width = cfg.num_hidden_layers * cfg.hidden_size_per_layer_input
+            self.embed_tokens_per_layer = nn.Embedding(cfg.vocab_size, width, dtype=dtype)
+            self.embed_tokens_per_layer.weight.requires_grad_(False)
+            self.per_layer_model_projection = Linear(cfg.hidden_size, width, False, dtype)
+            self.per_layer_projection_norm = make_norm(cfg, cfg.hidden_size_per_layer_input)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, i, dtype, fusion) for i in range(cfg.num_hidden_layers))
         if not cfg.post_layernorm:
@@ -171,6 +230,7 @@ class LayerInputs:
     local: tuple[Tensor | None, Tensor | None]
     bias: Tensor | None
     valid: Tensor | None = None
+    per_layer: Tensor | None = None  # Gemma 4: (B, T, layers, P) per-layer inputs
 
 
 class Decoder(nn.Module):
@@ -219,22 +279,42 @@ class Decoder(nn.Module):
         valid = None
         if cfg.linear_attention is not None:  # default: up to each row's last new token
             valid = (last + 1).to(torch.int32) if valid_tokens is None else valid_tokens
-        return LayerInputs(branch, residual, positions, last, rope, local, bias, valid)
+        per_layer = None
+        if cfg.hidden_size_per_layer_input:  # Gemma 4
+            per_layer = self.per_layer_inputs(input_ids, residual)
+        return LayerInputs(branch, residual, positions, last, rope, local, bias, valid, per_layer)
+
+    def per_layer_inputs(self, input_ids: Tensor, embedded: Tensor) -> Tensor:
+        """Gemma 4's per-layer inputs (B, T, layers, P), fp32: (RMSNorm(the scaled token
+        embedding projected, / sqrt(D)) + the per-layer table's row * sqrt(P)) / sqrt(2)."""
+        cfg, m = self.config, self.model
+        b, t = input_ids.shape
+        p = cfg.hidden_size_per_layer_input
+        table = m.embed_tokens_per_layer(input_ids).float() * p ** 0.5
+        proj = m.per_layer_model_projection(embedded.to(self.dtype)).float() \
+            * cfg.hidden_size ** -0.5
+        proj = m.per_layer_projection_norm(proj.reshape(b, t, cfg.num_hidden_layers, p))
+        return (proj + table.reshape(b, t, cfg.num_hidden_layers, p)) * 2 ** -0.5
 
     def run_layer(self, i: int, x: LayerInputs, seqlens_k: Tensor, total_sequence_length: Tensor,
-                  past_key: Tensor, past_value: Tensor) -> tuple[Tensor, Tensor]:
-        """Layer ``i`` on ``x``, which it advances (branch, residual); returns its present KV."""
+                  past_key: Tensor, past_value: Tensor,
+                  reuse: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        """Layer ``i`` on ``x``, which it advances (branch, residual); returns its present KV.
+        A KV-shared layer (Gemma 4) takes its source's present cache as ``past_key``/
+        ``past_value`` and the source's new keys and values as ``reuse``."""
         cos, sin = x.local if self.config.layer_is_local(i) else x.rope
+        per_layer = x.per_layer[:, :, i] if x.per_layer is not None else None
         x.branch, x.residual, pk, pv = self.model.layers[i](
             x.branch, x.residual, seqlens_k, total_sequence_length, cos, sin, x.positions,
-            past_key, past_value, x.bias, x.valid)
+            past_key, past_value, x.bias, x.valid, reuse, per_layer)
         return pk, pv
 
     def forward(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
                 *past: Tensor, last_only: bool = False, logits_window: Tensor | None = None,
                 valid_tokens: Tensor | None = None) -> tuple[Tensor, ...]:
         """Logits (B, T, V) fp32 (or (B, 1, V) at each row's last new token when ``last_only``)
-        and the updated caches, in the order of ``past``.
+        and the updated caches, two per layer in layer order (``past`` less Gemma 4's KV-shared
+        layers, whose presents are their source's buffer again: ``next_cache``).
 
         ``logits_window`` (with ``last_only``): a (W,) tensor whose length alone counts: the
         logits of each row's last W new tokens, (B, W, V) (a speculative verify step reads the
@@ -268,11 +348,26 @@ class Decoder(nn.Module):
                       ) -> tuple[Tensor, Tensor, list[Tensor]]:
         """The final hidden states (B, T, D) fp32, after the final norm (the LM head's input),
         each row's last new index (B,) and the updated caches, in the order of ``past``."""
+        cfg = self.config
         x = self.embed(input_ids, seqlens_k, total_sequence_length, valid_tokens)
         present: list[Tensor] = []
+        slots = iter(past)  # two per layer that owns state (cfg.state_layers)
+        # Gemma 4: a KV-shared layer attends over its source's cache: its kernel takes the
+        # source's past (the same buffer, bound in place) and the new keys and values the source
+        # handed its own kernel, writes them again at the same positions, unchanged, and
+        # attends. Its present is the source's buffer once more: the runtime binds it there, so
+        # nothing is copied (shared_presents); the cache owns no buffer for it.
+        sources: dict[int, tuple[Tensor, Tensor, Tensor, Tensor]] = {}
         for i in range(len(self.model.layers)):
-            present += self.run_layer(i, x, seqlens_k, total_sequence_length, past[2 * i],
-                                      past[2 * i + 1])
+            if cfg.is_kv_shared(i):
+                nk, nv, pk, pv = sources[cfg.kv_source(i)]
+                present += self.run_layer(i, x, seqlens_k, total_sequence_length, pk, pv,
+                                          reuse=(nk, nv))
+                continue
+            past_k, past_v = next(slots), next(slots)
+            present += self.run_layer(i, x, seqlens_k, total_sequence_length, past_k, past_v)
+            if cfg.num_kv_shared_layers and not cfg.is_linear_layer(i):
+                sources[i] = (*self.model.layers[i].new_kv, past_k, past_v)
         if self.config.post_layernorm:  # the last layer's output is already normalized
             return x.residual, x.last, present
         assert x.branch is not None
@@ -285,11 +380,18 @@ class Decoder(nn.Module):
         if cfg.is_linear_layer(i):
             assert cfg.linear_attention is not None
             return [torch.zeros((batch, *shape)) for shape in state_shapes(cfg.linear_attention)]
-        shape = (batch, cfg.num_key_value_heads, length, cfg.head_dim)
+        heads, head_dim = cfg.layer_kv_shape(i)  # (Gemma 4: per layer kind)
+        shape = (batch, heads, length, head_dim)
         return [torch.zeros(shape, dtype=self.dtype) for _ in range(2)]
 
+    def next_cache(self, present: list[Tensor] | tuple[Tensor, ...]) -> list[Tensor]:
+        """The past of the next step from a forward's presents: those of the layers that own
+        state (Gemma 4's KV-shared layers return their source's buffer again, as a present the
+        runtime binds to that buffer, but take no past)."""
+        return owned_states(self.config, present)
+
     def new_cache(self, batch: int, length: int) -> list[Tensor]:
-        """Zeroed KV buffers (B, Hkv, length, D) for every layer (a linear-attention layer's
-        states, float32, instead), in the order forward expects."""
-        return [t for i in range(self.config.num_hidden_layers)
+        """Zeroed KV buffers (B, Hkv, length, D) for every layer that owns one (a
+        linear-attention layer's states, float32, instead), in the order forward expects."""
+        return [t for i in self.config.state_layers
                 for t in self.new_layer_cache(i, batch, length)]

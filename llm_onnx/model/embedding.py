@@ -76,14 +76,18 @@ class EmbeddingDecoder(Decoder):
         linear-attention layers."""
         cfg = self.config
         b, t = input_ids.shape
-        kv = torch.zeros((b, cfg.num_key_value_heads, t, cfg.head_dim), dtype=self.dtype,
-                         device=input_ids.device)
+        buffers: dict[tuple[int, int], Tensor] = {}  # one per (Hkv, D) (Gemma 4: two)
         past: list[Tensor] = []
-        for i in range(cfg.num_hidden_layers):
+        for i in cfg.state_layers:
             if cfg.is_linear_layer(i):
                 assert cfg.linear_attention is not None
                 past += [torch.zeros((b, *shape), device=input_ids.device)
                          for shape in state_shapes(cfg.linear_attention)]
             else:
+                heads, head_dim = cfg.layer_kv_shape(i)
+                kv = buffers.get((heads, head_dim))
+                if kv is None:
+                    kv = buffers[(heads, head_dim)] = torch.zeros(
+                        (b, heads, t, head_dim), dtype=self.dtype, device=input_ids.device)
                 past += [kv, kv]
         return past

@@ -111,3 +111,56 @@ class SparseMoE(nn.Module):
             gate = torch.sigmoid(self.shared_expert_gate(flat).float())
             out = (out.float() + gate * self.shared_expert(flat).float()).to(flat.dtype)
         return out.reshape(b, t, d)
+
+
+class GeGLUExperts(nn.Module):
+    """Gemma 4's experts, stacked as its checkpoints store them: gate_up_proj (E, 2I, D), rows
+    [gate | up], and down_proj (E, D, I); each expert is down(gelu_tanh(gate x) * up x).
+
+    ONNX Runtime's MoE kernel (1.31, CPU) has no GeGLU and refuses a separate gate weight, so
+    the chosen experts run as plain ops: their weights gathered by the top-k indices, one
+    batched MatMul for gate/up and one for down."""
+
+    def __init__(self, num_experts: int, d: int, i: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * i, d, dtype=dtype),
+                                         requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(num_experts, d, i, dtype=dtype),
+                                      requires_grad=False)
+        self.width = i
+
+    def forward(self, x: Tensor, index: Tensor, weight: Tensor) -> Tensor:
+        """x (N, D), index (N, K) chosen experts, weight (N, K) fp32 -> (N, D)."""
+        n, k = index.shape
+        flat = index.reshape(-1)  # (N*K,): one Gather per weight, no Transpose
+        w1 = self.gate_up_proj.index_select(0, flat).reshape(n, k, 2 * self.width, -1)
+        h = torch.matmul(w1, x[:, None, :, None]).squeeze(-1)  # (N, K, 2I)
+        act = ops.fast_gelu(h[..., :self.width]) * h[..., self.width:]  # (N, K, I)
+        w2 = self.down_proj.index_select(0, flat).reshape(n, k, -1, self.width)  # (N, K, D, I)
+        y = torch.matmul(w2, act[..., None]).squeeze(-1)  # (N, K, D)
+        return (y.float() * weight[..., None]).sum(1).to(x.dtype)
+
+
+class Gemma4Router(nn.Module):
+    """Gemma 4's router: logits of RMSNorm(x) * scale / sqrt(D) (a weightless norm, then a
+    learned per-channel scale), softmax, top-k renormalised, each weight times its expert's
+    learned ``per_expert_scale``."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        moe = cfg.moe
+        assert moe is not None
+        self.k, self.eps, self.d = moe.num_experts_per_tok, cfg.rms_norm_eps, cfg.hidden_size
+        self.proj = Linear(cfg.hidden_size, moe.num_experts, False, dtype)
+        self.scale = nn.Parameter(torch.ones(cfg.hidden_size), requires_grad=False)
+        self.per_expert_scale = nn.Parameter(torch.ones(moe.num_experts), requires_grad=False)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """x (N, D) fp32 residual stream -> (index (N, K), weight (N, K) fp32)."""
+        h = ops.rms_norm(x, self.scale, self.eps) * self.d ** -0.5  # (N, D) fp32
+        logits = self.proj(h.to(self.proj.weight.dtype)).float()  # (N, E)
+        probs = torch.softmax(logits, dim=-1)
+        weight, index = torch.topk(probs, self.k, dim=-1)  # (N, K)
+        weight = weight / weight.sum(-1, keepdim=True)
+        scale = self.per_expert_scale.index_select(0, index.reshape(-1)).reshape(index.shape)
+        return index, weight * scale

@@ -17,6 +17,14 @@ def local_rope(cfg: ModelConfig) -> ModelConfig:
     return cfg.replace(rope_theta=cfg.rope_local_theta, rope_scaling=None)
 
 
+def global_rope(cfg: ModelConfig) -> ModelConfig:
+    """The config whose RoPE tables the full (or only) layers take: Gemma 4's full layers
+    rotate heads of their own size (global_head_dim)."""
+    if cfg.global_head_dim is None or cfg.global_head_dim == cfg.head_dim:
+        return cfg
+    return cfg.replace(head_dim=cfg.global_head_dim)
+
+
 class RotaryCache(nn.Module):
     """cos/sin tables shared by all layers: (max_positions, rotary_dim / 2). Computed, never
     loaded: on the meta device they are placeholders until ``materialize()``."""

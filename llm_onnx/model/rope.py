@@ -70,6 +70,14 @@ def inverse_frequencies(cfg: ModelConfig, max_positions: int | None = None) -> t
         # Qwen3's long context: frequencies above a ramp kept, below it divided by `factor`
         # (NTK-by-parts), cos and sin scaled by an attention factor.
         inv = _yarn(cfg)[0]
+    elif kind == "proportional":
+        # Gemma 4's full layers: the first partial_rotary_factor * D / 2 frequencies of a base
+        # over the whole head (exponents 2j / D, not 2j / R), the rest zero: pairs (j, j + D/2)
+        # past them turn by nothing. So the tables span the whole head, as GroupQueryAttention
+        # takes them, and cos = 1, sin = 0 there.
+        angles = int(float(scaling.get("partial_rotary_factor", 1.0)) * dim // 2)
+        inv = torch.where(torch.arange(dim // 2) < angles, inv, torch.zeros_like(inv))
+        inv = inv / float(scaling.get("factor", 1.0))
     elif kind == "longrope":
         # Phi-3: one factor per frequency, from the short or the long list (module docstring).
         long = uses_long_factors(cfg, max_positions or cfg.max_position_embeddings)

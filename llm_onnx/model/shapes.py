@@ -26,8 +26,9 @@ def _norm(out: dict[str, Shape], prefix: str, cfg: ModelConfig, width: int) -> N
 
 def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape]:
     """Tensors of decoder layer i, Hugging Face Llama/Qwen3 naming."""
-    d, hd = cfg.hidden_size, cfg.head_dim
-    q_width, kv_width = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    d, hd = cfg.hidden_size, cfg.layer_head_dim(i)  # (Gemma 4: per layer kind)
+    q_width, kv_width = cfg.num_attention_heads * hd, cfg.layer_kv_heads(i) * hd
+    shared = cfg.is_kv_shared(i)  # Gemma 4: queries only
     p = f"model.layers.{i}"
     out: dict[str, Shape] = {}
     _norm(out, f"{p}.input_layernorm", cfg, d)
@@ -46,14 +47,17 @@ def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape]:
     else:
         gated = 2 if cfg.attention_output_gate else 1  # Qwen3.5: a gate beside each query head
         _linear(out, f"{p}.self_attn.q_proj", gated * q_width, d, cfg.attention_bias)
-        _linear(out, f"{p}.self_attn.k_proj", kv_width, d, cfg.attention_bias)
-        _linear(out, f"{p}.self_attn.v_proj", kv_width, d, cfg.attention_bias)
+        if not shared:
+            _linear(out, f"{p}.self_attn.k_proj", kv_width, d, cfg.attention_bias)
+        if not (shared or cfg.layer_k_eq_v(i)):  # (Gemma 4's k_eq_v: the keys are the values)
+            _linear(out, f"{p}.self_attn.v_proj", kv_width, d, cfg.attention_bias)
         _linear(out, f"{p}.self_attn.o_proj", d, q_width, cfg.o_proj_bias)
         if cfg.attention_sinks:  # gpt-oss
             out[f"{p}.self_attn.sinks"] = (cfg.num_attention_heads,)
         if cfg.qk_norm:
             out[f"{p}.self_attn.q_norm.weight"] = (hd,)
-            out[f"{p}.self_attn.k_norm.weight"] = (hd,)
+            if not shared:
+                out[f"{p}.self_attn.k_norm.weight"] = (hd,)
     if not (cfg.parallel_attn and cfg.parallel_attn_shared_norm):  # (OPT post-LN: after the MLP)
         _norm(out, f"{p}.post_attention_layernorm", cfg, d)  # (Gemma 3: on attention's output)
     if cfg.sandwich_norm:
@@ -74,10 +78,29 @@ def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape]:
             _linear(out, f"{p}.mlp.shared_expert.down_proj", d, width, False)
             out[f"{p}.mlp.shared_expert_gate.weight"] = (1, d)
     else:
+        width = cfg.layer_intermediate(i)  # (Gemma 4 E2B: KV-shared layers' doubled)
         if cfg.gated_mlp:
-            _linear(out, f"{p}.mlp.gate_proj", cfg.intermediate_size, d, cfg.mlp_bias)
-        _linear(out, f"{p}.mlp.up_proj", cfg.intermediate_size, d, cfg.mlp_bias)
-        _linear(out, f"{p}.mlp.down_proj", d, cfg.intermediate_size, cfg.mlp_bias)
+            _linear(out, f"{p}.mlp.gate_proj", width, d, cfg.mlp_bias)
+        _linear(out, f"{p}.mlp.up_proj", width, d, cfg.mlp_bias)
+        _linear(out, f"{p}.mlp.down_proj", d, width, cfg.mlp_bias)
+    if cfg.enable_moe_block:  # Gemma 4: experts beside the dense MLP, stacked
+        moe = cfg.moe
+        assert moe is not None
+        e, w = moe.num_experts, moe.moe_intermediate_size
+        _linear(out, f"{p}.router.proj", e, d, False)
+        out[f"{p}.router.scale"] = (d,)
+        out[f"{p}.router.per_expert_scale"] = (e,)
+        out[f"{p}.experts.gate_up_proj"] = (e, 2 * w, d)
+        out[f"{p}.experts.down_proj"] = (e, d, w)
+        for norm in ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1",
+                     "post_feedforward_layernorm_2"):
+            _norm(out, f"{p}.{norm}", cfg, d)
+    if cfg.hidden_size_per_layer_input:  # Gemma 4's per-layer embeddings
+        _linear(out, f"{p}.per_layer_input_gate", cfg.hidden_size_per_layer_input, d, False)
+        _linear(out, f"{p}.per_layer_projection", d, cfg.hidden_size_per_layer_input, False)
+        _norm(out, f"{p}.post_per_layer_input_norm", cfg, d)
+    if cfg.layer_scalar:
+        out[f"{p}.layer_scalar"] = (1,)
     return out
 
 
@@ -91,6 +114,11 @@ def checkpoint_shapes(cfg: ModelConfig) -> dict[str, Shape]:
                                                cfg.hidden_size)
     if cfg.embedding_layernorm:
         _norm(out, "model.embed_layernorm", cfg, cfg.hidden_size)
+    if cfg.hidden_size_per_layer_input:  # Gemma 4: one table packing every layer's rows
+        width = cfg.num_hidden_layers * cfg.hidden_size_per_layer_input
+        out["model.embed_tokens_per_layer.weight"] = (cfg.vocab_size, width)
+        _linear(out, "model.per_layer_model_projection", width, cfg.hidden_size, False)
+        _norm(out, "model.per_layer_projection_norm", cfg, cfg.hidden_size_per_layer_input)
     for i in range(cfg.num_hidden_layers):
         out.update(layer_shapes(cfg, i))
     if not cfg.post_layernorm:  # post-LN layers end normalized: no final norm

@@ -40,7 +40,7 @@ from llm_onnx.runtime.chat_session import ChatSession
 from llm_onnx.runtime.generation.generator import Generator
 from llm_onnx.runtime.generation.options import row_options
 from llm_onnx.runtime.chat.harmony import HarmonyReader
-from llm_onnx.runtime.chat.reasoning import ChatPiece, ReasoningSplitter, has_think_tokens, opens_thought
+from llm_onnx.runtime.chat.reasoning import ChatPiece, ReasoningSplitter, opens_thought, think_tags
 from llm_onnx.runtime.generation.options import GenerationOptions
 from llm_onnx.runtime.generation.sequence import Result, TokenLogprob
 from llm_onnx.runtime.generation.speculative import (SpeculativeOptions, check_same_tokenizer,
@@ -64,8 +64,8 @@ class Model:
         chat_template: a chat template used instead of the folder's: a Jinja file (or a
             tokenizer_config.json), or the template's text; checked first (it must render a
             two-message conversation); the folder is not modified.
-        tool_call_format: how replies write tool calls (hermes, llama3_json, mistral,
-            phi4_mini); default: read off the chat template.
+        tool_call_format: how replies write tool calls (gemma4, hermes, llama3_json,
+            mistral, phi4_mini); default: read off the chat template.
         speculative: "off", "ngram" (prompt lookup), "draft" or SpeculativeOptions
             (llm_onnx.runtime.generation.speculative): several tokens per model run, the same output;
             None: the default (``DEFAULT_SPECULATIVE``: "ngram" for fp32 folders, else off;
@@ -166,8 +166,10 @@ class Model:
         self._constraints_lock = threading.Lock()
         self.chat_template = chat_template
         self.special_tokens = dict(special_tokens)
-        # <think>...</think> in chat replies is returned apart (Result.reasoning, ChatPiece)
-        self.splits_reasoning = has_think_tokens(tokenizer)
+        # <think>...</think> (or Gemma 4's thought channel) in chat replies is returned apart
+        # (Result.reasoning, ChatPiece)
+        self.think_tags = think_tags(tokenizer)
+        self.splits_reasoning = self.think_tags is not None
         # How replies write tool calls (llm_onnx.runtime.chat.tools); None: the template has no tools
         self.tool_format = get_format(tool_call_format).name if tool_call_format else \
             detect_format(chat_template)
@@ -473,7 +475,8 @@ class Model:
         tokens, the reply is all answer); for a harmony model, its reader."""
         if self.tool_format == "harmony":
             return HarmonyReader(prompt)
-        return ReasoningSplitter(opens_thought(prompt)) if self.splits_reasoning else None
+        tags = self.think_tags
+        return ReasoningSplitter(opens_thought(prompt, tags), tags) if tags is not None else None
 
     def _start(self, prompts: list[list[int]], opts: GenerationOptions) -> Generator:
         """A generator with one row per prompt, every prompt in place. One prompt: the cache is

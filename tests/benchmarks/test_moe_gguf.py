@@ -160,3 +160,30 @@ def test_moe_full_takes_smollm3_cut_to_layers_and_refuses_the_expert_options(cap
         with pytest.raises(SystemExit):
             moe_full.check_config(p, argparse.Namespace(**{**vars(ok), **change}))
         assert message in capsys.readouterr().err, change
+
+
+def test_random_gemma4_gguf_reads_back_with_its_layer_shapes(tmp_path):
+    """gemma4 (26B-A4B's form, cut to two layers as moe_full.py --layers 2 makes, and the tiny
+    preset's): both head sizes, KV heads per layer, keys that are values (no attn_v on full
+    layers), the fused experts and their scales, rope_freqs; our loader recovers the config
+    (the proportional share from rope_freqs) and every tensor is finite."""
+    moe_gguf = load_benchmark("moe_gguf")
+    base = get_config("gemma4_tiny")
+    cfg = base.replace(vocab_size=512, hidden_size_per_layer_input=0, num_kv_shared_layers=0,
+                       use_double_wide_mlp=False)
+    path = moe_gguf.write_random_gguf(cfg, "Q4_0", tmp_path / "tiny-gemma4.gguf")
+    reader = gguf.GGUFReader(str(path))
+    assert reader.fields["general.architecture"].contents() == "gemma4"
+    names = {t.name for t in reader.tensors}
+    assert "blk.0.attn_v.weight" in names and "blk.1.attn_v.weight" not in names
+    assert {"blk.1.ffn_gate_up_exps.weight", "blk.1.ffn_down_exps.scale",
+            "blk.1.ffn_gate_inp.scale", "rope_freqs.weight"} <= names
+    ckpt = open_checkpoint(path)
+    assert ckpt.config == cfg
+    for name in ckpt.source.names():
+        assert np.isfinite(ckpt.source.get(name).numpy()).all(), name
+    two = get_config("gemma4_26b_a4b")
+    two = two.replace(num_hidden_layers=2, layer_types=two.layer_types[:2])
+    assert moe_gguf.tensor_shapes(two)[0] == ("rope_freqs.weight", (256,), "rope_freqs")
+    with pytest.raises(ValueError, match="per-layer embeddings"):
+        moe_gguf.write_random_gguf(base, "Q4_0", tmp_path / "refused.gguf")

@@ -85,6 +85,58 @@ def phi3_metadata(writer, cfg: ModelConfig) -> dict[str, np.ndarray]:
             "rope_factors_short.weight": np.array(scaling["short_factor"], np.float32)}
 
 
+def gemma4_metadata(writer, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """What llama.cpp's Gemma4Model converter writes: the window and the sliding pattern (one
+    flag per layer), the shared layers, the per-layer embeddings' width, the full and sliding
+    head sizes, KV heads and MLP widths per layer, the soft cap, the sliding layers' RoPE base;
+    and rope_freqs (1 for the full layers' rotating pairs, 1e30 for the others)."""
+    types = cfg.layer_types
+    writer.add_sliding_window(cfg.sliding_window)
+    writer.add_sliding_window_pattern([t == "sliding_attention" for t in types])
+    writer.add_shared_kv_layers(cfg.num_kv_shared_layers)
+    writer.add_embedding_length_per_layer_input(cfg.hidden_size_per_layer_input)
+    full = cfg.global_head_dim or cfg.head_dim
+    writer.add_key_length_swa(cfg.head_dim)
+    writer.add_value_length_swa(cfg.head_dim)
+    writer.add_head_count_kv([cfg.layer_kv_heads(i) for i in range(cfg.num_hidden_layers)])
+    if cfg.use_double_wide_mlp:
+        writer.add_feed_forward_length([cfg.layer_intermediate(i)
+                                        for i in range(cfg.num_hidden_layers)])
+    if cfg.final_logit_softcapping:
+        writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    writer.add_rope_freq_base_swa(cfg.rope_local_theta)
+    share = (cfg.rope_scaling or {}).get("partial_rotary_factor", 1.0)
+    rotating = int(full * share / 2)
+    return {"rope_freqs.weight": np.array([1.0] * rotating + [1e30] * (full // 2 - rotating),
+                                          np.float32)}
+
+
+def gemma4_tensors(name: str, t: np.ndarray) -> tuple[str, np.ndarray]:
+    """Gemma4Model.filter_tensors / modify_tensors: ``.weight`` on layer_scalar and the stacked
+    experts; the router's scale and the per-expert scale as ffn_gate_inp.scale and
+    ffn_down_exps.scale (written by name in write_gguf)."""
+    if name.endswith(("layer_scalar", "experts.gate_up_proj", "experts.down_proj")):
+        return f"{name}.weight", t
+    return name, t
+
+
+def split_gate_up(t: np.ndarray, bid: int) -> list[tuple[str, np.ndarray]]:
+    """Gemma 4's experts (E, 2I, D) as ffn_gate_exps and ffn_up_exps, (E, I, D) each: what
+    llama.cpp's converter writes from per-expert checkpoints (its NVFP4 path), each with the
+    per-expert ``.scale`` (E,) that llama.cpp multiplies into the projection's output (powers of
+    two here, so the weights divided by them are exact). llama.cpp's gemma4 loader takes them
+    where a file has no ffn_gate_up_exps; gguf-py 0.19 does not list them for gemma4 (newer
+    ones do), so the names come from its tensor-name table."""
+    gate, up = np.split(t, 2, axis=1)
+    out = []
+    for kind, part, scale in ((gguf.MODEL_TENSOR.FFN_GATE_EXP, gate, 2.0 ** np.arange(len(t))),
+                              (gguf.MODEL_TENSOR.FFN_UP_EXP, up, 2.0 ** -np.arange(len(t)))):
+        name = gguf.TENSOR_NAMES[kind].format(bid=bid)
+        out += [(f"{name}.weight", np.ascontiguousarray(part / scale[:, None, None], np.float32)),
+                (f"{name}.scale", scale.astype(np.float32))]
+    return out
+
+
 def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     """convert_hf_to_gguf's LlamaModel.permute: each head's rotary halves interleaved."""
     return (w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:])
@@ -167,18 +219,21 @@ def hybrid_metadata(writer, cfg: ModelConfig) -> None:
 
 
 def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path,
-               pooling_type: int | None = None) -> Path:
+               pooling_type: int | None = None, experts_apart: bool = False) -> Path:
     """The safetensors checkpoint in ``folder`` as a float32 GGUF of llama.cpp's ``arch``
-    (``pooling_type``: llama.cpp's key of an embedding model's file)."""
+    (``pooling_type``: llama.cpp's key of an embedding model's file; ``experts_apart``: gemma4's
+    experts as ``split_gate_up`` writes them)."""
     tensors = load_file(str(folder / "model.safetensors"))
     model_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
     names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
     experts: dict[str, dict[int, np.ndarray]] = {}
     out: dict[str, np.ndarray] = {}
     for name, t in tensors.items():
+        if arch == "gemma4":
+            name, t = gemma4_tensors(name, t)
         base, suffix = name.rsplit(".", 1)
         parts = base.split(".")
-        if "experts" in parts:  # model.layers.L.mlp.experts.E.gate_proj -> stacked by projection
+        if "experts" in parts and arch != "gemma4":  # model.layers.L.mlp.experts.E.gate_proj -> stacked by projection
             i = parts.index("experts")
             stacked = ".".join(parts[:i + 1] + parts[i + 2:])
             experts.setdefault(f"{stacked}.{suffix}", {})[int(parts[i + 1])] = t
@@ -199,17 +254,21 @@ def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path,
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_block_count(cfg.num_hidden_layers + (arch in HYBRID))  # + the MTP block
-    writer.add_feed_forward_length(cfg.intermediate_size)
+    if not (arch == "gemma4" and cfg.use_double_wide_mlp):
+        writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
+    if arch != "gemma4":
+        writer.add_head_count_kv(cfg.num_key_value_heads)
     extra = phi3_metadata(writer, cfg) if arch == "phi3" else {}
+    if arch == "gemma4":
+        extra = gemma4_metadata(writer, cfg)
     if arch == "gemma3":
         gemma3_metadata(writer, cfg)
     if arch in HYBRID:
         hybrid_metadata(writer, cfg)
-    if arch != "phi3":
-        writer.add_key_length(cfg.head_dim)
-        writer.add_value_length(cfg.head_dim)
+    if arch != "phi3":  # (gemma4: the full layers' head size; the sliding ones' as *_swa)
+        writer.add_key_length(cfg.global_head_dim or cfg.head_dim)
+        writer.add_value_length(cfg.global_head_dim or cfg.head_dim)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_freq_base(cfg.rope_theta)
     writer.add_vocab_size(cfg.vocab_size)
@@ -229,6 +288,15 @@ def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path,
         base, suffix = name.rsplit(".", 1)
         if name.endswith("A_log"):  # llama.cpp's ssm_a has no .weight suffix
             base, suffix = name, ""
+        if experts_apart and name.endswith("experts.gate_up_proj.weight"):
+            for gname, part in split_gate_up(t, int(name.split(".")[2])):
+                writer.add_tensor(gname, part)
+            continue
+        if arch == "gemma4" and name.endswith(("router.scale", "router.per_expert_scale")):
+            bid = name.split(".")[2]  # Gemma4Model.modify_tensors' names for the two scales
+            writer.add_tensor(f"blk.{bid}.ffn_gate_inp.scale" if name.endswith("router.scale")
+                              else f"blk.{bid}.ffn_down_exps.scale", t.astype(np.float32))
+            continue
         gname = names.get_name(base)
         assert gname is not None, f"gguf-py has no {arch} name for {base}"
         gname = f"{gname}.{suffix}" if suffix else gname
@@ -271,6 +339,26 @@ def test_gguf_checkpoint_matches_transformers(arch, preset, tiny_hf, tmp_path):
         # The comparison can fail: transformers with one perturbed weight is far outside it.
         with perturbed(hf) as moved:
             assert (got - moved(ids).logits).abs().max().item() > TORCH_VS_HF_FP32
+
+
+def test_gemma4_experts_apart_read_as_the_fused_tensor(tiny_hf, tmp_path):
+    """A gemma4 file whose experts' gate and up are apart (``split_gate_up``) reads as
+    transformers' stacked gate_up_proj, per-expert scales folded in: the same logits."""
+    hf, folder = tiny_hf("gemma4_tiny")
+    cfg = REGISTRY["Gemma4ForCausalLM"].presets["gemma4_tiny"]
+    path = write_gguf(folder, cfg, "gemma4", tmp_path / "apart.gguf", experts_apart=True)
+    written = {t.name for t in gguf.GGUFReader(str(path)).tensors}
+    assert {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.scale"} <= written
+    assert not any("gate_up" in name for name in written)
+    ckpt = open_checkpoint(path)
+    assert ckpt.config == cfg
+    name = "model.layers.1.experts.gate_up_proj"
+    assert ckpt.source.shape(name) == tuple(hf.get_parameter(name).shape)
+    assert torch.equal(ckpt.source.get(name), hf.get_parameter(name).detach())
+    ids = torch.randint(0, cfg.vocab_size, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = logits(build_model(ckpt.config, ckpt.source), ids)
+        assert (got - hf(ids).logits).abs().max().item() <= TORCH_VS_HF_FP32
 
 
 def test_llama_files_need_the_permutation_undone(tiny_hf, tmp_path):

@@ -65,6 +65,9 @@ FAMILY_OPS = {
     "qwen3_5_tiny": RMS_OPS | {"LinearAttention", "GatedRMSNorm", "GatherElements", "Softplus"},
     "qwen3_5_moe_tiny": RMS_OPS | {"LinearAttention", "GatedRMSNorm", "Softplus", "Sigmoid"},
     "qwen3_next_tiny": RMS_OPS | {"LinearAttention", "GatedRMSNorm", "Softplus", "Sigmoid"},
+    # Gemma 4: FastGelu in the MLP, the experts and the per-layer gate; the chosen experts'
+    # weights gathered (Gather) into batched MatMuls; TopK in the router; Tanh for the cap
+    "gemma4_tiny": RMS_OPS | {"FastGelu", "Tanh", "TopK", "Gather", "Softmax"},
 }
 
 
@@ -99,7 +102,7 @@ def test_graphs_use_contrib_ops(arch, precision, tiny_export):
             assert attribute(n, "local_window_size") == (cfg.layer_window(layer) or -1)
             bias = n.input[10] if len(n.input) > 10 else ""
             assert bool(bias) == (cfg.position_embedding_type == "alibi")
-            assert attribute(n, "kv_num_heads") == cfg.num_key_value_heads
+            assert attribute(n, "kv_num_heads") == cfg.layer_kv_heads(layer)  # (Gemma 4)
             sink = n.input[11] if len(n.input) > 11 else ""  # gpt-oss: head_sink
             assert bool(sink) == cfg.attention_sinks
         for n in (n for n in found if n.op_type in ("MoE", "QMoE")):  # the experts' SwiGLU

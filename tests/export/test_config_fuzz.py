@@ -118,6 +118,29 @@ def configs(draw, arch: str):
                                                              "full_attention"]))
                                        for _ in range(layers))
         changes["rope_scaling"] = draw(st.sampled_from([base.rope_scaling, None, ROPE_SCALINGS[0]]))
+    if kind == "Gemma4ForCausalLM":  # every switch drawn; the last layer full (transformers)
+        changes["sliding_window"] = draw(st.integers(2, 6))
+        types = tuple(draw(st.sampled_from(["sliding_attention", "full_attention"]))
+                      for _ in range(layers - 1)) + ("full_attention",)
+        changes["layer_types"] = types
+        # shared layers need an earlier layer of their kind: else our config refuses the draw.
+        # transformers 5.23's forward fails on shared layers without per-layer inputs (its
+        # slicing before the shared layers indexes the absent inputs); the released models
+        # with shared layers (E2B, E4B) have them
+        per_layer = draw(st.sampled_from([8, 0, 16]))
+        changes["hidden_size_per_layer_input"] = per_layer
+        changes["num_kv_shared_layers"] = draw(st.integers(0, 2)) if per_layer else 0
+        changes["use_double_wide_mlp"] = draw(st.booleans())
+        changes["global_head_dim"] = draw(st.sampled_from([32, None, 24, 16, 64]))
+        k_eq_v = draw(st.booleans())
+        changes["attention_k_eq_v"] = k_eq_v
+        changes["num_global_key_value_heads"] = draw(st.sampled_from(
+            [None] + [n for n in (1, 2) if heads % n == 0])) if k_eq_v else None
+        changes["rope_scaling"] = {"rope_type": "proportional",
+                                   "partial_rotary_factor": draw(st.sampled_from([0.5, 0.25, 1.0]))}
+        changes["enable_moe_block"] = draw(st.booleans())
+        if not changes["enable_moe_block"]:
+            changes["moe"] = None
     if base.no_rope_layers is not None:  # SmolLM3: NoPE layers beside rotating ones
         layers = draw(st.integers(2, 3))
         flags = [draw(st.sampled_from([0, 1])) for _ in range(layers - 2)] + [1, 0]
@@ -146,7 +169,7 @@ def configs(draw, arch: str):
         if base.moe is not None and base.moe.mlp_only_layers:  # Qwen3-Next: dense layers too
             changes["moe"] = dataclasses.replace(base.moe, mlp_only_layers=tuple(
                 i for i in range(layers) if draw(st.booleans())))
-    if base.moe is not None:
+    if base.moe is not None and changes.get("enable_moe_block", True):
         experts = draw(st.integers(2, 6))
         changes["moe"] = dataclasses.replace(
             changes.get("moe", base.moe),
@@ -154,7 +177,8 @@ def configs(draw, arch: str):
             # False (Qwen1.5/Qwen2-MoE's router) is the simplest draw, so CI's one draw takes
             # it; Qwen3.5-MoE's router always renormalises
             norm_topk_prob=draw(st.booleans()) or kind in ("Qwen3_5MoeForCausalLM",
-                                                           "GptOssForCausalLM"),
+                                                           "GptOssForCausalLM",
+                                                           "Gemma4ForCausalLM"),
             moe_intermediate_size=draw(st.sampled_from([16, 32])))
         if base.moe.swiglu_limit is not None:  # gpt-oss: the clamp biting or not
             changes["moe"] = dataclasses.replace(
@@ -229,6 +253,25 @@ def test_random_configs_export_and_match_transformers(arch, tmp_path_factory):
 ])
 def test_shapes_the_fused_kernel_refuses(arch, changes, tmp_path):
     _check(get_config(arch), changes, tmp_path)
+
+
+# Gemma 4's switches, each off somewhere and on somewhere (gemma4_tiny has every one on): none
+# of them; and keys that are values with experts but no shared layers, no per-layer inputs, one
+# head size for both kinds and a layer pattern ending in two full layers.
+@pytest.mark.parametrize("changes", [
+    dict(attention_k_eq_v=False, num_global_key_value_heads=None, num_kv_shared_layers=0,
+         use_double_wide_mlp=False, hidden_size_per_layer_input=0, enable_moe_block=False,
+         moe=None),
+    dict(num_kv_shared_layers=0, use_double_wide_mlp=False, hidden_size_per_layer_input=0,
+         global_head_dim=None, layer_types=("sliding_attention", "sliding_attention",
+                                            "full_attention", "full_attention")),
+    # the released head sizes, 256 and 512, with RoPE on a quarter of the full layers' pairs
+    dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=256,
+         global_head_dim=512, intermediate_size=64, embedding_multiplier=8.0,
+         rope_scaling={"rope_type": "proportional", "partial_rotary_factor": 0.25}),
+], ids=["all-off", "k-eq-v-and-experts", "heads-256-and-512"])
+def test_gemma4_switches(changes, tmp_path):
+    _check(get_config("gemma4_tiny"), changes, tmp_path)
 
 
 @pytest.mark.parametrize("precision, options", [

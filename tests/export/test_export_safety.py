@@ -130,6 +130,23 @@ def test_the_scratch_export_of_a_hybrid_keeps_its_first_layers_kind(tmp_path, mo
     assert parity["greedy_agreement"] > 0 and leftovers(tmp_path) == []
 
 
+def test_the_scratch_export_of_gemma4_cuts_its_experts_and_per_layer_tables(tmp_path, monkeypatch):
+    """Gemma 4 too large to validate whole: the scratch model's first layer keeps the first
+    experts of its stacked tensors (and their per-expert scales, the router's rows) and the
+    first layer's share of the packed per-layer table and its projection."""
+    import llm_onnx.export.parity as export_module
+
+    monkeypatch.setattr(export_module, "FULL_VALIDATION_PARAMS", 0)
+    monkeypatch.setattr(export_module, "SCRATCH_VOCAB", 100)
+    monkeypatch.setattr(export_module, "SCRATCH_EXPERTS", 2)
+    ckpt = random_checkpoint(get_config("gemma4_tiny"), "gemma4")
+    out = export_model(ckpt, tmp_path / "m", ExportOptions(precision="int4", max_seq_len=32),
+                       progress=False)
+    parity = json.loads((out / "manifest.json").read_text())["parity"]
+    assert parity["scope"].startswith("first 1 layer(s), first 100 vocabulary rows, first 2 experts")
+    assert parity["greedy_agreement"] > 0 and leftovers(tmp_path) == []
+
+
 def test_the_scratch_export_of_an_awq_model_reuses_its_calibration(tmp_path, monkeypatch):
     """int4 from a float source (awq): the scratch model's first layer gets the scales decided
     for the whole model (it has no layer 1 to fold into) and passes the gate."""

@@ -72,12 +72,12 @@ def test_kv_path_equals_full_forward(pair):
         out = model(ids[:, :n], torch.tensor([n - 1], dtype=torch.int32),
                     torch.tensor(n, dtype=torch.int32), *cache)
         steps = [out[0]]
-        cache = list(out[1:])
+        cache = model.next_cache(out[1:])
         for i in range(n, n + k):
             out = model(ids[:, i:i + 1], torch.tensor([i], dtype=torch.int32),
                         torch.tensor(i + 1, dtype=torch.int32), *cache)
             steps.append(out[0])
-            cache = list(out[1:])
+            cache = model.next_cache(out[1:])
     incremental = torch.cat(steps, dim=1)
     assert (incremental - full).abs().max().item() <= KV_PATH_FP32
     # The twin: the full forward of a model with one perturbed weight is outside the tolerance.
@@ -100,13 +100,13 @@ def test_batch_with_different_lengths(pair):
         out = model(batch, torch.tensor([n - 1 for n in lens], dtype=torch.int32),
                     torch.tensor(t, dtype=torch.int32), *model.new_cache(2, t + 3), last_only=True)
         last = [out[0][:, 0]]
-        cache = list(out[1:])
+        cache = model.next_cache(out[1:])
         for step in range(3):
             ids = torch.stack([rows[b][0, lens[b] + step] for b in range(2)])[:, None]
             seqlens = torch.tensor([n + step for n in lens], dtype=torch.int32)
             out = model(ids, seqlens, torch.tensor(t + step + 1, dtype=torch.int32), *cache)
             last.append(out[0][:, 0])
-            cache = list(out[1:])
+            cache = model.next_cache(out[1:])
         for b, n in enumerate(lens):
             alone = run_full(model, rows[b])
             for step in range(4):

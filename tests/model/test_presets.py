@@ -54,6 +54,12 @@ def test_vendor_figures_spot_check():
     assert (oss.num_hidden_layers, oss.moe.num_experts, oss.moe.num_experts_per_tok,
             oss.sliding_window, oss.layer_types[:2]) == (24, 32, 4, 128,
                                                         ("sliding_attention", "full_attention"))
+    # Gemma 4's model card: 25.2B (26B-A4B) and 30.7B (31B) parameters
+    assert round(num_parameters(get_config("gemma4_26b_a4b")) / 1e9, 1) == 25.2
+    assert round(num_parameters(get_config("gemma4_31b")) / 1e9, 1) == 30.7
+    g = get_config("gemma4_26b_a4b")
+    assert (g.layer_kv_shape(0), g.layer_kv_shape(5), g.moe.num_experts,
+            g.moe.num_experts_per_tok) == ((8, 256), (2, 512), 128, 8)
     f = get_config("falcon_7b")
     assert (f.num_key_value_heads, f.parallel_attn, f.position_embedding_type) == (1, True, "rope")
     b = get_config("bloom_560m")

@@ -14,13 +14,35 @@ and the reply is then split as it streams:
 Newlines around the reasoning and before the answer are dropped, as the Qwen3 template itself
 drops them when it renders an earlier turn. A block still open at the end (the reply ran out of
 tokens) is all reasoning. Text split into any pieces gives the same two strings.
+
+Gemma 4 writes the same block with tags of its own (``THOUGHT``): ``<|channel>thought`` ...
+``<channel|>``, where ``<|channel>`` and ``<channel|>`` are its tokens; its template closes an
+empty block in the prompt when thinking is off, as Qwen3's does.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import tokenizers
 
-THINK_START, THINK_END = "<think>", "</think>"
+
+@dataclass(frozen=True)
+class ThinkTags:
+    """The text that opens and closes a think block; ``opener`` is the token that starts
+    ``start`` (``start`` itself unless the tag is a token followed by text)."""
+
+    start: str
+    end: str
+    opener: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "opener", self.opener or self.start)
+
+
+THINK = ThinkTags("<think>", "</think>")
+THOUGHT = ThinkTags("<|channel>thought", "<channel|>", opener="<|channel>")  # Gemma 4
+THINK_START, THINK_END = THINK.start, THINK.end
 
 _OPENING, _THINKING, _AFTER, _ANSWER = range(4)
 
@@ -37,31 +59,40 @@ class ChatPiece(str):
         return piece
 
 
-def has_think_tokens(tokenizer: tokenizers.Tokenizer | None) -> bool:
-    """True if ``<think>`` and ``</think>`` are tokens of their own that decode as text (added
-    tokens not marked special, as in Qwen3 and the DeepSeek-R1 distills)."""
+def has_think_tokens(tokenizer: tokenizers.Tokenizer | None, tags: ThinkTags = THINK) -> bool:
+    """True if the tags' tokens (``<think>`` and ``</think>``) are tokens of their own that
+    decode as text (added tokens not marked special, as in Qwen3 and the DeepSeek-R1 distills,
+    and Gemma 4's ``<|channel>`` and ``<channel|>``)."""
     if tokenizer is None:
         return False
-    ids = [tokenizer.token_to_id(tag) for tag in (THINK_START, THINK_END)]
+    ids = [tokenizer.token_to_id(tag) for tag in (tags.opener, tags.end)]
     if any(i is None for i in ids):
         return False
     added = tokenizer.get_added_tokens_decoder()
     return not any(i in added and added[i].special for i in ids)
 
 
-def opens_thought(prompt: str) -> bool:
-    """True if the prompt text ends inside a ``<think>`` block (the reply starts with reasoning)."""
-    return prompt.rfind(THINK_START) > prompt.rfind(THINK_END)
+def think_tags(tokenizer: tokenizers.Tokenizer | None) -> ThinkTags | None:
+    """The think tags a tokenizer's model writes (``THINK`` or Gemma 4's ``THOUGHT``); None:
+    it has no such tokens, its replies are all answer."""
+    return next((tags for tags in (THINK, THOUGHT) if has_think_tokens(tokenizer, tags)), None)
+
+
+def opens_thought(prompt: str, tags: ThinkTags = THINK) -> bool:
+    """True if the prompt text ends inside a think block (the reply starts with reasoning)."""
+    return prompt.rfind(tags.start) > prompt.rfind(tags.end)
 
 
 class ReasoningSplitter:
     """Splits streamed reply text into reasoning and answer pieces (see the module docstring).
 
     Args:
-        thinking: the prompt left a ``<think>`` block open (``opens_thought``).
+        thinking: the prompt left a think block open (``opens_thought``).
+        tags: the block's tags (``THINK``, or Gemma 4's ``THOUGHT``).
     """
 
-    def __init__(self, thinking: bool = False) -> None:
+    def __init__(self, thinking: bool = False, tags: ThinkTags = THINK) -> None:
+        self._tags = tags
         self._state = _THINKING if thinking else _OPENING
         self._held = ""
         self.saw_block = thinking  # a think block was opened, by the prompt or the reply
@@ -84,10 +115,10 @@ class ReasoningSplitter:
         while self._held:
             if self._state == _OPENING:
                 rest = self._held.lstrip()
-                if rest.startswith(THINK_START):
-                    self._held = rest[len(THINK_START):]
+                if rest.startswith(self._tags.start):
+                    self._held = rest[len(self._tags.start):]
                     self._state, self.saw_block = _THINKING, True
-                elif THINK_START.startswith(rest):  # "", "<", "<th", ...: not decided yet
+                elif self._tags.start.startswith(rest):  # "", "<", "<th", ...: not decided yet
                     break
                 else:
                     self._state = _ANSWER
@@ -96,15 +127,15 @@ class ReasoningSplitter:
                     self._held = self._held.lstrip("\n")
                     if not self._held:
                         break
-                end = self._held.find(THINK_END)
+                end = self._held.find(self._tags.end)
                 if end >= 0:
                     self._emit(out, self._held[:end].rstrip("\n"), True)
-                    self._held = self._held[end + len(THINK_END):]
+                    self._held = self._held[end + len(self._tags.end):]
                     self._state = _AFTER
                     continue
                 # Hold back what may still turn out to be the end: a tail that starts the closing
                 # tag, and the newlines before it.
-                keep = _tag_prefix_tail(self._held, THINK_END)
+                keep = _tag_prefix_tail(self._held, self._tags.end)
                 head = self._held[:len(self._held) - keep]
                 final = head.rstrip("\n")
                 self._emit(out, final, True)
@@ -136,9 +167,10 @@ class ReasoningSplitter:
             (self._reasoning if reasoning else self._answer).append(text)
 
 
-def split_reasoning(text: str, thinking: bool = False) -> tuple[str | None, str]:
+def split_reasoning(text: str, thinking: bool = False,
+                    tags: ThinkTags = THINK) -> tuple[str | None, str]:
     """(reasoning or None, answer) of a whole reply."""
-    splitter = ReasoningSplitter(thinking)
+    splitter = ReasoningSplitter(thinking, tags)
     splitter.push(text)
     splitter.flush()
     return splitter.reasoning, splitter.answer

@@ -21,7 +21,8 @@ from llm_onnx.runtime.chat.harmony import MARKERS, HarmonyReader, harmony_constr
 from llm_onnx.runtime.chat.render import render_chat
 from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
 from llm_onnx.runtime.structured.matcher import Constraints
-from llm_onnx.runtime.chat.reasoning import THINK_END, THINK_START, ChatPiece, ReasoningSplitter, opens_thought
+from llm_onnx.runtime.chat.reasoning import (THINK, ChatPiece, ReasoningSplitter, ThinkTags,
+                                             opens_thought)
 from llm_onnx.runtime.generation.sequence import Result, ToolCall
 from llm_onnx.runtime.chat.tools import (ToolCallDelta, ToolCallStream, ToolChoice, ToolFormat,
                                     get_format, parse, tool_constraint)
@@ -33,7 +34,7 @@ class ChatModel(Protocol):
     """What a ChatRequest needs of its model (llm_onnx.runtime.Model is one)."""
 
     tokenizer: tokenizers.Tokenizer | None
-    splits_reasoning: bool
+    think_tags: ThinkTags | None  # None: no reasoning split
     tool_format: str | None
 
     @property
@@ -101,12 +102,12 @@ def check_tool_choice(choice: Any, tools: list[dict] | None, where: str = "tool_
     return choice
 
 
-def thinking_mode(prompt: str) -> str:
+def thinking_mode(prompt: str, tags: ThinkTags = THINK) -> str:
     """How a reply to ``prompt`` starts: inside a think block the prompt opened ("open"), after
     one it closed (thinking off: "none"), or free to open one ("optional")."""
-    if opens_thought(prompt):
+    if opens_thought(prompt, tags):
         return "open"
-    return "none" if prompt.rstrip().endswith(THINK_END) else "optional"
+    return "none" if prompt.rstrip().endswith(tags.end) else "optional"
 
 
 TEMPLATES = Path(__file__).parent / "templates"  # chat templates shipped with llm-onnx
@@ -190,8 +191,8 @@ class ChatRequest:
         if self.tools and self.tool_choice != "none":
             if self.model.tool_format is None:
                 raise ConstraintError("this model's chat template writes no tool calls that "
-                                      "llm-onnx recognises: give --tool-call-format (hermes, "
-                                      "llama3_json, mistral, phi4_mini).", "tools")
+                                      "llm-onnx recognises: give --tool-call-format (gemma4, "
+                                      "hermes, llama3_json, mistral, phi4_mini).", "tools")
             # A forced call (tool_choice "required" or a named function) leaves no text for an
             # answer's format to hold: the format then applies to nothing, as with OpenAI's API
             # (its Agents SDK sends both when an agent with a typed output must call a tool).
@@ -203,7 +204,8 @@ class ChatRequest:
         reply is split by channel: False)."""
         if self.harmony:
             return False
-        return opens_thought(self.prompt) if self.model.splits_reasoning else None
+        tags = self.model.think_tags
+        return opens_thought(self.prompt, tags) if tags is not None else None
 
     def constraint(self) -> Constraint | None:
         """The reply's constraint: the tool choice's grammar (with the answer's constraint for
@@ -222,11 +224,12 @@ class ChatRequest:
                                          self.parallel, self._special_id, self.answer)
         elif constraint is not None:
             constraint = constraint.fenced()
-        if constraint is not None and self.model.splits_reasoning:
+        think = self.model.think_tags
+        if constraint is not None and think is not None:
             constraints = self.model.constraints
-            tags = (constraints.special_token(THINK_START), constraints.special_token(THINK_END))
+            tags = (constraints.special_token(think.opener), constraints.special_token(think.end))
             constraint = constraint.after_thinking(
-                thinking_mode(self.prompt), None if None in tags else tags)  # type: ignore[arg-type]
+                thinking_mode(self.prompt, think), None if None in tags else tags)  # type: ignore[arg-type]
         return constraint
 
     def _checked_tools(self) -> list[dict]:
@@ -265,7 +268,8 @@ class ChatRequest:
     def splitter(self) -> ReasoningSplitter | HarmonyReader | None:
         if self.harmony:
             return HarmonyReader(self.prompt)
-        return ReasoningSplitter(bool(self.thinking)) if self.thinking is not None else None
+        tags = self.model.think_tags
+        return ReasoningSplitter(bool(self.thinking), tags) if tags is not None else None
 
     def stream(self) -> ReplyStream:
         return ReplyStream(self)

@@ -7,6 +7,8 @@ into OpenAI's ``tool_calls`` (whole, or streamed as deltas).
                  (several separated by ";"; an optional <|python_tag|> first)
     mistral      Mistral v3 tokenizers: [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]
     phi4_mini    Phi-4-mini: <|tool_call|>[{"name": "f", "arguments": {...}}]<|/tool_call|>
+    gemma4       Gemma 4: <|tool_call>call:f{city:<|"|>Oslo<|"|>}<tool_call|> (one block per call;
+                 the arguments in Gemma's own syntax: llm_onnx.runtime.chat.gemma4 reads them)
     harmony      gpt-oss: a commentary message to=functions.f whose body is the arguments
                  (the whole reply is channels: llm_onnx.runtime.chat.harmony reads it)
 
@@ -28,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from llm_onnx.runtime.chat import gemma4
 from llm_onnx.runtime.structured.constraint import (JSON_OPTIONS, Constraint, ConstraintError,
                                                     grammar_list)
 from llm_onnx.runtime.structured.json_scan import WHITESPACE, scan_object, skip_space
@@ -47,10 +50,12 @@ class ToolFormat:
     array: bool  # calls as one JSON array after ``begin``, not one object per begin/end block
     separator: str = ""  # between consecutive call objects, for llama3_json's ";"
     prefix: str = ""  # an optional marker before the calls (llama3_json's <|python_tag|>)
+    syntax: str = "json"  # a call's body: a JSON object, or "gemma4" (call:NAME{...})
 
     @property
     def markers(self) -> tuple[str, ...]:
-        return tuple(m for m in (self.begin, self.end, self.prefix) if m)
+        quote = (gemma4.QUOTE,) if self.syntax == "gemma4" else ()
+        return tuple(m for m in (self.begin, self.end, self.prefix) if m) + quote
 
 
 FORMATS = {f.name: f for f in (
@@ -60,6 +65,8 @@ FORMATS = {f.name: f for f in (
     ToolFormat("mistral", "[TOOL_CALLS]", "", "arguments", array=True),
     ToolFormat("phi4_mini", "<|tool_call|>", "<|/tool_call|>", "arguments", array=True),
     ToolFormat("harmony", "<|channel|>", "<|call|>", "arguments", array=False),
+    ToolFormat("gemma4", gemma4.CALL_START, gemma4.CALL_END, "arguments", array=False,
+               syntax="gemma4"),
 )}
 
 
@@ -70,6 +77,8 @@ def detect_format(template: str | None) -> str | None:
         return None
     if all(m in template for m in ("<|start|>", "<|channel|>", "<|message|>")):
         return "harmony"
+    if gemma4.CALL_START in template and gemma4.CALL_END in template:
+        return "gemma4"
     if "<tool_call>" in template:
         return "hermes"
     if "[TOOL_CALLS]" in template:
@@ -147,6 +156,8 @@ def tool_constraint(fmt: ToolFormat, tools: Sequence[dict], choice: ToolChoice, 
 
     lines = ["%llguidance {}", 'WS: /[ \\n]{0,2}/', "TEXT: /(.|\\n)*/",
              f"call_json: %json {json.dumps(one)}"]
+    if fmt.syntax == "gemma4":  # call:NAME{...} in place of a JSON object
+        lines[3:] = gemma4.call_rules(chosen_tools(tools, choice), special_id)
     if fmt.array:  # the calls are one JSON array after the marker
         array = {"type": "array", "items": one, "minItems": 1, **({} if many else {"maxItems": 1})}
         close = f" WS? {marker(fmt.end)}" if fmt.end else ""
@@ -230,8 +241,9 @@ def scan(fmt: ToolFormat, text: str, final: bool) -> Scan:
     if fmt.array:
         _read_array(fmt, text, i, out)
         return out
+    read = _read_gemma4 if fmt.syntax == "gemma4" else _read_object
     while True:
-        i = _read_object(fmt, text, i, out)
+        i = read(fmt, text, i, out)
         if i is None:
             return out
         i = skip_space(text, i)
@@ -279,6 +291,16 @@ def _read_object(fmt: ToolFormat, text: str, i: int, out: Scan) -> int | None:
                                      arguments if arguments is not None else
                                      ("{}" if complete else ""), complete))
     return obj.end
+
+
+def _read_gemma4(fmt: ToolFormat, text: str, i: int, out: Scan) -> int | None:
+    """``_read_object`` for Gemma 4's ``call:NAME{...}``."""
+    call = gemma4.read_call(text, i)
+    if call is None:
+        return None
+    if call.name is not None:
+        out.calls.append(PartialCall(call.name, call.arguments or "", call.arguments is not None))
+    return call.end
 
 
 def _read_array(fmt: ToolFormat, text: str, i: int, out: Scan) -> None:

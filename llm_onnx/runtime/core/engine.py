@@ -223,7 +223,12 @@ class Engine:
                                head_dim=kv.head_dim,
                                dtype=np.float16 if kv.dtype == "float16" else np.float32,
                                device=self.device, device_id=self.options.cuda_device,
-                               layers=kv.layers)
+                               layers=kv.layers,
+                               shapes=tuple(kv.buffer_shape(j)
+                                            for j in range(len(kv.layer_indices)))
+                               if kv.shapes is not None else None,
+                               sources={int(k): v for k, v in kv.sources.items()}
+                               if kv.sources else None)
         rs = m.recurrent_state
         self.state_layout = None if rs is None else StateLayout(
             layers=rs.layers, conv_shape=rs.conv_shape, recurrent_shape=rs.recurrent_shape)
@@ -315,8 +320,7 @@ class Engine:
     def kv_bytes_per_position(self) -> int:
         """Bytes of keys and values one position of a row holds (every attention layer)."""
         lay = self.layout
-        return 2 * len(lay.layer_indices) * lay.kv_heads * lay.head_dim * \
-            np.dtype(lay.dtype).itemsize
+        return lay.position_values * np.dtype(lay.dtype).itemsize
 
     @property
     def state_bytes_per_row(self) -> int:

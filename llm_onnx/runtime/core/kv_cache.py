@@ -44,13 +44,28 @@ class KVLayout:
     device: str = "cpu"  # "cpu" or "cuda"
     device_id: int = 0
     layers: tuple[int, ...] | None = None  # the layers that own buffers (None: all of them)
+    # (KV heads, head size) per layer of layer_indices where they differ (Gemma 4's full
+    # layers); None: (kv_heads, head_dim) for every buffer
+    shapes: tuple[tuple[int, int], ...] | None = None
+    # Gemma 4: {KV-shared layer: the buffer-owning layer whose buffer its present is bound to}
+    sources: dict[int, int] | None = None
 
     @property
     def layer_indices(self) -> tuple[int, ...]:
         return self.layers if self.layers is not None else tuple(range(self.num_layers))
 
-    def row_shape(self, length: int) -> tuple[int, int, int]:
-        return (self.kv_heads, length, self.head_dim)
+    def row_shape(self, length: int, j: int = 0) -> tuple[int, int, int]:
+        """One row's (Hkv, length, D) of the j-th buffer-owning layer."""
+        if self.shapes is None:
+            return (self.kv_heads, length, self.head_dim)
+        heads, head_dim = self.shapes[j]
+        return (heads, length, head_dim)
+
+    @property
+    def position_values(self) -> int:
+        """Keys and values one position holds over every buffer-owning layer (numbers)."""
+        return 2 * sum(self.row_shape(1, j)[0] * self.row_shape(1, j)[2]
+                       for j in range(len(self.layer_indices)))
 
 
 class KVCache:
@@ -68,7 +83,8 @@ class KVCache:
                                   f"{batch} x {length}.")
         self.layout, self.batch, self.length = layout, batch, length
         self._lengths = np.zeros(batch, dtype=np.int64)
-        self._buffers = [self._new_buffer(length) for _ in range(2 * len(layout.layer_indices))]
+        self._buffers = [self._new_buffer(length, j // 2)
+                         for j in range(2 * len(layout.layer_indices))]
         self._decode: dict[tuple[int, int], _DecodeBinding] = {}
 
     # ------------------------------------------------------------------ lengths
@@ -126,8 +142,9 @@ class KVCache:
     # recurrent state cannot give one up).
     spare = 0
 
-    def _new_buffer(self, length: int) -> ort.OrtValue:
-        shape = (self.batch, *self.layout.row_shape(length + self.spare))
+    def _new_buffer(self, length: int, j: int = 0) -> ort.OrtValue:
+        """A zeroed buffer of the j-th buffer-owning layer (its own shape: Gemma 4)."""
+        shape = (self.batch, *self.layout.row_shape(length + self.spare, j))
         zeros = _lazy_zeros(shape, self.layout.dtype)
         if self.layout.device == "cuda":
             # Zeroed, not left as whatever the allocator held: attention kernels that mask
@@ -146,7 +163,7 @@ class KVCache:
             return
         keep = int(self._lengths.max())
         old = self._buffers
-        self._buffers = [self._new_buffer(length) for _ in old]
+        self._buffers = [self._new_buffer(length, j // 2) for j in range(len(old))]
         for src, dst in zip(old, self._buffers):
             host = dst.numpy()  # a view on the CPU; a host copy on CUDA, written back below
             host[:, :, :keep] = src.numpy()[:, :, :keep]
@@ -159,17 +176,22 @@ class KVCache:
         """Bind rows [start, stop) of every layer's buffers as both past (input) and present
         (output) of ``binding``: GroupQueryAttention then updates them in place."""
         lay = self.layout
-        shape = [stop - start, *lay.row_shape(self.length + self.spare)]
-        row_bytes = int(np.prod(lay.row_shape(self.length + self.spare))) \
-            * np.dtype(lay.dtype).itemsize
-        for j, i in enumerate(lay.layer_indices):
+        owner = {i: j for j, i in enumerate(lay.layer_indices)}
+        readers: dict[int, list[int]] = {}  # Gemma 4: the shared layers reading each owner
+        for shared, source in (lay.sources or {}).items():
+            readers.setdefault(source, []).append(shared)
+        for i, j in owner.items():  # (Gemma 4: buffers of two shapes)
+            shape = [stop - start, *lay.row_shape(self.length + self.spare, j)]
+            row_bytes = int(np.prod(lay.row_shape(self.length + self.spare, j))) \
+                * np.dtype(lay.dtype).itemsize
             for buffer, past, present in ((self._buffers[2 * j], names.PAST_KEY, names.PRESENT_KEY),
                                           (self._buffers[2 * j + 1], names.PAST_VALUE,
                                            names.PRESENT_VALUE)):
                 ptr = buffer.data_ptr() + start * row_bytes
                 binding.bind_input(past.format(i), lay.device, lay.device_id, lay.dtype, shape, ptr)
-                binding.bind_output(present.format(i), lay.device, lay.device_id, lay.dtype, shape,
-                                    ptr)
+                for layer in (i, *readers.get(i, ())):  # a shared layer's present: this buffer
+                    binding.bind_output(present.format(layer), lay.device, lay.device_id,
+                                        lay.dtype, shape, ptr)
 
     def decode_binding(self, session: ort.InferenceSession, start: int, rows: int,
                        vocab_size: int, run_options: ort.RunOptions | None = None,

@@ -58,8 +58,10 @@ class Constraint:
         thinking: "none"; "optional" (a reply may open with a free ``<think>`` block);
             "open" (the prompt opened the block: the reply starts inside it).
         markers: special tokens of the format (tool-call markers) kept in the reply's text.
-        think_tokens: the ids of ``<think>`` and ``</think>`` where they are tokens the engine
-            treats as special (the grammar names them as tokens); None: written as text.
+        think_tokens: the ids of ``<think>`` and ``</think>`` (Gemma 4: ``<|channel>`` and
+            ``<channel|>``, its block's text after the first is free) where they are tokens
+            the engine treats as special (the grammar names them as tokens); None: written as
+            text.
         fence: a JSON answer may come in a Markdown fence, ```json ... ``` (chat replies: a
             model trained to fence its JSON keeps to its own habits, as llama-server allows
             it); the reader strips it (``FenceStripper``).
