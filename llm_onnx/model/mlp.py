@@ -119,7 +119,12 @@ class GeGLUExperts(nn.Module):
 
     ONNX Runtime's MoE kernel (1.31, CPU) has no GeGLU and refuses a separate gate weight, so
     the chosen experts run as plain ops: their weights gathered by the top-k indices, one
-    batched MatMul for gate/up and one for down."""
+    batched MatMul for gate/up and one for down. That is the traced form; run eagerly on more
+    tokens than GATHER_BYTES of gathered weights allow (the export's calibration and parity
+    gate on a full-size model: 512 tokens x 8 experts of 26B-A4B gather 32 GB), each chosen
+    expert runs once on its own tokens instead."""
+
+    GATHER_BYTES = 256 << 20
 
     def __init__(self, num_experts: int, d: int, i: int, dtype: torch.dtype) -> None:
         super().__init__()
@@ -132,6 +137,10 @@ class GeGLUExperts(nn.Module):
     def forward(self, x: Tensor, index: Tensor, weight: Tensor) -> Tensor:
         """x (N, D), index (N, K) chosen experts, weight (N, K) fp32 -> (N, D)."""
         n, k = index.shape
+        if not torch.compiler.is_exporting():  # (no size test on the traced symbolic shapes)
+            gathered = n * k * 3 * self.width * x.shape[-1] * self.gate_up_proj.element_size()
+            if gathered > self.GATHER_BYTES:
+                return self._per_expert(x, index, weight)
         flat = index.reshape(-1)  # (N*K,): one Gather per weight, no Transpose
         w1 = self.gate_up_proj.index_select(0, flat).reshape(n, k, 2 * self.width, -1)
         h = torch.matmul(w1, x[:, None, :, None]).squeeze(-1)  # (N, K, 2I)
@@ -139,6 +148,17 @@ class GeGLUExperts(nn.Module):
         w2 = self.down_proj.index_select(0, flat).reshape(n, k, -1, self.width)  # (N, K, D, I)
         y = torch.matmul(w2, act[..., None]).squeeze(-1)  # (N, K, D)
         return (y.float() * weight[..., None]).sum(1).to(x.dtype)
+
+    def _per_expert(self, x: Tensor, index: Tensor, weight: Tensor) -> Tensor:
+        """The same sum, each chosen expert on the rows that chose it (eager only)."""
+        out = torch.zeros(x.shape, dtype=torch.float32)
+        for e in torch.unique(index).tolist():
+            rows, slot = (index == e).nonzero(as_tuple=True)
+            h = x[rows] @ self.gate_up_proj[e].T  # (M, 2I)
+            act = ops.fast_gelu(h[:, :self.width]) * h[:, self.width:]
+            y = act @ self.down_proj[e].T  # (M, D)
+            out.index_add_(0, rows, y.float() * weight[rows, slot, None])
+        return out.to(x.dtype)
 
 
 class Gemma4Router(nn.Module):
