@@ -133,14 +133,9 @@ def _object(text: str, i: int) -> tuple[dict[str, Any], int]:
         elif not _KEY.fullmatch(key):
             raise _Bad
         out[key], i = _value(text, colon + 1)
-        i = _space(text, i)
-        if i >= len(text):
-            raise _Cut
-        if text[i] == "}":
-            return out, i + 1
-        if text[i] != ",":
-            raise _Bad
-        i += 1
+        closed, i = _after_item(text, i, "}")
+        if closed:
+            return out, i
 
 
 def _list(text: str, i: int) -> tuple[list[Any], int]:
@@ -151,14 +146,22 @@ def _list(text: str, i: int) -> tuple[list[Any], int]:
     while True:
         item, i = _value(text, i)
         out.append(item)
-        i = _space(text, i)
-        if i >= len(text):
-            raise _Cut
-        if text[i] == "]":
-            return out, i + 1
-        if text[i] != ",":
-            raise _Bad
-        i += 1
+        closed, i = _after_item(text, i, "]")
+        if closed:
+            return out, i
+
+
+def _after_item(text: str, i: int, close: str) -> tuple[bool, int]:
+    """After an object's or a list's item: (True, the index after ``close``) where it ends the
+    container, (False, the index after the comma) where another item follows."""
+    i = _space(text, i)
+    if i >= len(text):
+        raise _Cut
+    if text[i] == close:
+        return True, i + 1
+    if text[i] != ",":
+        raise _Bad
+    return False, i + 1
 
 
 # ---------------------------------------------------------------------------------------------
