@@ -20,10 +20,11 @@ from llm_onnx.runtime.chat.gemma4 import read_call
 from llm_onnx.runtime.chat.reasoning import THOUGHT, split_reasoning, think_tags
 from llm_onnx.runtime.chat.render import render_chat
 from llm_onnx.runtime.chat.request import collect_calls, thinking_mode
-from llm_onnx.runtime.chat.tools import FORMATS, ToolCallDelta, ToolCallStream, detect_format, parse
+from llm_onnx.runtime.chat.tools import FORMATS, ToolCallDelta, detect_format, parse
 from tests.gemma4_chat_model import (EOS, GEMMA4_TEMPLATE, SPECIAL_TOKENS,
                                      save_gemma4_tokenizer)
 from tests.runtime.fakes import FakeEngine
+from tests.runtime.test_tool_calls import check_whole_and_streamed
 
 GEMMA4 = GEMMA4_TEMPLATE.read_text(encoding="utf-8")
 Q = '<|"|>'
@@ -132,20 +133,7 @@ EXAMPLES = [
 
 @pytest.mark.parametrize("text, content, calls", EXAMPLES)
 def test_calls_parse_whole_and_streamed(text, content, calls):
-    fmt = FORMATS["gemma4"]
-    got_content, got, complete = parse(fmt, text)
-    assert got_content == content and complete
-    assert [(c.name, json.loads(c.arguments)) for c in got] == calls
-    for size in (1, 3, 7):  # streamed in pieces of any size: the same content and calls
-        stream = ToolCallStream(fmt)
-        items = []
-        for i in range(0, len(text), size):
-            items += stream.push(text[i:i + size])
-        items += stream.finish()
-        assert "".join(i for i in items if isinstance(i, str)) == content
-        deltas = [i for i in items if isinstance(i, ToolCallDelta)]
-        assert [(c.name, c.arguments) for c in collect_calls(deltas)] == \
-            [(c.name, c.arguments) for c in got]
+    check_whole_and_streamed(FORMATS["gemma4"], text, content, calls)
 
 
 def test_a_call_cut_short_or_broken_is_left_out():

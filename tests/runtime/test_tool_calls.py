@@ -80,7 +80,12 @@ VENDOR_EXAMPLES = [
 
 @pytest.mark.parametrize("name, text, content, calls", VENDOR_EXAMPLES)
 def test_vendor_examples_parse_whole_and_streamed(name, text, content, calls):
-    fmt = FORMATS[name]
+    check_whole_and_streamed(FORMATS[name], text, content, calls)
+
+
+def check_whole_and_streamed(fmt, text: str, content: str, calls: list) -> None:
+    """``text`` parses into ``content`` and ``calls`` (name, arguments as JSON) whole, and
+    streamed in pieces of any size into the same content and calls."""
     got_content, got, complete = parse(fmt, text)
     assert got_content == content and complete
     assert [(c.name, json.loads(c.arguments)) for c in got] == calls
