@@ -123,6 +123,16 @@ class ServerProcess:
         return self.proc.returncode
 
 
+def scripted_server(folder: Path, script: list, tmp_path_factory):
+    """`llm-onnx serve` of ``folder`` whose model writes ``script``'s replies (scripted_server.py),
+    for a module fixture to ``yield from``: the server, stopped after the module."""
+    path = tmp_path_factory.mktemp("script") / "script.json"
+    path.write_text(json.dumps(script), encoding="utf-8")
+    proc = ServerProcess(folder, "--speculative", "off", script=path)
+    yield proc
+    proc.stop()
+
+
 @pytest.fixture(scope="session")
 def chat_model_folder(tmp_path_factory) -> Path:
     """llama_tiny (vocab 256) with a 4096-token context, a word tokenizer, a chat template and

@@ -16,7 +16,7 @@ import json
 import pytest
 
 from tests.gemma4_chat_model import gemma4_chat_model_folder  # noqa: F401 (fixture)
-from tests.serve.conftest import ServerProcess
+from tests.serve.conftest import scripted_server
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city.",
@@ -39,11 +39,7 @@ THINK = {"chat_template_kwargs": {"enable_thinking": True}}
 
 @pytest.fixture(scope="module")
 def scripted(gemma4_chat_model_folder, tmp_path_factory):  # noqa: F811
-    path = tmp_path_factory.mktemp("script") / "script.json"
-    path.write_text(json.dumps(SCRIPT), encoding="utf-8")
-    proc = ServerProcess(gemma4_chat_model_folder, "--speculative", "off", script=path)
-    yield proc
-    proc.stop()
+    yield from scripted_server(gemma4_chat_model_folder, SCRIPT, tmp_path_factory)
 
 
 @pytest.fixture

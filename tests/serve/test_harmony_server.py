@@ -16,7 +16,7 @@ import pytest
 
 from tests.harmony_model import harmony_model_folder  # noqa: F401 (fixture)
 from tests.runtime.test_harmony import A_BIAS
-from tests.serve.conftest import ServerProcess
+from tests.serve.conftest import ServerProcess, scripted_server
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city.",
@@ -36,11 +36,7 @@ NAME = "tiny-harmony"
 
 @pytest.fixture(scope="module")
 def scripted(harmony_model_folder, tmp_path_factory):  # noqa: F811
-    path = tmp_path_factory.mktemp("script") / "script.json"
-    path.write_text(json.dumps(SCRIPT), encoding="utf-8")
-    proc = ServerProcess(harmony_model_folder, "--speculative", "off", script=path)
-    yield proc
-    proc.stop()
+    yield from scripted_server(harmony_model_folder, SCRIPT, tmp_path_factory)
 
 
 @pytest.fixture
