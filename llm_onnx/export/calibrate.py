@@ -43,7 +43,7 @@ from llm_onnx.model import ops
 from llm_onnx.model.config import ModelConfig
 from llm_onnx.model.decoder import Fusion
 from llm_onnx.model.layers import Linear
-from llm_onnx.model.mlp import Experts
+from llm_onnx.model.mlp import GeGLUExperts, Experts
 
 ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 MAX_TOKENS = 512  # calibration tokens used (one sequence)
@@ -196,7 +196,20 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
         sources: dict[int, tuple] = {}
         for i, layer in enumerate(m.layers):
             prefix = f"model.layers.{i}."
-            load(prefix, keep=lambda n: ".mlp.experts." not in n)
+            load(prefix, keep=lambda n: ".experts." not in n)
+            if isinstance(getattr(layer, "experts", None), GeGLUExperts):
+                # Gemma 4's stacked experts stay in the checkpoint's float dtype (a 26B-A4B
+                # layer's are 3 GB in float32, 1.5 in bfloat16); GeGLUExperts casts the ones it
+                # runs, so the sums are the float32 model's
+                for part in ("gate_up_proj", "down_proj"):
+                    name = f"{prefix}experts.{part}"
+                    stored = producers[name](source)
+                    old_param = getattr(layer.experts, part)
+                    if tuple(stored.shape) != tuple(old_param.shape):
+                        _set_param(model, name, stored)  # raises, naming the tensor and shapes
+                    if not stored.is_floating_point() or stored.dtype == torch.float64:
+                        stored = stored.float()
+                    setattr(layer.experts, part, nn.Parameter(stored, requires_grad=False))
             if isinstance(getattr(layer.mlp, "experts", None), Experts):
                 experts = f"{prefix}mlp.experts."
                 old = layer.mlp.experts

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import onnx_ir as ir
 import onnxscript
 import torch
@@ -290,6 +291,90 @@ def qmoe(x, router_logits, fc1_q, fc1_scales, fc2_q, fc2_scales, k: int,
     return out if normalize_routing_weights else unrenormalized(out, router_logits, k)
 
 
+
+def geglu_experts_nbits(x, index, weight, gate_up_q, gate_up_scales, down_q, down_scales,
+                        bits: int, block_up: int, block_down: int, accuracy_level: int):
+    """quant.geglu_experts_nbits's contract: only the chosen experts run. Traced (the expert count
+    is the length of the weight lists).
+
+        chosen (N, E): 1 where a row chose expert e (ScatterElements of ones at index)
+        an If per expert, taken when its column of chosen has a 1: the rows that chose it
+            (NonZero), gathered, MatMulNBits (D -> 2I), FastGelu(gate) * up, MatMulNBits
+            (I -> D) --> (M_e, D); otherwise (0, D)
+        NonZero(chosen^T) lists the same (expert, row) pairs in the same order (by expert, then
+        row), so the Ifs' outputs, concatenated, line up with the pairs' rows and routing weights:
+        each scaled by its weight in fp32, summed into (N, D) by ScatterND's add
+
+    Chosen experts only: a decode step of Gemma 4 26B-A4B's expert shape (E = 128, top 8, int4,
+    one layer, 2 threads) took 1.1 ms, against 13 ms for every expert densely; 512 tokens 129 ms
+    against 1.6 s (docs/architectures.md)."""
+    count = len(gate_up_q)
+    d = down_q[0].shape[0]
+    two_i = gate_up_q[0].shape[0]
+    n_by_e = op18.Concat(op18.Shape(x, start=0, end=1), op18.Constant(value_ints=[count]), axis=0)
+    zeros = op18.ConstantOfShape(n_by_e)  # (N, E) fp32
+    chosen = op18.ScatterElements(zeros, index, op18.Expand(op18.Constant(value_float=1.0),
+                                                            op18.Shape(index)), axis=1)
+    routed = op18.ScatterElements(zeros, index, weight, axis=1)  # (N, E) routing weights
+    taken = op18.Cast(op18.ReduceMax(chosen, op18.Constant(value_ints=[0]), keepdims=0),
+                      to=ir.DataType.BOOL)  # (E,)
+    conds = op18.Split(taken, axis=0, num_outputs=count) if count > 1 else [taken]
+    pairs = op18.Transpose(op18.NonZero(op18.Transpose(chosen, perm=[1, 0])),
+                           perm=[1, 0])  # (P, 2): (expert, row)
+    rows = op18.Gather(pairs, op18.Constant(value_ints=[1]), axis=1)  # (P, 1)
+    pair_weights = op18.GatherND(op18.Transpose(routed, perm=[1, 0]), pairs)  # (P,)
+    outs = [op18.If(conds[e], then_branch=_expert_branch(
+                x, chosen, e, gate_up_q[e], gate_up_scales[e], down_q[e], down_scales[e], d,
+                two_i, bits, block_up, block_down, accuracy_level),
+            else_branch=_no_rows(x, d, gate_up_q[e].name))
+            for e in range(count)]
+    ys = op18.Cast(op18.Concat(*outs, axis=0), to=ir.DataType.FLOAT)  # (P, D)
+    weighted = op18.Mul(ys, op18.Unsqueeze(pair_weights, op18.Constant(value_ints=[1])))
+    total = op18.ScatterND(op18.ConstantOfShape(op18.Shape(x)), rows, weighted, reduction="add")
+    return op18.CastLike(total, x)
+
+
+def _expert_branch(x, chosen, e: int, gu_q, gu_s, dn_q, dn_s, d: int, two_i: int, bits: int,
+                   block_up: int, block_down: int, accuracy_level: int) -> ir.Graph:
+    """Expert e on the rows that chose it: (M, D) -> (M, D), a graph reading the outer scope."""
+    tag = gu_q.name  # unique per layer and expert: names the branch's nodes and values
+    nodes: list[ir.Node] = []
+
+    def node(op_type: str, inputs: list, domain: str = "", **attributes) -> ir.Value:
+        n = ir.node(op_type, inputs, attributes=attributes, domain=domain,
+                    name=f"{tag}/{len(nodes)}_{op_type}")
+        n.outputs[0].name = f"{tag}/{len(nodes)}"
+        nodes.append(n)
+        return n.outputs[0]
+
+    def nbits(a, q, s, k: int, n: int, block: int) -> ir.Value:
+        return node("MatMulNBits", [a, q, s], "com.microsoft", K=k, N=n, bits=bits,
+                    block_size=block, accuracy_level=accuracy_level)
+
+    column = node("Gather", [chosen, node("Constant", [], value=ir.tensor(np.array(e, np.int64)))],
+                  axis=1)  # (N,)
+    rows = node("Reshape", [node("NonZero", [column]),
+                            node("Constant", [], value=ir.tensor(np.array([-1], np.int64)))])
+    h = nbits(node("Gather", [x, rows], axis=0), gu_q, gu_s, d, two_i, block_up)  # (M, 2I)
+    halves = ir.node("Split", [h], attributes={"axis": 1, "num_outputs": 2},
+                     num_outputs=2, name=f"{tag}/{len(nodes)}_Split")
+    for j, v in enumerate(halves.outputs):
+        v.name = f"{tag}/{len(nodes)}.{j}"
+    nodes.append(halves)
+    gate, up = halves.outputs
+    act = node("Mul", [node("FastGelu", [gate], "com.microsoft"), up])
+    y = nbits(act, dn_q, dn_s, two_i // 2, d, block_down)  # (M, D)
+    return ir.Graph([], [y], nodes=nodes, name=f"{tag}/chosen")
+
+
+def _no_rows(x, d: int, tag: str) -> ir.Graph:
+    """No row chose the expert: (0, D) in x's dtype."""
+    dtype = x.dtype.numpy() if x.dtype is not None else np.float32
+    n = ir.node("Constant", [], attributes={"value": ir.tensor(np.zeros((0, d), dtype))},
+                name=f"{tag}/none")
+    n.outputs[0].name = f"{tag}/none"
+    return ir.Graph([], [n.outputs[0]], nodes=[n], name=f"{tag}/not_chosen")
+
 # Gated DeltaNet (llm_onnx/model/linear_attention.py). LinearAttention maps value head h to key
 # head h // (Hv / Hk) itself (the key head count is read off the key's width), takes the decay in
 # log space and scales by 1/sqrt(d_k) when scale is 0; it does not L2-normalise q and k (the
@@ -340,6 +425,7 @@ def translation_table() -> dict:
         t.matmul_nbits_offset.default: matmul_nbits_offset,
         t.gather_nbits.default: gather_nbits,
         t.qmoe.default: qmoe,
+        t.geglu_experts_nbits.default: geglu_experts_nbits,
     }
 
 

@@ -243,6 +243,43 @@ class QuantGeGLUExperts(nn.Module):
                         "symmetric", flat=False)
 
 
+
+class RoutedGeGLUExperts(nn.Module):
+    """Gemma 4's experts, block-quantized (symmetric), each expert its own pair of MatMulNBits
+    weights (gate_up.E: D -> 2I, down.E: I -> D), and only the chosen ones run: an If per expert
+    in the graph (custom_ops.geglu_experts_nbits). The CPU's form: at 26B-A4B's expert shape it
+    reads 8 of 128 experts a decode step (1.1 ms a layer against 13 ms densely) and prefills
+    12x faster than QuantGeGLUExperts; the GPU keeps the dense form (no If round trips)."""
+
+    def __init__(self, experts: GeGLUExperts, bits: int, block_up: int, block_down: int,
+                 accuracy_level: int) -> None:
+        super().__init__()
+        e, two_i, d = experts.gate_up_proj.shape
+        i = experts.width
+        dtype = experts.gate_up_proj.dtype
+        self.e, self.d, self.width, self.bits = e, d, i, bits
+        self.gate_up = nn.ModuleList(_NBitsWeight(d, two_i, dtype, bits, block_up,
+                                                  accuracy_level) for _ in range(e))
+        self.down = nn.ModuleList(_NBitsWeight(i, d, dtype, bits, block_down, accuracy_level)
+                                  for _ in range(e))
+
+    def forward(self, x: Tensor, index: Tensor, weight: Tensor) -> Tensor:
+        """x (N, D), index (N, K), weight (N, K) fp32 -> (N, D) (GeGLUExperts.forward)."""
+        first = self.gate_up[0]
+        return quant.geglu_experts_nbits(
+            x, index, weight, [m.qweight for m in self.gate_up], [m.scales for m in self.gate_up],
+            [m.qweight for m in self.down], [m.scales for m in self.down], self.bits,
+            first.block_size, self.down[0].block_size, first.accuracy_level)
+
+    def write_tensors(self, prefix: str, produce: Produce, wf: WeightFile,
+                      written: dict[int, str]) -> None:
+        for part, modules in (("gate_up", self.gate_up), ("down", self.down)):
+            # an expert at a time: gate_up (2I, D), down (D, I), already MatMulNBits' (N, K)
+            for e, w in enumerate(produce.experts(f"{prefix}{part}_proj")):
+                m = modules[e]
+                write_quantized(wf, f"{prefix}{part}.{e}", w, self.bits, m.block_size,
+                                m.scales.dtype, False, "symmetric", flat=False)
+
 class SinusoidalTable(SinusoidalPositions):
     """XGLM's position table in the graphs (model.embed_positions.weight): computed, not read
     from the checkpoint."""
@@ -297,8 +334,8 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
             if up is None or down is None:
                 raise ExportError(f"{path}: expert sizes {d} and {two_i // 2} have no "
                                   "power-of-two block >= 16. Export fp32 or fp16.")
-            _set(model, path, QuantGeGLUExperts(module, bits, up, down,
-                                                options.level_for(bits)))
+            form = QuantGeGLUExperts if options.target == "cuda" else RoutedGeGLUExperts
+            _set(model, path, form(module, bits, up, down, options.level_for(bits)))
         elif isinstance(module, Experts) and bits is not None:
             e, two_i, d = module.gate_up_proj.shape
             block = fitting_block((d, two_i // 2), options.block_size)

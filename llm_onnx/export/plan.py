@@ -29,7 +29,8 @@ from llm_onnx.checkpoints.load import Producer, param_producers
 from llm_onnx.export.calibrate import Calibration
 from llm_onnx.export.graphs import GRAPHS, trace_embed, trace_graph
 from llm_onnx.export.modules import (NBitsLinear, QuantEmbedding, QuantExperts,
-                                     QuantGeGLUExperts, to_export_form)
+                                     QuantGeGLUExperts, RoutedGeGLUExperts,
+                                     to_export_form)
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.progress import Progress
 from llm_onnx.model.config import ModelConfig
@@ -180,10 +181,14 @@ class ExportPlan:
                 quantized.append(f"{path} (int{module.bits} {module.scheme}, block "
                                  f"{module.block_size}, activations {act})")
                 activations.setdefault(act, []).append(path)
-            elif isinstance(module, QuantGeGLUExperts):  # Gemma 4's experts
+            elif isinstance(module, QuantGeGLUExperts):  # Gemma 4's experts, GPU
                 quantized.append(f"{path} (int{module.bits} symmetric, every expert densely, "
                                  f"blocks {module.gate_up.block_size} and "
                                  f"{module.down.block_size})")
+            elif isinstance(module, RoutedGeGLUExperts):  # Gemma 4's experts, CPU
+                quantized.append(f"{path} (int{module.bits} symmetric, the chosen experts only, "
+                                 f"blocks {module.gate_up[0].block_size} and "
+                                 f"{module.down[0].block_size})")
             elif isinstance(module, (QuantEmbedding, QuantExperts)):
                 experts = isinstance(module, QuantExperts)
                 notes = (", scales searched with router-weighted activations"

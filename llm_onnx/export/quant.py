@@ -354,3 +354,32 @@ def qmoe(x: Tensor, router_logits: Tensor, fc1_q: Tensor, fc1_scales: Tensor, fc
 def _(x, router_logits, fc1_q, fc1_scales, fc2_q, fc2_scales, k, normalize_routing_weights, bits,
       block_size, *args, **kwargs):
     return torch.empty_like(x)
+
+
+@torch.library.custom_op("llm_onnx::geglu_experts_nbits", mutates_args=())
+def geglu_experts_nbits(x: Tensor, index: Tensor, weight: Tensor, gate_up_q: list[Tensor],
+                        gate_up_scales: list[Tensor], down_q: list[Tensor],
+                        down_scales: list[Tensor], bits: int, block_up: int, block_down: int,
+                        accuracy_level: int) -> Tensor:
+    """Gemma 4's experts (model.mlp.GeGLUExperts), each one a pair of block-quantized weights:
+    x (N, D), index (N, K) the chosen experts, weight (N, K) fp32 -> (N, D). Expert e's
+    gate_up_q[e] is (2I, D) [gate | up] rows, down_q[e] (D, I). Only the chosen experts run,
+    each on the rows that chose it (the ONNX form: an If per expert)."""
+    d = x.shape[-1]
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for e in torch.unique(index).tolist():
+        rows, slot = (index == e).nonzero(as_tuple=True)
+        two_i = gate_up_q[e].shape[0]
+        h = matmul_nbits(x[rows], gate_up_q[e], gate_up_scales[e], None, None, d, two_i, bits,
+                         block_up, accuracy_level)
+        act = torch.ops.llm_onnx.fast_gelu(h[:, :two_i // 2]) * h[:, two_i // 2:]
+        y = matmul_nbits(act, down_q[e], down_scales[e], None, None, two_i // 2, d, bits,
+                         block_down, accuracy_level)
+        out.index_add_(0, rows, y.float() * weight[rows, slot, None])
+    return out.to(x.dtype)
+
+
+@geglu_experts_nbits.register_fake
+def _(x, index, weight, gate_up_q, gate_up_scales, down_q, down_scales, bits, block_up,
+      block_down, accuracy_level):
+    return torch.empty_like(x)

@@ -122,7 +122,8 @@ class GeGLUExperts(nn.Module):
     batched MatMul for gate/up and one for down. That is the traced form; run eagerly on more
     tokens than GATHER_BYTES of gathered weights allow (the export's calibration and parity
     gate on a full-size model: 512 tokens x 8 experts of 26B-A4B gather 32 GB), each chosen
-    expert runs once on its own tokens instead."""
+    expert runs once on its own tokens instead. The weights may be held in a narrower float
+    dtype than x (the calibration keeps a checkpoint's bfloat16): each use casts them to x's."""
 
     GATHER_BYTES = 256 << 20
 
@@ -143,9 +144,10 @@ class GeGLUExperts(nn.Module):
                 return self._per_expert(x, index, weight)
         flat = index.reshape(-1)  # (N*K,): one Gather per weight, no Transpose
         w1 = self.gate_up_proj.index_select(0, flat).reshape(n, k, 2 * self.width, -1)
+        w1 = w1.to(x.dtype)  # (the export's calibration keeps bfloat16 weights: see below)
         h = torch.matmul(w1, x[:, None, :, None]).squeeze(-1)  # (N, K, 2I)
         act = ops.fast_gelu(h[..., :self.width]) * h[..., self.width:]  # (N, K, I)
-        w2 = self.down_proj.index_select(0, flat).reshape(n, k, -1, self.width)  # (N, K, D, I)
+        w2 = self.down_proj.index_select(0, flat).reshape(n, k, -1, self.width).to(x.dtype)
         y = torch.matmul(w2, act[..., None]).squeeze(-1)  # (N, K, D)
         return (y.float() * weight[..., None]).sum(1).to(x.dtype)
 
@@ -154,9 +156,9 @@ class GeGLUExperts(nn.Module):
         out = torch.zeros(x.shape, dtype=torch.float32)
         for e in torch.unique(index).tolist():
             rows, slot = (index == e).nonzero(as_tuple=True)
-            h = x[rows] @ self.gate_up_proj[e].T  # (M, 2I)
+            h = x[rows] @ self.gate_up_proj[e].to(x.dtype).T  # (M, 2I)
             act = ops.fast_gelu(h[:, :self.width]) * h[:, self.width:]
-            y = act @ self.down_proj[e].T  # (M, D)
+            y = act @ self.down_proj[e].to(x.dtype).T  # (M, D)
             out.index_add_(0, rows, y.float() * weight[rows, slot, None])
         return out.to(x.dtype)
 

@@ -65,8 +65,8 @@ FAMILY_OPS = {
     "qwen3_5_tiny": RMS_OPS | {"LinearAttention", "GatedRMSNorm", "GatherElements", "Softplus"},
     "qwen3_5_moe_tiny": RMS_OPS | {"LinearAttention", "GatedRMSNorm", "Softplus", "Sigmoid"},
     "qwen3_next_tiny": RMS_OPS | {"LinearAttention", "GatedRMSNorm", "Softplus", "Sigmoid"},
-    # Gemma 4: FastGelu in the MLP, the experts and the per-layer gate; the chosen experts'
-    # weights gathered (Gather) into batched MatMuls; TopK in the router; Tanh for the cap
+    # Gemma 4: FastGelu in the MLP, the experts and the per-layer gate; TopK in the router;
+    # Tanh for the cap (the quantized experts' If per expert: tests/export/test_routed_experts.py)
     "gemma4_tiny": RMS_OPS | {"FastGelu", "Tanh", "TopK", "Gather", "Softmax"},
 }
 

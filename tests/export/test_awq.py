@@ -253,3 +253,34 @@ def test_heap_trims_wait_for_enough_bytes(monkeypatch):
     for n in (60, 30, 0, 20, 99, 1, 250):
         trim(n)
     assert trims == [False, False, False]  # at 110, 100 and 250; never the cycle collector
+
+
+def test_gemma4_experts_calibrate_in_the_checkpoints_dtype_with_float32_sums():
+    """The calibration keeps Gemma 4's stacked experts in bfloat16 (half a full-size layer's
+    float32 bytes) and casts the chosen ones: every decision equals the one made from the same
+    weights handed over in float32."""
+    import dataclasses
+
+    from llm_onnx.checkpoints.load import random_checkpoint
+
+    ckpt = random_checkpoint(get_config("gemma4_tiny"), "gemma4_tiny", seed=3)
+    assert ckpt.source.get("model.layers.0.experts.gate_up_proj").dtype == torch.bfloat16
+
+    class Float32:  # the same values, widened before the calibration sees them
+        def __init__(self, source):
+            self.source = source
+
+        def __getattr__(self, name):
+            return getattr(self.source, name)
+
+        def get(self, name):
+            return self.source.get(name).float()
+
+    wide = dataclasses.replace(ckpt, source=Float32(ckpt.source))
+    ids = list(range(3, 40))
+    narrow_cal = calibrate(ckpt, Fusion(), 16, ids, "test")
+    wide_cal = calibrate(wide, Fusion(), 16, ids, "test")
+    assert narrow_cal.importance.keys() == wide_cal.importance.keys()
+    assert len(narrow_cal.importance) > 4
+    for name, h in narrow_cal.importance.items():
+        assert torch.equal(h, wide_cal.importance[name]), name
