@@ -297,41 +297,43 @@ def geglu_experts_nbits(x, index, weight, gate_up_q, gate_up_scales, down_q, dow
     """quant.geglu_experts_nbits's contract: only the chosen experts run. Traced (the expert count
     is the length of the weight lists).
 
-        chosen (N, E): 1 where a row chose expert e (ScatterElements of ones at index)
+        chosen (N, E) int64: 1 where a row chose expert e (ScatterElements of ones at index)
         an If per expert, taken when its column of chosen has a 1: the rows that chose it
             (NonZero), gathered, MatMulNBits (D -> 2I), FastGelu(gate) * up, MatMulNBits
             (I -> D) --> (M_e, D); otherwise (0, D)
-        NonZero(chosen^T) lists the same (expert, row) pairs in the same order (by expert, then
-        row), so the Ifs' outputs, concatenated, line up with the pairs' rows and routing weights:
-        each scaled by its weight in fp32, summed into (N, D) by ScatterND's add
+        the Ifs' outputs concatenated (P, D), by expert, then row: the pair (row r, expert e)
+        sits at the rows before r that chose e plus the pairs of experts before e (two
+        exclusive CumSums over chosen), so each (row, slot) of index gathers its expert's
+        output --> (N, K, D), times its routing weight in fp32, summed over K
 
+    (Not a ScatterND with reduction="add" of the pairs into (N, D): ONNX Runtime 1.31's CPU
+    kernel adds duplicate indices from several threads and lost updates at 2 threads.)
     Chosen experts only: a decode step of Gemma 4 26B-A4B's expert shape (E = 128, top 8, int4,
-    one layer, 2 threads) took 1.1 ms, against 13 ms for every expert densely; 512 tokens 129 ms
-    against 1.6 s (docs/architectures.md)."""
+    one layer, 2 threads) took 1.2 ms, against 15 ms for every expert densely; 512 tokens
+    119 ms against 1.6 s (benchmarks/gemma4_experts.py)."""
     count = len(gate_up_q)
     d = down_q[0].shape[0]
     two_i = gate_up_q[0].shape[0]
+    axis0 = op18.Constant(value_ints=[0])
     n_by_e = op18.Concat(op18.Shape(x, start=0, end=1), op18.Constant(value_ints=[count]), axis=0)
-    zeros = op18.ConstantOfShape(n_by_e)  # (N, E) fp32
-    chosen = op18.ScatterElements(zeros, index, op18.Expand(op18.Constant(value_float=1.0),
+    zeros = op18.ConstantOfShape(n_by_e, value=ir.tensor(np.zeros(1, np.int64)))  # (N, E)
+    chosen = op18.ScatterElements(zeros, index, op18.Expand(op18.Constant(value_int=1),
                                                             op18.Shape(index)), axis=1)
-    routed = op18.ScatterElements(zeros, index, weight, axis=1)  # (N, E) routing weights
-    taken = op18.Cast(op18.ReduceMax(chosen, op18.Constant(value_ints=[0]), keepdims=0),
-                      to=ir.DataType.BOOL)  # (E,)
+    counts = op18.ReduceSum(chosen, axis0, keepdims=0)  # (E,) rows per expert
+    taken = op18.Cast(counts, to=ir.DataType.BOOL)
     conds = op18.Split(taken, axis=0, num_outputs=count) if count > 1 else [taken]
-    pairs = op18.Transpose(op18.NonZero(op18.Transpose(chosen, perm=[1, 0])),
-                           perm=[1, 0])  # (P, 2): (expert, row)
-    rows = op18.Gather(pairs, op18.Constant(value_ints=[1]), axis=1)  # (P, 1)
-    pair_weights = op18.GatherND(op18.Transpose(routed, perm=[1, 0]), pairs)  # (P,)
+    position = op18.Add(op18.CumSum(chosen, op18.Constant(value_int=0), exclusive=1),
+                        op18.CumSum(counts, op18.Constant(value_int=0), exclusive=1))  # (N, E)
+    slots = op18.GatherElements(position, index, axis=1)  # (N, K): rows of the concatenation
     outs = [op18.If(conds[e], then_branch=_expert_branch(
                 x, chosen, e, gate_up_q[e], gate_up_scales[e], down_q[e], down_scales[e], d,
                 two_i, bits, block_up, block_down, accuracy_level),
             else_branch=_no_rows(x, d, gate_up_q[e].name))
             for e in range(count)]
-    ys = op18.Cast(op18.Concat(*outs, axis=0), to=ir.DataType.FLOAT)  # (P, D)
-    weighted = op18.Mul(ys, op18.Unsqueeze(pair_weights, op18.Constant(value_ints=[1])))
-    total = op18.ScatterND(op18.ConstantOfShape(op18.Shape(x)), rows, weighted, reduction="add")
-    return op18.CastLike(total, x)
+    ys = op18.Gather(op18.Concat(*outs, axis=0), slots, axis=0)  # (N, K, D)
+    weighted = op18.Mul(op18.Cast(ys, to=ir.DataType.FLOAT),
+                        op18.Unsqueeze(weight, op18.Constant(value_ints=[2])))
+    return op18.CastLike(op18.ReduceSum(weighted, op18.Constant(value_ints=[1]), keepdims=0), x)
 
 
 def _expert_branch(x, chosen, e: int, gu_q, gu_s, dn_q, dn_s, d: int, two_i: int, bits: int,
