@@ -63,8 +63,9 @@ def _reasoning_vars(body: dict, template: str, variables: dict[str, Any] | None,
                     ) -> dict[str, Any] | None:
     """``reasoning_effort`` (OpenAI's field, which vLLM and Ollama also take) as the chat
     template's own switch: gpt-oss's ``reasoning_effort`` (low, medium, high: none and minimal
-    read as low, xhigh as high), or for a template with ``enable_thinking`` (Qwen3), thinking
-    off for none. chat_template_kwargs, if it sets the same variable, wins."""
+    read as low, xhigh as high), or for a template with ``enable_thinking``, thinking off for
+    none and on for any other effort (Qwen3 and SmolLM3 think by default, Gemma 4 does not).
+    chat_template_kwargs, if it sets the same variable, wins."""
     effort = body.get("reasoning_effort")
     if effort is None:
         return variables
@@ -76,8 +77,8 @@ def _reasoning_vars(body: dict, template: str, variables: dict[str, Any] | None,
     if "reasoning_effort" in names:
         extra["reasoning_effort"] = {"none": "low", "minimal": "low", "xhigh": "high"}.get(
             effort, effort)
-    elif "enable_thinking" in names and effort == "none":
-        extra["enable_thinking"] = False
+    elif "enable_thinking" in names:
+        extra["enable_thinking"] = effort != "none"
     return {**extra, **(variables or {})} or variables
 
 
