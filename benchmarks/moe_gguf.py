@@ -120,7 +120,9 @@ def tensor_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], str]]:
     out = [(name(T.TOKEN_EMBD), (v, d), QUANTIZED)]
     if arch == gguf.MODEL_ARCH.GEMMA4:
         full = cfg.global_head_dim or cfg.head_dim
-        out = [(name(T.ROPE_FREQS), (full // 2,), ROPE_FREQS)] + out
+        if any(cfg.layer_window(i) is None for i in range(cfg.num_hidden_layers)):
+            # read by full layers only: llama.cpp refuses a file with a tensor it does not read
+            out = [(name(T.ROPE_FREQS), (full // 2,), ROPE_FREQS)] + out
         out += [t for b in range(cfg.num_hidden_layers) for t in _gemma4_layer(cfg, b, name)]
         out.append((name(T.OUTPUT_NORM), (d,), NORM))
         if not cfg.tie_word_embeddings:

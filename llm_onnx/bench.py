@@ -175,13 +175,15 @@ def weight_bytes_read(m: Manifest, batch: int = 1) -> int:
     touch. An untied embedding table is only gathered (a row per token); of a mixture of
     experts' expert tensors a row reads its top-k experts, k/E of them, and ``batch`` rows routed
     independently of one another 1 - (1 - k/E)^batch (the attention, norms, routers and the LM
-    head are read whole)."""
+    head are read whole; so are Gemma 4's experts in their GPU form, every expert densely)."""
     cfg = m.config
     weights = m.weights.bytes
     if not cfg.tie_word_embeddings:
         table = embedding_bytes(m)
         weights -= table - table * min(batch, cfg.vocab_size) // cfg.vocab_size
-    if cfg.moe is not None:
+    quant = m.precision.quantization
+    dense = quant is not None and any("every expert densely" in q for q in quant.quantized)
+    if cfg.moe is not None and not dense:
         unread = (1 - cfg.moe.num_experts_per_tok / cfg.moe.num_experts) ** batch
         weights -= round(expert_bytes(m) * unread)
     return weights
@@ -206,20 +208,30 @@ def embedding_bytes(m: Manifest) -> int:
 
 def expert_bytes(m: Manifest) -> int:
     """Bytes of every layer's experts in weights.data (0 without experts): gate/up (E, 2I, D)
-    and down (E, D, I), float or QMoE's codes and one scale per block."""
+    and down (E, D, I), float or QMoE's codes and one scale per block (Gemma 4's experts, beside
+    every layer's dense MLP: MatMulNBits' codes, each projection blocked along its own input)."""
     cfg, quant = m.config, m.precision.quantization
     if cfg.moe is None:
         return 0
-    d, i = cfg.hidden_size, cfg.moe.moe_intermediate_size
-    per_layer = cfg.moe.num_experts * 3 * i * d  # weights
+    d, i, e = cfg.hidden_size, cfg.moe.moe_intermediate_size, cfg.moe.num_experts
+    per_layer = e * 3 * i * d  # weights
     size = _float_size(m)
+    if cfg.enable_moe_block:
+        layers = cfg.num_hidden_layers
+    else:
+        layers = sum(cfg.is_moe_layer(n) for n in range(cfg.num_hidden_layers))
     if quant is None:
         per_layer *= size
+    elif cfg.enable_moe_block:
+        up, down = fitting_block((d,), quant.block_size), fitting_block((i,), quant.block_size)
+        assert up is not None and down is not None  # the exporter refuses experts without
+        per_layer = e * (2 * i * (d * quant.bits // 8 + d // up * size)
+                         + d * (i * quant.bits // 8 + i // down * size))
     else:
         block = fitting_block((d, i), quant.block_size)
         assert block is not None  # the exporter refuses experts without one
         per_layer = per_layer * quant.bits // 8 + per_layer // block * size
-    return per_layer * sum(cfg.is_moe_layer(n) for n in range(cfg.num_hidden_layers))
+    return per_layer * layers
 
 
 def _prompt(model: Model, cfg: BenchConfig) -> list[int]:

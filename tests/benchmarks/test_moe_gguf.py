@@ -182,8 +182,12 @@ def test_random_gemma4_gguf_reads_back_with_its_layer_shapes(tmp_path):
     assert ckpt.config == cfg
     for name in ckpt.source.names():
         assert np.isfinite(ckpt.source.get(name).numpy()).all(), name
-    two = get_config("gemma4_26b_a4b")
-    two = two.replace(num_hidden_layers=2, layer_types=two.layer_types[:2])
-    assert moe_gguf.tensor_shapes(two)[0] == ("rope_freqs.weight", (256,), "rope_freqs")
+    full = get_config("gemma4_26b_a4b")
+    six = full.replace(num_hidden_layers=6, layer_types=full.layer_types[:6])  # 5 sliding, 1 full
+    assert moe_gguf.tensor_shapes(six)[0] == ("rope_freqs.weight", (256,), "rope_freqs")
+    # two sliding layers: no full layer reads rope_freqs, and llama.cpp refuses a file holding a
+    # tensor it does not read ("wrong number of tensors")
+    two = full.replace(num_hidden_layers=2, layer_types=full.layer_types[:2])
+    assert "rope_freqs.weight" not in [name for name, _, _ in moe_gguf.tensor_shapes(two)]
     with pytest.raises(ValueError, match="per-layer embeddings"):
         moe_gguf.write_random_gguf(base, "Q4_0", tmp_path / "refused.gguf")
