@@ -301,6 +301,26 @@ class GGUFSource:
                 name = f"model.layers.{block}.{canonical}"
                 if name not in self._map and all(p in self._tensors for p in parts):
                     self._joined[name] = (parts, axis)
+        self._refuse_unread_scales(mtp)
+
+    def _refuse_unread_scales(self, mtp: bool) -> None:
+        """A layer's ``.scale`` tensor this reader does not take: llama.cpp multiplies such a
+        tensor into a projection's output (Gemma 4's per-expert scales), so a model read without
+        it would run, and be wrong."""
+        read = {gname for gname, _ in self._map.values()}
+        for parts, _ in self._joined.values():
+            read.update(parts)
+            read.update(p.removesuffix(".weight") + ".scale" for p in parts)  # folded (_scaled)
+        unread = [g for g in self._tensors if g.startswith("blk.") and g.endswith(".scale")
+                  and g not in read
+                  and not (mtp and int(g.split(".")[1]) >= self.cfg.num_hidden_layers)]
+        if unread:
+            raise CheckpointError(
+                f"{self.path}: {len(unread)} scale tensor(s) this reader does not know for "
+                f"{self.names_table.arch}, e.g. {', '.join(unread[:3])}. llama.cpp multiplies "
+                "such a tensor into a projection's output, so the model cannot be read without "
+                "it. Convert the model from its Hugging Face checkpoint instead, or report the "
+                "file's tensor names.")
 
     def names(self) -> list[str]:
         return list(self._map) + list(self._joined)

@@ -219,10 +219,11 @@ def hybrid_metadata(writer, cfg: ModelConfig) -> None:
 
 
 def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path,
-               pooling_type: int | None = None, experts_apart: bool = False) -> Path:
+               pooling_type: int | None = None, experts_apart: bool = False,
+               more: dict[str, np.ndarray] | None = None) -> Path:
     """The safetensors checkpoint in ``folder`` as a float32 GGUF of llama.cpp's ``arch``
     (``pooling_type``: llama.cpp's key of an embedding model's file; ``experts_apart``: gemma4's
-    experts as ``split_gate_up`` writes them)."""
+    experts as ``split_gate_up`` writes them; ``more``: tensors added by their GGUF names)."""
     tensors = load_file(str(folder / "model.safetensors"))
     model_arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
     names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
@@ -306,7 +307,7 @@ def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path,
         writer.add_tensor(f"{mtp}.nextn.eh_proj.weight",
                           np.zeros((cfg.hidden_size, 2 * cfg.hidden_size), np.float32))
         writer.add_tensor(f"{mtp}.attn_norm.weight", np.ones(cfg.hidden_size, np.float32))
-    for name, t in extra.items():
+    for name, t in {**extra, **(more or {})}.items():
         writer.add_tensor(name, t)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -359,6 +360,23 @@ def test_gemma4_experts_apart_read_as_the_fused_tensor(tiny_hf, tmp_path):
     with torch.no_grad():
         got = logits(build_model(ckpt.config, ckpt.source), ids)
         assert (got - hf(ids).logits).abs().max().item() <= TORCH_VS_HF_FP32
+
+
+def test_a_scale_the_reader_does_not_know_is_refused(tiny_hf, tmp_path):
+    """llama.cpp multiplies a layer's ``.scale`` tensors into projections' outputs: one this
+    reader would skip (here a per-expert scale on a Qwen3-MoE file) stops the read, naming it,
+    instead of giving a model that runs without it."""
+    from llm_onnx.errors import CheckpointError
+
+    _, folder = tiny_hf("qwen3_moe_tiny")
+    cfg = REGISTRY["Qwen3MoeForCausalLM"].presets["qwen3_moe_tiny"]
+    plain = write_gguf(folder, cfg, "qwen3moe", tmp_path / "plain.gguf")
+    assert open_checkpoint(plain).config == cfg
+    scale = np.full(cfg.moe.num_experts, 2.0, np.float32)
+    path = write_gguf(folder, cfg, "qwen3moe", tmp_path / "scaled.gguf",
+                      more={"blk.1.ffn_down_exps.scale": scale})
+    with pytest.raises(CheckpointError, match=r"scaled\.gguf.*blk\.1\.ffn_down_exps\.scale"):
+        open_checkpoint(path)
 
 
 def test_llama_files_need_the_permutation_undone(tiny_hf, tmp_path):
