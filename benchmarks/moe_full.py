@@ -382,15 +382,18 @@ def export_env(a) -> dict[str, str]:
     3.03 GiB so, in 10 minutes. A fixed threshold was the earlier workaround: at
     128 KiB every 2-16 MiB tensor is a fresh mapping and the calibration spent most of its time
     in the kernel zeroing pages (7.5 s a step against 3.3); at 32 MiB, without the trims, the
-    heap grew 0.2 GiB a layer (9.1 GiB). --export-huge-pages: glibc backs its mappings with
-    transparent huge pages (where the kernel's THP mode is madvise or always), 512 times fewer
-    page faults: a 2-layer cut of gemma4_26b_a4b exported in 167 s instead of 362 (system time
-    1.8 minutes instead of 6.9), at a 0.09 GiB higher peak (docs/exporting.md)."""
+    heap grew 0.2 GiB a layer (9.1 GiB). Huge pages, as `llm-onnx export` turns them on
+    (unless --no-export-huge-pages): glibc backs its mappings with transparent huge pages (where
+    glibc is 2.35+ and the kernel's THP mode madvise or always), 512 times fewer page faults: a
+    2-layer cut of gemma4_26b_a4b exported in 167 s instead of 362 (system time 1.8 minutes
+    instead of 6.9), at a 0.09 GiB higher peak (docs/exporting.md)."""
+    from llm_onnx.export.hugepages import huge_pages_env, this_machine
+
     env = {}
     if a.export_mmap_threshold:
         env["MALLOC_MMAP_THRESHOLD_"] = str(a.export_mmap_threshold)
     if a.export_huge_pages:
-        env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=1"
+        env.update(huge_pages_env(os.environ, *this_machine()))
     return env
 
 
@@ -544,10 +547,11 @@ def main() -> None:
                    help="glibc's MALLOC_MMAP_THRESHOLD_ for the export worker: blocks this large "
                         "or larger are mapped and given back when freed (default 0: glibc's own "
                         "dynamic threshold, what `llm-onnx export` runs under)")
-    p.add_argument("--export-huge-pages", action="store_true",
-                   help="run the export worker with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
-                        "(transparent huge pages for glibc's mappings: far fewer page faults on "
-                        "big models; not yet what `llm-onnx export` does by itself)")
+    p.add_argument("--no-export-huge-pages", dest="export_huge_pages", action="store_false",
+                   help="run the export worker without the GLIBC_TUNABLES=glibc.malloc.hugetlb=1 "
+                        "that `llm-onnx export` adds by itself where glibc and the kernel take "
+                        "it (transparent huge pages for glibc's mappings: far fewer page faults "
+                        "on big models)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--new-tokens", type=int, default=128)

@@ -1,13 +1,19 @@
-"""The command line: help, one-line errors with exit code 1, --debug tracebacks."""
+"""The command line: help, one-line errors with exit code 1, --debug tracebacks, export's re-exec
+for huge pages."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
+import click
 import pytest
 from click.testing import CliRunner
 
 from llm_onnx.cli import main
+from llm_onnx.export.hugepages import MARKER, huge_pages_env, this_machine
 from tests.conftest import FAMILY_ARCHS
 
 
@@ -135,3 +141,59 @@ def test_speculative_flags(tiny_export):
     result = run("generate", "--model", folder, "-q", "--speculative", "draft", "hello")
     assert result.exit_code == 1 and "needs a draft model" in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_export_reexecutes_its_own_command_line_with_huge_pages(monkeypatch):
+    """Where glibc and the kernel take huge pages, `llm-onnx export` (main() reading sys.argv)
+    executes the same command line again with the tunable added; called with arguments
+    (CliRunner, a host program) or with --no-huge-pages it runs as it is."""
+    import llm_onnx.cli.exporting as exporting
+
+    class Executed(Exception):
+        pass
+
+    calls = []
+
+    def execve(path, argv, env):
+        calls.append((path, argv, env))
+        raise Executed
+
+    monkeypatch.setattr(os, "execve", execve)
+    monkeypatch.setattr(exporting, "this_machine", lambda: ("always [madvise] never", "glibc 2.36"))
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.delenv(MARKER, raising=False)
+    args = ["export", "--config", "nope", "--random-weights"]
+    assert run(*args).exit_code == 1 and not calls
+    monkeypatch.setattr(sys, "argv", ["llm-onnx", *args])
+    monkeypatch.setattr(sys, "orig_argv", ["/usr/bin/python3", "/venv/bin/llm-onnx", *args])
+    with pytest.raises(Executed):
+        main.main(standalone_mode=False)
+    [(path, argv, env)] = calls
+    assert path == sys.executable and argv == [sys.executable, "/venv/bin/llm-onnx", *args]
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1" and env[MARKER] == "1"
+    monkeypatch.setattr(sys, "argv", ["llm-onnx", *args, "--no-huge-pages"])
+    with pytest.raises(click.ClickException, match="Unknown config"):
+        main.main(standalone_mode=False)
+    assert len(calls) == 1
+
+
+@pytest.mark.skipif(not huge_pages_env({}, *this_machine()),
+                    reason="this machine's glibc or kernel takes no transparent huge pages")
+def test_export_runs_with_huge_pages(tmp_path):
+    """`python -m llm_onnx.cli export` executes itself again with glibc's tunable: the process
+    that exports says so (its environment as it started, what glibc read) on stderr, once; with
+    --no-huge-pages nothing is added."""
+    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", MARKER)}
+    cli = [sys.executable, "-m", "llm_onnx.cli", "export"]
+    out = tmp_path / "tiny"
+    done = subprocess.run(cli + ["--config", "llama_tiny", "--random-weights", "--precision",
+                                 "fp32", "--max-seq-len", "32", "--no-validate", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("Huge pages: on (GLIBC_TUNABLES=glibc.malloc.hugetlb=1; "
+                             "--no-huge-pages turns them off).") == 1, done.stderr
+    assert (out / "manifest.json").is_file()
+    off = subprocess.run(cli + ["--config", "nope", "--random-weights", "--no-huge-pages"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert off.returncode == 1 and "Unknown config" in off.stderr
+    assert "Huge pages" not in off.stderr

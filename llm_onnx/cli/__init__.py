@@ -3,7 +3,7 @@
 Heavy imports (torch, onnxruntime) happen inside the commands, so `--help` stays instant.
 
   app.py           the `llm-onnx` group, one-line errors
-  exporting.py     export (and --config/--checkpoint resolution)
+  exporting.py     export (and --config/--checkpoint resolution, the re-exec for huge pages)
   generating.py    generate, chat (sampling and chat-template options)
   serving.py       serve (in process or on Ray Serve)
   embedding.py     embed (an embedding model's vectors, as JSON)

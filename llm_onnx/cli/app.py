@@ -38,7 +38,21 @@ def _handle_errors(func):
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Main(click.Group):
+    """The group, knowing whether it parses this process's own command line (``main()`` with no
+    arguments: the console script, ``python -m llm_onnx.cli``), which `export` may then execute
+    again from the start (huge pages); not when called with arguments (CliRunner, a host
+    program)."""
+
+    own_command_line = False
+
+    def main(self, args=None, *rest, **kwargs):
+        self.own_command_line = args is None
+        return super().main(args, *rest, **kwargs)
+
+
+@click.group(cls=_Main,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("--debug", is_flag=True, help="Show full tracebacks instead of one-line errors.")
 @click.version_option(__version__, prog_name="llm-onnx")
 def main(debug: bool) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import click
 
+from llm_onnx.export.hugepages import MARKER, huge_pages_env, huge_pages_on, this_machine
 from llm_onnx.export.options import PRECISIONS, QUANT_METHODS
 from llm_onnx.families import PRESETS
 from llm_onnx.cli.app import _handle_errors, main
@@ -15,6 +18,24 @@ def _default_precision() -> str:
     from llm_onnx.runtime.core.providers import cuda_status
 
     return "fp16" if cuda_status()[0] else "int8"
+
+
+def _rerun_with_huge_pages() -> None:
+    """Run this command line again in this process (execve) with glibc's huge-page tunable
+    added to the environment, where huge_pages_env says to: glibc reads its tunables only when a
+    process starts. Returns when there is nothing to add or the command line is not this
+    process's own (CliRunner, a host program calling main with arguments)."""
+    if not getattr(click.get_current_context().find_root().command, "own_command_line", False):
+        return
+    added = huge_pages_env(os.environ, *this_machine())
+    if added:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
+                      {**os.environ, **added})
+        except OSError:
+            pass  # run on without them
 
 
 @main.command()
@@ -86,11 +107,18 @@ def _default_precision() -> str:
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs torch parity gate.")
 @click.option("--force", is_flag=True, help="Replace --out if it exists (only once the new "
               "folder is complete).")
+@click.option("--no-huge-pages", is_flag=True,
+              help="Run as started. By default, on Linux with glibc 2.35+ and transparent huge "
+                   "pages in madvise or always mode, the export starts itself again with "
+                   "GLIBC_TUNABLES=glibc.malloc.hugetlb=1: glibc's malloc then asks for 2 MiB "
+                   "pages, far fewer page faults on a big model (a 2-layer gemma4_26b_a4b cut: "
+                   "362 s -> 167 s) for a slightly higher peak memory. GLIBC_TUNABLES="
+                   "glibc.malloc.hugetlb=0 in the environment turns them off too.")
 @_handle_errors
 def export(config_name, checkpoint, random_weights, seed, precision, out, max_seq_len, block_size,
            float_embeddings, embedding_bits, accuracy_level, experts_accuracy_level, quant_scheme,
            quant_method, calibration_text, all_logits, plain_attention, target, task, pooling,
-           normalize, no_validate, force) -> None:
+           normalize, no_validate, force, no_huge_pages) -> None:
     """Export a model to an ONNX model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
     manifest.json; embed.onnx with --task embed), then check it against torch in ONNX Runtime.
 
@@ -106,6 +134,12 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
       llm-onnx export --checkpoint ./Qwen3-Embedding-0.6B --task embed --precision fp32
       llm-onnx export --checkpoint ./my-st-model --task embed --pooling mean --no-normalize
     """
+    if not no_huge_pages:
+        _rerun_with_huge_pages()  # returns only when it does not
+    if huge_pages_on(os.environ):  # as this process started, whoever set it
+        how = "; --no-huge-pages turns them off" if os.environ.get(MARKER) else ""
+        click.echo(f"Huge pages: on (GLIBC_TUNABLES={os.environ['GLIBC_TUNABLES']}{how}).",
+                   err=True)
     from llm_onnx.export import ExportOptions, export_model
 
     if float_embeddings and embedding_bits:

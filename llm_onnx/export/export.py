@@ -237,6 +237,12 @@ def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | Non
         progress: show a progress bar on stderr.
 
     Returns the model folder. Raises ExportError (bad output path, disk full) or ParityError.
+
+    Memory is allocated as the process started: ``llm-onnx export`` starts itself again with
+    glibc's huge pages on (``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``: far fewer page faults, a
+    big model's export twice as fast), which a library cannot do to the program that calls it;
+    start that program with the variable set (``llm_onnx.export.hugepages.huge_pages_env`` says
+    what to add).
     """
     out = Path(out)
     cfg = checkpoint.config

@@ -191,3 +191,19 @@ def test_random_gemma4_gguf_reads_back_with_its_layer_shapes(tmp_path):
     assert "rope_freqs.weight" not in [name for name, _, _ in moe_gguf.tensor_shapes(two)]
     with pytest.raises(ValueError, match="per-layer embeddings"):
         moe_gguf.write_random_gguf(base, "Q4_0", tmp_path / "refused.gguf")
+
+
+def test_moe_full_export_worker_gets_the_huge_pages_llm_onnx_export_would(monkeypatch):
+    """The export worker (the Python API, in a child process) starts with glibc's huge-page
+    tunable where `llm-onnx export` would add it, unless --no-export-huge-pages."""
+    import llm_onnx.export.hugepages as hugepages
+
+    moe_full = load_benchmark("moe_full")
+    monkeypatch.setattr(hugepages, "this_machine", lambda: ("always [madvise] never", "glibc 2.36"))
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.delenv(hugepages.MARKER, raising=False)
+    a = argparse.Namespace(export_mmap_threshold=0, export_huge_pages=True)
+    assert moe_full.export_env(a)["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    assert moe_full.export_env(argparse.Namespace(**{**vars(a), "export_huge_pages": False})) == {}
+    monkeypatch.setattr(hugepages, "this_machine", lambda: ("always madvise [never]", "glibc 2.36"))
+    assert moe_full.export_env(a) == {}
