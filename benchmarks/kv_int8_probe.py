@@ -23,8 +23,9 @@ keys are quantized with them in place, past ones are never requantized. ``kv_cac
 is required and ``k_quant_type`` must equal ``v_quant_type`` on the CPU.
 
 Timing (only while /tmp/QUIET is absent: the machine is shared): one decode step, B=1, 32 query
-heads, 8 KV heads, D=128, the cache bound in place, int8 (per channel) against fp32, contexts
-2k/8k/32k, median of a few runs, and the cache bytes of one layer.
+heads, 8 KV heads, D=128, the cache bound in place, int8 (per channel, per tensor) against fp32,
+contexts 2k/8k/32k, 1 thread and ONNX Runtime's default, median of a few runs, and the cache
+bytes of one layer.
 """
 
 from __future__ import annotations
@@ -604,18 +605,22 @@ def report_checks() -> None:
         print(f"{label:<55} {refusal(**args)}")
 
 
-def report_timing() -> None:
+def report_timing(runs: int = 15) -> None:
     print("\n== one decode step, B=1, 32 q heads / 8 KV heads, D=128, RoPE, bound in place ==")
-    print(f"threads: ONNX Runtime's default ({os.cpu_count()} cores); median of 9 runs")
-    print("context   fp32 ms   int8 ms   int8/fp32   fp32 cache/layer   int8 cache/layer")
-    for context in (2048, 8192, 32768):
-        if QUIET.exists():
-            print(f"{context:<8}  skipped: {QUIET} exists (the machine is busy)")
-            continue
-        f32 = time_decode(context, "NONE")
-        i8 = time_decode(context, "PER_CHANNEL")
-        print(f"{context:<8} {f32:8.3f}  {i8:8.3f}   {i8 / f32:8.2f}   "
-              f"{cache_bytes(context, 4) / 2**20:10.1f} MiB   {cache_bytes(context, 1) / 2**20:10.1f} MiB")
+    print(f"median of {runs} runs; 1 thread, then ONNX Runtime's default ({os.cpu_count()} cores: "
+          f"noisy when other jobs hold them); load average before: {os.getloadavg()[0]:.1f}")
+    print("threads  context   fp32 ms   int8/channel ms   int8/tensor ms   channel/fp32   "
+          "fp32 cache/layer   int8 cache/layer")
+    for threads in (1, 0):
+        for context in (2048, 8192, 32768):
+            if QUIET.exists():
+                print(f"{threads or 'default':<8} {context:<8}  skipped: {QUIET} exists")
+                continue
+            f32, channel, tensor = (time_decode(context, quant, runs, threads)
+                                    for quant in ("NONE", "PER_CHANNEL", "PER_TENSOR"))
+            print(f"{threads or 'default':<8} {context:<8} {f32:8.3f}  {channel:14.3f}  "
+                  f"{tensor:15.3f}   {channel / f32:11.2f}   {cache_bytes(context, 4) / 2**20:10.1f} MiB"
+                  f"   {cache_bytes(context, 1) / 2**20:10.1f} MiB")
 
 
 def main() -> None:
