@@ -103,8 +103,9 @@ def gqa_model(case: Case, scale_shape: tuple[int, ...] | None = None,
         attrs.update(k_quant_type=case.quant, v_quant_type=case.v_quant or case.quant)
         if case.bit_width is not None:
             attrs["kv_cache_bit_width"] = case.bit_width
-    node = helper.make_node("GroupQueryAttention", inputs, ["output", "present_key", "present_value"],
-                            domain="com.microsoft", **attrs)
+    node = helper.make_node("GroupQueryAttention", inputs,
+                            ["output", "present_key", "present_value"], domain="com.microsoft",
+                            **attrs)
     outs = [helper.make_tensor_value_info("output", case.dtype, None),
             helper.make_tensor_value_info("present_key", cache_type, cache_shape),
             helper.make_tensor_value_info("present_value", cache_type, cache_shape)]
@@ -128,7 +129,8 @@ def quantize(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
     clipped to [-128, 127]; a zero scale quantizes with 1/s = 1. ``scale`` broadcasts to x."""
     scale = np.asarray(scale, np.float32)
     inv = np.where(scale == 0, np.float32(1), np.float32(1) / np.where(scale == 0, 1, scale))
-    return np.clip(np.rint(x.astype(np.float32) * inv.astype(np.float32)), -128, 127).astype(np.int8)
+    q = np.rint(x.astype(np.float32) * inv.astype(np.float32))
+    return np.clip(q, -128, 127).astype(np.int8)
 
 
 def cache_scale(scale: np.ndarray, kv_heads: int, head_dim: int) -> np.ndarray:
@@ -213,7 +215,8 @@ class Cache:
         feed = dict(query=q, key=k, value=v, seqlens_k=np.asarray(seqlens, np.int32),
                     total_sequence_length=np.array(total, np.int32), **self.fixed)
         if self.mode == "plain":
-            feed.update(past_key=self.keys[start:start + b], past_value=self.values[start:start + b])
+            feed.update(past_key=self.keys[start:start + b],
+                        past_value=self.values[start:start + b])
             out, pk, pv = self.sess.run(None, feed)
             self.present_len = pk.shape[2]
             self.keys[start:start + b], self.values[start:start + b] = pk, pv
@@ -499,7 +502,8 @@ def time_decode(context: int, quant: str, runs: int = 9, threads: int = 0) -> fl
     binding = sess.io_binding()
     for name, arr in feed.items():
         binding.bind_cpu_input(name, arr)
-    for buf, past, present in zip(caches, ("past_key", "past_value"), ("present_key", "present_value")):
+    for buf, past, present in zip(caches, ("past_key", "past_value"),
+                                  ("present_key", "present_value")):
         binding.bind_input(past, "cpu", 0, buf.dtype, list(shape), buf.ctypes.data)
         binding.bind_output(present, "cpu", 0, buf.dtype, list(shape), buf.ctypes.data)
     out = np.empty((1, 1, 32 * 128), np.float32)
@@ -543,7 +547,8 @@ def report_checks() -> None:
              ("flash decoding: 8 threads, 1000-token prompt, B*H < threads",
               replace(base, max_len=1010), [(0, 1, 1000), (0, 1, 1), (0, 1, 1)], 8, {}),
              ("scales as initializers (constants of the graph)", base, ONE_ROW, 1, None),
-             ("local_window_size=4 over a full-length cache", replace(base, window=4), ONE_ROW, 1, {}),
+             ("local_window_size=4 over a full-length cache", replace(base, window=4), ONE_ROW,
+              1, {}),
              ("local_window_size=4, two rows", replace(base, window=4), TWO_ROWS, 1, {})]
     for label, case, script, threads, env in paths:
         os.environ.update(env or {})
@@ -564,9 +569,10 @@ def report_checks() -> None:
     rng = np.random.default_rng(0)
     q, k, v = make_tokens(case, rng, 1, 16)
     ks, vs = calibrate(case, k, v, None, None)
-    for label, shape in (("(Hkv*D,)", (128,)), ("(Hkv, D)", (2, 64)), ("(1, Hkv, 1, D)", (1, 2, 1, 64)),
-                         ("(Hkv, 1, D)", (2, 1, 64))):
-        r = run_script(case, "bound", scales=(ks, vs), fed_scales=(ks.reshape(shape), vs.reshape(shape)))
+    for label, shape in (("(Hkv*D,)", (128,)), ("(Hkv, D)", (2, 64)),
+                         ("(1, Hkv, 1, D)", (1, 2, 1, 64)), ("(Hkv, 1, D)", (2, 1, 64))):
+        fed = (ks.reshape(shape), vs.reshape(shape))
+        r = run_script(case, "bound", scales=(ks, vs), fed_scales=fed)
         print(f"fed {label:<16} out {r.out_err:.1e}  present diff {r.present_diff}")
     swapped = (ks.reshape(2, 64).T.copy(), vs.reshape(2, 64).T.copy())  # (D, Hkv)
     r = run_script(case, "bound", scales=(ks, vs), fed_scales=swapped)
@@ -585,8 +591,9 @@ def report_checks() -> None:
     print("\n== rounding, clipping, zero scale ==")
     written, expected, divided = pinned_rounding()
     print(f"written                      {written}")
-    print(f"clip(rint(x * (1/s))), even  {expected}  {'MATCH' if written == expected else 'DIFFER'}")
-    print(f"x / s, half away from zero   {divided}  {'MATCH' if written == divided else 'DIFFER'}")
+    for label, want in (("clip(rint(x * (1/s))), even", expected),
+                        ("x / s, half away from zero", divided)):
+        print(f"{label:<28} {want}  {'MATCH' if written == want else 'DIFFER'}")
     raw, out = zero_scale()
     print(f"scale 0: cache holds clip(rint(x)): {raw}; output max|.| {out}")
     for rotary in (False, True):
@@ -619,8 +626,9 @@ def report_timing(runs: int = 15) -> None:
             f32, channel, tensor = (time_decode(context, quant, runs, threads)
                                     for quant in ("NONE", "PER_CHANNEL", "PER_TENSOR"))
             print(f"{threads or 'default':<8} {context:<8} {f32:8.3f}  {channel:14.3f}  "
-                  f"{tensor:15.3f}   {channel / f32:11.2f}   {cache_bytes(context, 4) / 2**20:10.1f} MiB"
-                  f"   {cache_bytes(context, 1) / 2**20:10.1f} MiB")
+                  f"{tensor:15.3f}   {channel / f32:11.2f}   "
+                  f"{cache_bytes(context, 4) / 2**20:10.1f} MiB   "
+                  f"{cache_bytes(context, 1) / 2**20:10.1f} MiB")
 
 
 def main() -> None:
