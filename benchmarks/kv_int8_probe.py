@@ -57,6 +57,7 @@ class Case:
     quant: str = "PER_CHANNEL"  # PER_TENSOR, PER_CHANNEL, or NONE (a float cache)
     rotary: bool = True
     window: int = -1  # local_window_size
+    sink: bool = False  # a head_sink input (gpt-oss's attention sinks)
     windowed_cache: bool = False  # sliding_window_cache=1: max_len is then the capacity C
     bit_width: int | None = 8  # kv_cache_bit_width (None: the attribute left out)
     v_quant: str | None = None  # v_quant_type when it differs from quant
@@ -87,6 +88,9 @@ def gqa_model(case: Case, scale_shape: tuple[int, ...] | None = None,
         io += [helper.make_tensor_value_info(n, case.dtype, ["M", d // 2])
                for n in ("cos_cache", "sin_cache")]
         inputs += ["cos_cache", "sin_cache"]
+    if case.sink:
+        io.append(helper.make_tensor_value_info("head_sink", case.dtype, [case.heads]))
+        inputs += [""] * (11 - len(inputs)) + ["head_sink"]
     if case.quant != "NONE":
         inputs += [""] * (12 - len(inputs)) + ["k_scale", "v_scale"]
         if scale_values is not None:
@@ -158,12 +162,14 @@ def positions(seqlens: np.ndarray, total: int, t: int) -> np.ndarray:
     return seqlens[:, None] + 1 - t + np.arange(t)[None, :]
 
 
-def reference(case: Case, q, k, v, past_k, past_v, seqlens, total, ks, vs, cos=None, sin=None):
+def reference(case: Case, q, k, v, past_k, past_v, seqlens, total, ks, vs, cos=None, sin=None,
+              sink=None):
     """GroupQueryAttention over an int8 cache, in float64 but for the quantization itself.
 
     q (B, T, H*D), k/v (B, T, Hkv*D) float32; past_k/v (B, Hkv, L, D) int8 and ks/vs as fed,
-    or a float cache and ks = vs = None (no quantization: the float baseline). Returns output
-    (B, T, H*D) and the present caches (copies of past with the new rows)."""
+    or a float cache and ks = vs = None (no quantization: the float baseline); sink (H,): one
+    more logit per head in the softmax, its share dropped. Returns output (B, T, H*D) and the
+    present caches (copies of past with the new rows)."""
     b, t, _ = q.shape
     d, h, hkv = case.head_dim, case.heads, case.kv_heads
     pos = positions(seqlens, total, t)
@@ -189,8 +195,12 @@ def reference(case: Case, q, k, v, past_k, past_v, seqlens, total, ks, vs, cos=N
     if case.window > 0:
         visible &= kpos[None, None] > pos[:, :, None] - case.window
     scores = np.where(visible[:, None], scores, -np.inf)
+    if sink is not None:
+        column = np.broadcast_to(np.asarray(sink, np.float64)[None, :, None, None], (b, h, t, 1))
+        scores = np.concatenate([scores, column], axis=-1)
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
+    probs = probs[..., :past_k.shape[2]]
     out = np.einsum("bhtp,bhpd->bthd", probs, values).reshape(b, t, h * d)
     return out, present_k, present_v
 
@@ -317,6 +327,10 @@ def run_script(case: Case, mode: str, script=ONE_ROW, seed: int = 0, threads: in
     fed = fed_scales if fed_scales is not None else (ks, vs)
     fixed = dict(cos_cache=cos.astype(feed_type), sin_cache=sin.astype(feed_type)) \
         if case.rotary else {}
+    sink = np.random.default_rng(seed + 1).standard_normal(case.heads).astype(np.float32) \
+        if case.sink else None
+    if case.sink:
+        fixed["head_sink"] = sink.astype(feed_type)
     if case.quant != "NONE" and not initializers:
         fixed.update(k_scale=fed[0], v_scale=fed[1])
     model = gqa_model(case, scale_values=fed if initializers else None)
@@ -338,9 +352,9 @@ def run_script(case: Case, mode: str, script=ONE_ROW, seed: int = 0, threads: in
         total = int(seqlens.max()) + 1
         out = ort_cache.step(*(a.astype(feed_type) for a in (q, k, v)), seqlens, total, start)
         ro, ref_k[sl], ref_v[sl] = reference(case, q, k, v, ref_k[sl], ref_v[sl], seqlens, total,
-                                             ks, vs, cos, sin)
+                                             ks, vs, cos, sin, sink)
         fo, flt_k[sl], flt_v[sl] = reference(float_case, q, k, v, flt_k[sl], flt_v[sl], seqlens,
-                                             total, None, None, cos, sin)
+                                             total, None, None, cos, sin, sink)
         lengths[sl] += t
         out = out.astype(np.float32)
         step = Result(out_err=float(np.abs(out - ro).max()),
@@ -547,6 +561,9 @@ def report_checks() -> None:
              ("flash decoding: 8 threads, 1000-token prompt, B*H < threads",
               replace(base, max_len=1010), [(0, 1, 1000), (0, 1, 1), (0, 1, 1)], 8, {}),
              ("scales as initializers (constants of the graph)", base, ONE_ROW, 1, None),
+             ("head_sink (gpt-oss's sinks: the non-flash quantized kernel)",
+              replace(base, sink=True), ONE_ROW, 1, {}),
+             ("head_sink, two rows", replace(base, sink=True), TWO_ROWS, 1, {}),
              ("local_window_size=4 over a full-length cache", replace(base, window=4), ONE_ROW,
               1, {}),
              ("local_window_size=4, two rows", replace(base, window=4), TWO_ROWS, 1, {})]
