@@ -181,9 +181,8 @@ def weight_bytes_read(m: Manifest, batch: int = 1) -> int:
     if not cfg.tie_word_embeddings:
         table = embedding_bytes(m)
         weights -= table - table * min(batch, cfg.vocab_size) // cfg.vocab_size
-    quant = m.precision.quantization
-    dense = quant is not None and any("every expert densely" in q for q in quant.quantized)
-    if cfg.moe is not None and not dense:
+    quant = m.precision.quantization  # (Gemma 4's GPU form reads every expert: "densely")
+    if cfg.moe is not None and not (quant and any("densely" in q for q in quant.quantized)):
         unread = (1 - cfg.moe.num_experts_per_tok / cfg.moe.num_experts) ** batch
         weights -= round(expert_bytes(m) * unread)
     return weights
@@ -216,10 +215,7 @@ def expert_bytes(m: Manifest) -> int:
     d, i, e = cfg.hidden_size, cfg.moe.moe_intermediate_size, cfg.moe.num_experts
     per_layer = e * 3 * i * d  # weights
     size = _float_size(m)
-    if cfg.enable_moe_block:
-        layers = cfg.num_hidden_layers
-    else:
-        layers = sum(cfg.is_moe_layer(n) for n in range(cfg.num_hidden_layers))
+    layers = sum(cfg.enable_moe_block or cfg.is_moe_layer(n) for n in range(cfg.num_hidden_layers))
     if quant is None:
         per_layer *= size
     elif cfg.enable_moe_block:

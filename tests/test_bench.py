@@ -245,21 +245,21 @@ def test_a_hybrid_rows_memory_counts_its_recurrent_state(tiny_export):
 
 def test_gemma4_decode_step_reads_the_chosen_experts_share(tiny_export):
     """Gemma 4's experts sit beside every layer's dense MLP and, in the CPU export, only the
-    chosen ones run: gemma4_tiny at int4 (hidden 48, 4 layers, 4 experts of width 32, top 2,
-    tied embedding; gate/up blocked along D = 48 by 16, down along I = 32 by 32), by hand and
-    against the tensors the graph stores."""
+    chosen ones run: gemma4_tiny at int8 (hidden 48, 4 layers, 4 experts of width 32, top 2,
+    tied embedding; 8-bit codes, a float32 scale per block: gate/up blocked along D = 48 by 16,
+    down along I = 32 by 32), by hand and against the tensors the graph stores."""
     from llm_onnx.bench import weight_bytes_read
     from llm_onnx.model_folder import read_manifest
 
-    folder = tiny_export("gemma4_tiny", "int4")
+    folder = tiny_export("gemma4_tiny", "int8")  # (the folder test_architectures exports)
     m = read_manifest(folder)
     D, L, E, K, I = 48, 4, 4, 2, 32
     assert (m.config.hidden_size, m.config.num_hidden_layers, m.config.moe.num_experts,
             m.config.moe.num_experts_per_tok, m.config.moe.moe_intermediate_size,
             m.config.tie_word_embeddings) == (D, L, E, K, I, True)
-    gate_up = 2 * I * (D // 2 + D // 16 * 4)  # an expert's (2I, D): 64 * 36 = 2304
-    down = D * (I // 2 + I // 32 * 4)  # (D, I): 48 * 20 = 960
-    experts = L * E * (gate_up + down)  # 52224
+    gate_up = 2 * I * (D + D // 16 * 4)  # an expert's (2I, D): 64 * 60 = 3840
+    down = D * (I + I // 32 * 4)  # (D, I): 48 * 36 = 1728
+    experts = L * E * (gate_up + down)  # 89088
     assert _stored_bytes(folder, lambda n: ".experts." in n) == experts
     size = (folder / "weights.data").stat().st_size
     assert weight_bytes_read(m) == size - experts // 2  # 2 of 4 experts; the table is the head

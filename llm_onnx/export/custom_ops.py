@@ -291,7 +291,6 @@ def qmoe(x, router_logits, fc1_q, fc1_scales, fc2_q, fc2_scales, k: int,
     return out if normalize_routing_weights else unrenormalized(out, router_logits, k)
 
 
-
 def geglu_experts_nbits(x, index, weight, gate_up_q, gate_up_scales, down_q, down_scales,
                         bits: int, block_up: int, block_down: int, accuracy_level: int):
     """quant.geglu_experts_nbits's contract: only the chosen experts run. Traced (the expert count
@@ -376,6 +375,7 @@ def _no_rows(x, d: int, tag: str) -> ir.Graph:
                 name=f"{tag}/none")
     n.outputs[0].name = f"{tag}/none"
     return ir.Graph([], [n.outputs[0]], nodes=[n], name=f"{tag}/not_chosen")
+
 
 # Gated DeltaNet (llm_onnx/model/linear_attention.py). LinearAttention maps value head h to key
 # head h // (Hv / Hk) itself (the key head count is read off the key's width), takes the decay in

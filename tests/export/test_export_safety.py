@@ -140,7 +140,7 @@ def test_the_scratch_export_of_gemma4_cuts_its_experts_and_per_layer_tables(tmp_
     monkeypatch.setattr(export_module, "SCRATCH_VOCAB", 100)
     monkeypatch.setattr(export_module, "SCRATCH_EXPERTS", 2)
     ckpt = random_checkpoint(get_config("gemma4_tiny"), "gemma4")
-    out = export_model(ckpt, tmp_path / "m", ExportOptions(precision="int4", max_seq_len=32),
+    out = export_model(ckpt, tmp_path / "m", ExportOptions(precision="int8", max_seq_len=32),
                        progress=False)
     parity = json.loads((out / "manifest.json").read_text())["parity"]
     assert parity["scope"].startswith("first 1 layer(s), first 100 vocabulary rows, first 2 experts")
