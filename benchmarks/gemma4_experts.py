@@ -32,15 +32,6 @@ from llm_onnx.export.modules import QuantGeGLUExperts, RoutedGeGLUExperts
 from llm_onnx.model.mlp import GeGLUExperts
 
 
-class _Wrap(torch.nn.Module):
-    def __init__(self, experts: torch.nn.Module) -> None:
-        super().__init__()
-        self.experts = experts
-
-    def forward(self, x, index, weight):
-        return self.experts(x, index, weight)
-
-
 def build(a) -> tuple[RoutedGeGLUExperts, QuantGeGLUExperts]:
     """Both forms holding the same quantized random weights (an expert at a time: the float
     stack of 26B-A4B's layer would be 3 GB)."""
@@ -72,7 +63,7 @@ def build(a) -> tuple[RoutedGeGLUExperts, QuantGeGLUExperts]:
 def session(module: torch.nn.Module, d: int, k: int, path: Path, threads: int):
     n = torch.export.Dim("n")
     example = (torch.zeros(3, d), torch.zeros(3, k, dtype=torch.int64), torch.zeros(3, k))
-    program = torch.onnx.export(_Wrap(module).eval(), example, dynamo=True, optimize=False,
+    program = torch.onnx.export(module.eval(), example, dynamo=True, optimize=False,
                                 dynamic_shapes=({0: n}, {0: n}, {0: n}),
                                 custom_translation_table=translation_table())
     fix_domains(program.model)

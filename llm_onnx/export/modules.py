@@ -243,7 +243,6 @@ class QuantGeGLUExperts(nn.Module):
                         "symmetric", flat=False)
 
 
-
 class RoutedGeGLUExperts(nn.Module):
     """Gemma 4's experts, block-quantized (symmetric), each expert its own pair of MatMulNBits
     weights (gate_up.E: D -> 2I, down.E: I -> D), and only the chosen ones run: an If per expert
@@ -255,13 +254,11 @@ class RoutedGeGLUExperts(nn.Module):
                  accuracy_level: int) -> None:
         super().__init__()
         e, two_i, d = experts.gate_up_proj.shape
-        i = experts.width
-        dtype = experts.gate_up_proj.dtype
-        self.e, self.d, self.width, self.bits = e, d, i, bits
+        dtype, self.bits = experts.gate_up_proj.dtype, bits
         self.gate_up = nn.ModuleList(_NBitsWeight(d, two_i, dtype, bits, block_up,
                                                   accuracy_level) for _ in range(e))
-        self.down = nn.ModuleList(_NBitsWeight(i, d, dtype, bits, block_down, accuracy_level)
-                                  for _ in range(e))
+        self.down = nn.ModuleList(_NBitsWeight(experts.width, d, dtype, bits, block_down,
+                                               accuracy_level) for _ in range(e))
 
     def forward(self, x: Tensor, index: Tensor, weight: Tensor) -> Tensor:
         """x (N, D), index (N, K), weight (N, K) fp32 -> (N, D) (GeGLUExperts.forward)."""
@@ -279,6 +276,7 @@ class RoutedGeGLUExperts(nn.Module):
                 m = modules[e]
                 write_quantized(wf, f"{prefix}{part}.{e}", w, self.bits, m.block_size,
                                 m.scales.dtype, False, "symmetric", flat=False)
+
 
 class SinusoidalTable(SinusoidalPositions):
     """XGLM's position table in the graphs (model.embed_positions.weight): computed, not read

@@ -365,18 +365,15 @@ def geglu_experts_nbits(x: Tensor, index: Tensor, weight: Tensor, gate_up_q: lis
     x (N, D), index (N, K) the chosen experts, weight (N, K) fp32 -> (N, D). Expert e's
     gate_up_q[e] is (2I, D) [gate | up] rows, down_q[e] (D, I). Only the chosen experts run,
     each on the rows that chose it (the ONNX form: an If per expert)."""
-    d = x.shape[-1]
-    out = torch.zeros(x.shape, dtype=torch.float32)
-    for e in torch.unique(index).tolist():
-        rows, slot = (index == e).nonzero(as_tuple=True)
-        two_i = gate_up_q[e].shape[0]
-        h = matmul_nbits(x[rows], gate_up_q[e], gate_up_scales[e], None, None, d, two_i, bits,
-                         block_up, accuracy_level)
-        act = torch.ops.llm_onnx.fast_gelu(h[:, :two_i // 2]) * h[:, two_i // 2:]
-        y = matmul_nbits(act, down_q[e], down_scales[e], None, None, two_i // 2, d, bits,
-                         block_down, accuracy_level)
-        out.index_add_(0, rows, y.float() * weight[rows, slot, None])
-    return out.to(x.dtype)
+    from llm_onnx.model.mlp import geglu_per_expert
+
+    d, i = x.shape[-1], gate_up_q[0].shape[0] // 2
+    return geglu_per_expert(
+        x, index, weight, i,
+        lambda e, a: matmul_nbits(a, gate_up_q[e], gate_up_scales[e], None, None, d, 2 * i,
+                                  bits, block_up, accuracy_level),
+        lambda e, a: matmul_nbits(a, down_q[e], down_scales[e], None, None, i, d, bits,
+                                  block_down, accuracy_level))
 
 
 @geglu_experts_nbits.register_fake

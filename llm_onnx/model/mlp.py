@@ -3,6 +3,8 @@ sparse mixture of experts (an fp32 router over experts stacked in ONNX Runtime's
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -153,14 +155,25 @@ class GeGLUExperts(nn.Module):
 
     def _per_expert(self, x: Tensor, index: Tensor, weight: Tensor) -> Tensor:
         """The same sum, each chosen expert on the rows that chose it (eager only)."""
-        out = torch.zeros(x.shape, dtype=torch.float32)
-        for e in torch.unique(index).tolist():
-            rows, slot = (index == e).nonzero(as_tuple=True)
-            h = x[rows] @ self.gate_up_proj[e].to(x.dtype).T  # (M, 2I)
-            act = ops.fast_gelu(h[:, :self.width]) * h[:, self.width:]
-            y = act @ self.down_proj[e].to(x.dtype).T  # (M, D)
-            out.index_add_(0, rows, y.float() * weight[rows, slot, None])
-        return out.to(x.dtype)
+        return geglu_per_expert(x, index, weight, self.width,
+                                lambda e, a: a @ self.gate_up_proj[e].to(a.dtype).T,
+                                lambda e, a: a @ self.down_proj[e].to(a.dtype).T)
+
+
+def geglu_per_expert(x: Tensor, index: Tensor, weight: Tensor, width: int,
+                     gate_up: Callable[[int, Tensor], Tensor],
+                     down: Callable[[int, Tensor], Tensor]) -> Tensor:
+    """x (N, D), index (N, K) chosen experts, weight (N, K) fp32 -> (N, D): each chosen expert e
+    once, on the rows that chose it: down(e, gelu_tanh(gate) * up) of gate_up(e, rows) (M, 2I)
+    [gate | up], weighted and summed in fp32 (GeGLUExperts eagerly; the quantized experts'
+    eager op, quant.geglu_experts_nbits)."""
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for e in torch.unique(index).tolist():
+        rows, slot = (index == e).nonzero(as_tuple=True)
+        h = gate_up(e, x[rows])  # (M, 2I)
+        act = ops.fast_gelu(h[:, :width]) * h[:, width:]
+        out.index_add_(0, rows, down(e, act).float() * weight[rows, slot, None])
+    return out.to(x.dtype)
 
 
 class Gemma4Router(nn.Module):

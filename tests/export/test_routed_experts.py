@@ -18,15 +18,6 @@ from tests.model.test_geglu_experts import _reference
 E, D, I, K = 6, 64, 32, 2
 
 
-class _Wrap(torch.nn.Module):
-    def __init__(self, experts: torch.nn.Module) -> None:
-        super().__init__()
-        self.experts = experts
-
-    def forward(self, x, index, weight):
-        return self.experts(x, index, weight)
-
-
 @pytest.fixture(scope="module", params=[4, 8], ids=["int4", "int8"])
 def routed(request, tmp_path_factory):
     """(bits, float experts holding the dequantized weights, an ORT session of the routed form)."""
@@ -47,7 +38,7 @@ def routed(request, tmp_path_factory):
             getattr(experts, f"{part}_proj").data[e] = deq
     n = torch.export.Dim("n")
     x, index, weight = torch.randn(5, D), torch.zeros(5, K, dtype=torch.int64), torch.rand(5, K)
-    program = torch.onnx.export(_Wrap(module).eval(), (x, index, weight), dynamo=True, optimize=False,
+    program = torch.onnx.export(module.eval(), (x, index, weight), dynamo=True, optimize=False,
                                 dynamic_shapes=({0: n}, {0: n}, {0: n}),
                                 custom_translation_table=translation_table())
     path = tmp_path_factory.mktemp(f"routed{bits}") / "experts.onnx"
