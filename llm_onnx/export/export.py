@@ -209,6 +209,8 @@ def resolve_target(options: ExportOptions, cfg) -> ExportOptions:
     "cuda" when a usable CUDA GPU is present and the model can run wholly on it, else "cpu"."""
     if options.target == "cpu":
         return options
+    if options.kv_int8 and options.target is None:  # an int8 cache is checked on the CPU only
+        return replace(options, target="cpu")
     # fp32 stays fp32 whatever the target, and cuda_blockers names its float32 attention.
     blockers = mf.cuda_blockers(cfg, options.precision != "fp32") + cuda_export_limits(cfg, options)
     if options.target == "cuda":

@@ -25,6 +25,7 @@ import onnx_ir as ir
 import torch
 
 from llm_onnx import model_folder as mf
+from llm_onnx.errors import ConfigError
 from llm_onnx.checkpoints.load import Producer, param_producers
 from llm_onnx.export.calibrate import Calibration
 from llm_onnx.export.graphs import GRAPHS, trace_embed, trace_graph
@@ -51,6 +52,25 @@ def planned_attention(cfg: ModelConfig, options: ExportOptions) -> AttentionForm
     return form
 
 
+def check_kv_cache(cfg: ModelConfig, options: ExportOptions, form: AttentionForm) -> None:
+    """ConfigError where an int8 KV cache (options.kv_cache) cannot be built for ``cfg``: it is
+    GroupQueryAttention's (k_scale/v_scale inputs), so the plain form has none, and Gemma 4's
+    KV-shared layers would need their source layer's scales (not built yet)."""
+    if not options.kv_int8:
+        return
+    if form.plain:
+        raise ConfigError(f"--kv-cache int8: this model's attention is exported in plain ONNX "
+                          f"ops ({form.why}), and the int8 cache is GroupQueryAttention's. "
+                          "Export it with --kv-cache float.")
+    if cfg.num_kv_shared_layers:
+        raise ConfigError("--kv-cache int8: KV-shared layers (Gemma 4) would quantize with "
+                          "their source layer's scales, which is not built yet. Export it with "
+                          "--kv-cache float.")
+    if not cfg.attention_layers:
+        raise ConfigError("--kv-cache int8: this model has no attention layer, so no KV cache "
+                          "to quantize. Export it with --kv-cache float.")
+
+
 @dataclass
 class ExportPlan:
     cfg: ModelConfig
@@ -71,6 +91,7 @@ class ExportPlan:
             raise ValueError("an embedding export needs its EmbeddingSpec, and only it")
         dtype = torch.float16 if options.float16 else torch.float32
         form = planned_attention(cfg, options)  # what ONNX Runtime's kernels take of the shape
+        check_kv_cache(cfg, options, form)
         fusion = Fusion(rotary=options.fuse_rotary and form.rotary_inside, qkv=options.fuse_qkv,
                         gate_up=options.fuse_gate_up, plain_attention=form.plain)
         with torch.device("meta"):
