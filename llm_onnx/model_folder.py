@@ -25,6 +25,10 @@ from llm_onnx.typed_json import plain, typed
 
 FORMAT = "llm-onnx-model"
 FORMAT_VERSION = 2  # 2: typed sections, the real quantization scheme, special tokens
+# 3: a folder whose KV cache is int8 (kv_cache.dtype "int8", with its scales in the graphs):
+# written only for those, so that an older llm-onnx, which would bind float buffers to the
+# graphs' int8 cache, refuses the folder by its version; every other folder stays 2
+INT8_CACHE_VERSION = 3
 MANIFEST = "manifest.json"
 PREFILL, DECODE, WEIGHTS = "prefill.onnx", "decode.onnx", "weights.data"
 EMBED = "embed.onnx"
@@ -142,7 +146,7 @@ class KVCacheSpec:
     num_layers: int
     num_key_value_heads: int
     head_dim: int
-    dtype: str  # "float32" | "float16"
+    dtype: str  # "float32" | "float16" | "int8" (then format_version INT8_CACHE_VERSION)
     layout: str = "BNSH"
     shared_buffer: bool = True  # past and present are bound to one buffer, updated in place
     # The attention reading and writing it (attention.attention_form): "fused" (GroupQueryAttention
@@ -161,6 +165,9 @@ class KVCacheSpec:
     # the source layer's buffer too, where their kernel rewrites the same keys and values in
     # place and attends over it (no copy)
     sources: dict[str, int] | None = None
+    # An int8 cache: how its per-channel scales were made (they are graph initializers,
+    # model.layers.N.self_attn.k_scale / v_scale, GroupQueryAttention's inputs 12 and 13)
+    scales: str | None = None
 
     @property
     def layer_indices(self) -> tuple[int, ...]:
@@ -329,7 +336,8 @@ class Manifest:
     # -------------------------------------------------------------- JSON
 
     def to_json(self) -> str:
-        data = {"format": FORMAT, "format_version": FORMAT_VERSION}
+        data = {"format": FORMAT, "format_version": INT8_CACHE_VERSION
+                if self.kv_cache.dtype == "int8" else FORMAT_VERSION}
         for f in dataclasses.fields(self):
             if f.name != "folder":
                 data[f.name] = plain(getattr(self, f.name))
@@ -346,7 +354,7 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ModelFolderError(f"{where}: {MANIFEST} is not an llm-onnx manifest.")
         version = data.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in (FORMAT_VERSION, INT8_CACHE_VERSION):
             raise ModelFolderError(f"{where}: {MANIFEST} has format_version {version!r}; this "
                                    f"llm-onnx reads version {FORMAT_VERSION}. Re-export the "
                                    "model with this version.")

@@ -95,7 +95,8 @@ class ExportPlan:
         fusion = Fusion(rotary=options.fuse_rotary and form.rotary_inside, qkv=options.fuse_qkv,
                         gate_up=options.fuse_gate_up, plain_attention=form.plain)
         with torch.device("meta"):
-            model = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_len) \
+            model = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_len,
+                            kv_int8=options.kv_int8) \
                 if embedding is None else EmbeddingDecoder(
                     cfg, pooling=embedding.pooling, normalize=embedding.normalize, dtype=dtype,
                     fusion=fusion, max_positions=max_len)
@@ -159,7 +160,8 @@ class ExportPlan:
     @property
     def kv_cache(self) -> mf.KVCacheSpec:
         """The cache the graphs read and write: one (B, Hkv, max_len, D) buffer per layer, in
-        the graphs' compute dtype (embed.onnx: its attention's, kept for one run only)."""
+        the graphs' compute dtype or int8 (embed.onnx: its attention's, kept for one run
+        only)."""
         cfg = self.cfg
         form = planned_attention(cfg, self.options)
         owners = cfg.cache_layers  # (Qwen3.5: not its linear layers; Gemma 4: not KV-shared ones)
@@ -167,9 +169,15 @@ class ExportPlan:
         uniform = all(s == (cfg.num_key_value_heads, cfg.head_dim) for s in shapes)
         sources = {str(i): cfg.kv_source(i) for i in range(cfg.num_hidden_layers)
                    if cfg.is_kv_shared(i)}
+        scales = None
+        if self.options.kv_int8:
+            scales = ("per layer, KV head and channel (k_scale, v_scale: float32 (Hkv*D,)), "
+                      "amax / 127 over the calibration tokens, keys by RoPE's pair envelope"
+                      + (f"; {self.calibration.description}" if self.calibration else ""))
         return mf.KVCacheSpec(num_layers=cfg.num_hidden_layers,
                               num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                              dtype="float16" if self.options.float16 else "float32",
+                              dtype="int8" if self.options.kv_int8 else
+                              "float16" if self.options.float16 else "float32", scales=scales,
                               attention=form.name, attention_why=form.why,
                               shared_buffer=self.embedding is None,
                               layers=None if len(owners) == cfg.num_hidden_layers else owners,
