@@ -215,3 +215,26 @@ def test_the_cli_offers_and_refuses_it():
                                   "--kv-cache", "int8", "--target", "cuda", "--precision",
                                   "fp16", "--no-huge-pages"])
     assert result.exit_code == 1 and "--kv-cache float" in result.output
+
+
+def test_a_hybrid_model_quantizes_its_attention_layers_and_bench_counts_int8(tiny_export):
+    """qwen3_5_tiny: a linear-attention layer (no KV cache, its states stay float32) and one
+    full layer (2 KV heads of 64), whose cache bench counts at one byte a number."""
+    import json
+
+    from click.testing import CliRunner
+
+    from llm_onnx.cli import main
+
+    folder = tiny_export("qwen3_5_tiny", "fp32", kv_cache="int8")
+    m = load_manifest(folder)
+    assert m.kv_cache.dtype == "int8" and m.parity.relative_logits_diff <= 1e-4
+    assert set(exported_scales(folder)) == {"model.layers.1.self_attn.k_scale",
+                                            "model.layers.1.self_attn.v_scale"}
+    result = CliRunner().invoke(main, ["bench", "--model", str(folder), "--json",
+                                       "--prompt-len", "12", "--new-tokens", "6", "--repeat", "1",
+                                       "--provider", "cpu", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.output)
+    assert d["kv_cache_dtype"] == "int8"
+    assert d["kv_bytes_per_position"] == 2 * 1 * 2 * 64  # keys and values, one layer, int8
