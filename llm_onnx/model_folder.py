@@ -327,6 +327,8 @@ class Manifest:
 
     def cuda_blockers(self) -> list[str]:
         """Why this folder cannot run wholly on CUDA (empty when it can); see cuda_blockers."""
+        if self.kv_cache.dtype == "int8":  # exported for the CPU only (ExportOptions.kv_cache)
+            return ["its KV cache is int8, which is exported for the CPU only so far"]
         return cuda_blockers(self.config, self.kv_cache.dtype == "float16")
 
     def path(self, graph: str) -> Path:
