@@ -25,9 +25,7 @@ from llm_onnx.typed_json import plain, typed
 
 FORMAT = "llm-onnx-model"
 FORMAT_VERSION = 2  # 2: typed sections, the real quantization scheme, special tokens
-# 3: a folder whose KV cache is int8 (kv_cache.dtype "int8", with its scales in the graphs):
-# written only for those, so that an older llm-onnx, which would bind float buffers to the
-# graphs' int8 cache, refuses the folder by its version; every other folder stays 2
+# 3: only a folder with an int8 KV cache, which an older llm-onnx must refuse (others stay 2)
 INT8_CACHE_VERSION = 3
 MANIFEST = "manifest.json"
 PREFILL, DECODE, WEIGHTS = "prefill.onnx", "decode.onnx", "weights.data"
@@ -165,8 +163,7 @@ class KVCacheSpec:
     # the source layer's buffer too, where their kernel rewrites the same keys and values in
     # place and attends over it (no copy)
     sources: dict[str, int] | None = None
-    # An int8 cache: how its per-channel scales were made (they are graph initializers,
-    # model.layers.N.self_attn.k_scale / v_scale, GroupQueryAttention's inputs 12 and 13)
+    # An int8 cache: how its scales (initializers model.layers.N.self_attn.k|v_scale) were made
     scales: str | None = None
 
     @property
@@ -327,7 +324,7 @@ class Manifest:
 
     def cuda_blockers(self) -> list[str]:
         """Why this folder cannot run wholly on CUDA (empty when it can); see cuda_blockers."""
-        if self.kv_cache.dtype == "int8":  # exported for the CPU only (ExportOptions.kv_cache)
+        if self.kv_cache.dtype == "int8":
             return ["its KV cache is int8, which is exported for the CPU only so far"]
         return cuda_blockers(self.config, self.kv_cache.dtype == "float16")
 

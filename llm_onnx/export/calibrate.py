@@ -18,24 +18,13 @@ A mixture of experts' experts (QMoE: symmetric, no folds) get the search too, we
 expert by the router-weighted statistics of the calibration tokens routed to it
 (StreamedExperts).
 
-The same run gives an int8 KV cache (``--kv-cache int8``) its scales: per layer, one per KV
-head and channel, (Hkv*D,) KV-head-major, as GroupQueryAttention's PER_CHANNEL k_scale/v_scale
-read them (``kv_scales``). Values: the channel's largest |v| over the calibration tokens / 127.
-Keys are quantized after the kernel's RoPE, whose rotation of pair (d, d + R/2) (rotate-half,
-rotary_interleaved 0) keeps the pair's norm, so each of the two channels gets the largest
-sqrt(k_d^2 + k_{d+R/2}^2) of the keys before RoPE: it bounds the rotated key at every
-position, also those the calibration text never reached (onnxruntime-genai's builder widens
-its key scales the same way). Channels past the rotary width R, and layers without RoPE, take
-their |k|. A channel the text never moved gets a floor instead of 0.
-
-Nothing changes at run time in an awq export: the graphs and their MatMulNBits layout are those
-of any zero-point int4 export; only the stored numbers differ. Memory stays bounded: the calibration
+Nothing changes at run time: the graphs and their MatMulNBits layout are those of any
+zero-point int4 export; only the stored numbers differ. Memory stays bounded: the calibration
 holds one float32 layer (less its experts, read one at a time) and the calibration activations
-at a time.
+at a time. The same run records an int8 KV cache's scales (kv_scales.py).
 """
 
 from __future__ import annotations
-
 
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +38,7 @@ from llm_onnx.checkpoints.load import (Checkpoint, ExpertsProducer, _set_param, 
 from llm_onnx.checkpoints.sources import TensorSource
 from llm_onnx.errors import ExportError
 from llm_onnx.export.folder import HeapTrim
+from llm_onnx.export.kv_scales import layer_scales, watch_layer
 from llm_onnx.model import ops
 from llm_onnx.model.config import ModelConfig
 from llm_onnx.model.decoder import Fusion
@@ -104,8 +94,7 @@ class Calibration:
     folds: dict[str, list[Callable[[Tensor], Tensor]]] = field(default_factory=dict)
     importance: dict[str, Tensor] = field(default_factory=dict)
     description: str = ""
-    # an int8 KV cache's scales: "model.layers.N.self_attn.k_scale" | "...v_scale" -> (Hkv*D,)
-    kv_scales: dict[str, Tensor] = field(default_factory=dict)
+    kv_scales: dict[str, Tensor] = field(default_factory=dict)  # an int8 KV cache's, by name
 
     def fold(self, name: str, fn: Callable[[Tensor], Tensor]) -> None:
         self.folds.setdefault(name, []).append(fn)
@@ -114,9 +103,7 @@ class Calibration:
         """``producers`` with the folds applied to what they produce (folds of parameters the
         plan lacks are skipped: the parity gate's cut-down model has only the first layer)."""
         out = dict(producers)
-        for name, t in self.kv_scales.items():  # (absent from checkpoints: made here)
-            if name in producers:
-                out[name] = lambda src, t=t: t
+        out.update({n: (lambda src, t=t: t) for n, t in self.kv_scales.items() if n in out})
         for name, fns in self.folds.items():
             if name not in producers:
                 continue
@@ -165,10 +152,8 @@ def calibration_ids(checkpoint: Checkpoint, text: str | None = None,
 def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list[int],
               description: str, progress: Callable[[int], None] = lambda n: None, *,
               awq: bool = True, kv_scales: bool = False) -> Calibration:
-    """Run ``ids`` through the float32 model one layer at a time (each layer's weights read from
-    the checkpoint, used, dropped) and decide what is asked: with ``awq`` every group's scales
-    and search weights, with ``kv_scales`` an int8 KV cache's scales (``Calibration.kv_scales``;
-    the run itself keeps a float cache)."""
+    """Run ``ids`` through the float32 model a layer at a time (weights read, used, dropped) and
+    decide what is asked: awq's scales and search weights, an int8 KV cache's scales."""
     cfg = checkpoint.config
     source = checkpoint.source
     model = build_model(cfg, dtype=torch.float32, fusion=fusion, max_positions=max(len(ids), 2))
@@ -239,9 +224,7 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
                         for p in ("gate_up_proj_bias", "down_proj_bias"))
                 layer.mlp.experts.activation = old.activation
             stats = _input_stats(layer) if awq else {"hooks": []}
-            seen: list[tuple[Tensor, Tensor]] = []
-            if kv_scales and not layer.linear and not cfg.is_kv_shared(i):
-                layer.self_attn.observe = lambda k, v: seen.append((k, v))
+            seen = watch_layer(layer, cfg, i) if kv_scales else None
             if cfg.is_kv_shared(i):
                 nk, nv, pk, pv = sources[cfg.kv_source(i)]
                 model.run_layer(i, x, seqlens_k, total, pk, pv, reuse=(nk, nv))
@@ -252,16 +235,8 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
                     sources[i] = (*layer.new_kv, pk, pv)
             for hook in stats.pop("hooks"):
                 hook.remove()
-            if seen:
-                attn = layer.self_attn
-                attn.observe = None
-                cos = (x.local if cfg.layer_is_local(i) else x.rope)[0]
-                rotary = 2 * cos.shape[-1] if attn.rope and cos is not None else 0
-                k, v = seen[0]
-                shape = (-1, attn.kv_heads, attn.head_dim)
-                cal.kv_scales[f"{prefix}self_attn.k_scale"] = kv_scale(
-                    k.reshape(shape), rotary)
-                cal.kv_scales[f"{prefix}self_attn.v_scale"] = kv_scale(v.reshape(shape), 0)
+            cal.kv_scales.update(layer_scales(layer, prefix, seen, x.rope[0] if not
+                                              cfg.layer_is_local(i) else x.local[0]))
             if awq:
                 _decide_layer(cal, cfg, layer, prefix, stats, block_size)
                 if isinstance(getattr(layer.mlp, "experts", None), StreamedExperts):
@@ -280,27 +255,6 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
             x = h.reshape(-1, h.shape[-1]).double()
             cal.importance["lm_head"] = _finite((x * x).mean(0).float())
     return cal
-
-
-KV_QMAX = 127  # an amax value stores 127 (onnxruntime-genai divides by 128: it stores 128
-# and saturates at 127)
-KV_FLOOR = 1e-4  # a channel's smallest scale, relative to the layer's largest
-
-
-def kv_scale(x: Tensor, rotary: int) -> Tensor:
-    """An int8 cache's PER_CHANNEL scales (Hkv*D,) float32 from the keys or values of the
-    calibration tokens, x (N, Hkv, D), before RoPE: amax / 127 of each channel, where a key's
-    first ``rotary`` channels take RoPE's pair envelope sqrt(x_d^2 + x_{d+R/2}^2) (rotate-half
-    pairs, R = ``rotary``; 0 for values and layers without RoPE). Each scale is floored at
-    KV_FLOOR times the largest (1e-12 when all are 0), so 1/s stays finite."""
-    a = x.double().abs()
-    if rotary:
-        half = rotary // 2
-        pair = (a[..., :half] ** 2 + a[..., half:rotary] ** 2).sqrt()
-        a = torch.cat([pair, pair, a[..., rotary:]], dim=-1)
-    amax = torch.nan_to_num(a.amax(0), nan=0.0, posinf=float(torch.finfo(torch.float32).max))
-    s = (amax / KV_QMAX).float().reshape(-1)
-    return s.clamp_min(max(float(s.max()) * KV_FLOOR, 1e-12))
 
 
 class StreamedExperts(nn.Module):
@@ -542,5 +496,5 @@ def read_text(path: Path) -> str:
 
 
 __all__ = ["ALPHAS", "CALIBRATION_TEXT", "Calibration", "calibrate", "calibration_ids",
-           "kv_scale", "read_text"]
+           "read_text"]
 

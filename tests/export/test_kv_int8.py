@@ -15,7 +15,7 @@ from llm_onnx.checkpoints import open_checkpoint
 from llm_onnx.checkpoints.load import build_model
 from llm_onnx.errors import ConfigError
 from llm_onnx.export import ExportOptions
-from llm_onnx.export.calibrate import kv_scale
+from llm_onnx.export.kv_scales import kv_scale
 from llm_onnx.export.plan import ExportPlan
 from llm_onnx.families import get_config
 from llm_onnx.model import ops
