@@ -69,7 +69,7 @@ class BenchResult:
                   f"{'peak RSS':<22}{d['peak_rss_mib']:>10.0f} MiB (weights {d['weight_bytes'] / 2**20:.0f} MiB)",
                   f"{'cache a row':<22}{d['row_bytes'] / 2**20:>10.1f} MiB at "
                   f"{d['prompt_len'] + d['new_tokens']} positions "
-                  f"({d['kv_bytes_per_position'] / 1024:.1f} KiB a position"
+                  f"({d['kv_bytes_per_position'] / 1024:.1f} KiB a position, {d['kv_cache_dtype']}"
                   + (f", {d['state_bytes_per_row'] / 2**20:.1f} MiB of recurrent state with its "
                      "checkpoints" if d["state_bytes_per_row"] else "") + ")",
                   f"{'read bandwidth':<22}{d['memory_bandwidth_gb_s']:>10.1f} GB/s "
@@ -190,7 +190,7 @@ def weight_bytes_read(m: Manifest, batch: int = 1) -> int:
 
 def _float_size(m: Manifest) -> int:
     """Bytes of a float weight (and of a quantized block's scale): float16 graphs store float16."""
-    return 2 if m.kv_cache.dtype == "float16" else 4
+    return 2 if m.kv_cache.dtype == "float16" or m.precision.precision == "fp16" else 4
 
 
 def embedding_bytes(m: Manifest) -> int:
@@ -311,6 +311,7 @@ def run_bench(model: Model, cfg: BenchConfig, rss_before_load_mib: float | None 
         # what a row of the cache holds: per position, whatever its length (a recurrent state
         # with its checkpoints), and at this run's longest (prompt + new tokens)
         "kv_bytes_per_position": model.engine.kv_bytes_per_position,
+        "kv_cache_dtype": m.kv_cache.dtype,
         "state_bytes_per_row": model.engine.state_bytes_per_row,
         "row_bytes": model.engine.row_bytes(len(prompt) + cfg.new_tokens),
         "weight_bytes_per_token": weight_bytes_read(m),  # batch 1, without the KV cache

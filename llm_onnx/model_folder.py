@@ -25,6 +25,8 @@ from llm_onnx.typed_json import plain, typed
 
 FORMAT = "llm-onnx-model"
 FORMAT_VERSION = 2  # 2: typed sections, the real quantization scheme, special tokens
+# 3: only a folder with an int8 KV cache, which an older llm-onnx must refuse (others stay 2)
+INT8_CACHE_VERSION = 3
 MANIFEST = "manifest.json"
 PREFILL, DECODE, WEIGHTS = "prefill.onnx", "decode.onnx", "weights.data"
 EMBED = "embed.onnx"
@@ -142,7 +144,7 @@ class KVCacheSpec:
     num_layers: int
     num_key_value_heads: int
     head_dim: int
-    dtype: str  # "float32" | "float16"
+    dtype: str  # "float32" | "float16" | "int8" (then format_version INT8_CACHE_VERSION)
     layout: str = "BNSH"
     shared_buffer: bool = True  # past and present are bound to one buffer, updated in place
     # The attention reading and writing it (attention.attention_form): "fused" (GroupQueryAttention
@@ -161,6 +163,8 @@ class KVCacheSpec:
     # the source layer's buffer too, where their kernel rewrites the same keys and values in
     # place and attends over it (no copy)
     sources: dict[str, int] | None = None
+    # An int8 cache: how its scales (initializers model.layers.N.self_attn.k|v_scale) were made
+    scales: str | None = None
 
     @property
     def layer_indices(self) -> tuple[int, ...]:
@@ -320,6 +324,8 @@ class Manifest:
 
     def cuda_blockers(self) -> list[str]:
         """Why this folder cannot run wholly on CUDA (empty when it can); see cuda_blockers."""
+        if self.kv_cache.dtype == "int8":
+            return ["its KV cache is int8, which is exported for the CPU only so far"]
         return cuda_blockers(self.config, self.kv_cache.dtype == "float16")
 
     def path(self, graph: str) -> Path:
@@ -329,7 +335,8 @@ class Manifest:
     # -------------------------------------------------------------- JSON
 
     def to_json(self) -> str:
-        data = {"format": FORMAT, "format_version": FORMAT_VERSION}
+        data = {"format": FORMAT, "format_version": INT8_CACHE_VERSION
+                if self.kv_cache.dtype == "int8" else FORMAT_VERSION}
         for f in dataclasses.fields(self):
             if f.name != "folder":
                 data[f.name] = plain(getattr(self, f.name))
@@ -346,7 +353,7 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ModelFolderError(f"{where}: {MANIFEST} is not an llm-onnx manifest.")
         version = data.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in (FORMAT_VERSION, INT8_CACHE_VERSION):
             raise ModelFolderError(f"{where}: {MANIFEST} has format_version {version!r}; this "
                                    f"llm-onnx reads version {FORMAT_VERSION}. Re-export the "
                                    "model with this version.")

@@ -83,24 +83,28 @@ def make_byte_checkpoint(folder: Path, seed: int = 5, think: bool = False,
     return model
 
 
-_MADE: dict[tuple[bool, str], Path] = {}
+_MADE: dict[tuple[bool, str, str], Path] = {}
 
 
-def export_byte_model(tmp_path_factory, think: bool = False, preset: str = "qwen3_tiny") -> Path:
-    """The exported fp32 folder (made once per session for each ``think`` and ``preset``)."""
-    if (think, preset) not in _MADE:
+def export_byte_model(tmp_path_factory, think: bool = False, preset: str = "qwen3_tiny",
+                      kv_cache: str = "float") -> Path:
+    """The exported fp32 folder (made once per session for each ``think``, ``preset`` and
+    ``kv_cache``)."""
+    if (think, preset, kv_cache) not in _MADE:
         from llm_onnx.checkpoints import open_checkpoint
         from llm_onnx.export import ExportOptions, export_model
 
         name = ("tiny-bytes-think" if think else "tiny-bytes") + \
-            ("" if preset == "qwen3_tiny" else f"-{preset}")
+            ("" if preset == "qwen3_tiny" else f"-{preset}") + \
+            ("" if kv_cache == "float" else f"-kv-{kv_cache}")
         ckpt = tmp_path_factory.mktemp(f"{name}-ckpt") / name
         make_byte_checkpoint(ckpt, think=think, preset=preset)
         out = tmp_path_factory.mktemp(name) / name
-        export_model(open_checkpoint(ckpt), out, ExportOptions(precision="fp32", max_seq_len=CONTEXT),
+        export_model(open_checkpoint(ckpt), out,
+                     ExportOptions(precision="fp32", max_seq_len=CONTEXT, kv_cache=kv_cache),
                      progress=False)
-        _MADE[(think, preset)] = out
-    return _MADE[(think, preset)]
+        _MADE[(think, preset, kv_cache)] = out
+    return _MADE[(think, preset, kv_cache)]
 
 
 @pytest.fixture(scope="session")

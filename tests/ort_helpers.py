@@ -17,7 +17,7 @@ class Graphs:
         self.manifest = json.loads((self.folder / "manifest.json").read_text())
         kv = self.manifest["kv_cache"]
         self.layers, self.kv_heads, self.head_dim = kv["num_layers"], kv["num_key_value_heads"], kv["head_dim"]
-        self.kv_dtype = np.float16 if kv["dtype"] == "float16" else np.float32
+        self.kv_dtype = {"float16": np.float16, "int8": np.int8}.get(kv["dtype"], np.float32)
         # linear-attention layers (Qwen3.5): a conv and a recurrent state instead of keys and values
         self.state = self.manifest.get("recurrent_state")
         self.linear = set(self.state["layers"]) if self.state else set()

@@ -253,7 +253,7 @@ def load_weights(model: Decoder, source: TensorSource) -> Decoder:
 def build_model(cfg: ModelConfig, source: TensorSource | None = None, *,
                 dtype: torch.dtype = torch.float32, fusion: Fusion | None = None,
                 max_positions: int | None = None, pooling: str | None = None,
-                normalize: bool = False) -> Decoder:
+                normalize: bool = False, kv_int8: bool = False) -> Decoder:
     """The decoder of ``cfg``: weightless on the meta device, or filled from ``source``.
 
     Args:
@@ -265,10 +265,13 @@ def build_model(cfg: ModelConfig, source: TensorSource | None = None, *,
         max_positions: length of the RoPE tables (defaults to the config's context).
         pooling, normalize: an embedding model instead (EmbeddingDecoder: no LM head, its
             forward pools the final hidden states).
+        kv_int8: an int8 KV cache; ``source`` then also gives each attention layer's
+            ``self_attn.k_scale`` and ``v_scale`` (an export's, or calibrate.kv_scale's).
     """
     max_positions = max_positions or cfg.max_position_embeddings
     with torch.device("meta"):
-        model = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_positions) \
+        model = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_positions,
+                        kv_int8=kv_int8) \
             if pooling is None else EmbeddingDecoder(cfg, pooling=pooling, normalize=normalize,
                                                      dtype=dtype, fusion=fusion,
                                                      max_positions=max_positions)

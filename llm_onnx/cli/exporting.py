@@ -79,8 +79,15 @@ def _rerun_with_huge_pages() -> None:
                    "short text, folds per-channel scales into the weights, searches weighted by "
                    "the activations). Default: awq for int4 from a float checkpoint, else minmax.")
 @click.option("--calibration-text", type=click.Path(path_type=Path, exists=True, dir_okay=False),
-              help="awq: a UTF-8 text file to calibrate on (first 512 tokens; default: a "
-                   "built-in text).")
+              help="awq and --kv-cache int8: a UTF-8 text file to calibrate on (first 512 "
+                   "tokens; default: a built-in text).")
+@click.option("--kv-cache", type=click.Choice(["float", "int8"]), default="float",
+              show_default=True,
+              help="How the KV cache stores keys and values. int8: a quarter of float32's "
+                   "bytes per position (half of fp16's), one scale per layer, KV head and "
+                   "channel, calibrated at export on the calibration text (--calibration-text, "
+                   "default: a built-in text); GroupQueryAttention quantizes and dequantizes "
+                   "it. CPU target, GroupQueryAttention forms only (not --plain-attention).")
 @click.option("--all-logits", is_flag=True,
               help="The prefill graph returns logits for every position (default: last only).")
 @click.option("--plain-attention", is_flag=True,
@@ -117,8 +124,8 @@ def _rerun_with_huge_pages() -> None:
 @_handle_errors
 def export(config_name, checkpoint, random_weights, seed, precision, out, max_seq_len, block_size,
            float_embeddings, embedding_bits, accuracy_level, experts_accuracy_level, quant_scheme,
-           quant_method, calibration_text, all_logits, plain_attention, target, task, pooling,
-           normalize, no_validate, force, no_huge_pages) -> None:
+           quant_method, calibration_text, kv_cache, all_logits, plain_attention, target, task,
+           pooling, normalize, no_validate, force, no_huge_pages) -> None:
     """Export a model to an ONNX model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
     manifest.json; embed.onnx with --task embed), then check it against torch in ONNX Runtime.
 
@@ -131,6 +138,7 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
       llm-onnx export --config qwen3_8b --random-weights --precision fp16
       llm-onnx export --checkpoint ./Qwen3-8B --precision int4 --target cuda
       llm-onnx export --checkpoint ./Qwen3-8B --precision int4 --calibration-text my-domain.txt
+      llm-onnx export --checkpoint ./Qwen3-8B --precision int4 --kv-cache int8
       llm-onnx export --checkpoint ./Qwen3-Embedding-0.6B --task embed --precision fp32
       llm-onnx export --checkpoint ./my-st-model --task embed --pooling mean --no-normalize
     """
@@ -156,7 +164,7 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
                             quant_scheme=quant_scheme,
                             quant_method=quant_method,
                             calibration_text=str(calibration_text) if calibration_text else None,
-                            max_seq_len=max_seq_len,
+                            max_seq_len=max_seq_len, kv_cache=kv_cache,
                             all_logits=all_logits, plain_attention=plain_attention,
                             validate=not no_validate,
                             target=None if target == "auto" else target,

@@ -21,11 +21,10 @@ expert by the router-weighted statistics of the calibration tokens routed to it
 Nothing changes at run time: the graphs and their MatMulNBits layout are those of any
 zero-point int4 export; only the stored numbers differ. Memory stays bounded: the calibration
 holds one float32 layer (less its experts, read one at a time) and the calibration activations
-at a time.
+at a time. The same run records an int8 KV cache's scales (kv_scales.py).
 """
 
 from __future__ import annotations
-
 
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from llm_onnx.checkpoints.load import (Checkpoint, ExpertsProducer, _set_param, 
 from llm_onnx.checkpoints.sources import TensorSource
 from llm_onnx.errors import ExportError
 from llm_onnx.export.folder import HeapTrim
+from llm_onnx.export.kv_scales import layer_scales, watch_layer
 from llm_onnx.model import ops
 from llm_onnx.model.config import ModelConfig
 from llm_onnx.model.decoder import Fusion
@@ -94,6 +94,7 @@ class Calibration:
     folds: dict[str, list[Callable[[Tensor], Tensor]]] = field(default_factory=dict)
     importance: dict[str, Tensor] = field(default_factory=dict)
     description: str = ""
+    kv_scales: dict[str, Tensor] = field(default_factory=dict)  # an int8 KV cache's, by name
 
     def fold(self, name: str, fn: Callable[[Tensor], Tensor]) -> None:
         self.folds.setdefault(name, []).append(fn)
@@ -102,6 +103,7 @@ class Calibration:
         """``producers`` with the folds applied to what they produce (folds of parameters the
         plan lacks are skipped: the parity gate's cut-down model has only the first layer)."""
         out = dict(producers)
+        out.update({n: (lambda src, t=t: t) for n, t in self.kv_scales.items() if n in out})
         for name, fns in self.folds.items():
             if name not in producers:
                 continue
@@ -148,9 +150,10 @@ def calibration_ids(checkpoint: Checkpoint, text: str | None = None,
 
 
 def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list[int],
-              description: str, progress: Callable[[int], None] = lambda n: None) -> Calibration:
-    """Run ``ids`` through the float32 model one layer at a time (each layer's weights read from
-    the checkpoint, used, dropped) and decide every group's scales and search weights."""
+              description: str, progress: Callable[[int], None] = lambda n: None, *,
+              awq: bool = True, kv_scales: bool = False) -> Calibration:
+    """Run ``ids`` through the float32 model a layer at a time (weights read, used, dropped) and
+    decide what is asked: awq's scales and search weights, an int8 KV cache's scales."""
     cfg = checkpoint.config
     source = checkpoint.source
     model = build_model(cfg, dtype=torch.float32, fusion=fusion, max_positions=max(len(ids), 2))
@@ -220,7 +223,8 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
                         producers[f"{experts}{p}"](source).float()
                         for p in ("gate_up_proj_bias", "down_proj_bias"))
                 layer.mlp.experts.activation = old.activation
-            stats = _input_stats(layer)
+            stats = _input_stats(layer) if awq else {"hooks": []}
+            seen = watch_layer(layer, cfg, i) if kv_scales else None
             if cfg.is_kv_shared(i):
                 nk, nv, pk, pv = sources[cfg.kv_source(i)]
                 model.run_layer(i, x, seqlens_k, total, pk, pv, reuse=(nk, nv))
@@ -231,13 +235,16 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
                     sources[i] = (*layer.new_kv, pk, pv)
             for hook in stats.pop("hooks"):
                 hook.remove()
-            _decide_layer(cal, cfg, layer, prefix, stats, block_size)
-            if isinstance(getattr(layer.mlp, "experts", None), StreamedExperts):
-                layer.mlp.experts.decide(cal, f"{prefix}mlp.experts")
+            cal.kv_scales.update(layer_scales(layer, prefix, seen, x.rope[0] if not
+                                              cfg.layer_is_local(i) else x.local[0]))
+            if awq:
+                _decide_layer(cal, cfg, layer, prefix, stats, block_size)
+                if isinstance(getattr(layer.mlp, "experts", None), StreamedExperts):
+                    layer.mlp.experts.decide(cal, f"{prefix}mlp.experts")
             trim(sum(p.nbytes for p in layer.parameters() if not p.is_meta))
             drop(layer)
             progress(1)
-        if cfg.embed_dim is None:  # the LM head's input: the final norm's output
+        if awq and cfg.embed_dim is None:  # the LM head's input: the final norm's output
             if cfg.post_layernorm:
                 h = x.residual
             else:

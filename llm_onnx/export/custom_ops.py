@@ -18,7 +18,7 @@ import onnxscript
 import torch
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.tensor_typing import TFloat
-from onnxscript.onnx_types import FLOAT, INT32, INT64, UINT8
+from onnxscript.onnx_types import FLOAT, INT8, INT32, INT64, UINT8
 
 from llm_onnx.export import quant  # noqa: F401  (registers torch.ops.llm_onnx.* of quantization)
 from llm_onnx.model import linear_attention as _la  # noqa: F401  (its torch.ops.llm_onnx.*)
@@ -95,12 +95,12 @@ def rotary_embedding(x: TFloat, position_ids: INT64, cos_cache: TFloat, sin_cach
 # One translation for layers with and without RoPE: do_rotary is the op's per call (SmolLM3's
 # NoPE layers run beside rotating ones; a model without RoPE passes no cos/sin caches at all).
 @onnxscript.script(opset=_here)
-def group_query_attention(
+def group_query_attention_float(
     query: TFloat, key: Optional[TFloat], value: Optional[TFloat], past_key: TFloat,
     past_value: TFloat, seqlens_k: INT32, total_sequence_length: INT32,
-    cos_cache: Optional[TFloat], sin_cache: Optional[TFloat], num_heads: int, kv_num_heads: int,
-    scale: float, local_window_size: int, rotary_interleaved: bool, do_rotary: bool,
-    attention_bias: Optional[TFloat] = None, head_sink: Optional[TFloat] = None,
+    cos_cache: Optional[TFloat], sin_cache: Optional[TFloat], attention_bias: Optional[TFloat],
+    head_sink: Optional[TFloat], num_heads: int, kv_num_heads: int, scale: float,
+    local_window_size: int, rotary_interleaved: bool, do_rotary: bool,
 ) -> tuple[TFloat, TFloat, TFloat]:
     out, present_key, present_value = msft.GroupQueryAttention(
         query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
@@ -108,6 +108,48 @@ def group_query_attention(
         kv_num_heads=kv_num_heads, scale=scale, local_window_size=local_window_size,
         rotary_interleaved=rotary_interleaved, do_rotary=do_rotary)
     return out, present_key, present_value
+
+
+# An int8 cache: k_scale and v_scale are inputs 12 and 13 (float32, (Hkv*D,) KV-head-major),
+# K and V share one quant type on the CPU, and kv_cache_bit_width is required (it defaults to
+# 0, and the node then fails at its first run). docs/notes/kv-int8-gqa.md has the contract.
+@onnxscript.script(opset=_here)
+def group_query_attention_int8(
+    query: TFloat, key: Optional[TFloat], value: Optional[TFloat], past_key: INT8,
+    past_value: INT8, seqlens_k: INT32, total_sequence_length: INT32,
+    cos_cache: Optional[TFloat], sin_cache: Optional[TFloat], attention_bias: Optional[TFloat],
+    head_sink: Optional[TFloat], k_scale: FLOAT, v_scale: FLOAT, num_heads: int,
+    kv_num_heads: int, scale: float, local_window_size: int, rotary_interleaved: bool,
+    do_rotary: bool,
+) -> tuple[TFloat, INT8, INT8]:
+    out, present_key, present_value = msft.GroupQueryAttention(
+        query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+        cos_cache, sin_cache, None, attention_bias, head_sink, k_scale, v_scale,
+        num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale,
+        local_window_size=local_window_size, rotary_interleaved=rotary_interleaved,
+        do_rotary=do_rotary, k_quant_type="PER_CHANNEL", v_quant_type="PER_CHANNEL",
+        kv_cache_bit_width=8)
+    return out, present_key, present_value
+
+
+def group_query_attention(query, key, value, past_key, past_value, seqlens_k,
+                          total_sequence_length, cos_cache, sin_cache, num_heads: int,
+                          kv_num_heads: int, scale: float, local_window_size: int,
+                          rotary_interleaved: bool, do_rotary: bool, attention_bias=None,
+                          head_sink=None, k_scale=None, v_scale=None):
+    """ops.group_query_attention's contract: the float cache's node, or the int8 cache's when
+    the op has scales. Traced (a Python function: the scales' presence picks the node)."""
+    if k_scale is None:
+        return group_query_attention_float(
+            query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+            cos_cache, sin_cache, attention_bias, head_sink, num_heads=num_heads,
+            kv_num_heads=kv_num_heads, scale=scale, local_window_size=local_window_size,
+            rotary_interleaved=rotary_interleaved, do_rotary=do_rotary)
+    return group_query_attention_int8(
+        query, key, value, past_key, past_value, seqlens_k, total_sequence_length, cos_cache,
+        sin_cache, attention_bias, head_sink, k_scale, v_scale, num_heads=num_heads,
+        kv_num_heads=kv_num_heads, scale=scale, local_window_size=local_window_size,
+        rotary_interleaved=rotary_interleaved, do_rotary=do_rotary)
 
 
 def plain_attention(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,

@@ -42,7 +42,7 @@ def write_folder(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
     """The graphs and weights of ``checkpoint`` into ``folder``; returns the closed weight file
     (its tensor table and sha256)."""
     graphs = plan.trace(progress)
-    if plan.options.quantized and plan.options.method == "awq" and plan.calibration is None:
+    if plan.calibration is None and (_awq(plan.options) or plan.options.kv_int8):
         plan.calibration = calibrate_plan(checkpoint, plan, progress)
     progress.stage("writing weights")
     wf = WeightFile(folder / mf.WEIGHTS)
@@ -67,14 +67,19 @@ def write_folder(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
     return wf
 
 
+def _awq(options: ExportOptions) -> bool:
+    return options.quantized and options.method == "awq"
+
+
 def calibrate_plan(checkpoint: Checkpoint, plan: ExportPlan, progress: Progress) -> Calibration:
-    """awq's calibration pass (calibrate.py), one progress step per layer."""
+    """The calibration pass (calibrate.py) of awq and of an int8 KV cache, one progress step per
+    layer."""
     text = read_text(Path(plan.options.calibration_text)) if plan.options.calibration_text else None
     ids, description = calibration_ids(checkpoint, text)
     progress.grow(plan.cfg.num_hidden_layers)
     progress.stage("calibrating")
     cal = calibrate(checkpoint, plan.model.fusion, plan.options.block_size, ids, description,
-                    progress.advance)
+                    progress.advance, awq=_awq(plan.options), kv_scales=plan.options.kv_int8)
     release_memory()
     return cal
 
@@ -149,7 +154,8 @@ def build_manifest(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
     if precision.quantization is not None:
         precision = replace(precision, quantization=replace(
             precision.quantization, source=describe_source(checkpoint, plan.options),
-            calibration=plan.calibration.description if plan.calibration else None))
+            calibration=plan.calibration.description
+            if plan.calibration and _awq(plan.options) else None))
     return mf.Manifest(
         name=checkpoint.name,
         source=mf.SourceSpec(checkpoint.kind, str(checkpoint.path) if checkpoint.path else None),
@@ -209,6 +215,8 @@ def resolve_target(options: ExportOptions, cfg) -> ExportOptions:
     "cuda" when a usable CUDA GPU is present and the model can run wholly on it, else "cpu"."""
     if options.target == "cpu":
         return options
+    if options.kv_int8 and options.target is None:  # an int8 cache is checked on the CPU only
+        return replace(options, target="cpu")
     # fp32 stays fp32 whatever the target, and cuda_blockers names its float32 attention.
     blockers = mf.cuda_blockers(cfg, options.precision != "fp32") + cuda_export_limits(cfg, options)
     if options.target == "cuda":

@@ -48,7 +48,8 @@ def _example_inputs(model: Decoder, seq_len: int) -> tuple[torch.Tensor, ...]:
                        for shape in state_shapes(cfg.linear_attention)]
         else:
             heads, head_dim = cfg.layer_kv_shape(i)  # (Gemma 4: per layer kind)
-            states += [torch.zeros((b, heads, p, head_dim), dtype=model.dtype, device="meta")
+            states += [torch.zeros((b, heads, p, head_dim), dtype=model.cache_dtype,
+                                   device="meta")
                        for _ in range(2)]
     return (
         torch.zeros(b, seq_len, dtype=torch.int64, device="meta"),

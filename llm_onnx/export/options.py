@@ -10,6 +10,7 @@ from llm_onnx.model_folder import POOLINGS, TASKS
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 TARGETS = ("cpu", "cuda")
 QUANT_METHODS = ("minmax", "search", "awq")
+KV_CACHES = ("float", "int8")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +50,14 @@ class ExportOptions:
             per-channel scales folded into the preceding norm or projection and the search
             weighted by each channel's activations; see calibrate.py). Default: awq for int4
             from a float source, else minmax.
-        calibration_text: the text file awq calibrates on (default: a built-in text).
+        calibration_text: the text file awq and an int8 KV cache calibrate on (default: a
+            built-in text).
+        kv_cache: how the KV cache stores keys and values: "float" (the graphs' compute
+            dtype) or "int8": a quarter of float32's bytes, per-channel scales (one per KV head
+            and channel, per layer) calibrated at export on the calibration text and applied
+            by GroupQueryAttention (x * (1/s) rounded to int8 on write, int8 * s on read;
+            docs/notes/kv-int8-gqa.md). Needs the GroupQueryAttention forms (not plain
+            attention) and the CPU target for now.
         validate: run the ORT vs torch parity gate after writing.
         task: "generate" (prefill.onnx and decode.onnx: next-token logits over a KV cache) or
             "embed" (embed.onnx: one pooled, maybe normalised, vector per text; no LM head, no
@@ -82,6 +90,7 @@ class ExportOptions:
     task: str = "generate"
     pooling: str | None = None
     normalize: bool | None = None
+    kv_cache: str = "float"
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -134,8 +143,27 @@ class ExportOptions:
         if self.task == "embed" and self.all_logits:
             raise ConfigError("all_logits is for generation graphs; an embedding export "
                               "(task embed) returns no logits.")
+        if self.kv_cache not in KV_CACHES:
+            raise ConfigError(f"kv_cache must be one of {', '.join(KV_CACHES)}, got "
+                              f"{self.kv_cache!r}.")
+        if self.kv_int8 and self.task == "embed":
+            raise ConfigError("kv_cache int8 quantizes a generation model's KV cache; an "
+                              "embedding export (task embed) has none. Drop --kv-cache int8.")
+        if self.kv_int8 and self.plain_attention:
+            raise ConfigError("kv_cache int8 is applied by ONNX Runtime's GroupQueryAttention; "
+                              "plain_attention exports attention without it. Drop one of "
+                              "--plain-attention and --kv-cache int8.")
+        if self.kv_int8 and self.target == "cuda":
+            raise ConfigError("kv_cache int8 is checked on the CPU only so far (ONNX Runtime's "
+                              "CUDA GroupQueryAttention has int8-cache kernels not yet run "
+                              "here). Export with --target cpu, or with --kv-cache float for "
+                              "CUDA.")
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise ConfigError(f"max_seq_len must be at least 2, got {self.max_seq_len}.")
+
+    @property
+    def kv_int8(self) -> bool:
+        return self.kv_cache == "int8"
 
     @property
     def quantized(self) -> bool:

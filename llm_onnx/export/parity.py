@@ -90,7 +90,7 @@ def _compare_folder(plan: ExportPlan, folder: Path, tensors: dict[str, StoredTen
     """Torch reference first (then freed), then ORT one session at a time."""
     cfg, options = plan.cfg, plan.options
     limits = thresholds(options)
-    kv_dtype = np.float16 if options.float16 else np.float32
+    kv_dtype = np.int8 if options.kv_int8 else np.float16 if options.float16 else np.float32
     reference = compute_in_float32(load_stored(plan.model, folder / mf.WEIGHTS, tensors))
     if plan.embedding is not None:  # embed.onnx: one run, no cache, no CUDA engine path
         expected = run_reference_embeddings(reference, cfg.vocab_size)

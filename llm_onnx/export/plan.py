@@ -25,6 +25,7 @@ import onnx_ir as ir
 import torch
 
 from llm_onnx import model_folder as mf
+from llm_onnx.errors import ConfigError
 from llm_onnx.checkpoints.load import Producer, param_producers
 from llm_onnx.export.calibrate import Calibration
 from llm_onnx.export.graphs import GRAPHS, trace_embed, trace_graph
@@ -51,6 +52,25 @@ def planned_attention(cfg: ModelConfig, options: ExportOptions) -> AttentionForm
     return form
 
 
+def check_kv_cache(cfg: ModelConfig, options: ExportOptions, form: AttentionForm) -> None:
+    """ConfigError where an int8 KV cache (options.kv_cache) cannot be built for ``cfg``: it is
+    GroupQueryAttention's (k_scale/v_scale inputs), so the plain form has none, and Gemma 4's
+    KV-shared layers would need their source layer's scales (not built yet)."""
+    if not options.kv_int8:
+        return
+    if form.plain:
+        raise ConfigError(f"--kv-cache int8: this model's attention is exported in plain ONNX "
+                          f"ops ({form.why}), and the int8 cache is GroupQueryAttention's. "
+                          "Export it with --kv-cache float.")
+    if cfg.num_kv_shared_layers:
+        raise ConfigError("--kv-cache int8: KV-shared layers (Gemma 4) would quantize with "
+                          "their source layer's scales, which is not built yet. Export it with "
+                          "--kv-cache float.")
+    if not cfg.attention_layers:
+        raise ConfigError("--kv-cache int8: this model has no attention layer, so no KV cache "
+                          "to quantize. Export it with --kv-cache float.")
+
+
 @dataclass
 class ExportPlan:
     cfg: ModelConfig
@@ -71,10 +91,12 @@ class ExportPlan:
             raise ValueError("an embedding export needs its EmbeddingSpec, and only it")
         dtype = torch.float16 if options.float16 else torch.float32
         form = planned_attention(cfg, options)  # what ONNX Runtime's kernels take of the shape
+        check_kv_cache(cfg, options, form)
         fusion = Fusion(rotary=options.fuse_rotary and form.rotary_inside, qkv=options.fuse_qkv,
                         gate_up=options.fuse_gate_up, plain_attention=form.plain)
         with torch.device("meta"):
-            model = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_len) \
+            model = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_len,
+                            kv_int8=options.kv_int8) \
                 if embedding is None else EmbeddingDecoder(
                     cfg, pooling=embedding.pooling, normalize=embedding.normalize, dtype=dtype,
                     fusion=fusion, max_positions=max_len)
@@ -138,7 +160,8 @@ class ExportPlan:
     @property
     def kv_cache(self) -> mf.KVCacheSpec:
         """The cache the graphs read and write: one (B, Hkv, max_len, D) buffer per layer, in
-        the graphs' compute dtype (embed.onnx: its attention's, kept for one run only)."""
+        the graphs' compute dtype or int8 (embed.onnx: its attention's, kept for one run
+        only)."""
         cfg = self.cfg
         form = planned_attention(cfg, self.options)
         owners = cfg.cache_layers  # (Qwen3.5: not its linear layers; Gemma 4: not KV-shared ones)
@@ -146,9 +169,15 @@ class ExportPlan:
         uniform = all(s == (cfg.num_key_value_heads, cfg.head_dim) for s in shapes)
         sources = {str(i): cfg.kv_source(i) for i in range(cfg.num_hidden_layers)
                    if cfg.is_kv_shared(i)}
+        scales = None
+        if self.options.kv_int8:
+            scales = ("per layer, KV head and channel (k_scale, v_scale: float32 (Hkv*D,)), "
+                      "amax / 127 over the calibration tokens, keys by RoPE's pair envelope"
+                      + (f"; {self.calibration.description}" if self.calibration else ""))
         return mf.KVCacheSpec(num_layers=cfg.num_hidden_layers,
                               num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                              dtype="float16" if self.options.float16 else "float32",
+                              dtype="int8" if self.options.kv_int8 else
+                              "float16" if self.options.float16 else "float32", scales=scales,
                               attention=form.name, attention_why=form.why,
                               shared_buffer=self.embedding is None,
                               layers=None if len(owners) == cfg.num_hidden_layers else owners,

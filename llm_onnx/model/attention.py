@@ -53,7 +53,8 @@ def attention_form(cfg: ModelConfig) -> AttentionForm:
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fused_rotary: bool,
-                 fuse_qkv: bool, layer: int = 0, plain: bool = False) -> None:
+                 fuse_qkv: bool, layer: int = 0, plain: bool = False,
+                 kv_int8: bool = False) -> None:
         super().__init__()
         # Gemma 4: full-attention layers have their own head size and KV head count
         self.num_heads, self.kv_heads, self.head_dim = (
@@ -97,6 +98,20 @@ class Attention(nn.Module):
         self.rope = cfg.layer_uses_rope(layer)
         self.plain = plain
         self.fused_rotary = fused_rotary and self.rope and not plain
+        # An int8 KV cache (--kv-cache int8): GroupQueryAttention's per-channel scales, (Hkv*D,)
+        # KV-head-major, float32 whatever the compute dtype, calibrated at export (calibrate.py)
+        self.kv_int8 = kv_int8
+        if kv_int8:
+            if plain or self.shared:
+                raise ValueError("an int8 KV cache needs GroupQueryAttention and a layer of its "
+                                 "own keys and values")
+            self.k_scale = nn.Parameter(torch.empty(self.kv_width, dtype=torch.float32),
+                                        requires_grad=False)
+            self.v_scale = nn.Parameter(torch.empty(self.kv_width, dtype=torch.float32),
+                                        requires_grad=False)
+        # The calibration's hook (calibrate.py): called with each run's keys before RoPE and
+        # values, each (B, T, Hkv*D), as the attention kernel takes them. None when exporting.
+        self.observe = None
 
     def forward(self, x: Tensor, seqlens_k: Tensor, total: Tensor, cos: Tensor | None,
                 sin: Tensor | None, positions: Tensor, past_key: Tensor | None,
@@ -147,6 +162,9 @@ class Attention(nn.Module):
             vf = v.reshape(b, t, self.kv_heads, self.head_dim).float()
             v = (vf * torch.rsqrt(vf.pow(2).mean(-1, keepdim=True) + self.eps)).reshape(
                 b, t, -1).to(x.dtype)
+        if self.observe is not None and not self.shared:
+            qw, kw = self.q_width, self.kv_width  # (packed QKV when k is None)
+            self.observe(*((k, v) if k is not None else (q[..., qw:qw + kw], q[..., qw + kw:])))
         if self.rope and not self.fused_rotary and not self.shared:
             assert k is not None and v is not None and cos is not None and sin is not None
             q = ops.rotary_embedding(q, positions, cos, sin, self.num_heads, False)
@@ -163,7 +181,8 @@ class Attention(nn.Module):
             out, pk, pv = ops.group_query_attention(
                 q, k, v, past_key, past_value, seqlens_k, total, cos, sin,
                 self.num_heads, self.kv_heads, self.scale, self.window, False, bias,
-                self.sinks if self.has_sinks else None)
+                self.sinks if self.has_sinks else None,
+                *((self.k_scale, self.v_scale) if self.kv_int8 else ()))
         if gate is not None:  # Qwen3.5: the output gated per channel, before o_proj
             out = out * torch.sigmoid(gate.float()).to(out.dtype)
         return self.o_proj(out), pk, pv, (k, v)  # type: ignore[return-value]

@@ -72,7 +72,8 @@ class Fusion:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, index: int, dtype: torch.dtype, fusion: Fusion) -> None:
+    def __init__(self, cfg: ModelConfig, index: int, dtype: torch.dtype, fusion: Fusion,
+                 kv_int8: bool = False) -> None:
         super().__init__()
         self.dtype = dtype
         self.parallel = cfg.parallel_attn
@@ -85,7 +86,7 @@ class DecoderLayer(nn.Module):
             self.linear_attn = GatedDeltaNet(cfg, dtype)
         else:
             self.self_attn = Attention(cfg, dtype, fusion.rotary, fusion.qkv, index,
-                                       fusion.plain_attention)
+                                       fusion.plain_attention, kv_int8)
         if not self.shared_norm:
             self.post_attention_layernorm = make_norm(cfg, cfg.hidden_size)
         if self.sandwich:  # Gemma 3
@@ -182,7 +183,7 @@ class DecoderLayer(nn.Module):
 
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fusion: Fusion,
-                 max_positions: int) -> None:
+                 max_positions: int, kv_int8: bool = False) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.embed_width, dtype=dtype)
         self.embed_tokens.weight.requires_grad_(False)
@@ -210,7 +211,7 @@ class DecoderModel(nn.Module):
             self.per_layer_model_projection = Linear(cfg.hidden_size, width, False, dtype)
             self.per_layer_projection_norm = make_norm(cfg, cfg.hidden_size_per_layer_input)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, dtype, fusion) for i in range(cfg.num_hidden_layers))
+            DecoderLayer(cfg, i, dtype, fusion, kv_int8) for i in range(cfg.num_hidden_layers))
         if not cfg.post_layernorm:
             self.norm = make_norm(cfg, cfg.hidden_size)
 
@@ -238,19 +239,27 @@ class Decoder(nn.Module):
 
     def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype = torch.float32,
                  fusion: Fusion | None = None, max_positions: int | None = None,
-                 head: bool = True) -> None:
+                 head: bool = True, kv_int8: bool = False) -> None:
         super().__init__()
         self.config = cfg
         self.dtype = dtype
         self.fusion = fusion or Fusion()
         self.max_positions = max_positions or cfg.max_position_embeddings
-        self.model = DecoderModel(cfg, dtype, self.fusion, self.max_positions)
+        # kv_int8: attention layers keep keys and values in int8 with per-channel scales
+        # (their k_scale/v_scale), as GroupQueryAttention's quantized cache does
+        self.kv_int8 = kv_int8
+        self.model = DecoderModel(cfg, dtype, self.fusion, self.max_positions, kv_int8)
         if head:  # (an embedding model has none: EmbeddingDecoder)
             self.lm_head = Linear(cfg.embed_width, cfg.vocab_size, False, dtype)
             if cfg.tie_word_embeddings:
                 self.lm_head.weight = self.model.embed_tokens.weight
         self.alibi_slopes = (ops.alibi_slopes(cfg.num_attention_heads)
                              if cfg.position_embedding_type == "alibi" else [])
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The KV buffers' dtype: int8 with kv_int8, else the compute dtype."""
+        return torch.int8 if self.kv_int8 else self.dtype
 
     def embed(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
               valid_tokens: Tensor | None = None) -> LayerInputs:
@@ -382,7 +391,7 @@ class Decoder(nn.Module):
             return [torch.zeros((batch, *shape)) for shape in state_shapes(cfg.linear_attention)]
         heads, head_dim = cfg.layer_kv_shape(i)  # (Gemma 4: per layer kind)
         shape = (batch, heads, length, head_dim)
-        return [torch.zeros(shape, dtype=self.dtype) for _ in range(2)]
+        return [torch.zeros(shape, dtype=self.cache_dtype) for _ in range(2)]
 
     def next_cache(self, present: list[Tensor] | tuple[Tensor, ...]) -> list[Tensor]:
         """The past of the next step from a forward's presents: those of the layers that own

@@ -13,7 +13,8 @@ the parity tests hold ONNX Runtime to:
   llm_onnx::rotary_embedding      -> com.microsoft.RotaryEmbedding (unfused RoPE only: by
                                      default RoPE runs inside GroupQueryAttention, do_rotary=1)
   llm_onnx::alibi_bias            -> a few shape ops (Range, Sub, Mul) feeding attention_bias
-  llm_onnx::group_query_attention -> com.microsoft.GroupQueryAttention
+  llm_onnx::group_query_attention -> com.microsoft.GroupQueryAttention (with k_scale/v_scale:
+                                     its int8 cache, PER_CHANNEL)
   llm_onnx::plain_attention       -> ScatterElements into the cache, MatMul, Softmax (the shapes
                                      GroupQueryAttention refuses: attention_form)
   llm_onnx::moe                   -> com.microsoft.MoE (SwiGLU experts)
@@ -127,12 +128,31 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, interleaved: 
     return torch.cat((out.to(x.dtype), x_pass), dim=-1)
 
 
+def quantize_kv(x: Tensor, scale: Tensor) -> Tensor:
+    """GroupQueryAttention's int8 cache write: clip(rint(x * (1/s)), -128, 127), per channel.
+
+    x (..., Hkv, D); scale (Hkv*D,) float32, element h * D + d scaling channel d of KV head h
+    (PER_CHANNEL). 1/s is taken in float32 first, then multiplied (not x / s: 1.55 with s = 0.1
+    stores 16, not 15), rounded half to even; a zero scale quantizes with 1/s = 1 (measured on
+    ONNX Runtime 1.31.1: docs/notes/kv-int8-gqa.md)."""
+    s = scale.float().reshape(x.shape[-2:])  # (Hkv, D)
+    inv = torch.where(s == 0, torch.ones_like(s), torch.reciprocal(s))
+    return torch.round(x.float() * inv).clamp(-128, 127).to(torch.int8)
+
+
+def dequantize_kv(cache: Tensor, scale: Tensor) -> Tensor:
+    """An int8 cache (B, Hkv, P, D) read back as float32: cache * s per channel."""
+    b, h, p, d = cache.shape
+    return cache.float() * scale.float().reshape(1, h, 1, d)
+
+
 def attention_ref(
     query: Tensor, key: Tensor, value: Tensor, past_key: Tensor, past_value: Tensor,
     seqlens_k: Tensor, total_sequence_length: Tensor, cos_cache: Tensor | None,
     sin_cache: Tensor | None, num_heads: int, kv_num_heads: int, scale: float,
     local_window_size: int, rotary_interleaved: bool, attention_bias: Tensor | None = None,
-    head_sink: Tensor | None = None,
+    head_sink: Tensor | None = None, k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """GroupQueryAttention: optional RoPE, write new K/V into the cache, causal GQA softmax.
 
@@ -142,7 +162,9 @@ def attention_ref(
     included; measured against ONNX Runtime's kernel). ``attention_bias`` (B or 1, H or 1, T, S),
     S = total_sequence_length, is added to the scaled scores of key positions 0 ... S - 1.
     ``head_sink`` (H,): gpt-oss's sinks, one more logit in each head's softmax whose share is
-    dropped (the kernel's head_sink input).
+    dropped (the kernel's head_sink input). ``k_scale``/``v_scale`` (Hkv*D,) float32: the cache
+    is int8, the new keys (after RoPE) and values written as ``quantize_kv`` and every key and
+    value read back as ``dequantize_kv`` (the kernel's k_scale/v_scale, PER_CHANNEL).
     """
     b, t, _ = query.shape
     d = past_key.shape[-1]
@@ -157,12 +179,19 @@ def attention_ref(
     rows = torch.arange(b, device=query.device)[:, None].expand(b, t)
     present_key = past_key.clone()
     present_value = past_value.clone()
+    quantized = k_scale is not None and v_scale is not None
+    if quantized:  # int8 cache: what the kernel stores
+        k, v = quantize_kv(k, k_scale), quantize_kv(v, v_scale)
     present_key[rows, :, pos] = k.to(past_key.dtype)  # (B, T, Hkv, D) into (B, Hkv, P, D)
     present_value[rows, :, pos] = v.to(past_value.dtype)
 
     group = num_heads // kv_num_heads
-    keys = present_key.float().repeat_interleave(group, dim=1)  # (B, H, P, D)
-    values = present_value.float().repeat_interleave(group, dim=1)
+    if quantized:
+        keys = dequantize_kv(present_key, k_scale).repeat_interleave(group, dim=1)  # (B,H,P,D)
+        values = dequantize_kv(present_value, v_scale).repeat_interleave(group, dim=1)
+    else:
+        keys = present_key.float().repeat_interleave(group, dim=1)  # (B, H, P, D)
+        values = present_value.float().repeat_interleave(group, dim=1)
     scores = torch.einsum("bthd,bhpd->bhtp", q.float(), keys) * scale  # (B, H, T, P)
     if attention_bias is not None:
         s = attention_bias.shape[-1]
@@ -356,17 +385,19 @@ def group_query_attention(
     seqlens_k: Tensor, total_sequence_length: Tensor, cos_cache: Tensor | None,
     sin_cache: Tensor | None, num_heads: int, kv_num_heads: int, scale: float,
     local_window_size: int, rotary_interleaved: bool, attention_bias: Tensor | None = None,
-    head_sink: Tensor | None = None,
+    head_sink: Tensor | None = None, k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """GroupQueryAttention (see attention_ref). ``key``/``value`` None: ``query`` is packed QKV
     (B, T, H*D + 2*Hkv*D). ``cos_cache``/``sin_cache`` given: RoPE is applied inside (do_rotary;
     the op is told per call, so layers with and without RoPE share one graph: SmolLM3).
     ``attention_bias`` (1, H, T, S): added to the scores (ALiBi). ``head_sink`` (H,): gpt-oss's
-    sinks."""
+    sinks. ``k_scale``/``v_scale`` (Hkv*D,) float32: an int8 cache (past_key/past_value int8)."""
     return _group_query_attention(query, key, value, past_key, past_value, seqlens_k,
                                   total_sequence_length, cos_cache, sin_cache, num_heads,
                                   kv_num_heads, scale, local_window_size, rotary_interleaved,
-                                  cos_cache is not None, attention_bias, head_sink)
+                                  cos_cache is not None, attention_bias, head_sink, k_scale,
+                                  v_scale)
 
 
 @torch.library.custom_op("llm_onnx::group_query_attention", mutates_args=())
@@ -376,6 +407,7 @@ def _group_query_attention(
     sin_cache: Tensor | None, num_heads: int, kv_num_heads: int, scale: float,
     local_window_size: int, rotary_interleaved: bool, do_rotary: bool,
     attention_bias: Tensor | None = None, head_sink: Tensor | None = None,
+    k_scale: Tensor | None = None, v_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     if key is None or value is None:
         d = past_key.shape[-1]
@@ -384,7 +416,7 @@ def _group_query_attention(
         cos_cache = sin_cache = None
     return attention_ref(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
                          cos_cache, sin_cache, num_heads, kv_num_heads, scale, local_window_size,
-                         rotary_interleaved, attention_bias, head_sink)
+                         rotary_interleaved, attention_bias, head_sink, k_scale, v_scale)
 
 
 @_group_query_attention.register_fake

@@ -197,3 +197,33 @@ def test_what_the_export_must_set(attrs, message):
         q, k, v = tokens(3)
         run_bound(sess, *(np.zeros((1, HKV, L, D), np.int8) for _ in range(2)), q, k, v, 0,
                   *calibrated("PER_CHANNEL", k, v))
+
+
+def test_the_decoders_eager_op_equals_the_kernel():
+    """llm_onnx's torch op (ops.group_query_attention with k_scale/v_scale, the reference of an
+    int8-cache export's parity gate) against the kernel: a prompt, then single tokens, per-channel
+    scales, RoPE inside; same outputs, same cache bytes."""
+    import torch
+
+    from llm_onnx.model import ops
+
+    q, k, v = tokens(7)
+    ks, vs = calibrated("PER_CHANNEL", k, v)
+    sess = gqa_session("PER_CHANNEL")
+    cos, sin = (torch.from_numpy(a) for a in rope_tables())
+    ort_k, ort_v = (np.zeros((1, HKV, L, D), np.int8) for _ in range(2))
+    pk, pv = (torch.zeros((1, HKV, L, D), dtype=torch.int8) for _ in range(2))
+    n = 0
+    for t in (5, 1, 1):
+        sl = slice(n, n + t)
+        got = run_bound(sess, ort_k, ort_v, q[sl], k[sl], v[sl], n, ks, vs)
+        out, pk, pv = ops.group_query_attention(
+            *(torch.from_numpy(a[sl])[None] for a in (q, k, v)), pk, pv,
+            torch.tensor([n + t - 1], dtype=torch.int32), torch.tensor(n + t, dtype=torch.int32),
+            cos, sin, H, HKV, D ** -0.5, -1, False, None, None, torch.from_numpy(ks),
+            torch.from_numpy(vs))
+        assert float(np.abs(out[0].numpy() - got).max()) < 1e-5
+        n += t
+    np.testing.assert_array_equal(pk.numpy(), ort_k)
+    np.testing.assert_array_equal(pv.numpy(), ort_v)
+    assert (ort_k[0, :, :7] != 0).mean() > 0.5  # written, mostly not zero

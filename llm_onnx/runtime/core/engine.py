@@ -26,7 +26,7 @@ import onnxruntime as ort
 
 from llm_onnx.errors import GenerationError, ProviderError
 from llm_onnx import model_folder as names
-from llm_onnx.runtime.core.kv_cache import KVCache, KVLayout
+from llm_onnx.runtime.core.kv_cache import KVCache, KVLayout, kv_dtype
 from llm_onnx.runtime.core.state import CacheProtocol
 from llm_onnx.model_folder import Manifest, load_manifest
 from llm_onnx.runtime.core.onnx_check import check_external_data
@@ -221,7 +221,7 @@ class Engine:
         kv = m.kv_cache
         self.layout = KVLayout(num_layers=kv.num_layers, kv_heads=kv.num_key_value_heads,
                                head_dim=kv.head_dim,
-                               dtype=np.float16 if kv.dtype == "float16" else np.float32,
+                               dtype=kv_dtype(kv.dtype),
                                device=self.device, device_id=self.options.cuda_device,
                                layers=kv.layers,
                                shapes=tuple(kv.buffer_shape(j)

@@ -32,6 +32,20 @@ from llm_onnx import model_folder as names
 from llm_onnx.runtime.core.providers import quiet_run_options
 
 
+KV_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8}
+
+
+def kv_dtype(name: str) -> type:
+    """The numpy dtype of a manifest's kv_cache.dtype. An int8 cache's rows are copied and cut
+    back like float ones: its scales are per layer, not per row, so its bytes mean the same in
+    any row."""
+    if name not in KV_DTYPES:
+        raise GenerationError(f"the model folder's KV cache is {name!r}, which this llm-onnx does "
+                              f"not allocate (it knows {', '.join(KV_DTYPES)}); upgrade llm-onnx "
+                              "or re-export the model.")
+    return KV_DTYPES[name]
+
+
 @dataclass(frozen=True)
 class KVLayout:
     """Shape and place of a model's cache: what the manifest's ``kv_cache`` section says, plus
@@ -40,7 +54,7 @@ class KVLayout:
     num_layers: int
     kv_heads: int
     head_dim: int
-    dtype: type  # np.float32 or np.float16
+    dtype: type  # np.float32, np.float16, or np.int8 (an int8 cache: the graphs hold its scales)
     device: str = "cpu"  # "cpu" or "cuda"
     device_id: int = 0
     layers: tuple[int, ...] | None = None  # the layers that own buffers (None: all of them)
