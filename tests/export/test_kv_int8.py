@@ -5,6 +5,8 @@ export, and the scales bound the keys RoPE rotates to positions the calibration 
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import onnx
 import pytest
@@ -15,7 +17,7 @@ from llm_onnx.checkpoints import open_checkpoint
 from llm_onnx.checkpoints.load import build_model
 from llm_onnx.errors import ConfigError
 from llm_onnx.export import ExportOptions
-from llm_onnx.export.kv_scales import kv_scale
+from llm_onnx.export.kv_scales import kv_scale, layer_scales
 from llm_onnx.export.plan import ExportPlan
 from llm_onnx.families import get_config
 from llm_onnx.model import ops
@@ -97,9 +99,12 @@ def test_ort_equals_the_eager_decoder_over_the_same_int8_cache(arch, tiny_hf, ti
     rows = rows_for(arch)
     got = batch_logits(Graphs(folder), rows, PROMPT_LENS, STEPS)
     want = torch_logits(build_model(cfg, WithScales(source, scales), kv_int8=True), rows)
-    assert _diff(got, want) <= ORT_FP32
-    # the rounding of the cache shows in the logits: a float-cache reference misses by more
-    assert _diff(got, torch_logits(build_model(cfg, source), rows)) > 10 * ORT_FP32
+    flt = _diff(got, torch_logits(build_model(cfg, source), rows))
+    assert flt > 10 * ORT_FP32  # the rounding of the cache shows in the logits
+    # torch and the kernel compute a key a rounding apart: one landing on a half step rounds to
+    # neighbouring int8s (qwen3_tiny: one such entry moves the logits 8.7e-3, where the whole
+    # quantization moves them 6.6e-2); a misread or transposed scale moves them as far as that.
+    assert _diff(got, want) <= max(ORT_FP32, 0.2 * flt)
 
 
 def _kl(p_steps: list[np.ndarray], q_steps: list[np.ndarray]) -> float:
@@ -112,7 +117,7 @@ def _kl(p_steps: list[np.ndarray], q_steps: list[np.ndarray]) -> float:
     return float(np.mean(total))
 
 
-KL_LIMIT = 2.5e-4  # tiny random qwen3, fp32: calibrated 9.4e-5, transposed scales 4.6e-4
+KL_LIMIT = 1.2e-4  # tiny random qwen3, fp32: calibrated 8.4e-5, transposed scales 1.7e-4, 4x 1.3e-3
 
 
 def test_the_int8_cache_stays_close_to_the_float_cache(tiny_hf, tiny_export):
@@ -177,6 +182,21 @@ def test_key_scales_bound_the_keys_rope_rotates_to_any_position():
     # a channel never moved gets a floor: 1/s stays finite
     v[:, 1, 5] = 0
     assert 0 < float(kv_scale(v, 0)[d + 5]) < float(kv_scale(v, 0).max()) * 1e-3
+
+
+def test_layer_scales_keep_headroom_over_the_calibrated_amax():
+    """A layer's scales are the calibrated amax times the headroom (keys x1.25, values x2): a
+    short calibration text underestimates other text's range, and a clipped value costs more than
+    a coarser step (docs/notes/kv-int8-gqa.md)."""
+    torch.manual_seed(1)
+    attn = types.SimpleNamespace(rope=False, kv_heads=2, head_dim=8, observe=None)
+    layer = types.SimpleNamespace(self_attn=attn)
+    k, v = torch.randn(1, 5, 16), torch.randn(1, 5, 16)
+    got = layer_scales(layer, "p.", [(k, v)], None)
+    np.testing.assert_allclose(got["p.self_attn.k_scale"].numpy(),
+                               (k.abs().amax((0, 1)) * 1.25 / 127).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(got["p.self_attn.v_scale"].numpy(),
+                               (v.abs().amax((0, 1)) * 2 / 127).numpy(), rtol=1e-6)
 
 
 def test_the_eager_op_quantizes_as_the_kernel():
