@@ -33,10 +33,10 @@ Each system is measured alone. Before every stage (export, ours per precision an
 llama, each serve run) settle() ends any process an earlier stage left (none should be: each
 worker is waited for, each server stopped and reaped), syncs and waits (up to 5 minutes) until
 the kernel's dirty and writeback pages are under 64 MiB (an export writes its 19 GB weights.data,
-the llama stage its GGUF, just before), drops the page cache (as root; --no-drop-caches keeps it,
-for comparison; where it cannot be written the record says so), so no stage starts with another's
-files cached or its own warm, then waits (up to 2 minutes) for a quiet CPU: under 10% busy in a
-second and a 1-minute load average under half the cores. Its record (/proc/meminfo in MiB: free,
+the llama stage its GGUF, just before), waits (up to 2 minutes) for a quiet CPU: under 10% busy
+in a second and a 1-minute load average under half the cores, then drops the page cache (as root;
+--no-drop-caches keeps it, for comparison; where it cannot be written the record says so), so no
+stage starts with another's files cached or its own warm. Its record (/proc/meminfo in MiB: free,
 available, page cache, dirty, writeback, anonymous, mapped, swap; the seconds waited, the load,
 this process's RSS, other processes resident at 256 MiB or more) goes into the stage's results
 as "settle" and a line of the table. Loads are thus from a cold cache, for both systems.
@@ -184,11 +184,11 @@ def settle(drop: bool = True, label: str = "", *, dirty_max_mib: float = 64,
     1. no process of an earlier stage alive (a server left running is ended, and named);
     2. os.sync(), then wait (up to ``dirty_wait_s``) until Dirty + Writeback are under
        ``dirty_max_mib``: an export or a GGUF just written leaves gigabytes being written back;
-    3. drop the page cache (``drop``; where ``drop_path`` is writable, as root): the stage
-       starts with neither the previous stage's files nor its own cached;
-    4. wait (up to ``idle_wait_s``) until the CPU is quiet: under ``busy_max`` of it used in a
+    3. wait (up to ``idle_wait_s``) until the CPU is quiet: under ``busy_max`` of it used in a
        second (bench_env.cpu_busy) and the 1-minute load average under ``load_max`` (half the
-       cores), the previous stage's load having decayed.
+       cores), the previous stage's load having decayed;
+    4. sync again and drop the page cache (``drop``; where ``drop_path`` is writable, as root),
+       last, so the stage starts with neither the previous stage's files nor its own cached.
 
     Returns /proc/meminfo's figures (MiB) after all this, whether the cache was dropped, the
     seconds waited, the load average, the CPU share, this process's RSS and other processes
@@ -212,6 +212,16 @@ def settle(drop: bool = True, label: str = "", *, dirty_max_mib: float = 64,
         os.sync()
     out["dirty_wait_s"] = round(time.monotonic() - start, 1)
 
+    idle_start = time.monotonic()
+    while True:
+        out["cpu_busy"], out["loadavg"] = busy(), [round(x, 2) for x in loadavg()]
+        out["idle"] = out["cpu_busy"] <= busy_max and out["loadavg"][0] <= load_max
+        if out["idle"] or time.monotonic() - idle_start >= idle_wait_s:
+            break
+        sleep(4)
+    out["idle_wait_s"] = round(time.monotonic() - idle_start, 1)
+
+    os.sync()  # the last step, right before the stage: what others wrote or read meanwhile too
     out["cache_dropped"] = False
     if not drop:
         out["drop_note"] = "kept (--no-drop-caches)"
@@ -223,15 +233,6 @@ def settle(drop: bool = True, label: str = "", *, dirty_max_mib: float = 64,
         except OSError as e:
             out["drop_note"] = f"not dropped: {e}"
             log(f"settle{label and ' ' + label}: page cache {out['drop_note']}")
-
-    idle_start = time.monotonic()
-    while True:
-        out["cpu_busy"], out["loadavg"] = busy(), [round(x, 2) for x in loadavg()]
-        out["idle"] = out["cpu_busy"] <= busy_max and out["loadavg"][0] <= load_max
-        if out["idle"] or time.monotonic() - idle_start >= idle_wait_s:
-            break
-        sleep(4)
-    out["idle_wait_s"] = round(time.monotonic() - idle_start, 1)
     out["waited_s"] = round(time.monotonic() - start, 1)
     out["meminfo_mib"] = meminfo(meminfo_path)
     out["bench_rss_mib"] = memory()["rss"]
