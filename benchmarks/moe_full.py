@@ -29,6 +29,18 @@ Stages, one process each, one after the other (peak RSS from wait4 or the kernel
   serve    `llm-onnx serve` and llama-server with each --clients count of concurrent streaming
            clients (serve_load.py's client): aggregate tok/s, TTFT, inter-token latency.
 
+Each system is measured alone. Before every stage (export, ours per precision and variant,
+llama, each serve run) settle() ends any process an earlier stage left (none should be: each
+worker is waited for, each server stopped and reaped), syncs and waits (up to 5 minutes) until
+the kernel's dirty and writeback pages are under 64 MiB (an export writes its 19 GB weights.data,
+the llama stage its GGUF, just before), waits (up to 2 minutes) for a quiet CPU: under 10% busy
+in a second and a 1-minute load average under half the cores, then drops the page cache (as root;
+--no-drop-caches keeps it, for comparison; where it cannot be written the record says so), so no
+stage starts with another's files cached or its own warm. Its record (/proc/meminfo in MiB: free,
+available, page cache, dirty, writeback, anonymous, mapped, swap; the seconds waited, the load,
+this process's RSS, other processes resident at 256 MiB or more) goes into the stage's results
+as "settle" and a line of the table. Loads are thus from a cold cache, for both systems.
+
 Folders are written under --work and deleted after their stage (--keep keeps them), never two at
 once. At full size qwen3_30b_a3b's int4 is 19 GB, int8 34 GB, Q4_0 17 GB, Q8_0 32 GB;
 qwen3_6_35b_a3b's int4 about 23 GB, int8 about 39 GB, Q4_0 19.6 GB, Q8_0 37 GB. int8 and Q8_0 do
@@ -79,6 +91,168 @@ def cache_bytes(engine, positions: int) -> int:
     """A row's cache at ``positions``: keys and values of the attention layers, and a hybrid
     model's recurrent state with its checkpoints (the engine's own count)."""
     return engine.row_bytes(positions)
+
+
+# ----------------------------------------------------------------------------- the machine alone
+
+MEMINFO_KEYS = ("MemTotal", "MemFree", "MemAvailable", "Cached", "Dirty", "Writeback", "AnonPages",
+                "Mapped", "SwapTotal", "SwapFree")
+MEMINFO = Path("/proc/meminfo")
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+
+def meminfo(path: Path | str = MEMINFO) -> dict[str, float]:
+    """MEMINFO_KEYS of a /proc/meminfo text (``path``), in MiB."""
+    out: dict[str, float] = {}
+    for line in Path(path).read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in MEMINFO_KEYS and rest.split():
+            out[key] = round(int(rest.split()[0]) / 1024, 1)
+    return out
+
+
+def stray_processes(pid: int | None = None) -> list[dict]:
+    """The live (not zombie) descendants of ``pid`` (this process): a worker or server an
+    earlier stage left running."""
+    pid = os.getpid() if pid is None else pid
+    parents: dict[int, tuple[int, str, str]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        parents[int(d.name)] = (int(rest[1]), rest[0], name)
+    found, frontier = [], {pid}
+    while frontier:
+        children = {p for p, (ppid, _, _) in parents.items() if ppid in frontier}
+        found += [{"pid": p, "name": parents[p][2]} for p in sorted(children)
+                  if parents[p][1] != "Z"]
+        frontier = children
+    return found
+
+
+def big_processes(min_mib: float = 256) -> list[dict]:
+    """Other processes on the machine resident at ``min_mib`` MiB or more (this one excluded)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            status = (d / "status").read_text()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        rss = int(fields.get("VmRSS", "0 kB").split()[0]) / 1024
+        if rss >= min_mib:
+            out.append({"pid": int(d.name), "name": fields["Name"].strip(), "rss_mib": round(rss)})
+    return sorted(out, key=lambda p: -p["rss_mib"])
+
+
+def end_strays(strays, sleep=time.sleep) -> list[dict]:
+    """SIGTERM what ``strays()`` lists, SIGKILL after 30 s; what there was."""
+    import signal
+
+    found = strays()
+    for sig, wait in ((signal.SIGTERM, 30.0), (signal.SIGKILL, 10.0)):
+        left = strays()
+        if not left:
+            break
+        names = ", ".join(f"{s['name']} ({s['pid']})" for s in left)
+        log(f"settle: ending {names}, left by an earlier stage ({sig.name})")
+        for s in left:
+            try:
+                os.kill(s["pid"], sig)
+            except ProcessLookupError:
+                pass
+        for _ in range(int(wait / 0.2)):
+            if not strays():
+                break
+            sleep(0.2)
+    return found
+
+
+def settle(drop: bool = True, label: str = "", *, dirty_max_mib: float = 64,
+           dirty_wait_s: float = 300, busy_max: float = 0.10, load_max: float | None = None,
+           idle_wait_s: float = 120, meminfo_path: Path | str = MEMINFO,
+           drop_path: Path | str = DROP_CACHES, strays=stray_processes, others=big_processes,
+           busy=None, loadavg=os.getloadavg, sleep=time.sleep) -> dict:
+    """Bring the machine to the same state before each timed stage, and record it:
+
+    1. no process of an earlier stage alive (a server left running is ended, and named);
+    2. os.sync(), then wait (up to ``dirty_wait_s``) until Dirty + Writeback are under
+       ``dirty_max_mib``: an export or a GGUF just written leaves gigabytes being written back;
+    3. wait (up to ``idle_wait_s``) until the CPU is quiet: under ``busy_max`` of it used in a
+       second (bench_env.cpu_busy) and the 1-minute load average under ``load_max`` (half the
+       cores), the previous stage's load having decayed;
+    4. sync again and drop the page cache (``drop``; where ``drop_path`` is writable, as root),
+       last, so the stage starts with neither the previous stage's files nor its own cached.
+
+    Returns /proc/meminfo's figures (MiB) after all this, whether the cache was dropped, the
+    seconds waited, the load average, the CPU share, this process's RSS and other processes
+    resident at 256 MiB or more."""
+    from bench_env import cpu_busy
+
+    busy = busy or cpu_busy
+    load_max = 0.5 * (os.cpu_count() or 1) if load_max is None else load_max
+    start = time.monotonic()
+    out: dict = {"strays_ended": end_strays(strays, sleep)}
+
+    os.sync()
+    while True:
+        m = meminfo(meminfo_path)
+        pending = m.get("Dirty", 0) + m.get("Writeback", 0)
+        out["dirty_settled"] = pending <= dirty_max_mib
+        if out["dirty_settled"] or time.monotonic() - start >= dirty_wait_s:
+            break
+        log(f"settle{label and ' ' + label}: {pending:.0f} MiB dirty or under writeback")
+        sleep(5)
+        os.sync()
+    out["dirty_wait_s"] = round(time.monotonic() - start, 1)
+
+    idle_start = time.monotonic()
+    while True:
+        out["cpu_busy"], out["loadavg"] = busy(), [round(x, 2) for x in loadavg()]
+        out["idle"] = out["cpu_busy"] <= busy_max and out["loadavg"][0] <= load_max
+        if out["idle"] or time.monotonic() - idle_start >= idle_wait_s:
+            break
+        sleep(4)
+    out["idle_wait_s"] = round(time.monotonic() - idle_start, 1)
+
+    os.sync()  # the last step, right before the stage: what others wrote or read meanwhile too
+    out["cache_dropped"] = False
+    if not drop:
+        out["drop_note"] = "kept (--no-drop-caches)"
+    else:
+        try:
+            with open(drop_path, "w") as f:
+                f.write("3\n")
+            out["cache_dropped"] = True
+        except OSError as e:
+            out["drop_note"] = f"not dropped: {e}"
+            log(f"settle{label and ' ' + label}: page cache {out['drop_note']}")
+    out["waited_s"] = round(time.monotonic() - start, 1)
+    out["meminfo_mib"] = meminfo(meminfo_path)
+    out["bench_rss_mib"] = memory()["rss"]
+    out["others"] = others()
+    log(f"settle{label and ' ' + label}: {settle_line(out)}")
+    return out
+
+
+def settle_line(s: dict) -> str:
+    """One line of what settle() recorded: free memory and page cache before the stage."""
+    m = s["meminfo_mib"]
+    swap = (f"swap {gib(m['SwapTotal'] - m['SwapFree'])} of {gib(m['SwapTotal'])}"
+            if m.get("SwapTotal") else "no swap")
+    others = ", ".join(f"{p['name']} {gib(p['rss_mib'])}" for p in s.get("others", []))
+    return (f"free {gib(m['MemFree'])} GiB, available {gib(m['MemAvailable'])}, page cache "
+            f"{gib(m['Cached'])}, dirty+writeback {gib(m['Dirty'] + m['Writeback'])}, anon "
+            f"{gib(m['AnonPages'])}, mapped {gib(m['Mapped'])}, {swap}; cache "
+            f"{'dropped' if s['cache_dropped'] else s.get('drop_note', 'kept')}; waited "
+            f"{s['waited_s']:.0f} s; load {s['loadavg'][0]:.2f}, CPU busy "
+            f"{100 * s['cpu_busy']:.0f}%" + (f"; others: {others}" if others else ""))
 
 
 # ----------------------------------------------------------------------------- workers
@@ -282,12 +456,14 @@ def serve_runs(a, system: str, model: Path, name: str, binaries: dict, logs: Pat
                    "-np", clients, "-c", (a.serve_prompt_len + a.serve_new_tokens + 16) * clients,
                    "-t", a.threads, "-tb", a.threads, "-cb", "--no-webui",
                    "--load-mode", a.llama_load_mode]
+        alone = settle(a.drop_caches, f"serve {system} {name} x{clients}")
         server = SlowServer(system, cmd, port, logs / f"serve-{system}-{clients}.log")
         try:
             asyncio.run(serve_load.warm_up(server.url, name, prompts[-1]))
             row = asyncio.run(serve_load.load(server.url, name, prompts, clients,
                                               a.serve_requests, a.serve_new_tokens))
-            row.update(system=system, clients=clients, memory=memory(server.proc.pid))
+            row.update(system=system, clients=clients, memory=memory(server.proc.pid),
+                       settle=alone)
         finally:
             server.stop()
         rows.append(row)
@@ -300,7 +476,6 @@ def measure(a) -> dict:
     import numpy as np
 
     import serve_load
-    from bench_env import cpu_busy
     from moe_gguf import write_random_gguf
 
     cfg = model_config(a.config, a.layers)
@@ -324,13 +499,13 @@ def measure(a) -> dict:
             results["export"][precision] = json.loads(record.read_text())
         else:
             log(f"export {precision} -> {folder}")
-            busy = cpu_busy()
+            alone = settle(a.drop_caches, f"export {precision}")
             env = export_env(a)
             results["export"][precision] = run_worker(
                 "export", logs / f"export-{precision}.log", env, config=a.config,
                 layers=cfg.num_hidden_layers, precision=precision, folder=folder,
                 block_size=a.block_size, experts_accuracy_level=a.experts_accuracy_level)
-            results["export"][precision]["cpu_busy_before"] = busy
+            results["export"][precision].update(settle=alone, cpu_busy_before=alone["cpu_busy"])
             results["export"][precision]["env"] = env
             if a.keep:
                 record.write_text(json.dumps(results["export"][precision], indent=1))
@@ -343,11 +518,11 @@ def measure(a) -> dict:
             for label, path in variants:
                 key = f"{precision}-{label}" if label else precision
                 log(f"ours {key}: load, generate, bench")
-                busy = cpu_busy()
+                alone = settle(a.drop_caches, f"ours {key}")
                 results["ours"][key] = run_worker("ours", logs / f"ours-{key}.log", folder=path,
                                                   threads=a.threads, prompt_len=a.prompt_len,
                                                   new_tokens=a.new_tokens, repeat=a.repeat)
-                results["ours"][key]["cpu_busy_before"] = busy
+                results["ours"][key].update(settle=alone, cpu_busy_before=alone["cpu_busy"])
             if a.serve:
                 log(f"serve llm-onnx {precision}")
                 results["serve"][precision] = serve_runs(a, serve_load.OURS, folder, folder.name,
@@ -365,7 +540,8 @@ def measure(a) -> dict:
             write_random_gguf(cfg, qtype, gguf)
             results["llama"][qtype] = {"gguf_bytes": gguf.stat().st_size,
                                        "write_s": round(time.perf_counter() - start, 1)}
-            results["llama"][qtype]["cpu_busy_before"] = cpu_busy()
+            alone = settle(a.drop_caches, f"llama {qtype}")  # the GGUF just written: dirty
+            results["llama"][qtype].update(settle=alone, cpu_busy_before=alone["cpu_busy"])
             results["llama"][qtype].update(llama_run(a, gguf, prompt, binaries, logs))
             if a.serve:
                 log(f"serve llama-server {qtype}")
@@ -473,6 +649,16 @@ def table(r: dict) -> str:
                      f"{r['args']['new_tokens']} positions, {w / 1024:.2f} GiB); a decode step "
                      f"reads {o['weight_bytes_read_batch1'] / 2**30:.2f} GiB of weights, the "
                      f"memory {o['bench']['memory_bandwidth_gb_s']:.1f} GB/s")
+    before = [(f"export {p}", e) for p, e in r["export"].items()]
+    before += [(f"llm-onnx {k}", o) for k, o in r["ours"].items()]
+    before += [(f"llama.cpp {q}", l) for q, l in r["llama"].items()]
+    before += [(f"serve {s['system']} {k} x{s['clients']}", s)
+               for k, rows in r["serve"].items() for s in rows]
+    before = [(label, e["settle"]) for label, e in before if e.get("settle")]
+    if before:
+        lines += ["", ("The machine before each stage, GiB (settle(): earlier stages' processes "
+                       "ended, sync and writeback, the page cache dropped, a quiet CPU):")]
+        lines += [f"- {label}: {settle_line(s)}" for label, s in before]
     if r["serve"]:
         lines += ["", "| serving | clients | aggregate tok/s | TTFT p50 / p99 s | inter-token "
                   "p50 ms | per-request tok/s | errors |", "|---|---|---|---|---|---|---|"]
@@ -566,6 +752,9 @@ def main() -> None:
                    help="llama-server --load-mode: auto maps the GGUF (llama.cpp's default; it "
                         "repacks the matrices into its own memory and the mapped pages stay "
                         "resident while memory allows), none reads it into memory (one copy)")
+    p.add_argument("--no-drop-caches", dest="drop_caches", action="store_false",
+                   help="before each stage, sync and wait for the writeback and a quiet CPU but "
+                        "keep the page cache (by default it is dropped, as root; for comparison)")
     p.add_argument("--qmoe-int8-activations", action="store_true",
                    help="also load and decode the int4 folder with its QMoE nodes at "
                         "accuracy_level 4 (int8 activations; ~50%% more memory for the experts)")
