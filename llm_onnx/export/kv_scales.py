@@ -29,6 +29,10 @@ KV_QMAX = 127  # an amax value stores 127 (onnxruntime-genai divides by 128: it 
 # saturated to 127)
 KV_FLOOR = 1e-4  # a channel's smallest scale, relative to the layer's largest
 KEY_HEADROOM, VALUE_HEADROOM = 1.25, 2.0  # the calibrated amax times these (see above)
+# What the manifest's kv_cache.scales says of them
+DESCRIPTION = (f"per layer, KV head and channel (k_scale, v_scale: float32 (Hkv*D,)), the "
+               f"amax over the calibration tokens (keys by RoPE's pair envelope) times "
+               f"{KEY_HEADROOM:g} for keys and {VALUE_HEADROOM:g} for values, / {KV_QMAX}")
 
 
 def kv_scale(x: Tensor, rotary: int, headroom: float = 1.0) -> Tensor:
@@ -78,4 +82,4 @@ def layer_scales(layer: nn.Module, prefix: str, seen: Seen | None,
             f"{prefix}self_attn.v_scale": kv_scale(v, 0, VALUE_HEADROOM)}
 
 
-__all__ = ["KEY_HEADROOM", "KV_FLOOR", "KV_QMAX", "VALUE_HEADROOM", "kv_scale", "layer_scales", "watch_layer"]
+__all__ = ["DESCRIPTION", "KEY_HEADROOM", "KV_FLOOR", "KV_QMAX", "VALUE_HEADROOM", "kv_scale", "layer_scales", "watch_layer"]

@@ -28,6 +28,7 @@ from llm_onnx import model_folder as mf
 from llm_onnx.errors import ConfigError
 from llm_onnx.checkpoints.load import Producer, param_producers
 from llm_onnx.export.calibrate import Calibration
+from llm_onnx.export import kv_scales
 from llm_onnx.export.graphs import GRAPHS, trace_embed, trace_graph
 from llm_onnx.export.modules import (NBitsLinear, QuantEmbedding, QuantExperts,
                                      QuantGeGLUExperts, RoutedGeGLUExperts,
@@ -171,9 +172,8 @@ class ExportPlan:
                    if cfg.is_kv_shared(i)}
         scales = None
         if self.options.kv_int8:
-            scales = ("per layer, KV head and channel (k_scale, v_scale: float32 (Hkv*D,)), "
-                      "amax / 127 over the calibration tokens, keys by RoPE's pair envelope"
-                      + (f"; {self.calibration.description}" if self.calibration else ""))
+            scales = kv_scales.DESCRIPTION + (f"; {self.calibration.description}"
+                                              if self.calibration else "")
         return mf.KVCacheSpec(num_layers=cfg.num_hidden_layers,
                               num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                               dtype="int8" if self.options.kv_int8 else
