@@ -7,6 +7,7 @@ back, the run ends with an answer."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from typing import Annotated
 
@@ -68,7 +69,12 @@ def test_an_agent_calls_its_function_tool_and_answers(server, api):
     from agents import Runner
 
     agent, cities = _agent(server, api)
-    result = Runner.run_sync(agent, "What is the weather in Oslo?", max_turns=4)
+    # In a thread of its own: run_sync refuses a thread whose event loop is running, and the
+    # session's Playwright browser (tests/serve/browser.py) keeps one running in the main thread
+    # once a browser test has run in this process.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        result = pool.submit(Runner.run_sync, agent, "What is the weather in Oslo?",
+                             max_turns=4).result()
     assert len(cities) >= 1 and all(isinstance(c, str) and len(c) <= 12 for c in cities)
     kinds = [item.type for item in result.new_items]
     assert "tool_call_item" in kinds and "tool_call_output_item" in kinds
