@@ -30,6 +30,13 @@ LLAMA_BUILD_ENV = {"CMAKE_ARGS": "-DLLAVA_BUILD=OFF",
 
 PRECISIONS = ["fp32", "int8", "int4"]
 LLAMA_MATCH = {"fp32": "f32", "int8": "q8_0", "int4": "Q4_1"}
+# --shape: llama.cpp's int4 is Q4_0 quantized from the F32 GGUF (there is no Q4_1 original)
+LLAMA_MATCH_SHAPE = {"fp32": "f32", "int8": "q8_0", "int4": "q4_0"}
+
+
+def llama_match(args) -> dict[str, str]:
+    """Our precision -> llama.cpp's file type compared with it, in this run's variant."""
+    return LLAMA_MATCH_SHAPE if getattr(args, "shape", None) else LLAMA_MATCH
 OURS, GENAI, LLAMA, HF = "llm-onnx", "onnxruntime-genai", "llama.cpp", "transformers"
 
 
@@ -185,8 +192,21 @@ class Setup:
         return bool(getattr(self.args, "off_grid", False))
 
     @property
+    def shape(self) -> str | None:
+        """A full-size shape with random weights (--shape), or None: SmolLM2 itself."""
+        return getattr(self.args, "shape", None)
+
+    @property
+    def float_source(self) -> bool:
+        """Every system starts from float weights (no Q4_1 original to keep)."""
+        return self.off_grid or self.shape is not None
+
+    @property
     def models(self) -> Path:
-        """Where this variant's model folders go: the off-grid variant has its own."""
+        """Where this variant's model folders go: the off-grid and shape variants have their
+        own."""
+        if self.shape:
+            return self.work / "models" / self.shape
         return self.work / "models" / ("off-grid" if self.off_grid else "")
 
     def hf_folder(self, gguf: Path) -> Path:
@@ -195,7 +215,7 @@ class Setup:
         out = self.work / "models" / "hf-smollm2-135m-instruct"
         stamp = {"gguf": file_id(gguf), "worker": "hf-convert-v1"}
         if stamp_ok(out, stamp):
-            return self.off_grid_folder(out) if self.off_grid else out
+            return self.variant_folder(out)
 
         def build():
             log(f"setup: GGUF -> Hugging Face folder {out}")
@@ -208,7 +228,35 @@ class Setup:
             tmp.rename(out)
 
         self.timed("hf folder", build)
-        return self.off_grid_folder(out) if self.off_grid else out
+        return self.variant_folder(out)
+
+    def variant_folder(self, hf: Path) -> Path:
+        if self.shape:
+            return self.random_folder(hf)
+        return self.off_grid_folder(hf) if self.off_grid else hf
+
+    def random_folder(self, hf: Path) -> Path:
+        """--shape: a Qwen3 of that shape with random weights (seeded), SmolLM2's tokenizer."""
+        seed = self.args.shape_seed
+        out = self.models / f"hf-random-seed{seed}"
+        stamp = {"hf": json.loads((hf / ".bench-stamp.json").read_text()), "shape": self.shape,
+                 "seed": seed, "worker": "random-hf-v1"}
+        if stamp_ok(out, stamp):
+            return out
+
+        def build():
+            log(f"setup: random {self.shape} (seed {seed}, bf16) -> {out}")
+            tmp = out.with_name(out.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            worker(self.args.python, "random-hf", self.logs / "random-hf.log",
+                   self.work / "run" / "random-hf.json", src=hf, out=tmp, shape=self.shape,
+                   seed=seed)
+            write_stamp(tmp, stamp)
+            shutil.rmtree(out, ignore_errors=True)
+            tmp.rename(out)
+
+        self.timed("random folder", build)
+        return out
 
     def off_grid_folder(self, hf: Path) -> Path:
         noise, seed = self.args.off_grid_noise, self.args.off_grid_seed
@@ -259,7 +307,8 @@ class Setup:
         real (on-grid) model, which comes from the Q4_1 GGUF itself: that is the source whose
         4-bit blocks the defaults keep exactly."""
         out = self.models / "ours" / precision
-        source = gguf if (gguf is not None and precision == "int4" and not self.off_grid) else hf
+        source = gguf if (gguf is not None and precision == "int4" and not self.float_source) \
+            else hf
         src = find_package_dir(self.args.python, "llm_onnx")
         stamp = {"hf": json.loads((hf / ".bench-stamp.json").read_text()), "precision": precision,
                  "source": str(source),
@@ -303,7 +352,9 @@ class Setup:
         linked_genai_folder(out, twin, intra_op_num_threads=self.args.threads)
         return out, twin
 
-    def llama_models(self, python: Path, gguf: Path) -> dict[str, Path]:
+    def llama_models(self, python: Path, gguf: Path, hf: Path) -> dict[str, Path]:
+        if self.shape:
+            return self.llama_shape_models(python, gguf, hf)
         base = self.work / "models" / "llama"
         base.mkdir(parents=True, exist_ok=True)
         f32, q8 = base / "smollm2-135m-instruct-f32.gguf", base / "smollm2-135m-instruct-q8_0.gguf"
@@ -320,5 +371,28 @@ class Setup:
 
             self.timed("llama.cpp ggufs", build)
         return {"f32": f32, "q8_0": q8, "Q4_1": gguf}
+
+    def llama_shape_models(self, python: Path, gguf: Path, hf: Path) -> dict[str, Path]:
+        """--shape: an F32 GGUF written from the random folder's safetensors (SmolLM2's
+        vocabulary padded), then q8_0 and q4_0 by llama.cpp's quantizer (its default mix)."""
+        base = self.models / "llama"
+        base.mkdir(parents=True, exist_ok=True)
+        files = {q: base / f"{self.shape}-{q}.gguf" for q in ("f32", "q8_0", "q4_0")}
+        stamp = {"hf": json.loads((hf / ".bench-stamp.json").read_text()),
+                 "packages": LLAMA_PACKAGES, "worker": "hf-gguf-v1"}
+        if not stamp_ok(base, stamp) or not all(f.is_file() for f in files.values()):
+            def build():
+                log(f"setup: F32 GGUF of {hf} (gguf package), q8_0 and q4_0 (llama.cpp) in {base}")
+                worker(self.args.python, "hf-gguf", self.logs / "llama-hf-gguf.log",
+                       self.work / "run" / "hf-gguf.json", src=hf, vocab_gguf=gguf,
+                       out=files["f32"], shape=self.shape)
+                for q in ("q8_0", "q4_0"):
+                    worker(python, "llama-quantize", self.logs / f"llama-quantize-{q}.log",
+                           self.work / "run" / f"{q}.json", src=files["f32"], out=files[q],
+                           ftype=q, threads=self.args.threads)
+                write_stamp(base, stamp)
+
+            self.timed("llama.cpp ggufs", build)
+        return files
 
 

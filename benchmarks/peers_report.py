@@ -4,12 +4,13 @@ profile lines and the chart."""
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from bench_env import (GENAI, HF, LLAMA, LLAMA_MATCH, OURS, REPORT_PACKAGES, WORKER, Setup,
-                       StepFailed, log, run)
+from bench_env import (GENAI, HF, LLAMA, OURS, REPORT_PACKAGES, WORKER, Setup,
+                       StepFailed, llama_match, log, run)
 from peers_measure import PROFILE_STEPS
 
 # ----------------------------------------------------------------------------- report
@@ -87,7 +88,7 @@ def ratios_and_checks(rows: list[dict], args) -> tuple[list[dict], list[dict]]:
         ours = find(rows, OURS, p)
         if not ours:
             continue
-        for peer in (find(rows, GENAI, p, genai_variant), find(rows, LLAMA, LLAMA_MATCH[p])):
+        for peer in (find(rows, GENAI, p, genai_variant), find(rows, LLAMA, llama_match(args)[p])):
             if not peer:
                 continue
             r = {"precision": p, "peer": f"{peer['system']} {peer['precision']}"
@@ -140,7 +141,7 @@ def ratios_and_checks(rows: list[dict], args) -> tuple[list[dict], list[dict]]:
         name = f"agreement int4 >= {half}/{args.agree_tokens} on every prompt"
         check(name, None if not agree else min(agree) >= half,
               "/".join(map(str, agree)) if agree else "no data")
-        vs("int4", LLAMA, "Q4_1", "decode_tok_s", 1.0)
+        vs("int4", LLAMA, llama_match(args)["int4"], "decode_tok_s", 1.0)
     for p, factor in (("fp32", 1.0), ("int8", 1.2)):
         if p in args.precision:
             vs(p, GENAI, p, "prefill_tok_s", factor, g)
@@ -172,7 +173,7 @@ def ratios_and_checks(rows: list[dict], args) -> tuple[list[dict], list[dict]]:
     for p in ("int8", "int4"):
         if p not in args.precision:
             continue
-        for peer_sys, peer_prec in ((GENAI, p), (LLAMA, LLAMA_MATCH[p])):
+        for peer_sys, peer_prec in ((GENAI, p), (LLAMA, llama_match(args)[p])):
             a = (find(rows, OURS, p) or {}).get("fidelity") or {}
             b = (find(rows, peer_sys, peer_prec) or {}).get("fidelity") or {}
             name = f"fidelity {p}: KL to transformers <= {peer_sys} {peer_prec}'s (teacher-forced)"
@@ -232,12 +233,44 @@ def profile_lines(profiles: dict[str, dict]) -> list[str]:
     return lines
 
 
+def model_label(args) -> str:
+    shape = getattr(args, "shape", None)
+    return f"{shape} shape, random weights" if shape else "SmolLM2-135M-Instruct"
+
+
+def bandwidth_lines(rows: list[dict]) -> list[str]:
+    """How close each system's decode comes to the memory-bandwidth ceiling: decode tok/s x the
+    bytes its model holds, against the read bandwidth our bench measured beside its runs. Ours:
+    bench's own count of the bytes a step reads. A peer's file counts a separate embedding table
+    too (a token reads one row of it), so its share is an upper bound where it has one."""
+    bws = [med(r, "memory_bandwidth_gb_s") for r in rows if r["system"] == OURS]
+    bws = [b for b in bws if b]
+    if not bws:
+        return []
+    bw = statistics.median(bws)
+    out = [f"Share of the read bandwidth ({bw:.1f} GB/s, median of our bench's probes) reached "
+           f"in decode (tok/s x bytes read per token):"]
+    for r in rows:
+        d = med(r, "decode_tok_s")
+        if r["system"] == HF or not d or "error" in r:
+            continue
+        if r["system"] == OURS and r.get("decode_ceiling_reached"):
+            share, what = r["decode_ceiling_reached"], "bench's bytes per step"
+        elif r.get("weight_bytes"):
+            share, what = d * r["weight_bytes"] / 1e9 / bw, "file bytes"
+        else:
+            continue
+        name = r["system"] + (f" [{r['variant']}]" if r.get("variant") else "")
+        out.append(f"  {r['precision']:5} {name:40} {share:4.0%} ({what})")
+    return out + [""]
+
+
 def report(results: dict, args) -> str:
     rows = results["rows"]
     ratios, checks = ratios_and_checks(rows, args)
     results["ratios"], results["checks"] = ratios, checks
     p = results["prompts"]
-    lines = [(f"SmolLM2-135M-Instruct, batch 1, {args.prompt_len}-token prompt, "
+    lines = [(f"{model_label(args)}, batch 1, {args.prompt_len}-token prompt, "
               f"{args.new_tokens} new tokens, {args.rounds} round(s) x {args.passes} pass(es) after a "
               f"warm-up, systems round-robin: median "
               f"(min-max). Agreement: leading greedy tokens equal to transformers fp32's, "
@@ -262,6 +295,7 @@ def report(results: dict, args) -> str:
             lines.append(f"  {r['precision']:5} vs {r['peer']:{w}}  decode {f(r['decode_tok_s'])}"
                          f"  prefill {f(r['prefill_tok_s'])}  TTFT {f(r['ttft_speedup'])}")
         lines.append("")
+    lines += bandwidth_lines(rows)
     lines.append("Targets:")
     lines += [f"  {c['status']:4}  {c['check']}: {c['detail']}" for c in checks]
     prof = profile_lines(results.get("profiles") or {})
@@ -274,7 +308,7 @@ def report(results: dict, args) -> str:
 
 
 def plot(results_file: Path, png: Path, args, setup: Setup) -> str | None:
-    title = (f"SmolLM2-135M-Instruct on {os.cpu_count()} CPU cores: batch 1, "
+    title = (f"{model_label(args)} on {os.cpu_count()} CPU cores: batch 1, "
              f"{args.prompt_len}-token prompt, {args.new_tokens} new tokens")
     python = sys.executable
     if subprocess.run([python, "-c", "import matplotlib"], check=False,

@@ -1,0 +1,54 @@
+"""compare_peers.py --shape: the random full-shape folder every system builds from, and the F32
+GGUF llama.cpp gets from its safetensors, hold the same model. Checked on a tiny shape through our
+own GGUF reader (its Qwen3 mapping is tested against gguf-py's tables elsewhere) against
+transformers on the folder: the same logits, so no tensor was renamed, transposed or permuted
+wrongly; and the padded vocabulary has the config's size."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import gguf
+import torch
+
+from llm_onnx.checkpoints import build_model, open_checkpoint
+from tests.checkpoints.test_gguf_families import logits
+from tests.scripts import load_benchmark
+from tests.tolerances import TORCH_VS_HF_FP32
+
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, intermediate_size=96, vocab_size=49152 + 64, tie_word_embeddings=True,
+            rope_theta=1000000.0, rms_norm_eps=1e-6, max_position_embeddings=256)
+
+
+def test_the_shape_folder_and_its_gguf_give_the_same_logits(smollm2_gguf, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    worker = load_benchmark("peer_worker")
+    monkeypatch.setitem(worker.SHAPES, "tiny", TINY)
+    tok = tmp_path / "tokenizer"
+    tok.mkdir()
+    (tok / "generation_config.json").write_text(json.dumps({"bos_token_id": 1,
+                                                            "eos_token_id": 2}))
+    hf_dir, path = tmp_path / "hf", tmp_path / "tiny-f32.gguf"
+    worker.random_hf(argparse.Namespace(src=tok, out=hf_dir, shape="tiny", seed=3,
+                                        result=tmp_path / "hf.json"))
+    worker.hf_gguf(argparse.Namespace(src=hf_dir, vocab_gguf=smollm2_gguf, out=path, shape="tiny",
+                                      result=tmp_path / "gguf.json"))
+    assert not path.with_name(path.name + ".partial").exists()
+
+    reader = gguf.GGUFReader(str(path))
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    assert len(tokens) == TINY["vocab_size"] and tokens[-1] == f"[PAD{TINY['vocab_size'] - 1}]"
+    assert "output.weight" not in {t.name for t in reader.tensors}  # tied: token_embd only
+
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    ckpt = open_checkpoint(path)
+    assert ckpt.config.hidden_size == 64 and ckpt.config.vocab_size == TINY["vocab_size"]
+    ours = build_model(ckpt.config, ckpt.source)
+    ids = torch.randint(0, 49152, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want, got = hf(ids).logits, logits(ours, ids)
+    assert (got - want).abs().max().item() <= TORCH_VS_HF_FP32
+    assert want.abs().max().item() > 10 * TORCH_VS_HF_FP32  # random weights, not all zero
