@@ -240,7 +240,7 @@ class Setup:
         seed = self.args.shape_seed
         out = self.models / f"hf-random-seed{seed}"
         stamp = {"hf": json.loads((hf / ".bench-stamp.json").read_text()), "shape": self.shape,
-                 "seed": seed, "worker": "random-hf-v1"}
+                 "seed": seed, "worker": "random-hf-v2"}
         if stamp_ok(out, stamp):
             return out
 

@@ -132,8 +132,10 @@ def random_hf(args) -> None:
     torch.manual_seed(int(args.seed))
     model = Qwen3ForCausalLM(cfg).to(torch.bfloat16).eval()
     model.save_pretrained(out)
-    for f in src.iterdir():
-        if f.is_file() and f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+    for f in src.iterdir():  # the tokenizer's files and its chat template, not the model's
+        if f.is_file() and not f.name.startswith(".") and f.suffix != ".safetensors" \
+                and f.name not in ("config.json", "generation_config.json",
+                                   "model.safetensors.index.json"):
             shutil.copy2(f, out / f.name)
     params = sum(t.numel() for t in model.parameters())
     write_result(args.result, {"hf_folder": str(out), "parameters": params})

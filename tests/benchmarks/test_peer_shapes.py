@@ -31,12 +31,14 @@ def test_the_shape_folder_and_its_gguf_give_the_same_logits(smollm2_gguf, tmp_pa
     tok.mkdir()
     (tok / "generation_config.json").write_text(json.dumps({"bos_token_id": 1,
                                                             "eos_token_id": 2}))
+    (tok / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
     hf_dir, path = tmp_path / "hf", tmp_path / "tiny-f32.gguf"
     worker.random_hf(argparse.Namespace(src=tok, out=hf_dir, shape="tiny", seed=3,
                                         result=tmp_path / "hf.json"))
     worker.hf_gguf(argparse.Namespace(src=hf_dir, vocab_gguf=smollm2_gguf, out=path, shape="tiny",
                                       result=tmp_path / "gguf.json"))
     assert not path.with_name(path.name + ".partial").exists()
+    assert (hf_dir / "chat_template.jinja").is_file()  # the prompts are made with it
 
     reader = gguf.GGUFReader(str(path))
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
