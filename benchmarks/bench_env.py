@@ -211,24 +211,33 @@ class Setup:
 
     def hf_folder(self, gguf: Path) -> Path:
         """The Hugging Face folder every system starts from: the GGUF dequantized, or in the
-        off-grid variant that folder with its 4-bit projections moved off the Q4_1 grid."""
+        off-grid variant that folder with its 4-bit projections moved off the Q4_1 grid, or in the
+        shape variant a random model of that shape with its tokenizer."""
         out = self.work / "models" / "hf-smollm2-135m-instruct"
         stamp = {"gguf": file_id(gguf), "worker": "hf-convert-v1"}
+        self.worker_folder(out, stamp, "hf folder", f"GGUF -> Hugging Face folder {out}",
+                           "hf-convert", gguf=gguf)
+        return self.variant_folder(out)
+
+    def worker_folder(self, out: Path, stamp: dict, timer: str, what: str, step: str,
+                      **opts) -> Path:
+        """``out``, built by the worker's ``step`` (into OUT.tmp, renamed when done) unless its
+        stamp matches."""
         if stamp_ok(out, stamp):
-            return self.variant_folder(out)
+            return out
 
         def build():
-            log(f"setup: GGUF -> Hugging Face folder {out}")
+            log(f"setup: {what}")
             tmp = out.with_name(out.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
-            worker(self.args.python, "hf-convert", self.logs / "hf-convert.log",
-                   self.work / "run" / "hf-convert.json", gguf=gguf, out=tmp)
+            worker(self.args.python, step, self.logs / f"{step}.log",
+                   self.work / "run" / f"{step}.json", out=tmp, **opts)
             write_stamp(tmp, stamp)
             shutil.rmtree(out, ignore_errors=True)
             tmp.rename(out)
 
-        self.timed("hf folder", build)
-        return self.variant_folder(out)
+        self.timed(timer, build)
+        return out
 
     def variant_folder(self, hf: Path) -> Path:
         if self.shape:
@@ -241,43 +250,19 @@ class Setup:
         out = self.models / f"hf-random-seed{seed}"
         stamp = {"hf": json.loads((hf / ".bench-stamp.json").read_text()), "shape": self.shape,
                  "seed": seed, "worker": "random-hf-v2"}
-        if stamp_ok(out, stamp):
-            return out
-
-        def build():
-            log(f"setup: random {self.shape} (seed {seed}, bf16) -> {out}")
-            tmp = out.with_name(out.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            worker(self.args.python, "random-hf", self.logs / "random-hf.log",
-                   self.work / "run" / "random-hf.json", src=hf, out=tmp, shape=self.shape,
-                   seed=seed)
-            write_stamp(tmp, stamp)
-            shutil.rmtree(out, ignore_errors=True)
-            tmp.rename(out)
-
-        self.timed("random folder", build)
-        return out
+        return self.worker_folder(out, stamp, "random folder",
+                                  f"random {self.shape} (seed {seed}, bf16) -> {out}",
+                                  "random-hf", src=hf, shape=self.shape, seed=seed)
 
     def off_grid_folder(self, hf: Path) -> Path:
         noise, seed = self.args.off_grid_noise, self.args.off_grid_seed
         out = self.models / f"hf-smollm2-135m-instruct-noise{noise}-seed{seed}"
         stamp = {"hf": json.loads((hf / ".bench-stamp.json").read_text()), "noise": noise,
                  "seed": seed, "worker": "off-grid-v1"}
-        if stamp_ok(out, stamp):
-            return out
-
-        def build():
-            log(f"setup: {hf} moved off the Q4_1 grid (noise {noise} x step, seed {seed}) -> {out}")
-            tmp = out.with_name(out.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            worker(self.args.python, "off-grid", self.logs / "off-grid.log",
-                   self.work / "run" / "off-grid.json", src=hf, out=tmp, noise=noise, seed=seed)
-            write_stamp(tmp, stamp)
-            shutil.rmtree(out, ignore_errors=True)
-            tmp.rename(out)
-
-        self.timed("off-grid folder", build)
-        return out
+        return self.worker_folder(
+            out, stamp, "off-grid folder",
+            f"{hf} moved off the Q4_1 grid (noise {noise} x step, seed {seed}) -> {out}",
+            "off-grid", src=hf, noise=noise, seed=seed)
 
     def prompts(self, hf: Path) -> Path:
         """All prompt ids for this run: agreement prompts and the speed prompt."""

@@ -14,7 +14,7 @@ import torch
 
 from llm_onnx.checkpoints import build_model, open_checkpoint
 from tests.checkpoints.test_gguf_families import logits
-from tests.scripts import load_benchmark
+from tests.scripts import BENCHMARKS, load_benchmark
 from tests.tolerances import TORCH_VS_HF_FP32
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -54,3 +54,35 @@ def test_the_shape_folder_and_its_gguf_give_the_same_logits(smollm2_gguf, tmp_pa
         want, got = hf(ids).logits, logits(ours, ids)
     assert (got - want).abs().max().item() <= TORCH_VS_HF_FP32
     assert want.abs().max().item() > 10 * TORCH_VS_HF_FP32  # random weights, not all zero
+
+
+def test_variant_folders_are_built_once_and_rebuilt_when_their_input_changes(tmp_path,
+                                                                             monkeypatch):
+    """Setup's folders (the HF folder, --off-grid's, --shape's) come from a worker step into
+    OUT.tmp, renamed when done, and are reused while their stamp matches."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # bench_env imports peer_worker beside it
+    bench_env = load_benchmark("bench_env")
+    calls = []
+
+    def fake_worker(python, step, logfile, result, out, **opts):
+        calls.append(step)
+        out.mkdir(parents=True)
+        (out / "made-by").write_text(step)
+        return {}
+
+    monkeypatch.setattr(bench_env, "worker", fake_worker)
+    gguf_file = tmp_path / "model.gguf"
+    gguf_file.write_bytes(b"GGUF")
+    args = argparse.Namespace(work=tmp_path / "work", python="python", shape="qwen3-1.7b",
+                              shape_seed=0, off_grid=False)
+    setup = bench_env.Setup(args)
+    folder = setup.hf_folder(gguf_file)
+    assert folder == tmp_path / "work" / "models" / "qwen3-1.7b" / "hf-random-seed0"
+    assert (folder / "made-by").read_text() == "random-hf" and calls == ["hf-convert", "random-hf"]
+    assert not folder.with_name(folder.name + ".tmp").exists()
+    assert setup.hf_folder(gguf_file) == folder and len(calls) == 2  # stamps match: reused
+    args.shape_seed = 1
+    assert setup.hf_folder(gguf_file).name == "hf-random-seed1" and calls[-1] == "random-hf"
+    gguf_file.write_bytes(b"GGUF, another one")
+    setup.hf_folder(gguf_file)
+    assert calls[-2:] == ["hf-convert", "random-hf"]  # a new source: both again
