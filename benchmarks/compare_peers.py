@@ -134,7 +134,8 @@ def main() -> None:
             else "compare-peers-off-grid" if args.off_grid else "compare-peers")
     prefix = args.out or args.work / "results" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    json_file, png = prefix.with_suffix(".json"), prefix.with_suffix(".png")
+    # (not with_suffix: "qwen3-1.7b-..." would lose everything after its dot)
+    json_file, png = (prefix.with_name(prefix.name + ext) for ext in (".json", ".png"))
     json_file.write_text(json.dumps(results, indent=1))
     chart = plot(json_file, png, args, setup)
     print(text)
