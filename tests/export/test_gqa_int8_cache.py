@@ -43,8 +43,14 @@ def gqa_session(quant: str, bit_width: int | None = 8, v_quant: str | None = Non
     node = helper.make_node("GroupQueryAttention", names[:9] + ["", "", ""] + names[9:],
                             ["output", "present_key", "present_value"], domain="com.microsoft",
                             **attrs)
+    return gqa_node_session(node, inputs, TensorProto.INT8, cache)
+
+
+def gqa_node_session(node, inputs, cache_type, cache_shape):
+    """A session of one GroupQueryAttention ``node`` (outputs: output, present_key,
+    present_value of ``cache_type``), one thread, ONNX Runtime's logging off."""
     outputs = [helper.make_tensor_value_info("output", TensorProto.FLOAT, None),
-               *(helper.make_tensor_value_info(n, TensorProto.INT8, cache)
+               *(helper.make_tensor_value_info(n, cache_type, cache_shape)
                  for n in ("present_key", "present_value"))]
     model = helper.make_model(helper.make_graph([node], "gqa", inputs, outputs), ir_version=10,
                               opset_imports=[helper.make_opsetid("", 21),

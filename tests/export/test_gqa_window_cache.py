@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
+
+from tests.export.test_gqa_int8_cache import gqa_node_session
 
 H, HKV, D = 4, 2, 32  # query heads, KV heads, head size
 W = 6  # local_window_size: each query sees itself and the W - 1 positions before it
@@ -42,16 +43,7 @@ def session(capacity_window: bool):
     node = helper.make_node("GroupQueryAttention", [i.name for i in inputs],
                             ["output", "present_key", "present_value"], domain="com.microsoft",
                             **attrs)
-    outputs = [helper.make_tensor_value_info("output", f, None),
-               *(helper.make_tensor_value_info(n, f, cache)
-                 for n in ("present_key", "present_value"))]
-    model = helper.make_model(helper.make_graph([node], "gqa", inputs, outputs), ir_version=10,
-                              opset_imports=[helper.make_opsetid("", 21),
-                                             helper.make_opsetid("com.microsoft", 1)])
-    so = ort.SessionOptions()
-    so.log_severity_level = 4
-    so.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return gqa_node_session(node, inputs, f, cache)
 
 
 def rope_tables():
