@@ -32,12 +32,12 @@ PRECISIONS = ["fp32", "int8", "int4"]
 LLAMA_MATCH = {"fp32": "f32", "int8": "q8_0", "int4": "Q4_1"}
 # --shape: llama.cpp's int4 is Q4_0 quantized from the F32 GGUF (there is no Q4_1 original)
 LLAMA_MATCH_SHAPE = {"fp32": "f32", "int8": "q8_0", "int4": "q4_0"}
+OURS, GENAI, LLAMA, HF = "llm-onnx", "onnxruntime-genai", "llama.cpp", "transformers"
 
 
 def llama_match(args) -> dict[str, str]:
     """Our precision -> llama.cpp's file type compared with it, in this run's variant."""
     return LLAMA_MATCH_SHAPE if getattr(args, "shape", None) else LLAMA_MATCH
-OURS, GENAI, LLAMA, HF = "llm-onnx", "onnxruntime-genai", "llama.cpp", "transformers"
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -338,46 +338,35 @@ class Setup:
         return out, twin
 
     def llama_models(self, python: Path, gguf: Path, hf: Path) -> dict[str, Path]:
+        """llama.cpp's files: an F32 GGUF and what llama.cpp's quantizer makes of it. SmolLM2: the
+        F32 file from the Q4_1 original (same metadata, tensors dequantized), q8_0, and the
+        original itself; --shape: the F32 file written from the random folder's safetensors
+        (SmolLM2's vocabulary padded), q8_0 and q4_0 (the quantizer's default mix)."""
         if self.shape:
-            return self.llama_shape_models(python, gguf, hf)
-        base = self.work / "models" / "llama"
+            base, name, quantized = self.models / "llama", self.shape, ("q8_0", "q4_0")
+            stamp = {"hf": json.loads((hf / ".bench-stamp.json").read_text()),
+                     "packages": LLAMA_PACKAGES, "worker": "hf-gguf-v1"}
+            step, opts = "hf-gguf", dict(src=hf, vocab_gguf=gguf, shape=self.shape)
+        else:
+            base, name = self.work / "models" / "llama", "smollm2-135m-instruct"
+            quantized = ("q8_0",)
+            stamp = {"gguf": file_id(gguf), "packages": LLAMA_PACKAGES}
+            step, opts = "f32-gguf", dict(src=gguf)
         base.mkdir(parents=True, exist_ok=True)
-        f32, q8 = base / "smollm2-135m-instruct-f32.gguf", base / "smollm2-135m-instruct-q8_0.gguf"
-        stamp = {"gguf": file_id(gguf), "packages": LLAMA_PACKAGES}
-        if not stamp_ok(base, stamp) or not f32.is_file() or not q8.is_file():
-            def build():
-                log(f"setup: F32 GGUF (gguf package) and q8_0 (llama.cpp quantizer) in {base}")
-                worker(self.args.python, "f32-gguf", self.logs / "llama-f32.log",
-                       self.work / "run" / "f32-gguf.json", src=gguf, out=f32)
-                worker(python, "llama-quantize", self.logs / "llama-quantize.log",
-                       self.work / "run" / "q8_0.json", src=f32, out=q8, ftype="q8_0",
-                       threads=self.args.threads)
-                write_stamp(base, stamp)
-
-            self.timed("llama.cpp ggufs", build)
-        return {"f32": f32, "q8_0": q8, "Q4_1": gguf}
-
-    def llama_shape_models(self, python: Path, gguf: Path, hf: Path) -> dict[str, Path]:
-        """--shape: an F32 GGUF written from the random folder's safetensors (SmolLM2's
-        vocabulary padded), then q8_0 and q4_0 by llama.cpp's quantizer (its default mix)."""
-        base = self.models / "llama"
-        base.mkdir(parents=True, exist_ok=True)
-        files = {q: base / f"{self.shape}-{q}.gguf" for q in ("f32", "q8_0", "q4_0")}
-        stamp = {"hf": json.loads((hf / ".bench-stamp.json").read_text()),
-                 "packages": LLAMA_PACKAGES, "worker": "hf-gguf-v1"}
+        files = {q: base / f"{name}-{q}.gguf" for q in ("f32", *quantized)}
         if not stamp_ok(base, stamp) or not all(f.is_file() for f in files.values()):
             def build():
-                log(f"setup: F32 GGUF of {hf} (gguf package), q8_0 and q4_0 (llama.cpp) in {base}")
-                worker(self.args.python, "hf-gguf", self.logs / "llama-hf-gguf.log",
-                       self.work / "run" / "hf-gguf.json", src=hf, vocab_gguf=gguf,
-                       out=files["f32"], shape=self.shape)
-                for q in ("q8_0", "q4_0"):
+                log(f"setup: F32 GGUF from {opts['src']} (gguf package) and "
+                    f"{', '.join(quantized)} (llama.cpp's quantizer) in {base}")
+                worker(self.args.python, step, self.logs / f"llama-{step}.log",
+                       self.work / "run" / f"{step}.json", out=files["f32"], **opts)
+                for q in quantized:
                     worker(python, "llama-quantize", self.logs / f"llama-quantize-{q}.log",
                            self.work / "run" / f"{q}.json", src=files["f32"], out=files[q],
                            ftype=q, threads=self.args.threads)
                 write_stamp(base, stamp)
 
             self.timed("llama.cpp ggufs", build)
-        return files
+        return files if self.shape else {**files, "Q4_1": gguf}
 
 

@@ -10,6 +10,7 @@ import argparse
 import json
 
 import gguf
+import pytest
 import torch
 
 from llm_onnx.checkpoints import build_model, open_checkpoint
@@ -86,3 +87,39 @@ def test_variant_folders_are_built_once_and_rebuilt_when_their_input_changes(tmp
     gguf_file.write_bytes(b"GGUF, another one")
     setup.hf_folder(gguf_file)
     assert calls[-2:] == ["hf-convert", "random-hf"]  # a new source: both again
+
+
+@pytest.mark.parametrize("shape", [None, "qwen3-1.7b"])
+def test_llama_files_are_an_f32_gguf_and_its_quantized_forms(shape, tmp_path, monkeypatch):
+    """SmolLM2: the F32 file from the GGUF, q8_0, and the Q4_1 original; --shape: the F32 file
+    from the random folder's safetensors, q8_0 and q4_0. Built once, reused while stamped."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    bench_env = load_benchmark("bench_env")
+    calls = []
+
+    def fake_worker(python, step, logfile, result, out, **opts):
+        calls.append((step, opts.get("ftype"), opts.get("src")))
+        out.write_bytes(b"GGUF")
+        return {}
+
+    monkeypatch.setattr(bench_env, "worker", fake_worker)
+    gguf_file, hf = tmp_path / "model.gguf", tmp_path / "hf"
+    gguf_file.write_bytes(b"GGUF")
+    hf.mkdir()
+    (hf / ".bench-stamp.json").write_text("{}")
+    args = argparse.Namespace(work=tmp_path / "work", python="python", shape=shape,
+                              shape_seed=0, off_grid=False, threads=2)
+    setup = bench_env.Setup(args)
+    files = setup.llama_models("llama-python", gguf_file, hf)
+    if shape is None:
+        assert files["Q4_1"] == gguf_file and set(files) == {"f32", "q8_0", "Q4_1"}
+        assert calls == [("f32-gguf", None, gguf_file), ("llama-quantize", "q8_0", files["f32"])]
+        assert files["f32"].name == "smollm2-135m-instruct-f32.gguf"
+    else:
+        assert set(files) == {"f32", "q8_0", "q4_0"}
+        assert calls == [("hf-gguf", None, hf), ("llama-quantize", "q8_0", files["f32"]),
+                         ("llama-quantize", "q4_0", files["f32"])]
+        assert files["q4_0"].parent == tmp_path / "work" / "models" / shape / "llama"
+    assert set(bench_env.llama_match(args).values()) <= set(files)
+    built = len(calls)
+    assert setup.llama_models("llama-python", gguf_file, hf) == files and len(calls) == built
