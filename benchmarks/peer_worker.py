@@ -83,6 +83,16 @@ def speed_and_agreement(args, load: Callable[[], object], timed, greedy) -> dict
 # ----------------------------------------------------------------------------- project venv steps
 
 
+def add_field(writer, name: str, field, value) -> None:
+    """A GGUF metadata field written as ``value``, with the type (and array item type) it was
+    read with."""
+    import gguf
+
+    vtype = field.types[0]
+    sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+    writer.add_key_value(name, value, vtype, sub_type=sub)
+
+
 def hf_convert(args) -> None:
     """The GGUF file -> a Hugging Face folder (fp32 safetensors + tokenizer files)."""
     import torch
@@ -186,9 +196,7 @@ def hf_gguf(args) -> None:
             value = value + [int(gguf.TokenType.UNUSED)] * (vocab - len(value))
         elif key == "tokenizer.ggml.scores":
             value = value + [0.0] * (vocab - len(value))
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, value, vtype, sub_type=sub)
+        add_field(writer, key, field, value)
     index = src / "model.safetensors.index.json"
     files = sorted(set(json.loads(index.read_text())["weight_map"].values())) \
         if index.is_file() else ["model.safetensors"]
@@ -336,9 +344,7 @@ def f32_gguf(args) -> None:
     for name, field in reader.fields.items():
         if name.startswith("GGUF.") or name in skip:
             continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
+        add_field(writer, name, field, field.contents())
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     for t in reader.tensors:
         data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
