@@ -31,7 +31,7 @@ import torch
 from llm_onnx.model.decoder import Decoder
 from llm_onnx.model.embedding import EmbeddingDecoder
 from llm_onnx.model.linear_attention import state_shapes
-from llm_onnx.export.custom_ops import fix_domains, translation_table
+from llm_onnx.export.custom_ops import fix_domains, inline_branch_calls, translation_table
 from llm_onnx import model_folder as names
 
 GRAPHS = ("prefill", "decode")
@@ -96,6 +96,7 @@ def trace_graph(model: Decoder, kind: str, *, all_logits: bool = False) -> ir.Mo
     graph_model = program.model
     if last_only:
         _default_window(graph_model)
+    inline_branch_calls(graph_model)
     fix_domains(graph_model)
     _static_vocab(graph_model, model)
     graph_model.graph.name = kind

@@ -26,7 +26,9 @@ from llm_onnx.export import quant
 from llm_onnx.export.weights import StoredTensor
 from llm_onnx import model_folder as names
 
-PROMPT_LENGTHS = (11, 7, 4)
+# the first one longer than custom_ops.PROMPT_STEP: an int8 cache's long steps take the float
+# node, its short ones the int8 node, and the gate sees both
+PROMPT_LENGTHS = (17, 7, 4)
 DECODE_STEPS = 4
 # The linear-attention states are held to the logits' relative limit times this: they sum a
 # whole prompt (float32 in both; quantized weights move them as they move the logits).

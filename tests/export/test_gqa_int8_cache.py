@@ -99,14 +99,16 @@ def reference(q, k, v, keys, values, past: int, ks, vs):
     return np.einsum("htp,hpd->thd", probs, vf).reshape(t, H * D)
 
 
-def run_bound(sess, keys, values, q, k, v, past: int, ks, vs):
+def run_bound(sess, keys, values, q, k, v, past: int, ks, vs, packed: bool = False):
     """One step with the (1, Hkv, L, D) buffers bound as both past and present, as the runtime's
     KVCache binds them (runtime/core/kv_cache.py)."""
     t = q.shape[0]
     cos, sin = rope_tables()
     binding = sess.io_binding()
     binding.bind_output("output")
-    feed = dict(query=q[None], key=k[None], value=v[None],
+    qkv = dict(query=np.concatenate([q, k, v], axis=-1)[None]) if packed else dict(
+        query=q[None], key=k[None], value=v[None])
+    feed = dict(**qkv,
                 seqlens_k=np.array([past + t - 1], np.int32),
                 total_sequence_length=np.array(past + t, np.int32), cos_cache=cos, sin_cache=sin,
                 k_scale=ks, v_scale=vs)
@@ -205,31 +207,94 @@ def test_what_the_export_must_set(attrs, message):
                   *calibrated("PER_CHANNEL", k, v))
 
 
-def test_the_decoders_eager_op_equals_the_kernel():
+def translation_session(packed: bool = False, prompt_step: int = 2):
+    """The export's translation of the int8-cache op in a graph of many tokens
+    (custom_ops.group_query_attention_int8_steps, or its packed-QKV form: the int8 node for fewer
+    than ``prompt_step`` new tokens; for more, the float node over what the int8 node reads back,
+    then an int8 write), as a one-node model calling it as a local function."""
+    from llm_onnx.export import custom_ops
+
+    fn = (custom_ops.group_query_attention_int8_steps_packed if packed
+          else custom_ops.group_query_attention_int8_steps)
+    functions = [f.to_function_proto() for f in (
+        fn, custom_ops._int8_cache_prompt_step, custom_ops.group_query_attention_int8)]
+    domain = functions[0].domain
+    for proto in functions:  # the branches' domains, which the protos leave out
+        have = {o.domain for o in proto.opset_import}
+        proto.opset_import.extend(helper.make_opsetid(d, 1) for d in ("com.microsoft", domain)
+                                  if d not in have)
+    cache = ["B", HKV, "L", D]
+    names = ["query", "key", "value", "past_key", "past_value", "seqlens_k",
+             "total_sequence_length", "cos_cache", "sin_cache", "", "", "k_scale", "v_scale"]
+    width = (H + 2 * HKV) * D if packed else H * D
+    inputs = [helper.make_tensor_value_info("query", TensorProto.FLOAT, ["B", "T", width]),
+              *(helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", "T", HKV * D])
+                for n in (() if packed else ("key", "value"))),
+              *(helper.make_tensor_value_info(n, TensorProto.INT8, cache)
+                for n in ("past_key", "past_value")),
+              helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
+              helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+              *(helper.make_tensor_value_info(n, TensorProto.FLOAT, [L, D // 2])
+                for n in ("cos_cache", "sin_cache")),
+              *(helper.make_tensor_value_info(n, TensorProto.FLOAT, [HKV * D])
+                for n in ("k_scale", "v_scale"))]
+    attrs = dict(num_heads=H, kv_num_heads=HKV, scale=D ** -0.5, local_window_size=-1,
+                 rotary_interleaved=0, rotary_dim=D, prompt_step=prompt_step)
+    if packed:
+        names = names[:1] + names[3:]
+        attrs["widths"] = [H * D, HKV * D, HKV * D]
+    node = helper.make_node(functions[0].name, names,
+                            ["output", "present_key", "present_value"], domain=domain, **attrs)
+    outputs = [helper.make_tensor_value_info("output", TensorProto.FLOAT, None),
+               *(helper.make_tensor_value_info(n, TensorProto.INT8, cache)
+                 for n in ("present_key", "present_value"))]
+    model = helper.make_model(
+        helper.make_graph([node], "translation", inputs, outputs), ir_version=10,
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1),
+                       helper.make_opsetid(domain, 1)], functions=functions)
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+STEPS = (5, 1, 3, 1)  # a prompt, a token, a chunk over the past (a verify step), a token
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_decoders_eager_op_equals_the_kernel_and_the_export(packed):
     """llm_onnx's torch op (ops.group_query_attention with k_scale/v_scale, the reference of an
-    int8-cache export's parity gate) against the kernel: a prompt, then single tokens, per-channel
-    scales, RoPE inside; same outputs, same cache bytes."""
+    int8-cache export's parity gate) against the bare kernel and against the export's translation
+    for graphs of several tokens (its float node for them), each bound in place: a prompt, single
+    tokens and a chunk over the past, per-channel scales, RoPE inside; the same outputs and the
+    same cache bytes at every step."""
     import torch
 
     from llm_onnx.model import ops
 
-    q, k, v = tokens(7)
+    q, k, v = tokens(sum(STEPS))
     ks, vs = calibrated("PER_CHANNEL", k, v)
-    sess = gqa_session("PER_CHANNEL")
-    cos, sin = (torch.from_numpy(a) for a in rope_tables())
-    ort_k, ort_v = (np.zeros((1, HKV, L, D), np.int8) for _ in range(2))
+    kernel, translation = gqa_session("PER_CHANNEL"), translation_session(packed)
+    ker_k, ker_v, tr_k, tr_v = (np.zeros((1, HKV, L, D), np.int8) for _ in range(4))
     pk, pv = (torch.zeros((1, HKV, L, D), dtype=torch.int8) for _ in range(2))
+    cos, sin = (torch.from_numpy(a) for a in rope_tables())
     n = 0
-    for t in (5, 1, 1):
+    for t in STEPS:
         sl = slice(n, n + t)
-        got = run_bound(sess, ort_k, ort_v, q[sl], k[sl], v[sl], n, ks, vs)
+        by_kernel = run_bound(kernel, ker_k, ker_v, q[sl], k[sl], v[sl], n, ks, vs)
+        by_translation = run_bound(translation, tr_k, tr_v, q[sl], k[sl], v[sl], n, ks, vs,
+                                   packed=packed)
         out, pk, pv = ops.group_query_attention(
             *(torch.from_numpy(a[sl])[None] for a in (q, k, v)), pk, pv,
             torch.tensor([n + t - 1], dtype=torch.int32), torch.tensor(n + t, dtype=torch.int32),
             cos, sin, H, HKV, D ** -0.5, -1, False, None, None, torch.from_numpy(ks),
             torch.from_numpy(vs))
-        assert float(np.abs(out[0].numpy() - got).max()) < 1e-5
+        assert float(np.abs(out[0].numpy() - by_kernel).max()) < 1e-5
+        assert float(np.abs(by_translation - by_kernel).max()) < 1e-5
+        for got in (pk.numpy(), tr_k):
+            np.testing.assert_array_equal(got, ker_k)
+        for got in (pv.numpy(), tr_v):
+            np.testing.assert_array_equal(got, ker_v)
         n += t
-    np.testing.assert_array_equal(pk.numpy(), ort_k)
-    np.testing.assert_array_equal(pv.numpy(), ort_v)
-    assert (ort_k[0, :, :7] != 0).mean() > 0.5  # written, mostly not zero
+    assert (ker_k[0, :, :n] != 0).mean() > 0.5  # written, mostly not zero
+    assert (tr_k[0, :, n:] == 0).all()  # and nothing past the tokens

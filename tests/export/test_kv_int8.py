@@ -258,3 +258,29 @@ def test_a_hybrid_model_quantizes_its_attention_layers_and_bench_counts_int8(tin
     d = json.loads(result.output)
     assert d["kv_cache_dtype"] == "int8"
     assert d["kv_bytes_per_position"] == 2 * 1 * 2 * 64  # keys and values, one layer, int8
+
+
+def test_a_long_step_reads_the_int8_cache_as_a_token_at_a_time_does(tiny_export):
+    """prefill.onnx runs a step of PROMPT_STEP or more tokens with the float node over the int8
+    cache read back (custom_ops.group_query_attention_int8_steps) and a shorter one with the int8
+    node. Both compute the same numbers: a 40-token prompt in one step, in two 20-token steps (the
+    second over a past) or a token at a time gives the same cache bytes and last logits (to float
+    rounding, 1.3e-6; attending over the new keys unrounded instead moves them by 1.8e-2)."""
+    from llm_onnx.export.custom_ops import PROMPT_STEP
+
+    graphs = Graphs(tiny_export("qwen3_tiny", "fp32", kv_cache="int8"))
+    n = 40
+    assert n // 2 >= PROMPT_STEP
+    ids = np.random.default_rng(5).integers(0, get_config("qwen3_tiny").vocab_size, n)
+    runs = {}
+    for chunk in (n, n // 2, 1):
+        cache = graphs.new_cache(1, n + 1)
+        for start in range(0, n, chunk):
+            end = start + chunk
+            logits, cache = graphs.run("prefill", ids[None, start:end], [end - 1], end, cache)
+        runs[chunk] = (logits[0, -1], cache)
+    whole, keys = runs[n]
+    for chunk in (n // 2, 1):
+        last, other = runs[chunk]
+        assert float(np.abs(last - whole).max()) <= 1e-4 * max(1.0, float(np.abs(whole).max()))
+        assert sum(int((a != b).sum()) for a, b in zip(keys, other)) <= 2  # a half step apart
