@@ -31,7 +31,8 @@ import torch
 from llm_onnx.model.decoder import Decoder
 from llm_onnx.model.embedding import EmbeddingDecoder
 from llm_onnx.model.linear_attention import state_shapes
-from llm_onnx.export.custom_ops import fix_domains, inline_branch_calls, translation_table
+from llm_onnx.export.custom_ops import fix_domains, translation_table
+from llm_onnx.export.kv_int8_attention import inline_branch_calls
 from llm_onnx import model_folder as names
 
 GRAPHS = ("prefill", "decode")

@@ -26,7 +26,7 @@ from llm_onnx.export import quant
 from llm_onnx.export.weights import StoredTensor
 from llm_onnx import model_folder as names
 
-# the first one longer than custom_ops.PROMPT_STEP: an int8 cache's long steps take the float
+# the first one longer than kv_int8_attention.PROMPT_STEP: an int8 cache's long steps take the float
 # node, its short ones the int8 node, and the gate sees both
 PROMPT_LENGTHS = (17, 7, 4)
 DECODE_STEPS = 4

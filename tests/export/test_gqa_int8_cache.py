@@ -209,15 +209,15 @@ def test_what_the_export_must_set(attrs, message):
 
 def translation_session(packed: bool = False, prompt_step: int = 2):
     """The export's translation of the int8-cache op in a graph of many tokens
-    (custom_ops.group_query_attention_int8_steps, or its packed-QKV form: the int8 node for fewer
-    than ``prompt_step`` new tokens; for more, the float node over what the int8 node reads back,
-    then an int8 write), as a one-node model calling it as a local function."""
-    from llm_onnx.export import custom_ops
+    (kv_int8_attention.group_query_attention_int8_steps, or its packed-QKV form: the int8 node
+    for fewer than ``prompt_step`` new tokens; for more, the float node over what the int8 node
+    reads back, then an int8 write), as a one-node model calling it as a local function."""
+    from llm_onnx.export import kv_int8_attention
 
-    fn = (custom_ops.group_query_attention_int8_steps_packed if packed
-          else custom_ops.group_query_attention_int8_steps)
+    fn = (kv_int8_attention.group_query_attention_int8_steps_packed if packed
+          else kv_int8_attention.group_query_attention_int8_steps)
     functions = [f.to_function_proto() for f in (
-        fn, custom_ops._int8_cache_prompt_step, custom_ops.group_query_attention_int8)]
+        fn, kv_int8_attention.int8_cache_prompt_step, kv_int8_attention.group_query_attention_int8)]
     domain = functions[0].domain
     for proto in functions:  # the branches' domains, which the protos leave out
         have = {o.domain for o in proto.opset_import}
