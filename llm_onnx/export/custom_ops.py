@@ -122,9 +122,9 @@ def group_query_attention(query, key, value, past_key, past_value, seqlens_k,
                           rotary_interleaved: bool, do_rotary: bool, attention_bias=None,
                           head_sink=None, k_scale=None, v_scale=None):
     """ops.group_query_attention's contract: the float cache's node, or the int8 cache's when
-    the op has scales (in a graph of several tokens a step with RoPE inside, the If of
-    group_query_attention_int8_steps). Traced (a Python function: the scales' presence and the
-    shapes pick the node)."""
+    the op has scales -- in a graph that may run many tokens, with RoPE inside, the If of
+    kv_int8_attention.group_query_attention_int8_steps. Traced (a Python function: the scales'
+    presence and the shapes pick the node)."""
     if k_scale is None:
         return group_query_attention_float(
             query, key, value, past_key, past_value, seqlens_k, total_sequence_length,

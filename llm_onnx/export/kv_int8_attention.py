@@ -181,9 +181,8 @@ def inline_branch_calls(model: ir.Model) -> None:
         return
     for name in sorted(called):
         proto = nested[name].to_function_proto()
-        have = {o.domain for o in proto.opset_import}
-        proto.opset_import.extend(onnx.helper.make_opsetid(d, 1) for d in ("com.microsoft",)
-                                  if d not in have)
+        if msft.domain not in {o.domain for o in proto.opset_import}:  # used in branches only
+            proto.opset_import.append(onnx.helper.make_opsetid(msft.domain, 1))
         function = ir.serde.deserialize_function(proto)
         # written against opset 18; its ops mean the same at the model's (the exporter's 20)
         function.opset_imports[""] = model.opset_imports[""]
