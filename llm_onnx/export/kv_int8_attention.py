@@ -77,38 +77,39 @@ def int8_cache_prompt_step(
                              num_heads=num_heads, rotary_embedding_dim=rotary_dim)
     k = msft.RotaryEmbedding(key, pos, cos_cache, sin_cache, interleaved=rotary_interleaved,
                              num_heads=kv_num_heads, rotary_embedding_dim=rotary_dim)
+    # the new keys and values rounded as the int8 node rounds them and read back, in their own
+    # (B, T, Hkv*D) layout: the scales (Hkv*D,) are in that order
+    lo = op.Constant(value_float=-128.0)
+    hi = op.Constant(value_float=127.0)
+    k8 = op.Cast(op.Clip(op.Round(op.Mul(op.Cast(k, to=1), op.Reciprocal(k_scale))), lo, hi),
+                 to=3)
+    v8 = op.Cast(op.Clip(op.Round(op.Mul(op.Cast(value, to=1), op.Reciprocal(v_scale))), lo,
+                         hi), to=3)
+    k_read = op.CastLike(op.Mul(op.Cast(k8, to=1), k_scale), query)
+    v_read = op.CastLike(op.Mul(op.Cast(v8, to=1), v_scale), query)
+    # the cache's first total - T positions read back, (B, Hkv, P, D)
     head = op.Shape(past_key, start=3, end=4)  # (D,)
     kv_heads = op.Shape(past_key, start=1, end=2)  # (Hkv,)
     per_channel = op.Concat(op.Constant(value_ints=[1]), kv_heads, op.Constant(value_ints=[1]),
                             head, axis=0)  # (1, Hkv, 1, D)
-    ks = op.Reshape(k_scale, per_channel)
-    vs = op.Reshape(v_scale, per_channel)
-    split = op.Concat(op.Shape(key, start=0, end=2), kv_heads, head, axis=0)  # (B, T, Hkv, D)
-    lo = op.Constant(value_float=-128.0)
-    hi = op.Constant(value_float=127.0)
-    k8 = op.Cast(op.Clip(op.Round(op.Mul(op.Cast(op.Transpose(
-        op.Reshape(k, split), perm=[0, 2, 1, 3]), to=1), op.Reciprocal(ks))), lo, hi), to=3)
-    v8 = op.Cast(op.Clip(op.Round(op.Mul(op.Cast(op.Transpose(
-        op.Reshape(value, split), perm=[0, 2, 1, 3]), to=1), op.Reciprocal(vs))), lo, hi), to=3)
-    flat = op.Shape(key)  # (B, T, Hkv*D)
-    k_read = op.CastLike(op.Reshape(op.Transpose(op.Mul(op.Cast(k8, to=1), ks),
-                                                 perm=[0, 2, 1, 3]), flat), query)
-    v_read = op.CastLike(op.Reshape(op.Transpose(op.Mul(op.Cast(v8, to=1), vs),
-                                                 perm=[0, 2, 1, 3]), flat), query)
     zero = op.Constant(value_ints=[0])
     axis = op.Constant(value_ints=[2])
     past_len = op.Sub(total, t)
-    past_k = op.CastLike(op.Mul(op.Cast(op.Slice(past_key, zero, past_len, axis), to=1), ks),
-                         query)
-    past_v = op.CastLike(op.Mul(op.Cast(op.Slice(past_value, zero, past_len, axis), to=1), vs),
-                         query)
+    past_k = op.CastLike(op.Mul(op.Cast(op.Slice(past_key, zero, past_len, axis), to=1),
+                                op.Reshape(k_scale, per_channel)), query)
+    past_v = op.CastLike(op.Mul(op.Cast(op.Slice(past_value, zero, past_len, axis), to=1),
+                                op.Reshape(v_scale, per_channel)), query)
     out, _k, _v = msft.GroupQueryAttention(
         q, k_read, v_read, past_k, past_v, seqlens_k, total_sequence_length, None, None, None,
         attention_bias, head_sink, num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale,
         local_window_size=local_window_size, do_rotary=0)
-    where = op.Expand(op.Unsqueeze(pos, op.Constant(value_ints=[1, 3])), op.Shape(k8))
-    present_key = op.ScatterElements(past_key, where, k8, axis=2)
-    present_value = op.ScatterElements(past_value, where, v8, axis=2)
+    # the new int8 rows into the cache at the tokens' positions: (B, T, Hkv*D) -> (B, Hkv, T, D)
+    split = op.Concat(op.Shape(key, start=0, end=2), kv_heads, head, axis=0)  # (B, T, Hkv, D)
+    rows_k = op.Transpose(op.Reshape(k8, split), perm=[0, 2, 1, 3])
+    rows_v = op.Transpose(op.Reshape(v8, split), perm=[0, 2, 1, 3])
+    where = op.Expand(op.Unsqueeze(pos, op.Constant(value_ints=[1, 3])), op.Shape(rows_k))
+    present_key = op.ScatterElements(past_key, where, rows_k, axis=2)
+    present_value = op.ScatterElements(past_value, where, rows_v, axis=2)
     return out, present_key, present_value
 
 
