@@ -211,18 +211,15 @@ def translation_session(packed: bool = False, prompt_step: int = 2):
     """The export's translation of the int8-cache op in a graph of many tokens
     (kv_int8_attention.group_query_attention_int8_steps, or its packed-QKV form: the int8 node
     for fewer than ``prompt_step`` new tokens; for more, the float node over what the int8 node
-    reads back, then an int8 write), as a one-node model calling it as a local function."""
+    reads back, then an int8 write), as a one-node model calling it as a local function, inlined
+    as the export inlines it (the call, then the calls in its branches: inline_branch_calls)."""
+    import onnx_ir as ir
+    from onnx_ir.passes.common import InlinePass
+
     from llm_onnx.export import kv_int8_attention
 
     fn = (kv_int8_attention.group_query_attention_int8_steps_packed if packed
-          else kv_int8_attention.group_query_attention_int8_steps)
-    functions = [f.to_function_proto() for f in (
-        fn, kv_int8_attention.int8_cache_prompt_step, kv_int8_attention.group_query_attention_int8)]
-    domain = functions[0].domain
-    for proto in functions:  # the branches' domains, which the protos leave out
-        have = {o.domain for o in proto.opset_import}
-        proto.opset_import.extend(helper.make_opsetid(d, 1) for d in ("com.microsoft", domain)
-                                  if d not in have)
+          else kv_int8_attention.group_query_attention_int8_steps).to_function_proto()
     cache = ["B", HKV, "L", D]
     names = ["query", "key", "value", "past_key", "past_value", "seqlens_k",
              "total_sequence_length", "cos_cache", "sin_cache", "", "", "k_scale", "v_scale"]
@@ -243,19 +240,22 @@ def translation_session(packed: bool = False, prompt_step: int = 2):
     if packed:
         names = names[:1] + names[3:]
         attrs["widths"] = [H * D, HKV * D, HKV * D]
-    node = helper.make_node(functions[0].name, names,
-                            ["output", "present_key", "present_value"], domain=domain, **attrs)
+    node = helper.make_node(fn.name, names, ["output", "present_key", "present_value"],
+                            domain=fn.domain, **attrs)
     outputs = [helper.make_tensor_value_info("output", TensorProto.FLOAT, None),
                *(helper.make_tensor_value_info(n, TensorProto.INT8, cache)
                  for n in ("present_key", "present_value"))]
-    model = helper.make_model(
+    model = ir.serde.deserialize_model(helper.make_model(
         helper.make_graph([node], "translation", inputs, outputs), ir_version=10,
         opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1),
-                       helper.make_opsetid(domain, 1)], functions=functions)
+                       helper.make_opsetid(fn.domain, 1)], functions=[fn]))
+    InlinePass()(model)
+    kv_int8_attention.inline_branch_calls(model)
     so = ort.SessionOptions()
     so.log_severity_level = 4
     so.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(ir.serde.serialize_model(model).SerializeToString(), so,
+                                providers=["CPUExecutionProvider"])
 
 
 STEPS = (5, 1, 3, 1)  # a prompt, a token, a chunk over the past (a verify step), a token

@@ -263,9 +263,10 @@ def test_a_hybrid_model_quantizes_its_attention_layers_and_bench_counts_int8(tin
 def test_a_long_step_reads_the_int8_cache_as_a_token_at_a_time_does(tiny_export):
     """prefill.onnx runs a step of PROMPT_STEP or more tokens with the float node over the int8
     cache read back (kv_int8_attention.group_query_attention_int8_steps) and a shorter one with
-    the int8 node. Both compute the same numbers: a 40-token prompt in one step, in two 20-token steps (the
-    second over a past) or a token at a time gives the same cache bytes and last logits (to float
-    rounding, 1.3e-6; attending over the new keys unrounded instead moves them by 1.8e-2)."""
+    the int8 node. Both compute the same numbers: a 40-token prompt in one step, in two 20-token
+    steps (the second over a past) or a token at a time gives the same cache bytes and last
+    logits (to float rounding, 1.3e-6; attending over the new keys unrounded instead moves them
+    by 1.8e-2)."""
     from llm_onnx.export.kv_int8_attention import PROMPT_STEP
 
     graphs = Graphs(tiny_export("qwen3_tiny", "fp32", kv_cache="int8"))
