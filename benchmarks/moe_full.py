@@ -291,7 +291,8 @@ def worker_export(a: argparse.Namespace) -> dict:
     start = time.perf_counter()
     export_model(ckpt, Path(a.folder), ExportOptions(
         precision=a.precision, target="cpu", block_size=a.block_size,
-        experts_accuracy_level=a.experts_accuracy_level or 0),
+        experts_accuracy_level=a.experts_accuracy_level,
+        experts_block_size=a.experts_block_size, experts_scheme=a.experts_scheme),
                  force=True, progress=True)
     m = read_manifest(Path(a.folder))
     return {"seconds": round(time.perf_counter() - start, 1), "weights_bytes": m.weights.bytes,
@@ -491,7 +492,9 @@ def measure(a) -> dict:
     binaries = serve_load.llama_binaries(a.bench_work, logs) if a.llama else {}
     for precision in dict.fromkeys(a.export + a.run):
         block = "" if a.block_size == 32 else f"-b{a.block_size}"
-        block += "-acc4" if a.experts_accuracy_level == 4 else ""
+        for tag, value in (("acc", a.experts_accuracy_level), ("eb", a.experts_block_size),
+                           ("", a.experts_scheme)):
+            block += "" if value is None else f"-{tag}{value}"
         folder = work / f"{a.config}-L{cfg.num_hidden_layers}-{precision}{block}"
         record = folder.with_name(folder.name + ".export.json")
         if a.reuse and (folder / "manifest.json").is_file() and record.is_file():
@@ -504,7 +507,10 @@ def measure(a) -> dict:
             results["export"][precision] = run_worker(
                 "export", logs / f"export-{precision}.log", env, config=a.config,
                 layers=cfg.num_hidden_layers, precision=precision, folder=folder,
-                block_size=a.block_size, experts_accuracy_level=a.experts_accuracy_level)
+                block_size=a.block_size, **{k: v for k, v in (
+                    ("experts_accuracy_level", a.experts_accuracy_level),
+                    ("experts_block_size", a.experts_block_size),
+                    ("experts_scheme", a.experts_scheme)) if v is not None})
             results["export"][precision].update(settle=alone, cpu_busy_before=alone["cpu_busy"])
             results["export"][precision]["env"] = env
             if a.keep:
@@ -694,7 +700,9 @@ def check_config(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
             p.error(f"--config {a.config}: {e}")
     if cfg.moe is None:
         for flag, given in (("--qmoe-int8-activations", a.qmoe_int8_activations),
-                            ("--experts-accuracy-level 4", a.experts_accuracy_level == 4)):
+                            ("--experts-accuracy-level 4", a.experts_accuracy_level == 4),
+                            ("--experts-block-size", getattr(a, "experts_block_size", None)),
+                            ("--experts-scheme", getattr(a, "experts_scheme", None))):
             if given:
                 p.error(f"{flag}: {a.config} is dense (no experts, no QMoE nodes); leave it out")
 
@@ -704,10 +712,10 @@ def main() -> None:
         w = argparse.ArgumentParser()
         w.add_argument("--worker")
         w.add_argument("--result", type=Path)
-        for opt in ("config", "folder", "precision"):
+        for opt in ("config", "folder", "precision", "experts-scheme"):
             w.add_argument(f"--{opt}")
         for opt in ("layers", "threads", "prompt-len", "new-tokens", "repeat", "block-size",
-                    "experts-accuracy-level"):
+                    "experts-accuracy-level", "experts-block-size"):
             w.add_argument(f"--{opt}", type=int)
         a = w.parse_args()
         a.result.write_text(json.dumps(WORKERS[a.worker](a)))
@@ -726,9 +734,15 @@ def main() -> None:
     p.add_argument("--block-size", type=int, default=32,
                    help="the export's quantization block (experts: the largest power of two up "
                         "to it that divides their widths)")
-    p.add_argument("--experts-accuracy-level", type=int, choices=(0, 4), default=0,
+    p.add_argument("--experts-accuracy-level", type=int, choices=(0, 4),
                    help="the export's QMoE accuracy level (llm-onnx export "
-                        "--experts-accuracy-level): 4 = int8 activations, also when serving")
+                        "--experts-accuracy-level): 4 = int8 activations, also when serving "
+                        "(default: the export's, 4 on CPU)")
+    p.add_argument("--experts-block-size", type=int,
+                   help="the experts' block (llm-onnx export --experts-block-size; default: "
+                        "the export's, 64 for 4-bit zero-point experts)")
+    p.add_argument("--experts-scheme", choices=("zero_point", "symmetric"),
+                   help="llm-onnx export --experts-scheme (default: the export's)")
     p.add_argument("--export-mmap-threshold", type=int, default=0, metavar="BYTES",
                    help="glibc's MALLOC_MMAP_THRESHOLD_ for the export worker: blocks this large "
                         "or larger are mapped and given back when freed (default 0: glibc's own "

@@ -218,15 +218,21 @@ def expert_bytes(m: Manifest) -> int:
     layers = sum(cfg.enable_moe_block or cfg.is_moe_layer(n) for n in range(cfg.num_hidden_layers))
     if quant is None:
         per_layer *= size
-    elif cfg.enable_moe_block:
-        up, down = fitting_block((d,), quant.block_size), fitting_block((i,), quant.block_size)
+        return per_layer * layers
+    asked = quant.experts.block_size if quant.experts is not None else quant.block_size
+    zero_points = quant.experts is not None and quant.experts.scheme == "zero_point"
+    if cfg.enable_moe_block:
+        up, down = fitting_block((d,), asked), fitting_block((i,), asked)
         assert up is not None and down is not None  # the exporter refuses experts without
         per_layer = e * (2 * i * (d * quant.bits // 8 + d // up * size)
                          + d * (i * quant.bits // 8 + i // down * size))
     else:
-        block = fitting_block((d, i), quant.block_size)
+        block = fitting_block((d, i), asked)
         assert block is not None  # the exporter refuses experts without one
         per_layer = per_layer * quant.bits // 8 + per_layer // block * size
+        if zero_points:  # a row's zero points packed like its codes, rounded up to a byte
+            per_layer += e * (2 * i * -(-(d // block) * quant.bits // 8)
+                              + d * -(-(i // block) * quant.bits // 8))
     return per_layer * layers
 
 

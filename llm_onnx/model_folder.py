@@ -108,6 +108,16 @@ class GraphSpec:
 
 
 @dataclass(frozen=True)
+class ExpertsQuantization:
+    """How a mixture of experts' quantized experts are stored and computed (ONNX Runtime's QMoE,
+    or Gemma 4's MatMulNBits experts), which can differ from the other projections."""
+
+    block_size: int
+    scheme: str  # "zero_point" (a zero point per block) | "symmetric"
+    accuracy_level: int  # QMoE: 0 = float activations, 4 = int8 activations
+
+
+@dataclass(frozen=True)
 class Quantization:
     """What a quantized export did to the weights (MatMulNBits, GatherBlockQuantized, QMoE)."""
 
@@ -125,6 +135,9 @@ class Quantization:
     method: str = "minmax"
     calibration: str | None = None  # what awq calibrated on
     source: str | None = None  # what the weights were quantized from, and why this scheme
+    # a mixture of experts' experts; left out of the JSON for models without (older readers
+    # refuse fields they do not know)
+    experts: ExpertsQuantization | None = field(default=None, metadata={"omit_none": True})
 
 
 @dataclass(frozen=True)

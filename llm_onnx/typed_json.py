@@ -18,8 +18,9 @@ def plain(value: Any) -> Any:
     """Dataclasses, tuples and paths as JSON values."""
     if isinstance(value, ModelConfig):
         return value.to_dict()
-    if dataclasses.is_dataclass(value):
-        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if dataclasses.is_dataclass(value):  # fields marked omit_none are left out while None
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if not (f.metadata.get("omit_none") and getattr(value, f.name) is None)}
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
     if isinstance(value, dict):

@@ -192,12 +192,15 @@ def test_moe_decode_step_reads_the_top_k_experts_share(tiny_export):
     assert (m.config.vocab_size, m.config.hidden_size, m.config.num_hidden_layers,
             m.config.moe.num_experts, m.config.moe.num_experts_per_tok,
             m.config.moe.moe_intermediate_size) == (V, D, L, E, K, I)
-    # int4 on CPU: half a byte per weight and a float32 scale per block of 32 inputs
-    gate_up = E * 2 * I * (D // 2 + D // 32 * 4)  # (E, 2I, D): 4 * 64 * 40 = 10240
-    down = E * D * (I // 2 + I // 32 * 4)  # (E, D, I): 4 * 64 * 20 = 5120
-    experts = L * (gate_up + down)  # 30720
+    # int4 on CPU: half a byte per weight and a float32 scale per block of 32 inputs (the
+    # experts' default block 64 fits 32: I = 32); the experts' 4-bit zero points packed two to
+    # a byte, a row's rounded up to a whole byte
+    gate_up = E * 2 * I * (D // 2 + D // 32 * 4 + 1)  # (E, 2I, D): 4 * 64 * 41 = 10496
+    down = E * D * (I // 2 + I // 32 * 4 + 1)  # (E, D, I): 4 * 64 * 21 = 5376
+    experts = L * (gate_up + down)  # 31744
     row = D // 2 + D // 32 * 4  # a row of the 4-bit table: 40 bytes
     table = V * row  # 10240
+    assert m.precision.quantization.experts.scheme == "zero_point"
     assert _stored_bytes(folder, lambda n: ".mlp.experts." in n) == experts
     assert _stored_bytes(folder, lambda n: n.startswith("model.embed_tokens.")) == table
     size = (folder / "weights.data").stat().st_size

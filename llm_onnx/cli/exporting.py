@@ -63,12 +63,19 @@ def _rerun_with_huge_pages() -> None:
               help="int4 on CPU: MatMulNBits accuracy level of the projections: 4 = int8 "
                    "activations (fast; the default), 0 = fp32 activations (the default for a "
                    "4-bit GGUF kept exactly). int8 always uses 4.")
-@click.option("--experts-accuracy-level", type=click.Choice(["0", "4"]), default="0",
-              show_default=True,
+@click.option("--experts-accuracy-level", type=click.Choice(["0", "4"]),
               help="int8/int4 mixture of experts on CPU: QMoE accuracy level of the experts: 4 = "
-                   "int8 activations (1.9x faster decode on qwen3_30b_a3b, but ONNX Runtime "
-                   "repacks the experts 1.25-1.5x larger in memory; with --block-size 64 it fits "
-                   "24 GiB), 0 = fp32 activations.")
+                   "int8 activations (the default: 1.9x faster decode on qwen3_30b_a3b than 0, "
+                   "for 1.5% more KL), 0 = fp32 activations (ONNX Runtime then keeps the experts "
+                   "in their file's bytes instead of a 1.2-1.5x larger repacked copy).")
+@click.option("--experts-block-size", type=click.Choice(["16", "32", "64", "128", "256"]),
+              help="int8/int4 mixture of experts: the experts' quantization block. Default: 64 "
+                   "for 4-bit zero-point experts on CPU when --block-size is 32 (qwen3_30b_a3b "
+                   "in 18.5 GiB instead of about 22), else --block-size.")
+@click.option("--experts-scheme", type=click.Choice(["zero_point", "symmetric"]),
+              help="int4 mixture of experts: a zero point per block (the CPU default; not for "
+                   "--target cuda) or symmetric blocks (the default for CUDA and for MXFP4 "
+                   "experts such as gpt-oss's).")
 @click.option("--quant-scheme", type=click.Choice(["zero_point", "offset", "symmetric"]),
               help="int8/int4 blocks: uint8 zero points (the default), float block minimums "
                    "(the int4 default for a Q4_0/Q4_1/Q4_K GGUF on CPU: keeps its blocks "
@@ -123,8 +130,8 @@ def _rerun_with_huge_pages() -> None:
                    "glibc.malloc.hugetlb=0 in the environment turns them off too.")
 @_handle_errors
 def export(config_name, checkpoint, random_weights, seed, precision, out, max_seq_len, block_size,
-           float_embeddings, embedding_bits, accuracy_level, experts_accuracy_level, quant_scheme,
-           quant_method, calibration_text, kv_cache, all_logits, plain_attention, target, task,
+           float_embeddings, embedding_bits, accuracy_level, experts_accuracy_level,
+           experts_block_size, experts_scheme, quant_scheme, quant_method, calibration_text, kv_cache, all_logits, plain_attention, target, task,
            pooling, normalize, no_validate, force, no_huge_pages) -> None:
     """Export a model to an ONNX model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
     manifest.json; embed.onnx with --task embed), then check it against torch in ONNX Runtime.
@@ -133,8 +140,8 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
     Examples:
       llm-onnx export --checkpoint ./SmolLM2-135M-Instruct.Q4_1.gguf --precision fp32
       llm-onnx export --checkpoint ~/ckpt/Qwen3-30B-A3B --precision int4 --out models/q3moe
-      llm-onnx export --checkpoint ~/ckpt/Qwen3-30B-A3B --precision int4 --block-size 64 \
-          --experts-accuracy-level 4 --out models/q3moe-fast    # 1.9x decode, 24 GiB machine
+      llm-onnx export --checkpoint ~/ckpt/Qwen3-30B-A3B --precision int4 \
+          --experts-accuracy-level 0 --out models/q3moe-lean    # 16 GiB resident, slower
       llm-onnx export --config qwen3_8b --random-weights --precision fp16
       llm-onnx export --checkpoint ./Qwen3-8B --precision int4 --target cuda
       llm-onnx export --checkpoint ./Qwen3-8B --precision int4 --calibration-text my-domain.txt
@@ -160,7 +167,11 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
                             embedding_bits=None if float_embeddings else
                             (int(embedding_bits) if embedding_bits else "auto"),
                             accuracy_level=accuracy_level,
-                            experts_accuracy_level=int(experts_accuracy_level),
+                            experts_accuracy_level=None if experts_accuracy_level is None
+                            else int(experts_accuracy_level),
+                            experts_block_size=None if experts_block_size is None
+                            else int(experts_block_size),
+                            experts_scheme=experts_scheme,
                             quant_scheme=quant_scheme,
                             quant_method=quant_method,
                             calibration_text=str(calibration_text) if calibration_text else None,

@@ -256,10 +256,12 @@ def moe_renormalized(x: TFloat, router_logits: TFloat, fc1: TFloat, fc2: TFloat,
 @onnxscript.script(opset=_here)
 def qmoe_renormalized(x: TFloat, router_logits: TFloat, fc1_q: UINT8, fc1_scales: TFloat,
                       fc2_q: UINT8, fc2_scales: TFloat, fc1_bias: Optional[TFloat],
-                      fc2_bias: Optional[TFloat], k: int, bits: int, block_size: int,
+                      fc2_bias: Optional[TFloat], fc1_zero_points: Optional[UINT8],
+                      fc2_zero_points: Optional[UINT8], k: int, bits: int, block_size: int,
                       accuracy_level: int, alpha: float, beta: float, limit: float) -> TFloat:
+    # inputs 8-10 are fc3's (a separate gate weight; swiglu_fusion keeps it in fc1)
     return msft.QMoE(x, router_logits, fc1_q, fc1_scales, fc1_bias, fc2_q, fc2_scales, fc2_bias,
-                     k=k, activation_type="swiglu", swiglu_fusion=1, activation_alpha=alpha,
+                     None, None, None, fc1_zero_points, fc2_zero_points, k=k, activation_type="swiglu", swiglu_fusion=1, activation_alpha=alpha,
                      activation_beta=beta, swiglu_limit=limit, normalize_routing_weights=1,
                      expert_weight_bits=bits, block_size=block_size, weights_prepacked=0,
                      accuracy_level=accuracy_level)
@@ -323,10 +325,10 @@ def gather_nbits(qweight: UINT8, ids: INT64, scales: TFloat, k: int, bits: int,
 def qmoe(x, router_logits, fc1_q, fc1_scales, fc2_q, fc2_scales, k: int,
          normalize_routing_weights: bool, bits: int, block_size: int, accuracy_level: int = 0,
          fc1_bias=None, fc2_bias=None, alpha: float = 1.0, beta: float = 0.0,
-         limit: float | None = None):
+         limit: float | None = None, fc1_zero_points=None, fc2_zero_points=None):
     """quant.qmoe's contract. Traced, as moe()."""
     out = qmoe_renormalized(x, router_logits, fc1_q, fc1_scales, fc2_q, fc2_scales, fc1_bias,
-                            fc2_bias, k=k, bits=bits, block_size=block_size,
+                            fc2_bias, fc1_zero_points, fc2_zero_points, k=k, bits=bits, block_size=block_size,
                             accuracy_level=accuracy_level, alpha=alpha, beta=beta,
                             limit=1e999 if limit is None else limit)
     return out if normalize_routing_weights else unrenormalized(out, router_logits, k)

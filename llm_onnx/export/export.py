@@ -96,8 +96,33 @@ def resolve_source(options: ExportOptions, checkpoint: Checkpoint) -> ExportOpti
     if (options.precision == "int4" and not options.cuda and options.quant_scheme is None
             and options.quant_method is None and checkpoint.storage_type in OFFSET_EXACT
             and options.block_size == 32):
-        return replace(options, quant_scheme="offset", quant_method="minmax")
-    return options
+        options = replace(options, quant_scheme="offset", quant_method="minmax")
+    return resolve_experts(options, checkpoint)
+
+
+def resolve_experts(options: ExportOptions, checkpoint: Checkpoint) -> ExportOptions:
+    """``options`` with the experts' quantization decided for a model whose experts run as
+    ONNX Runtime's QMoE (Qwen3-MoE, Qwen3.5-MoE, Qwen3-Next, gpt-oss); others keep None.
+
+    On CPU: int8 activations (accuracy_level 4); 4-bit experts with zero points in blocks of
+    64 (of 32 where ``block_size`` is not the default 32, or the checkpoint's experts are
+    MXFP4: symmetric blocks of 32 already, kept so; 8-bit experts symmetric). For CUDA: float16
+    activations, symmetric blocks of ``block_size``. Chosen by speed, memory and KL
+    (benchmarks/moe_fidelity.py, benchmarks/moe_full.py; docs/moe.md)."""
+    from llm_onnx.checkpoints.mxfp4 import reads_mxfp4
+
+    cfg = checkpoint.config
+    if cfg.moe is None or cfg.enable_moe_block or not options.quantized:
+        return options
+    cpu = not options.cuda
+    scheme = options.experts_scheme or (
+        "zero_point" if cpu and options.bits == 4 and not reads_mxfp4(checkpoint.source)
+        else "symmetric")
+    block = options.experts_block_size or (
+        64 if scheme == "zero_point" and options.block_size == 32 else options.block_size)
+    level = options.experts_accuracy_level
+    return replace(options, experts_scheme=scheme, experts_block_size=block,
+                   experts_accuracy_level=(4 if cpu else 0) if level is None else level)
 
 
 def describe_source(checkpoint: Checkpoint, options: ExportOptions) -> str | None:

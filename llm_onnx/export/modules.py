@@ -143,23 +143,30 @@ class QuantEmbedding(nn.Module):
 class QuantExperts(nn.Module):
     """All experts of a layer, block-quantized for com.microsoft.QMoE (same row layout as Experts).
 
-    Symmetric blocks. ``search``: each block's scale is searched (quant._search_scales over
-    weights.EXPERT_FACTORS), weighted by ``importance`` when the calibration measured it:
+    Symmetric blocks, or with ``zero_points`` a 4-bit zero point per block (QMoE's
+    fc1/fc2_zero_points, packed as the codes). ``search``: each block's scale (and zero point)
+    is searched (symmetric: quant._search_scales over weights.EXPERT_FACTORS; zero points:
+    quant.search_zero_point), weighted by ``importance`` when the calibration measured it:
     {"gate_up": (E, D), "down": (E, I)} router-weighted input statistics (calibrate.py)."""
 
     def __init__(self, experts: Experts, bits: int, block_size: int, search: bool = False,
-                 accuracy_level: int = 0) -> None:
+                 accuracy_level: int = 0, zero_points: bool = False) -> None:
         super().__init__()
         e, two_i, d = experts.gate_up_proj.shape
         i = experts.down_proj.shape[-1]
         dtype = experts.gate_up_proj.dtype
         self.bits, self.block_size, self.search = bits, block_size, search
         self.accuracy_level = accuracy_level  # ExportOptions.experts_accuracy_level
+        self.zero_points = zero_points  # ExportOptions.experts_scheme == "zero_point"
         self.importance: dict[str, Tensor] | None = None
-        self.register_buffer("gate_up_qweight", torch.empty(e, two_i, d * bits // 8, dtype=torch.uint8))
-        self.register_buffer("gate_up_scales", torch.empty(e, two_i, d // block_size, dtype=dtype))
-        self.register_buffer("down_qweight", torch.empty(e, d, i * bits // 8, dtype=torch.uint8))
-        self.register_buffer("down_scales", torch.empty(e, d, i // block_size, dtype=dtype))
+        for part, rows, k in (("gate_up", two_i, d), ("down", d, i)):
+            self.register_buffer(f"{part}_qweight",
+                                 torch.empty(e, rows, k * bits // 8, dtype=torch.uint8))
+            self.register_buffer(f"{part}_scales", torch.empty(e, rows, k // block_size,
+                                                               dtype=dtype))
+            if zero_points:  # (E, rows, ceil(blocks * bits / 8))
+                self.register_buffer(f"{part}_zero_points", torch.empty(
+                    e, rows, -(-(k // block_size) * bits // 8), dtype=torch.uint8))
         self.bias, self.activation = experts.bias, experts.activation
         if self.bias:  # gpt-oss: float biases beside the codes, as the float experts have them
             self.gate_up_proj_bias = nn.Parameter(torch.empty(e, two_i, dtype=dtype),
@@ -168,9 +175,11 @@ class QuantExperts(nn.Module):
 
     def forward(self, x: Tensor, router_logits: Tensor, k: int, normalize: bool) -> Tensor:
         biases = (self.gate_up_proj_bias, self.down_proj_bias) if self.bias else (None, None)
+        zps = (self.gate_up_zero_points, self.down_zero_points) if self.zero_points \
+            else (None, None)
         return quant.qmoe(x, router_logits, self.gate_up_qweight, self.gate_up_scales,
                           self.down_qweight, self.down_scales, k, normalize, self.bits,
-                          self.block_size, self.accuracy_level, *biases, *self.activation)
+                          self.block_size, self.accuracy_level, *biases, *self.activation, *zps)
 
     def write_tensors(self, prefix: str, produce: Produce, wf: WeightFile,
                       written: dict[int, str]) -> None:
@@ -327,8 +336,8 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
             _set(model, path, new)
         elif isinstance(module, GeGLUExperts) and bits is not None:  # Gemma 4
             e, two_i, d = module.gate_up_proj.shape
-            up, down = fitting_block((d,), options.block_size), \
-                fitting_block((two_i // 2,), options.block_size)
+            eb = options.experts_block_size or options.block_size
+            up, down = fitting_block((d,), eb), fitting_block((two_i // 2,), eb)
             if up is None or down is None:
                 raise ExportError(f"{path}: expert sizes {d} and {two_i // 2} have no "
                                   "power-of-two block >= 16. Export fp32 or fp16.")
@@ -336,12 +345,14 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
             _set(model, path, form(module, bits, up, down, options.level_for(bits)))
         elif isinstance(module, Experts) and bits is not None:
             e, two_i, d = module.gate_up_proj.shape
-            block = fitting_block((d, two_i // 2), options.block_size)
+            block = fitting_block((d, two_i // 2), options.experts_block_size
+                                  or options.block_size)
             if block is None:
                 raise ExportError(f"{path}: expert sizes {d} and {two_i // 2} have no common "
                                   "power-of-two block >= 16; QMoE needs one. Export fp32 or fp16.")
             _set(model, path, QuantExperts(module, bits, block, search=options.method == "awq",
-                                           accuracy_level=options.experts_accuracy_level))
+                                           accuracy_level=options.experts_accuracy_level or 0,
+                                           zero_points=options.experts_scheme == "zero_point"))
     cfg = model.config
     if cfg.position_embedding_type == "rope":
         model.model.rotary = RotaryTables(global_rope(cfg), model.max_positions, model.dtype)

@@ -28,10 +28,19 @@ class ExportOptions:
             then reproduces a Q4_1 checkpoint's greedy output exactly), else 4. 8-bit weights
             always use 4: ONNX Runtime has no fast fp32-activation kernel for them.
         experts_accuracy_level: QMoE accuracy_level of a mixture of experts' quantized experts
-            on CPU: 0 (the default) = fp32 activations; 4 = int8 activations, 1.9x faster
-            decode on Qwen3-30B-A3B but ONNX Runtime repacks the experts into 0.75 bytes a
-            weight at block 32 (0.625 at block 64) against 0.5: 21 GiB of memory for that model
-            at block 32, 17.8 GiB at block 64 (docs/moe.md).
+            on CPU: 4 = int8 activations, 0 = fp32 activations. Default (None): 4 on CPU (the
+            QMoE CPU kernel dequantizes every chosen expert's blocks to float at 0: Qwen3-30B-A3B
+            decodes 1.9x faster at 4, for 1.5% more KL on a real model; docs/moe.md), 0 for
+            CUDA, which ignores it.
+        experts_block_size: the quantization block of a mixture of experts' experts. Default
+            (None): 64 for 4-bit zero-point experts on CPU when ``block_size`` is the default
+            32 (the int8-activation kernel repacks experts into 0.75 bytes a weight at block
+            32 against 0.625 at 64: Qwen3-30B-A3B in 18.5 GiB instead of about 22; zero points
+            bring block 64's KL to symmetric block 32's), else ``block_size``.
+        experts_scheme: how experts' blocks are stored: "zero_point" (a 4-bit zero point per
+            block, QMoE's fc*_zero_points; CPU, 4-bit) or "symmetric". Default (None):
+            zero_point for 4-bit experts on CPU, symmetric otherwise and for MXFP4 checkpoints'
+            experts (gpt-oss), whose blocks are symmetric already (``resolve_source``).
         max_seq_len: context length the graphs support (RoPE tables); default: the config's.
         fuse_qkv, fuse_gate_up, fuse_rotary: fused projections and RoPE inside attention.
         plain_attention: attention in plain ONNX ops even where GroupQueryAttention takes the
@@ -75,7 +84,9 @@ class ExportOptions:
     block_size: int = 32
     embedding_bits: int | str | None = "auto"
     accuracy_level: int | None = None
-    experts_accuracy_level: int = 0
+    experts_accuracy_level: int | None = None
+    experts_block_size: int | None = None
+    experts_scheme: str | None = None
     max_seq_len: int | None = None
     fuse_qkv: bool = True
     fuse_gate_up: bool = True
@@ -99,17 +110,28 @@ class ExportOptions:
         bs = self.block_size
         if bs < 16 or bs & (bs - 1):
             raise ConfigError(f"block_size {bs} must be a power of two >= 16 (e.g. 32, 64, 128).")
+        ebs = self.experts_block_size
+        if ebs is not None and (ebs < 16 or ebs & (ebs - 1)):
+            raise ConfigError(f"experts_block_size {ebs} must be a power of two >= 16 (e.g. 32, "
+                              f"64, 128).")
         if self.embedding_bits not in (None, 4, 8, "auto"):
             raise ConfigError(f"embedding_bits must be 8, 4, None or 'auto', got "
                               f"{self.embedding_bits!r}.")
         if self.accuracy_level not in (None, 0, 1, 2, 3, 4):
             raise ConfigError(f"accuracy_level must be 0-4, got {self.accuracy_level}.")
-        if self.experts_accuracy_level not in (0, 4):
+        if self.experts_accuracy_level not in (None, 0, 4):
             raise ConfigError(f"experts_accuracy_level must be 0 (fp32 activations) or 4 (int8 "
                               f"activations), got {self.experts_accuracy_level}.")
         if self.experts_accuracy_level == 4 and self.precision not in ("int8", "int4"):
             raise ConfigError(f"experts_accuracy_level 4 applies to quantized experts (QMoE): "
                               f"export int4 or int8, not {self.precision}.")
+        if self.experts_scheme not in (None, "zero_point", "symmetric"):
+            raise ConfigError(f"experts_scheme must be zero_point or symmetric, got "
+                              f"{self.experts_scheme!r}.")
+        if self.experts_scheme == "zero_point" and (self.precision != "int4" or self.target == "cuda"):
+            raise ConfigError("experts_scheme zero_point is a form of 4-bit experts on the CPU "
+                              "(ONNX Runtime's QMoE with zero points is checked there only): "
+                              "export --precision int4 --target cpu, or drop --experts-scheme.")
         if self.quant_scheme not in (None, "symmetric", "zero_point", "offset"):
             raise ConfigError(f"quant_scheme must be symmetric, zero_point or offset, got "
                               f"{self.quant_scheme!r}.")

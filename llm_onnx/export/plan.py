@@ -220,11 +220,13 @@ class ExportPlan:
                                  f"{module.down[0].block_size})")
             elif isinstance(module, (QuantEmbedding, QuantExperts)):
                 experts = isinstance(module, QuantExperts)
-                notes = (", scales searched with router-weighted activations"
-                         if experts and module.search else "")
+                zp = experts and module.zero_points
+                notes = (f", {'scales and zero points' if zp else 'scales'} searched with "
+                         f"router-weighted activations" if experts and module.search else "")
                 if experts and module.accuracy_level == 4:
                     notes += ", activations int8 per block"
-                quantized.append(f"{path} (int{module.bits} symmetric, block "
+                quantized.append(f"{path} (int{module.bits} "
+                                 f"{'uint4 zero points' if zp else 'symmetric'}, block "
                                  f"{module.block_size}{notes})")
         if len(activations) == 1:
             acts = next(iter(activations))
@@ -253,7 +255,25 @@ class ExportPlan:
                 accuracy_level=options.activation_level, embedding_bits=options.head_bits,
                 scale_search=options.method != "minmax", method=options.method,
                 quantized_tensors=len(quantized),
-                quantized=tuple(summarise(quantized)), kept_float=tuple(k for k in kept if k)))
+                quantized=tuple(summarise(quantized)), kept_float=tuple(k for k in kept if k),
+                experts=self.experts_quantization))
+
+    @property
+    def experts_quantization(self) -> mf.ExpertsQuantization | None:
+        """The quantized experts' block (as asked for: each projection fits the largest power of
+        two up to it, model_folder.fitting_block), scheme and activations; None without."""
+        block = self.options.experts_block_size or self.options.block_size
+        for module in self.model.modules():
+            if isinstance(module, QuantExperts):
+                return mf.ExpertsQuantization(
+                    block_size=block, accuracy_level=module.accuracy_level,
+                    scheme="zero_point" if module.zero_points else "symmetric")
+            if isinstance(module, (QuantGeGLUExperts, RoutedGeGLUExperts)):
+                first = module.gate_up if isinstance(module, QuantGeGLUExperts) \
+                    else module.gate_up[0]
+                return mf.ExpertsQuantization(block_size=block, scheme="symmetric",
+                                              accuracy_level=first.accuracy_level)
+        return None
 
 
 def _writes(module: torch.nn.Module) -> bool:

@@ -331,23 +331,27 @@ def qmoe(x: Tensor, router_logits: Tensor, fc1_q: Tensor, fc1_scales: Tensor, fc
          fc2_scales: Tensor, k: int, normalize_routing_weights: bool, bits: int,
          block_size: int, accuracy_level: int = 0, fc1_bias: Tensor | None = None,
          fc2_bias: Tensor | None = None, alpha: float = 1.0, beta: float = 0.0,
-         limit: float | None = None) -> Tensor:
+         limit: float | None = None, fc1_zero_points: Tensor | None = None,
+         fc2_zero_points: Tensor | None = None) -> Tensor:
     """MoE with block-quantized experts (ORT's QMoE): fc1_q (E, 2I, D*bits/8) gate/up interleaved,
-    fc2_q (E, D, I*bits/8), scales (E, rows, K/block). Reference: dequantize, then moe_ref
-    (``accuracy_level`` 4, int8 activations in the kernel, is not modelled: the parity gate's
-    int8-activation tolerances cover it). Biases and (alpha, beta, limit): gpt-oss's, as
-    ops.moe."""
+    fc2_q (E, D, I*bits/8), scales (E, rows, K/block), zero points (E, rows,
+    ceil(K/block*bits/8)) packed as the codes, or None (symmetric: 2^(bits-1)). Reference:
+    dequantize, then moe_ref (``accuracy_level`` 4, int8 activations in the kernel, is not
+    modelled: the parity gate's int8-activation tolerances cover it). Biases and (alpha, beta,
+    limit): gpt-oss's, as ops.moe."""
     from llm_onnx.model.ops import moe_ref
 
-    def deq(q: Tensor, s: Tensor) -> Tensor:
+    def deq(q: Tensor, s: Tensor, zp: Tensor | None) -> Tensor:
         e, rows, _ = q.shape
         blob = block_size * bits // 8
         k_in = s.shape[-1] * block_size
-        return torch.stack([dequantize(q[i].reshape(rows, -1, blob), s[i], bits, k_in)
+        return torch.stack([dequantize(q[i].reshape(rows, -1, blob), s[i], bits, k_in,
+                                       None if zp is None else zp[i])
                             for i in range(e)]).to(x.dtype)
 
-    return moe_ref(x, router_logits, deq(fc1_q, fc1_scales), deq(fc2_q, fc2_scales), k,
-                   normalize_routing_weights, None, fc1_bias, fc2_bias, (alpha, beta, limit))
+    return moe_ref(x, router_logits, deq(fc1_q, fc1_scales, fc1_zero_points),
+                   deq(fc2_q, fc2_scales, fc2_zero_points), k, normalize_routing_weights, None,
+                   fc1_bias, fc2_bias, (alpha, beta, limit))
 
 
 @qmoe.register_fake

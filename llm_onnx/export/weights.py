@@ -172,29 +172,38 @@ MXFP4_EXPERT_FACTORS = torch.tensor([2 / 3, 0.80, 0.90, 1.00, 4 / 3])
 def write_experts_quantized(wf: WeightFile, prefix: str, module: nn.Module,
                             produce: Produce) -> None:
     """QMoE's tensors of one layer, an expert at a time from the checkpoint (``produce.experts``):
-    the stacked experts never exist in memory. ``module.search``: block scales searched,
-    weighted by each expert's row of ``module.importance[part]`` when the calibration gave one,
-    over MXFP4_EXPERT_FACTORS when the checkpoint's experts are MXFP4."""
+    the stacked experts never exist in memory. ``module.search``: block scales (and zero points,
+    with ``module.zero_points``) searched, weighted by each expert's row of
+    ``module.importance[part]`` when the calibration gave one, over MXFP4_EXPERT_FACTORS when
+    the checkpoint's experts are MXFP4 (symmetric)."""
     from llm_onnx.checkpoints.mxfp4 import reads_mxfp4
 
     factors = MXFP4_EXPERT_FACTORS if reads_mxfp4(produce.source) else EXPERT_FACTORS
     for part in ("gate_up", "down"):
         qweight = getattr(module, f"{part}_qweight")  # (E, rows, K * bits / 8)
         scales: list[Tensor] = []
+        zero_points: list[Tensor] = []
         importance = (module.importance or {}).get(part) if module.search else None
 
         def chunks(part: str = part, scales: list[Tensor] = scales,
+                   zero_points: list[Tensor] = zero_points,
                    importance: Tensor | None = importance) -> Iterator[np.ndarray]:
             for e, w in enumerate(produce.experts(f"{prefix}.{part}_proj")):  # (rows, K)
-                q, s, _ = quant.quantize(w, module.bits, module.block_size, search=module.search,
-                                         importance=None if importance is None else importance[e],
-                                         factors=factors)
+                q, s, zp = quant.quantize(w, module.bits, module.block_size,
+                                          asymmetric=module.zero_points, search=module.search,
+                                          importance=None if importance is None else importance[e],
+                                          factors=factors)
                 scales.append(s)
+                if zp is not None:
+                    zero_points.append(zp)
                 yield q.reshape(q.shape[0], -1).numpy()
 
         wf.write(f"{prefix}.{part}_qweight", chunks(), tuple(qweight.shape), np.dtype(np.uint8))
         dtype = getattr(module, f"{part}_scales").dtype
         write_cast(wf, f"{prefix}.{part}_scales", torch.stack(scales), dtype)
+        if module.zero_points:
+            wf.write(f"{prefix}.{part}_zero_points", [torch.stack(zero_points).numpy()],
+                     tuple(getattr(module, f"{part}_zero_points").shape), np.dtype(np.uint8))
 
 
 class Produce:

@@ -6,6 +6,8 @@ prompts of different lengths is prefilled, then 8 decode steps run through decod
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +73,8 @@ def test_fp16_matches_transformers(arch, tiny_hf, exports):
     assert max(np.abs(g - m).max() for g, m in zip(got, moved)) > ORT_FP16
 
 
-EXACT_INT4 = {"accuracy_level": 0, "embedding_bits": None}  # fp32 activations, float LM head
+EXACT_INT4 = {"accuracy_level": 0, "experts_accuracy_level": 0,  # fp32 activations,
+              "embedding_bits": None}  # a float LM head
 QUANTIZED = [
     # fp32 activations and a float LM head: ORT must compute exactly the dequantized math
     ("int4", EXACT_INT4, ORT_QUANT),
@@ -172,6 +175,12 @@ def torch_reference(folder: Path, arch: str | ModelConfig, opts: ExportOptions):
     from llm_onnx.export.weights import StoredTensor
 
     cfg = get_config(arch) if isinstance(arch, str) else arch
+    manifest = json.loads((folder / "manifest.json").read_text())
+    experts = (manifest["precision"].get("quantization") or {}).get("experts")
+    if experts:  # as the export resolved them (export.resolve_experts)
+        opts = replace(opts, experts_block_size=experts["block_size"],
+                       experts_scheme=experts["scheme"],
+                       experts_accuracy_level=experts["accuracy_level"])
     model = ExportPlan.build(cfg, opts, 64).model
     tensors = {}
     for path in ("prefill.onnx",):

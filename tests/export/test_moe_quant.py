@@ -107,10 +107,10 @@ def _stored(folder, name: str) -> np.ndarray:
     return raw.view(dtype).reshape(tuple(t.dims))
 
 
-def _with_stored_experts(folder, checkpoint):
+def _with_stored_experts(folder, checkpoint, scheme: str):
     """The float decoder of ``checkpoint`` (equal to transformers: rung 1) with its experts
-    replaced by the int4 ones the export stored, dequantized: only the experts' rounding differs
-    from transformers."""
+    replaced by the int4 ones the export stored (``scheme``: with zero points or symmetric),
+    dequantized: only the experts' rounding differs from transformers."""
     from llm_onnx.checkpoints.load import build_model
     from llm_onnx.export.quant import dequantize
 
@@ -118,12 +118,15 @@ def _with_stored_experts(folder, checkpoint):
     for i, layer in enumerate(model.model.layers):
         experts = layer.mlp.experts
         for part in ("gate_up", "down"):
-            q = torch.from_numpy(_stored(folder, f"model.layers.{i}.mlp.experts.{part}_qweight"))
-            s = torch.from_numpy(_stored(folder, f"model.layers.{i}.mlp.experts.{part}_scales"))
+            name = f"model.layers.{i}.mlp.experts.{part}"
+            q = torch.from_numpy(_stored(folder, f"{name}_qweight"))
+            s = torch.from_numpy(_stored(folder, f"{name}_scales"))
+            zp = torch.from_numpy(_stored(folder, f"{name}_zero_points")) \
+                if scheme == "zero_point" else None
             e, rows, k_bytes = q.shape
             block = k_bytes * 2 // s.shape[-1]  # 4-bit codes
-            w = torch.stack([dequantize(q[j].reshape(rows, -1, block // 2), s[j], 4, k_bytes * 2)
-                             for j in range(e)])
+            w = torch.stack([dequantize(q[j].reshape(rows, -1, block // 2), s[j], 4, k_bytes * 2,
+                                        None if zp is None else zp[j]) for j in range(e)])
             getattr(experts, f"{part}_proj").data.copy_(w)
     return model
 
@@ -135,28 +138,31 @@ def _logits(model, rows: list[list[int]]) -> list[np.ndarray]:
                 .numpy() for r in rows]
 
 
-def test_searched_experts_are_closer_to_transformers(tmp_path, monkeypatch):
+@pytest.mark.parametrize("scheme", ["symmetric", "zero_point"])
+def test_searched_experts_are_closer_to_transformers(tmp_path, monkeypatch, scheme):
     """The experts an int4 export stores, dequantized into the float model: with awq's
-    router-weighted block search they move it less from transformers fp32 than plain symmetric
-    rounding (measured: KL 0.025 against 0.037, top-1 93 against 85 of 122 clear positions).
-    End to end in ONNX Runtime, where the int4 attention's error adds to both, KL 0.142 against
-    0.152 (fp32 activations, float LM head)."""
+    router-weighted block search they move it less from transformers fp32 than plain rounding
+    (symmetric, block 32, measured: KL 0.025 against 0.037, top-1 93 against 85 of 122 clear
+    positions; end to end in ONNX Runtime, where the int4 attention's error adds to both, KL
+    0.142 against 0.152 with fp32 activations and a float LM head). Zero points (the CPU
+    default, block 64): the searched scale and zero point against the block's range."""
     folder, hf = _loud_checkpoint(tmp_path)
     rng = np.random.default_rng(5)
     rows = [rng.integers(0, LOUD_MOE.vocab_size, 24).tolist() for _ in range(6)]
     with torch.no_grad():
         want = [hf(torch.tensor([r])).logits[0].float().numpy() for r in rows]
-    options = ExportOptions(precision="int4", max_seq_len=64, target="cpu", validate=False)
+    options = ExportOptions(precision="int4", max_seq_len=64, target="cpu", validate=False,
+                            experts_scheme=scheme)
     kl = {}
     for searched in (True, False):
-        if not searched:  # the experts as before: plain symmetric rounding
+        if not searched:  # the experts as before: plain rounding
             plain = modules.QuantExperts.__init__
             monkeypatch.setattr(modules.QuantExperts, "__init__",
                                 lambda self, *a, search=False, **k: plain(self, *a, **k))
         out = tmp_path / f"searched-{searched}"
         export_model(open_checkpoint(folder), out, options, progress=False)
         assert ("router-weighted" in (out / "manifest.json").read_text()) == searched
-        got = _logits(_with_stored_experts(out, folder), rows)
+        got = _logits(_with_stored_experts(out, folder, scheme), rows)
         kl[searched] = fidelity(want, got, margin=0.05)["kl"]
     assert kl[True] < 0.8 * kl[False], kl
 
@@ -208,3 +214,83 @@ def test_int8_activation_experts_are_refused_where_they_cannot_apply():
         ExportOptions(precision="fp16", experts_accuracy_level=4)
     with pytest.raises(ConfigError, match="CUDA QMoE ignores it"):
         ExportOptions(precision="int4", target="cuda", experts_accuracy_level=4)
+
+
+def test_experts_defaults_are_resolved_by_target_precision_and_source():
+    """export.resolve_experts: on CPU, 4-bit experts get zero points in blocks of 64 and int8
+    activations (benchmarks/moe_fidelity.py, docs/moe.md); a --block-size other than 32 is
+    followed; 8-bit experts, CUDA and MXFP4 checkpoints (gpt-oss) keep symmetric blocks of
+    --block-size; what the user gives is kept; a dense model's options are left alone."""
+    from dataclasses import replace
+
+    from llm_onnx.checkpoints import random_checkpoint
+    from llm_onnx.checkpoints.mxfp4 import MXFP4Source
+    from llm_onnx.export.export import resolve_experts
+
+    moe = random_checkpoint(get_config("qwen3_moe_tiny"), "moe")
+
+    def experts(ck=moe, **kw):
+        o = resolve_experts(ExportOptions(**{"precision": "int4", "target": "cpu", **kw}), ck)
+        return o.experts_block_size, o.experts_scheme, o.experts_accuracy_level
+
+    assert experts() == (64, "zero_point", 4)
+    assert experts(block_size=16) == (16, "zero_point", 4)
+    assert experts(block_size=128) == (128, "zero_point", 4)
+    assert experts(precision="int8") == (32, "symmetric", 4)
+    assert experts(target="cuda") == (32, "symmetric", 0)
+    assert experts(replace(moe, source=MXFP4Source(moe.source))) == (32, "symmetric", 4)
+    assert experts(experts_block_size=32, experts_scheme="symmetric",
+                   experts_accuracy_level=0) == (32, "symmetric", 0)
+    assert experts(experts_scheme="symmetric") == (32, "symmetric", 4)
+    assert experts(random_checkpoint(get_config("qwen3_tiny"), "dense")) == (None, None, None)
+    assert experts(precision="fp32") == (None, None, None)
+
+
+def test_zero_point_experts_are_refused_where_they_cannot_apply():
+    from llm_onnx.errors import ConfigError
+
+    for bad in ({"precision": "int8"}, {"precision": "int4", "target": "cuda"}):
+        with pytest.raises(ConfigError, match="experts_scheme zero_point is a form of 4-bit"):
+            ExportOptions(experts_scheme="zero_point", **bad)
+    with pytest.raises(ConfigError, match="experts_block_size 48 must be a power of two"):
+        ExportOptions(precision="int4", experts_block_size=48)
+
+
+def test_the_manifest_names_the_experts_quantization_and_only_for_experts(tiny_export):
+    """quantization.experts in manifest.json: the block asked for, the scheme and the
+    activations of a mixture of experts' experts (read by bench and the tests' references); a
+    dense model's manifest has no such key, so an llm-onnx from before it still reads it."""
+    import json
+
+    from llm_onnx.model_folder import ExpertsQuantization, read_manifest
+
+    moe = tiny_export("qwen3_moe_tiny", "int4")
+    assert read_manifest(moe).precision.quantization.experts == ExpertsQuantization(
+        block_size=64, scheme="zero_point", accuracy_level=4)
+    text = (moe / "manifest.json").read_text()
+    assert "uint4 zero points, block 32" in text  # 64 asked for; the experts' width 32 fits 32
+    dense = tiny_export("qwen3_tiny", "int4")
+    assert "experts" not in json.loads((dense / "manifest.json").read_text())["precision"][
+        "quantization"]
+    assert read_manifest(dense).precision.quantization.experts is None
+
+
+def test_zero_points_keep_block_64_experts_closer_than_symmetric_blocks(tmp_path):
+    """The CPU default's reason on the loud tiny model (experts dequantized into the float
+    model, as above): zero points at block 64 against symmetric blocks of 64, both searched
+    (measured: KL 0.0276 against 0.0299; symmetric at 32 0.0270, zero points at 32 0.0222).
+    On real weights: benchmarks/moe_fidelity.py."""
+    folder, hf = _loud_checkpoint(tmp_path)
+    rng = np.random.default_rng(5)
+    rows = [rng.integers(0, LOUD_MOE.vocab_size, 24).tolist() for _ in range(6)]
+    with torch.no_grad():
+        want = [hf(torch.tensor([r])).logits[0].float().numpy() for r in rows]
+    kl = {}
+    for scheme in ("symmetric", "zero_point"):
+        out = tmp_path / scheme
+        export_model(open_checkpoint(folder), out, ExportOptions(
+            precision="int4", max_seq_len=64, target="cpu", validate=False,
+            experts_scheme=scheme, experts_block_size=64), progress=False)
+        kl[scheme] = fidelity(want, _logits(_with_stored_experts(out, folder, scheme), rows),
+                              margin=0.05)["kl"]
+    assert kl["zero_point"] < kl["symmetric"], kl
