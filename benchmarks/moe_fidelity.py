@@ -61,6 +61,8 @@ FORMS = [
      {"precision": "int4", "experts": (64, ZP, 4)}),
     ("moe int4, experts b64 zero points fp32-act", "moe",
      {"precision": "int4", "experts": (64, ZP, 0)}),
+    ("moe int4, every projection b64, experts symmetric int8-act", "moe",
+     {"precision": "int4", "block_size": 64, "experts": (64, SYM, 4)}),
     ("moe int4 (default)", "moe", {"precision": "int4"}),
 ]
 

@@ -45,7 +45,8 @@ def _blocks(w: Tensor, block_size: int) -> Tensor:
 
 def quantize(w: Tensor, bits: int, block_size: int, *, asymmetric: bool = False,
              search: bool = False, importance: Tensor | None = None,
-             factors: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+             factors: Tensor | None = None, zp_steps: int = 20,
+             ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Block quantization of W (N, K) -> (qweight uint8, scales float32, zero_points uint8 | None).
 
     Symmetric (no zero points; ORT's default zero point 2^(bits-1)): int8 scale = max|w| / 127;
@@ -54,8 +55,8 @@ def quantize(w: Tensor, bits: int, block_size: int, *, asymmetric: bool = False,
     integer zero point, so one-sided blocks lose no code range; zero points are packed like the
     weights ((N, ceil(k_blocks * bits / 8)) uint8), the form MatMulNBits' fast kernels take.
     ``search``: asymmetric blocks get ``search_zero_point`` (weighted least squares over
-    candidate scales, weighted by ``importance`` (K,) when given: the mean square of each input
-    channel's activations); symmetric ones ``_search_scales`` with the same weights, over
+    ``zp_steps`` + 1 candidate scales, weighted by ``importance`` (K,) when given: the mean
+    square of each input channel's activations); symmetric ones ``_search_scales`` with the same weights, over
     the block's scale times each of ``factors`` (default SEARCH_FACTORS).
     """
     if bits not in SUPPORTED_BITS:
@@ -65,7 +66,7 @@ def quantize(w: Tensor, bits: int, block_size: int, *, asymmetric: bool = False,
     if asymmetric:
         if search:
             weights = block_weights(blocks, importance, block_size)
-            scale, zp, codes = search_zero_point(blocks, weights, levels)
+            scale, zp, codes = search_zero_point(blocks, weights, levels, zp_steps)
         else:
             scale, zp, codes = _minmax_zero_point(blocks, levels)
         return (_pack(codes.to(torch.uint8), bits), scale.contiguous(),
