@@ -2,10 +2,11 @@
 
 A model folder holds prefill.onnx, decode.onnx, weights.data (shared by both graphs), tokenizer
 files and manifest.json; an embedding model's folder (``task`` "embed", ``llm-onnx export --task
-embed``) holds embed.onnx and weights.data instead. This module types the manifest: frozen dataclasses with ``to_json`` /
-``from_json``, the graphs' input and output names, and the checks the runtime makes before it
-trusts a folder (format version, files present, sizes and sha256). The exporter builds a
-``Manifest``; everyone else reads its attributes. Imports neither torch nor onnxruntime.
+embed``) holds embed.onnx and weights.data instead. This module types the manifest: frozen
+dataclasses with ``to_json`` / ``from_json``, the graphs' input and output names (graph_io,
+re-exported here), and the checks the runtime makes before it trusts a folder (format version,
+files present, sizes and sha256). The exporter builds a ``Manifest``; everyone else reads its
+attributes. Imports neither torch nor onnxruntime.
 """
 
 from __future__ import annotations
@@ -15,11 +16,16 @@ import hashlib
 import json
 import os
 import typing
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llm_onnx.errors import ModelFolderError
+from llm_onnx.graph_io import (  # noqa: F401 (re-exported: mf.INPUT_IDS, mf.state_names, ...)
+    EMBEDDINGS, INPUT_IDS, LOGITS, LOGITS_WINDOW, PAST_CONV, PAST_KEY, PAST_RECURRENT,
+    PAST_VALUE, PRESENT_CONV, PRESENT_KEY, PRESENT_RECURRENT, PRESENT_VALUE, SEQLENS_K,
+    SEQUENCE_LENGTHS, TOTAL_SEQUENCE_LENGTH, VALID_TOKENS, input_names, output_names,
+    state_names,
+)
 from llm_onnx.model.config import ModelConfig
 from llm_onnx.typed_json import plain, typed
 
@@ -34,58 +40,6 @@ EMBED = "embed.onnx"
 # decode.onnx) or "embed" (one pooled vector per text in one run: embed.onnx)
 TASKS = ("generate", "embed")
 POOLINGS = ("last", "mean", "cls")  # EmbeddingSpec.pooling
-
-# ----------------------------------------------------------------------------- graph I/O names
-
-INPUT_IDS = "input_ids"  # (B, T) int64
-SEQLENS_K = "seqlens_k"  # (B,) int32: valid tokens of each row (past + new) minus one
-TOTAL_SEQUENCE_LENGTH = "total_sequence_length"  # () int32: the batch's largest valid length
-PAST_KEY = "past_key_values.{}.key"  # (B, Hkv, max_len, D)
-PAST_VALUE = "past_key_values.{}.value"
-LOGITS = "logits"  # (B, T or W, V) float32
-LOGITS_WINDOW = "logits_window"  # (W,) int64, prefill only: logits of the last W new tokens
-PRESENT_KEY = "present.{}.key"  # same buffer as the past when bound in place
-PRESENT_VALUE = "present.{}.value"
-# A linear-attention layer's state instead of keys and values (Qwen3.5's Gated DeltaNet)
-PAST_CONV = "past_state.{}.conv"  # (B, K-1, C): the convolution's last K-1 inputs
-PAST_RECURRENT = "past_state.{}.recurrent"  # (B, Hv, dk, dv) float32
-PRESENT_CONV = "present_state.{}.conv"
-PRESENT_RECURRENT = "present_state.{}.recurrent"
-VALID_TOKENS = "valid_tokens"  # (B,) int32, models with such layers: new tokens each row runs
-# embed.onnx: input_ids (B, T) int64 right-padded, and each row's real tokens; one vector a row
-SEQUENCE_LENGTHS = "sequence_lengths"  # (B,) int32, 1 <= n <= T
-EMBEDDINGS = "embeddings"  # (B, E) float32, pooled (and L2-normalised where the spec says)
-
-
-def state_names(num_layers: int, linear: Collection[int] = (),
-                shared: Collection[int] = ()) -> list[tuple[str, str]]:
-    """(past, present) graph names of every layer's two state tensors, in the graphs' order:
-    keys and values, or a linear-attention layer's conv and recurrent states; ``shared``
-    layers (Gemma 4's KV-shared ones) have none."""
-    out = []
-    for i in range(num_layers):
-        if i in shared:
-            continue
-        if i in linear:
-            out += [(PAST_CONV.format(i), PRESENT_CONV.format(i)),
-                    (PAST_RECURRENT.format(i), PRESENT_RECURRENT.format(i))]
-        else:
-            out += [(PAST_KEY.format(i), PRESENT_KEY.format(i)),
-                    (PAST_VALUE.format(i), PRESENT_VALUE.format(i))]
-    return out
-
-
-def input_names(num_layers: int, linear: Collection[int] = (),
-                shared: Collection[int] = ()) -> list[str]:
-    return [INPUT_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH] + [
-        past for past, _ in state_names(num_layers, linear, shared)]
-
-
-def output_names(num_layers: int, linear: Collection[int] = ()) -> list[str]:
-    """Every layer's presents (Gemma 4's KV-shared layers too: bound to their source's buffer,
-    while their pasts are not inputs)."""
-    return [LOGITS] + [present for _, present in state_names(num_layers, linear)]
-
 
 # ----------------------------------------------------------------------------- sections
 

@@ -1,0 +1,58 @@
+"""The graphs' input and output names, the one place they are spelled (the exporter names the
+graphs' values with them, the runtime binds them); model_folder re-exports them."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+INPUT_IDS = "input_ids"  # (B, T) int64
+SEQLENS_K = "seqlens_k"  # (B,) int32: valid tokens of each row (past + new) minus one
+TOTAL_SEQUENCE_LENGTH = "total_sequence_length"  # () int32: the batch's largest valid length
+PAST_KEY = "past_key_values.{}.key"  # (B, Hkv, max_len, D)
+PAST_VALUE = "past_key_values.{}.value"
+LOGITS = "logits"  # (B, T or W, V) float32
+LOGITS_WINDOW = "logits_window"  # (W,) int64, prefill only: logits of the last W new tokens
+PRESENT_KEY = "present.{}.key"  # same buffer as the past when bound in place
+PRESENT_VALUE = "present.{}.value"
+# A linear-attention layer's state instead of keys and values (Qwen3.5's Gated DeltaNet)
+PAST_CONV = "past_state.{}.conv"  # (B, K-1, C): the convolution's last K-1 inputs
+PAST_RECURRENT = "past_state.{}.recurrent"  # (B, Hv, dk, dv) float32
+PRESENT_CONV = "present_state.{}.conv"
+PRESENT_RECURRENT = "present_state.{}.recurrent"
+VALID_TOKENS = "valid_tokens"  # (B,) int32, models with such layers: new tokens each row runs
+# embed.onnx: input_ids (B, T) int64 right-padded, and each row's real tokens; one vector a row
+SEQUENCE_LENGTHS = "sequence_lengths"  # (B,) int32, 1 <= n <= T
+EMBEDDINGS = "embeddings"  # (B, E) float32, pooled (and L2-normalised where the spec says)
+
+
+def state_names(num_layers: int, linear: Collection[int] = (),
+                shared: Collection[int] = ()) -> list[tuple[str, str]]:
+    """(past, present) graph names of every layer's two state tensors, in the graphs' order:
+    keys and values, or a linear-attention layer's conv and recurrent states; ``shared``
+    layers (Gemma 4's KV-shared ones) have none."""
+    out = []
+    for i in range(num_layers):
+        if i in shared:
+            continue
+        if i in linear:
+            out += [(PAST_CONV.format(i), PRESENT_CONV.format(i)),
+                    (PAST_RECURRENT.format(i), PRESENT_RECURRENT.format(i))]
+        else:
+            out += [(PAST_KEY.format(i), PRESENT_KEY.format(i)),
+                    (PAST_VALUE.format(i), PRESENT_VALUE.format(i))]
+    return out
+
+
+def input_names(num_layers: int, linear: Collection[int] = (),
+                shared: Collection[int] = ()) -> list[str]:
+    return [INPUT_IDS, SEQLENS_K, TOTAL_SEQUENCE_LENGTH] + [
+        past for past, _ in state_names(num_layers, linear, shared)]
+
+
+def output_names(num_layers: int, linear: Collection[int] = ()) -> list[str]:
+    """Every layer's presents (Gemma 4's KV-shared layers too: bound to their source's buffer,
+    while their pasts are not inputs)."""
+    return [LOGITS] + [present for _, present in state_names(num_layers, linear)]
+
+
+__all__ = ["INPUT_IDS", "SEQLENS_K", "TOTAL_SEQUENCE_LENGTH", "PAST_KEY", "PAST_VALUE", "LOGITS", "LOGITS_WINDOW", "PRESENT_KEY", "PRESENT_VALUE", "PAST_CONV", "PAST_RECURRENT", "PRESENT_CONV", "PRESENT_RECURRENT", "VALID_TOKENS", "SEQUENCE_LENGTHS", "EMBEDDINGS", "state_names", "input_names", "output_names"]
