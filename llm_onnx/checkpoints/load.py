@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from llm_onnx.families import load_hf_config
+from llm_onnx.model.attention import hadamard
 from llm_onnx.model.config import ModelConfig
 from llm_onnx.model.decoder import Decoder, Fusion
 from llm_onnx.model.embedding import EmbeddingDecoder
@@ -181,7 +182,7 @@ def param_producers(model: nn.Module) -> Iterator[tuple[str, Producer]]:
     """For each parameter of the decoder (tied weights once), how to build it from checkpoint
     tensors, in Hugging Face layout."""
     cfg = model.config
-    for name, _ in model.named_parameters():
+    for name, param in model.named_parameters():
         module, _, attr = name.rpartition(".")
         fused = next((parts for suffix, parts in _FUSED.items() if module.endswith(suffix)), None)
         if fused is not None:
@@ -201,6 +202,8 @@ def param_producers(model: nn.Module) -> Iterator[tuple[str, Producer]]:
             prefix, _, part = name.rpartition(".")
             yield name, ExpertsProducer(prefix, cfg.moe.num_experts,
                                         fused=part == "gate_up_proj_bias", kind="bias")
+        elif name.endswith(".self_attn.key_rotation"):  # an int8 KV cache's, not a checkpoint's
+            yield name, (lambda src, d=param.shape[0]: hadamard(d))
         else:
             yield name, (lambda src, n=name: src.get(n))
 

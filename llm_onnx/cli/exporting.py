@@ -86,15 +86,17 @@ def _rerun_with_huge_pages() -> None:
                    "short text, folds per-channel scales into the weights, searches weighted by "
                    "the activations). Default: awq for int4 from a float checkpoint, else minmax.")
 @click.option("--calibration-text", type=click.Path(path_type=Path, exists=True, dir_okay=False),
-              help="awq and --kv-cache int8: a UTF-8 text file to calibrate on (first 512 "
-                   "tokens; default: a built-in text).")
+              help="awq and --kv-cache int8: a UTF-8 text file to calibrate on (its first 512 "
+                   "tokens; 3,072 with --kv-cache int8; default: a built-in text).")
 @click.option("--kv-cache", type=click.Choice(["float", "int8"]), default="float",
               show_default=True,
               help="How the KV cache stores keys and values. int8: a quarter of float32's "
                    "bytes per position (half of fp16's), one scale per layer, KV head and "
                    "channel, calibrated at export on the calibration text (--calibration-text, "
-                   "default: a built-in text); GroupQueryAttention quantizes and dequantizes "
-                   "it. CPU target, GroupQueryAttention forms only (not --plain-attention).")
+                   "default: a built-in text); keys and values kept in a Hadamard basis where "
+                   "the head size is a power of two (KL to the float cache about 1e-3 on "
+                   "SmolLM2); GroupQueryAttention quantizes and dequantizes it. CPU target, "
+                   "GroupQueryAttention forms only (not --plain-attention).")
 @click.option("--all-logits", is_flag=True,
               help="The prefill graph returns logits for every position (default: last only).")
 @click.option("--plain-attention", is_flag=True,

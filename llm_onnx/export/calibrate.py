@@ -37,7 +37,9 @@ from llm_onnx.checkpoints.load import (Checkpoint, ExpertsProducer, _set_param, 
                                        param_producers)
 from llm_onnx.checkpoints.sources import TensorSource
 from llm_onnx.errors import ExportError
+from llm_onnx.export.calibration_text import CALIBRATION_TEXT, KV_CALIBRATION_TEXT
 from llm_onnx.export.folder import HeapTrim
+from llm_onnx.export.kv_rotation import rotates_values
 from llm_onnx.export.kv_scales import layer_scales, watch_layer
 from llm_onnx.model import ops
 from llm_onnx.model.config import ModelConfig
@@ -47,43 +49,8 @@ from llm_onnx.model.mlp import GeGLUExperts, Experts
 
 ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 MAX_TOKENS = 512  # calibration tokens used (one sequence)
+KV_MAX_TOKENS = 3072  # with an int8 KV cache, whose static scales must have seen loud channels
 PICK_ROWS = 1024  # rows of each projection the choice of alpha is estimated on
-
-# Built in, so an export never needs a download: varied registers (news, code, chat, prose,
-# instructions, SQL, other languages) and unrelated to any benchmark prompt.
-CALIBRATION_TEXT = """\
-The committee met on Tuesday to review the budget for the coming year. Most of the discussion \
-concerned the cost of repairing the old bridge, which engineers say will need new supports within \
-five years. Several members argued that the town should apply for a regional grant before raising \
-local taxes.
-def merge_sorted(a, b):
-    result = []
-    i = j = 0
-    while i < len(a) and j < len(b):
-        if a[i] <= b[j]:
-            result.append(a[i]); i += 1
-        else:
-            result.append(b[j]); j += 1
-    return result + a[i:] + b[j:]
-User: How do I convert Celsius to Fahrenheit?
-Assistant: Multiply the temperature in Celsius by 9/5 and add 32. For example, 20 degrees Celsius \
-is 68 degrees Fahrenheit.
-In the early morning light, the fishing boats left the harbour one by one, their engines echoing \
-off the cliffs. The gulls followed them out past the lighthouse, where the sea turned from green \
-to a deep, cold blue.
-Water boils at 100 degrees Celsius at sea level, but at higher altitudes the boiling point is \
-lower because the air pressure is lower. This is why cooking pasta in the mountains takes longer.
-1. Preheat the oven to 180 °C.  2. Mix the flour, sugar and eggs.  3. Bake for 25 minutes, until \
-golden.
-SELECT name, COUNT(*) AS orders FROM customers JOIN orders ON customers.id = orders.customer_id \
-GROUP BY name ORDER BY orders DESC LIMIT 10;
-Les enfants jouaient dans le parc pendant que leurs parents parlaient du week-end. Der Zug nach \
-Berlin fährt um acht Uhr ab.
-The function returns None if the key is missing; otherwise it returns the stored value and \
-updates the access time, so that the least recently used entry can be evicted when the cache is \
-full.
-"""
-
 
 @dataclass
 class Calibration:
@@ -118,8 +85,9 @@ class Calibration:
 
 
 def calibration_ids(checkpoint: Checkpoint, text: str | None = None,
-                    max_tokens: int = MAX_TOKENS) -> tuple[list[int], str]:
-    """Token ids of the calibration text (the built-in one unless ``text``) with the checkpoint's
+                    max_tokens: int = MAX_TOKENS, kv: bool = False) -> tuple[list[int], str]:
+    """Token ids of the calibration text (the built-in one unless ``text``; with ``kv``, an int8
+    KV cache's, the built-in one goes on with KV_CALIBRATION_TEXT) with the checkpoint's
     tokenizer; a checkpoint without one (random weights) gets seeded random ids."""
     vocab = checkpoint.config.vocab_size
     max_tokens = min(max_tokens, checkpoint.config.max_position_embeddings)
@@ -134,8 +102,9 @@ def calibration_ids(checkpoint: Checkpoint, text: str | None = None,
         return random_ids("no tokenizer")
     from tokenizers import Tokenizer
 
+    builtin = CALIBRATION_TEXT + (KV_CALIBRATION_TEXT if kv else "")
     ids = Tokenizer.from_str(tok_json.decode("utf-8")).encode(
-        text or CALIBRATION_TEXT, add_special_tokens=False).ids[:max_tokens]
+        text or builtin, add_special_tokens=False).ids[:max_tokens]
     ids = [i for i in ids if i < vocab]
     if len(ids) < 16:
         raise ExportError(f"the calibration text gives {len(ids)} tokens; at least 16 are needed.")
@@ -151,12 +120,15 @@ def calibration_ids(checkpoint: Checkpoint, text: str | None = None,
 
 def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list[int],
               description: str, progress: Callable[[int], None] = lambda n: None, *,
-              awq: bool = True, kv_scales: bool = False) -> Calibration:
+              awq: bool = True, kv_scales: bool = False,
+              max_positions: int | None = None) -> Calibration:
     """Run ``ids`` through the float32 model a layer at a time (weights read, used, dropped) and
-    decide what is asked: awq's scales and search weights, an int8 KV cache's scales."""
+    decide what is asked: awq's scales and search weights, an int8 KV cache's scales (whose
+    rotated keys are scaled over RoPE tables of ``max_positions`` rows: the export's context)."""
     cfg = checkpoint.config
     source = checkpoint.source
-    model = build_model(cfg, dtype=torch.float32, fusion=fusion, max_positions=max(len(ids), 2))
+    model = build_model(cfg, dtype=torch.float32, fusion=fusion,
+                        max_positions=max(len(ids), max_positions or 2))
     producers = dict(param_producers(model))
     cal = Calibration(description=description)
     trim = HeapTrim()  # a layer's freed float weights and streamed experts, given back
@@ -235,8 +207,9 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
                     sources[i] = (*layer.new_kv, pk, pv)
             for hook in stats.pop("hooks"):
                 hook.remove()
-            cal.kv_scales.update(layer_scales(layer, prefix, seen, x.rope[0] if not
-                                              cfg.layer_is_local(i) else x.local[0]))
+            cal.kv_scales.update(layer_scales(layer, prefix, seen, x.rope if not
+                                              cfg.layer_is_local(i) else x.local,
+                                              rotates_values(cfg, i)))
             if awq:
                 _decide_layer(cal, cfg, layer, prefix, stats, block_size)
                 if isinstance(getattr(layer.mlp, "experts", None), StreamedExperts):
@@ -495,6 +468,6 @@ def read_text(path: Path) -> str:
         raise ExportError(f"{path}: cannot read the calibration text ({e}).") from e
 
 
-__all__ = ["ALPHAS", "CALIBRATION_TEXT", "Calibration", "calibrate", "calibration_ids",
-           "read_text"]
+__all__ = ["ALPHAS", "CALIBRATION_TEXT", "KV_MAX_TOKENS", "MAX_TOKENS", "Calibration",
+           "calibrate", "calibration_ids", "read_text"]
 

@@ -26,6 +26,7 @@ from llm_onnx.export.kv_int8_attention import (
     group_query_attention_int8,
     group_query_attention_int8_steps,
     group_query_attention_int8_steps_packed,
+    group_query_attention_int8_steps_rotated,
 )
 from llm_onnx.model import linear_attention as _la  # noqa: F401  (its torch.ops.llm_onnx.*)
 from llm_onnx.model import ops  # noqa: F401  (registers torch.ops.llm_onnx.* of the decoder)
@@ -131,6 +132,12 @@ def group_query_attention(query, key, value, past_key, past_value, seqlens_k,
             cos_cache, sin_cache, attention_bias, head_sink, num_heads=num_heads,
             kv_num_heads=kv_num_heads, scale=scale, local_window_size=local_window_size,
             rotary_interleaved=rotary_interleaved, do_rotary=do_rotary)
+    if not do_rotary and key is not None and query.shape[1] != 1:  # RoPE applied before
+        return group_query_attention_int8_steps_rotated(
+            query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+            attention_bias, head_sink, k_scale, v_scale, num_heads=num_heads,
+            kv_num_heads=kv_num_heads, scale=scale, local_window_size=local_window_size,
+            prompt_step=PROMPT_STEP)
     if do_rotary and query.shape[1] != 1:  # a graph of many tokens: the float node for them
         common = dict(num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale,
                       local_window_size=local_window_size, rotary_interleaved=rotary_interleaved,

@@ -27,8 +27,10 @@ from llm_onnx import model_folder as mf
 from llm_onnx.checkpoints.load import Checkpoint
 from llm_onnx.checkpoints.pooling import pooling_rule
 from llm_onnx.errors import ExportError
-from llm_onnx.export.calibrate import Calibration, calibrate, calibration_ids, read_text
+from llm_onnx.export.calibrate import (KV_MAX_TOKENS, MAX_TOKENS, Calibration, calibrate,
+                                       calibration_ids, read_text)
 from llm_onnx.export.folder import atomic_folder, check_output, release_memory
+from llm_onnx.export.kv_rotation import rotated_values
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.parity import validate
 from llm_onnx.export.plan import ExportPlan
@@ -75,11 +77,13 @@ def calibrate_plan(checkpoint: Checkpoint, plan: ExportPlan, progress: Progress)
     """The calibration pass (calibrate.py) of awq and of an int8 KV cache, one progress step per
     layer."""
     text = read_text(Path(plan.options.calibration_text)) if plan.options.calibration_text else None
-    ids, description = calibration_ids(checkpoint, text)
+    kv = plan.options.kv_int8
+    ids, description = calibration_ids(checkpoint, text, KV_MAX_TOKENS if kv else MAX_TOKENS, kv)
     progress.grow(plan.cfg.num_hidden_layers)
     progress.stage("calibrating")
     cal = calibrate(checkpoint, plan.model.fusion, plan.options.block_size, ids, description,
-                    progress.advance, awq=_awq(plan.options), kv_scales=plan.options.kv_int8)
+                    progress.advance, awq=_awq(plan.options), kv_scales=plan.options.kv_int8,
+                    max_positions=plan.max_len if plan.options.kv_int8 else None)
     release_memory()
     return cal
 
@@ -280,6 +284,8 @@ def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | Non
     out = Path(out)
     cfg = checkpoint.config
     options = resolve_source(resolve_target(options or ExportOptions(), cfg), checkpoint)
+    if options.kv_int8:  # the values' change of basis (kv_rotation.py), before anything reads them
+        checkpoint = replace(checkpoint, source=rotated_values(checkpoint.source, cfg))
     embedding, bound = embedding_spec(checkpoint, options)
     max_len = min(options.max_seq_len or bound or cfg.max_position_embeddings,
                   cfg.max_position_embeddings)

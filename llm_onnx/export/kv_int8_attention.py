@@ -12,7 +12,7 @@ import onnx_ir as ir
 import onnxscript
 from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.tensor_typing import TFloat
-from onnxscript.onnx_types import FLOAT, INT8, INT32
+from onnxscript.onnx_types import FLOAT, INT8, INT32, INT64
 
 msft = onnxscript.values.Opset("com.microsoft", 1)
 _here = onnxscript.values.Opset("llm_onnx.translations", 1)  # custom_ops' domain (one object)
@@ -56,32 +56,36 @@ PROMPT_STEP = 16
 
 
 @onnxscript.script(opset=_here)
-def int8_cache_prompt_step(
-    query: TFloat, key: TFloat, value: TFloat, past_key: INT8, past_value: INT8,
-    seqlens_k: INT32, total_sequence_length: INT32, cos_cache: TFloat, sin_cache: TFloat,
-    attention_bias: Optional[TFloat], head_sink: Optional[TFloat], k_scale: FLOAT,
-    v_scale: FLOAT, num_heads: int, kv_num_heads: int, scale: float, local_window_size: int,
-    rotary_interleaved: bool, rotary_dim: int,
-) -> tuple[TFloat, INT8, INT8]:
+def int8_cache_step_positions(query: TFloat, seqlens_k: INT32,
+                              total_sequence_length: INT32) -> INT64:
+    """The new tokens' positions (1, T), as ops.token_positions: 0 .. T-1 in a first prompt
+    (rows right-padded), else seqlens_k + 1 - T + t."""
     t = op.Shape(query, start=1, end=2)  # (1,) int64: T
     total = op.Reshape(op.Cast(total_sequence_length, to=7), op.Constant(value_ints=[1]))
-    # the new tokens' positions, as ops.token_positions: 0 .. T-1 in a first prompt (rows
-    # right-padded), else seqlens_k + 1 - T + t
     steps = op.Unsqueeze(op.Range(op.Constant(value_int=0), op.Squeeze(t),
                                   op.Constant(value_int=1)), op.Constant(value_ints=[0]))
     later = op.Add(op.Unsqueeze(op.Sub(op.Add(op.Cast(seqlens_k, to=7),
                                               op.Constant(value_int=1)), t),
                                 op.Constant(value_ints=[1])), steps)
-    pos = op.Max(op.Where(op.Equal(total, t), steps, later), op.Constant(value_int=0))
-    q = msft.RotaryEmbedding(query, pos, cos_cache, sin_cache, interleaved=rotary_interleaved,
-                             num_heads=num_heads, rotary_embedding_dim=rotary_dim)
-    k = msft.RotaryEmbedding(key, pos, cos_cache, sin_cache, interleaved=rotary_interleaved,
-                             num_heads=kv_num_heads, rotary_embedding_dim=rotary_dim)
+    return op.Max(op.Where(op.Equal(total, t), steps, later), op.Constant(value_int=0))
+
+
+@onnxscript.script(opset=_here)
+def int8_cache_attend(
+    query: TFloat, key: TFloat, value: TFloat, pos: INT64, past_key: INT8, past_value: INT8,
+    seqlens_k: INT32, total_sequence_length: INT32, attention_bias: Optional[TFloat],
+    head_sink: Optional[TFloat], k_scale: FLOAT, v_scale: FLOAT, num_heads: int,
+    kv_num_heads: int, scale: float, local_window_size: int,
+) -> tuple[TFloat, INT8, INT8]:
+    """A long step's attention over an int8 cache, queries and keys already rotated as the
+    cache stores them, ``pos`` the new tokens' positions (int8_cache_step_positions)."""
+    t = op.Shape(query, start=1, end=2)  # (1,) int64: T
+    total = op.Reshape(op.Cast(total_sequence_length, to=7), op.Constant(value_ints=[1]))
     # the new keys and values rounded as the int8 node rounds them and read back, in their own
     # (B, T, Hkv*D) layout: the scales (Hkv*D,) are in that order
     lo = op.Constant(value_float=-128.0)
     hi = op.Constant(value_float=127.0)
-    k8 = op.Cast(op.Clip(op.Round(op.Mul(op.Cast(k, to=1), op.Reciprocal(k_scale))), lo, hi),
+    k8 = op.Cast(op.Clip(op.Round(op.Mul(op.Cast(key, to=1), op.Reciprocal(k_scale))), lo, hi),
                  to=3)
     v8 = op.Cast(op.Clip(op.Round(op.Mul(op.Cast(value, to=1), op.Reciprocal(v_scale))), lo,
                          hi), to=3)
@@ -100,9 +104,9 @@ def int8_cache_prompt_step(
     past_v = op.CastLike(op.Mul(op.Cast(op.Slice(past_value, zero, past_len, axis), to=1),
                                 op.Reshape(v_scale, per_channel)), query)
     out, _k, _v = msft.GroupQueryAttention(
-        q, k_read, v_read, past_k, past_v, seqlens_k, total_sequence_length, None, None, None,
-        attention_bias, head_sink, num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale,
-        local_window_size=local_window_size, do_rotary=0)
+        query, k_read, v_read, past_k, past_v, seqlens_k, total_sequence_length, None, None,
+        None, attention_bias, head_sink, num_heads=num_heads, kv_num_heads=kv_num_heads,
+        scale=scale, local_window_size=local_window_size, do_rotary=0)
     # the new int8 rows into the cache at the tokens' positions: (B, T, Hkv*D) -> (B, Hkv, T, D)
     split = op.Concat(op.Shape(key, start=0, end=2), kv_heads, head, axis=0)  # (B, T, Hkv, D)
     rows_k = op.Transpose(op.Reshape(k8, split), perm=[0, 2, 1, 3])
@@ -110,6 +114,52 @@ def int8_cache_prompt_step(
     where = op.Expand(op.Unsqueeze(pos, op.Constant(value_ints=[1, 3])), op.Shape(rows_k))
     present_key = op.ScatterElements(past_key, where, rows_k, axis=2)
     present_value = op.ScatterElements(past_value, where, rows_v, axis=2)
+    return out, present_key, present_value
+
+
+@onnxscript.script(opset=_here)
+def int8_cache_prompt_step(
+    query: TFloat, key: TFloat, value: TFloat, past_key: INT8, past_value: INT8,
+    seqlens_k: INT32, total_sequence_length: INT32, cos_cache: TFloat, sin_cache: TFloat,
+    attention_bias: Optional[TFloat], head_sink: Optional[TFloat], k_scale: FLOAT,
+    v_scale: FLOAT, num_heads: int, kv_num_heads: int, scale: float, local_window_size: int,
+    rotary_interleaved: bool, rotary_dim: int,
+) -> tuple[TFloat, INT8, INT8]:
+    pos = int8_cache_step_positions(query, seqlens_k, total_sequence_length)
+    q = msft.RotaryEmbedding(query, pos, cos_cache, sin_cache, interleaved=rotary_interleaved,
+                             num_heads=num_heads, rotary_embedding_dim=rotary_dim)
+    k = msft.RotaryEmbedding(key, pos, cos_cache, sin_cache, interleaved=rotary_interleaved,
+                             num_heads=kv_num_heads, rotary_embedding_dim=rotary_dim)
+    out, present_key, present_value = int8_cache_attend(
+        q, k, value, pos, past_key, past_value, seqlens_k, total_sequence_length,
+        attention_bias, head_sink, k_scale, v_scale, num_heads=num_heads,
+        kv_num_heads=kv_num_heads, scale=scale, local_window_size=local_window_size)
+    return out, present_key, present_value
+
+
+# q, k, v separate; RoPE (and the keys' rotation) applied before the node: the attention
+# module's form for an int8 cache whose keys are stored in the Hadamard basis, and the rotary
+# outside form
+@onnxscript.script(opset=_here)
+def group_query_attention_int8_steps_rotated(
+    query: TFloat, key: TFloat, value: TFloat, past_key: INT8, past_value: INT8,
+    seqlens_k: INT32, total_sequence_length: INT32, attention_bias: Optional[TFloat],
+    head_sink: Optional[TFloat], k_scale: FLOAT, v_scale: FLOAT, num_heads: int,
+    kv_num_heads: int, scale: float, local_window_size: int, prompt_step: int,
+) -> tuple[TFloat, INT8, INT8]:
+    if op.GreaterOrEqual(op.Squeeze(op.Shape(query, start=1, end=2)),
+                         op.Constant(value_int=prompt_step)):
+        pos = int8_cache_step_positions(query, seqlens_k, total_sequence_length)
+        out, present_key, present_value = int8_cache_attend(
+            query, key, value, pos, past_key, past_value, seqlens_k, total_sequence_length,
+            attention_bias, head_sink, k_scale, v_scale, num_heads=num_heads,
+            kv_num_heads=kv_num_heads, scale=scale, local_window_size=local_window_size)
+    else:
+        out, present_key, present_value = group_query_attention_int8(
+            query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
+            None, None, attention_bias, head_sink, k_scale, v_scale, num_heads=num_heads,
+            kv_num_heads=kv_num_heads, scale=scale, local_window_size=local_window_size,
+            rotary_interleaved=False, do_rotary=False)
     return out, present_key, present_value
 
 
@@ -175,11 +225,18 @@ def inline_branch_calls(model: ir.Model) -> None:
     would be left as calls of unknown ops."""
     from onnx_ir.passes.common import InlinePass
 
-    nested = {f.name: f for f in (int8_cache_prompt_step, group_query_attention_int8)}
+    nested = {f.name: f for f in (int8_cache_prompt_step, group_query_attention_int8,
+                                  int8_cache_step_positions, int8_cache_attend)}
     called = {node.op_type for node in ir.traversal.RecursiveGraphIterator(model.graph)
               if node.domain == _here.domain and node.op_type in nested}
     if not called:
         return
+    todo = list(called)  # and the functions those call
+    while todo:
+        for n in nested[todo.pop()].to_function_proto().node:
+            if n.domain == _here.domain and n.op_type in nested and n.op_type not in called:
+                called.add(n.op_type)
+                todo.append(n.op_type)
     for name in sorted(called):
         proto = nested[name].to_function_proto()
         if msft.domain not in {o.domain for o in proto.opset_import}:  # used in branches only

@@ -2,20 +2,28 @@
 (calibrate.py) while the float model runs the calibration text one layer at a time.
 
 Per layer, one scale per KV head and channel, (Hkv*D,) KV-head-major, as GroupQueryAttention's
-PER_CHANNEL k_scale/v_scale read them. Values: the channel's largest |v| over the calibration
-tokens / 127. Keys are quantized after the kernel's RoPE, whose rotation of pair (d, d + R/2)
-(rotate-half, rotary_interleaved 0) keeps the pair's norm, so each of the two channels gets the
-largest sqrt(k_d^2 + k_{d+R/2}^2) of the keys before RoPE: it bounds the rotated key at every
-position, also those the calibration text never reached (onnxruntime-genai's builder widens its
-key scales the same way). Channels past the rotary width R, and layers without RoPE, take their
-|k|. A channel the text never moved gets a floor instead of 0.
+PER_CHANNEL k_scale/v_scale read them, of what the cache stores:
 
-The amax of a short calibration text is too small for other text: on SmolLM2-135M, teacher-forced
-over 2k tokens of this repository's docs, values past their calibrated amax were clipped (0.2-0.5%
-of them, holding most of the error) and the mean KL to the float cache was 5.9e-3. The scales
-therefore keep headroom: keys x1.25, values x2 (KL 2.3e-3; x1/x1.5 2.8e-3, x1.5/x2 2.9e-3; scales
-taken from the evaluated text itself, the best a static scale can do, 6.9e-4). Measured
-2026-11-25 with benchmarks/kv_int8_fidelity.py; docs/notes/kv-int8-gqa.md has the table.
+- Layers of a power-of-two head size store keys and values in the Hadamard basis (attention.hadamard;
+  values rotated in the weights, kv_rotation.py, so the calibration already sees them rotated;
+  keys rotated after RoPE by the attention module). A rotated key's channel mixes every rotary
+  pair, each turning with the position at its own frequency, so its range depends on where in
+  the context a token sits: each calibration key is rotated to SAMPLED_POSITIONS positions drawn
+  uniformly from the whole context and the scale is the largest |H RoPE(k)| seen. Values: their
+  largest |v|. Headroom: keys x1.0, values x1.1.
+- Other layers keep the channels as they are: values by their largest |v|; keys, quantized after
+  the kernel's RoPE, whose rotation of pair (d, d + R/2) (rotate-half) keeps the pair's norm, by
+  the largest sqrt(k_d^2 + k_{d+R/2}^2) of the keys before RoPE, which bounds the rotated key at
+  every position (onnxruntime-genai's builder widens its key scales the same way); channels past
+  the rotary width R, and layers without RoPE, by their |k|. Headroom: keys x1.25, values x2.
+
+Why: on SmolLM2-135M, teacher-forced over 2k tokens of this repository's docs, the unrotated
+cache's KL to the float cache was 5.9e-3 with the calibrated amax and 2.3e-3 with the headroom
+(values past their calibrated amax were clipped: the short calibration text underestimates loud
+channels); in the Hadamard basis, calibrated on the longer built-in text (calibration_text.py),
+8.6e-4 (9.7e-4 exported for 8,192 positions; 1.0e-3 on a held-out text where the old form gave
+2.7e-3). docs/notes/kv-int8-gqa.md has the tables. A channel the text never moved gets a floor
+instead of 0.
 """
 
 from __future__ import annotations
@@ -23,16 +31,23 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from llm_onnx.model import ops
+from llm_onnx.model.attention import hadamard, rotates_keys
 from llm_onnx.model.config import ModelConfig
 
 KV_QMAX = 127  # an amax value stores 127 (onnxruntime-genai divides by 128: it stores 128,
 # saturated to 127)
 KV_FLOOR = 1e-4  # a channel's smallest scale, relative to the layer's largest
 KEY_HEADROOM, VALUE_HEADROOM = 1.25, 2.0  # the calibrated amax times these (see above)
+ROTATED_KEY_HEADROOM, ROTATED_VALUE_HEADROOM = 1.0, 1.1  # in the Hadamard basis
+SAMPLED_POSITIONS = 32  # positions each calibration key is rotated to
 # What the manifest's kv_cache.scales says of them
-DESCRIPTION = (f"per layer, KV head and channel (k_scale, v_scale: float32 (Hkv*D,)), the "
-               f"amax over the calibration tokens (keys by RoPE's pair envelope) times "
-               f"{KEY_HEADROOM:g} for keys and {VALUE_HEADROOM:g} for values, / {KV_QMAX}")
+DESCRIPTION = (f"per layer, KV head and channel (k_scale, v_scale: float32 (Hkv*D,)): "
+               f"layers of a power-of-two head size store keys (after RoPE) and values in the "
+               f"Hadamard basis, scales the amax over the calibration tokens (keys rotated to "
+               f"{SAMPLED_POSITIONS} random positions each) times {ROTATED_KEY_HEADROOM:g} for "
+               f"keys and {ROTATED_VALUE_HEADROOM:g} for values; other layers the amax (keys by "
+               f"RoPE's pair envelope) times {KEY_HEADROOM:g} and {VALUE_HEADROOM:g}; / {KV_QMAX}")
 
 
 def kv_scale(x: Tensor, rotary: int, headroom: float = 1.0) -> Tensor:
@@ -65,21 +80,48 @@ def watch_layer(layer: nn.Module, cfg: ModelConfig, i: int) -> Seen | None:
     return seen
 
 
+def rotated_key_scale(k: Tensor, rope: tuple[Tensor, Tensor] | None, headroom: float,
+                      samples: int = SAMPLED_POSITIONS) -> Tensor:
+    """PER_CHANNEL scales (Hkv*D,) float32 of keys stored in the Hadamard basis after RoPE, from
+    the calibration tokens' keys before RoPE, k (N, Hkv, D): each rotated by RoPE to ``samples``
+    positions drawn uniformly (seeded) from the table's rows (``rope``: (cos, sin), None without
+    RoPE), then by H; their amax / 127 times ``headroom``, floored as kv_scale floors."""
+    n, heads, d = k.shape
+    h = hadamard(d).double()
+    g = torch.Generator().manual_seed(0)
+    amax = torch.zeros(heads, d, dtype=torch.float64)
+    for _ in range(samples if rope is not None else 1):
+        x = k.float()[None]  # (1, N, Hkv, D)
+        if rope is not None:
+            pos = torch.randint(0, rope[0].shape[0], (1, n), generator=g)
+            x = ops.rotate(x, rope[0], rope[1], pos, False)
+        amax = torch.maximum(amax, (x[0].double() @ h).abs().amax(0))
+    s = (torch.nan_to_num(amax, nan=0.0) * headroom / KV_QMAX).float().reshape(-1)
+    return s.clamp_min(max(float(s.max()) * KV_FLOOR, 1e-12))
+
+
 def layer_scales(layer: nn.Module, prefix: str, seen: Seen | None,
-                 cos: Tensor | None) -> dict[str, Tensor]:
+                 rope: tuple[Tensor, Tensor] | None, values_rotated: bool) -> dict[str, Tensor]:
     """The layer's k_scale and v_scale from what ``watch_layer`` saw (then unwatched; nothing
-    when it watched nothing); ``cos``: the RoPE table the layer used (half the rotary width
-    wide), None without RoPE."""
+    when it watched nothing); ``rope``: the (cos, sin) tables the layer used (half the rotary
+    width wide, as many rows as the export's context), None without RoPE; ``values_rotated``:
+    kv_rotation.rotates_values, the values seen are in the Hadamard basis."""
     if not seen:
         return {}
     attn = layer.self_attn
     attn.observe = None
-    rotary = 2 * cos.shape[-1] if attn.rope and cos is not None else 0
+    rope = rope if attn.rope and rope is not None and rope[0] is not None else None
     shape = (-1, attn.kv_heads, attn.head_dim)
     k = torch.cat([k.reshape(shape) for k, _ in seen])
     v = torch.cat([v.reshape(shape) for _, v in seen])
-    return {f"{prefix}self_attn.k_scale": kv_scale(k, rotary, KEY_HEADROOM),
-            f"{prefix}self_attn.v_scale": kv_scale(v, 0, VALUE_HEADROOM)}
+    rotary = 2 * rope[0].shape[-1] if rope is not None else 0
+    return {f"{prefix}self_attn.k_scale":
+            rotated_key_scale(k, rope, ROTATED_KEY_HEADROOM) if rotates_keys(attn.head_dim)
+            else kv_scale(k, rotary, KEY_HEADROOM),
+            f"{prefix}self_attn.v_scale":
+            kv_scale(v, 0, ROTATED_VALUE_HEADROOM if values_rotated else VALUE_HEADROOM)}
 
 
-__all__ = ["DESCRIPTION", "KEY_HEADROOM", "KV_FLOOR", "KV_QMAX", "VALUE_HEADROOM", "kv_scale", "layer_scales", "watch_layer"]
+__all__ = ["DESCRIPTION", "KEY_HEADROOM", "KV_FLOOR", "KV_QMAX", "ROTATED_KEY_HEADROOM",
+           "ROTATED_VALUE_HEADROOM", "SAMPLED_POSITIONS", "VALUE_HEADROOM", "kv_scale",
+           "layer_scales", "rotated_key_scale", "watch_layer"]

@@ -59,14 +59,15 @@ class ExportOptions:
             per-channel scales folded into the preceding norm or projection and the search
             weighted by each channel's activations; see calibrate.py). Default: awq for int4
             from a float source, else minmax.
-        calibration_text: the text file awq and an int8 KV cache calibrate on (default: a
-            built-in text).
+        calibration_text: the text file awq and an int8 KV cache calibrate on (its first 512
+            tokens, 3,072 with an int8 KV cache; default: a built-in text).
         kv_cache: how the KV cache stores keys and values: "float" (the graphs' compute
             dtype) or "int8": a quarter of float32's bytes, per-channel scales (one per KV head
             and channel, per layer) calibrated at export on the calibration text and applied
             by GroupQueryAttention (x * (1/s) rounded to int8 on write, int8 * s on read;
-            docs/notes/kv-int8-gqa.md). Needs the GroupQueryAttention forms (not plain
-            attention) and the CPU target for now.
+            docs/notes/kv-int8-gqa.md); where the head size is a power of two, keys (after
+            RoPE) and values are stored in the Hadamard basis (kv_rotation.py). Needs the
+            GroupQueryAttention forms (not plain attention) and the CPU target for now.
         validate: run the ORT vs torch parity gate after writing.
         task: "generate" (prefill.onnx and decode.onnx: next-token logits over a KV cache) or
             "embed" (embed.onnx: one pooled, maybe normalised, vector per text; no LM head, no

@@ -36,7 +36,7 @@ from llm_onnx.export.modules import (NBitsLinear, QuantEmbedding, QuantExperts,
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.progress import Progress
 from llm_onnx.model.config import ModelConfig
-from llm_onnx.model.attention import AttentionForm, attention_form
+from llm_onnx.model.attention import AttentionForm, attention_form, rotates_keys
 from llm_onnx.model.decoder import Decoder, Fusion
 from llm_onnx.model.embedding import EmbeddingDecoder
 from llm_onnx.model.linear_attention import state_shapes
@@ -50,6 +50,10 @@ def planned_attention(cfg: ModelConfig, options: ExportOptions) -> AttentionForm
         return AttentionForm("plain", "asked for (plain_attention)")
     if form.rotary_inside and not options.fuse_rotary:
         return AttentionForm("rotary outside", "asked for (fuse_rotary off)")
+    if form.rotary_inside and options.kv_int8 and any(
+            rotates_keys(cfg.layer_head_dim(i)) for i in cfg.cache_layers):
+        return AttentionForm("rotary outside", "an int8 KV cache keeps keys in the Hadamard "
+                                               "basis, rotated after RoPE")
     return form
 
 

@@ -5,6 +5,7 @@ Runtime runs for a config (``attention_form``)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -49,6 +50,26 @@ def attention_form(cfg: ModelConfig) -> AttentionForm:
                              f"{half}, not a multiple of 8, which GroupQueryAttention's RoPE "
                              "requires")
     return AttentionForm("fused")
+
+
+def hadamard(d: int) -> Tensor:
+    """The normalised Sylvester-Hadamard matrix (d, d) float32, d a power of two: symmetric and
+    orthogonal (H @ H = I), every entry +-1/sqrt(d). An int8 KV cache keeps keys (after RoPE)
+    and values in this basis per head (scores and outputs are unchanged: q.k = Hq.Hk): each
+    stored channel then mixes all of a head's channels, so its few loud ones no longer get
+    coarse scales of their own (docs/notes/kv-int8-gqa.md)."""
+    if d < 1 or d & (d - 1):
+        raise ValueError(f"a Hadamard matrix here needs a power of two, not {d}")
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return (h / math.sqrt(d)).float()
+
+
+def rotates_keys(head_dim: int) -> bool:
+    """Whether an int8 KV cache stores this head size's keys (and queries meet them) in the
+    Hadamard basis (``hadamard``: a power of two)."""
+    return not head_dim & (head_dim - 1)
 
 
 class Attention(nn.Module):
@@ -109,6 +130,14 @@ class Attention(nn.Module):
                                         requires_grad=False)
             self.v_scale = nn.Parameter(torch.empty(self.kv_width, dtype=torch.float32),
                                         requires_grad=False)
+        # ... whose keys are stored in the Hadamard basis (``hadamard``), where each channel
+        # mixes all of a head's: queries and keys are rotated after RoPE, so RoPE runs outside
+        # the kernel here. Values are rotated in the weights (export/kv_rotation.py).
+        self.rotate_keys = kv_int8 and rotates_keys(self.head_dim)
+        if self.rotate_keys:
+            self.fused_rotary = False
+            self.key_rotation = nn.Parameter(torch.empty(self.head_dim, self.head_dim,
+                                                         dtype=dtype), requires_grad=False)
         # The calibration's hook (calibrate.py): called with each run's keys before RoPE and
         # values, each (B, T, Hkv*D), as the attention kernel takes them. None when exporting.
         self.observe = None
@@ -147,7 +176,8 @@ class Attention(nn.Module):
                 assert cos is not None and sin is not None
                 q = ops.rotary_embedding(q, positions, cos, sin, self.num_heads, False)
             k, v = reuse
-        elif self.qk_norm or (self.rope and not self.fused_rotary) or self.plain:
+        elif (self.qk_norm or (self.rope and not self.fused_rotary) or self.plain
+              or self.rotate_keys):
             if k is None:
                 # Slices, not split(): torch.split exports as SplitToSequence, which has no
                 # CUDA kernel in ONNX Runtime (the node would run on the CPU).
@@ -169,6 +199,12 @@ class Attention(nn.Module):
             assert k is not None and v is not None and cos is not None and sin is not None
             q = ops.rotary_embedding(q, positions, cos, sin, self.num_heads, False)
             k = ops.rotary_embedding(k, positions, cos, sin, self.kv_heads, False)
+        if self.rotate_keys:  # (B, T, N, D) @ H: the int8 cache's basis (H symmetric)
+            assert k is not None
+            q = (q.reshape(b, t, self.num_heads, self.head_dim) @ self.key_rotation).reshape(
+                b, t, -1)
+            k = (k.reshape(b, t, self.kv_heads, self.head_dim) @ self.key_rotation).reshape(
+                b, t, -1)
         assert past_key is not None and past_value is not None
         if self.plain:
             assert k is not None and v is not None

@@ -21,8 +21,11 @@ H, HKV, D, L = 4, 2, 64, 16  # query heads, KV heads, head size, cache positions
 SENTINEL = 77  # what the buffer holds before anything is written
 
 
-def gqa_session(quant: str, bit_width: int | None = 8, v_quant: str | None = None):
-    """One GroupQueryAttention node: fp32 query/key/value, RoPE, an int8 cache, scales as inputs."""
+def gqa_session(quant: str, bit_width: int | None = 8, v_quant: str | None = None,
+                rope: bool = True):
+    """One GroupQueryAttention node: fp32 query/key/value, RoPE (or none: queries and keys
+    arrive rotated, as an int8-cache export's attention module hands them), an int8 cache,
+    scales as inputs."""
     cache = ["B", HKV, "L", D]
     inputs = [helper.make_tensor_value_info("query", TensorProto.FLOAT, ["B", "T", H * D]),
               *(helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", "T", HKV * D])
@@ -35,11 +38,15 @@ def gqa_session(quant: str, bit_width: int | None = 8, v_quant: str | None = Non
                 for n in ("cos_cache", "sin_cache")),
               *(helper.make_tensor_value_info(n, TensorProto.FLOAT, None)
                 for n in ("k_scale", "v_scale"))]
-    attrs = dict(num_heads=H, kv_num_heads=HKV, do_rotary=1, k_quant_type=quant,
+    attrs = dict(num_heads=H, kv_num_heads=HKV, do_rotary=int(rope), k_quant_type=quant,
                  v_quant_type=v_quant or quant)
     if bit_width is not None:
         attrs["kv_cache_bit_width"] = bit_width
+    if not rope:  # no cos/sin inputs at all
+        inputs = inputs[:7] + inputs[9:]
     names = [i.name for i in inputs]
+    if not rope:
+        names = names[:7] + ["", ""] + names[7:]
     node = helper.make_node("GroupQueryAttention", names[:9] + ["", "", ""] + names[9:],
                             ["output", "present_key", "present_value"], domain="com.microsoft",
                             **attrs)
@@ -101,7 +108,7 @@ def reference(q, k, v, keys, values, past: int, ks, vs):
 
 def run_bound(sess, keys, values, q, k, v, past: int, ks, vs, packed: bool = False):
     """One step with the (1, Hkv, L, D) buffers bound as both past and present, as the runtime's
-    KVCache binds them (runtime/core/kv_cache.py)."""
+    KVCache binds them (runtime/core/kv_cache.py); the RoPE tables where the session takes them."""
     t = q.shape[0]
     cos, sin = rope_tables()
     binding = sess.io_binding()
@@ -110,8 +117,9 @@ def run_bound(sess, keys, values, q, k, v, past: int, ks, vs, packed: bool = Fal
         query=q[None], key=k[None], value=v[None])
     feed = dict(**qkv,
                 seqlens_k=np.array([past + t - 1], np.int32),
-                total_sequence_length=np.array(past + t, np.int32), cos_cache=cos, sin_cache=sin,
-                k_scale=ks, v_scale=vs)
+                total_sequence_length=np.array(past + t, np.int32), k_scale=ks, v_scale=vs)
+    if "cos_cache" in {i.name for i in sess.get_inputs()}:
+        feed.update(cos_cache=cos, sin_cache=sin)
     for name, arr in feed.items():
         binding.bind_cpu_input(name, np.ascontiguousarray(arr))
     for buf, past_name, present in ((keys, "past_key", "present_key"),
@@ -207,19 +215,21 @@ def test_what_the_export_must_set(attrs, message):
                   *calibrated("PER_CHANNEL", k, v))
 
 
-def translation_session(packed: bool = False, prompt_step: int = 2):
+def translation_session(packed: bool = False, prompt_step: int = 2, rope: bool = True):
     """The export's translation of the int8-cache op in a graph of many tokens
-    (kv_int8_attention.group_query_attention_int8_steps, or its packed-QKV form: the int8 node
-    for fewer than ``prompt_step`` new tokens; for more, the float node over what the int8 node
-    reads back, then an int8 write), as a one-node model calling it as a local function, inlined
-    as the export inlines it (the call, then the calls in its branches: inline_branch_calls)."""
+    (kv_int8_attention.group_query_attention_int8_steps, its packed-QKV form, or without RoPE
+    its _rotated form: the int8 node for fewer than ``prompt_step`` new tokens; for more, the
+    float node over what the int8 node reads back, then an int8 write), as a one-node model
+    calling it as a local function, inlined as the export inlines it (the call, then the calls
+    in its branches and theirs: inline_branch_calls)."""
     import onnx_ir as ir
     from onnx_ir.passes.common import InlinePass
 
     from llm_onnx.export import kv_int8_attention
 
     fn = (kv_int8_attention.group_query_attention_int8_steps_packed if packed
-          else kv_int8_attention.group_query_attention_int8_steps).to_function_proto()
+          else kv_int8_attention.group_query_attention_int8_steps if rope
+          else kv_int8_attention.group_query_attention_int8_steps_rotated).to_function_proto()
     cache = ["B", HKV, "L", D]
     names = ["query", "key", "value", "past_key", "past_value", "seqlens_k",
              "total_sequence_length", "cos_cache", "sin_cache", "", "", "k_scale", "v_scale"]
@@ -240,6 +250,10 @@ def translation_session(packed: bool = False, prompt_step: int = 2):
     if packed:
         names = names[:1] + names[3:]
         attrs["widths"] = [H * D, HKV * D, HKV * D]
+    if not rope:
+        names = names[:7] + names[9:]
+        inputs = [i for i in inputs if i.name not in ("cos_cache", "sin_cache")]
+        del attrs["rotary_interleaved"], attrs["rotary_dim"]
     node = helper.make_node(fn.name, names, ["output", "present_key", "present_value"],
                             domain=fn.domain, **attrs)
     outputs = [helper.make_tensor_value_info("output", TensorProto.FLOAT, None),
@@ -261,23 +275,26 @@ def translation_session(packed: bool = False, prompt_step: int = 2):
 STEPS = (5, 1, 3, 1)  # a prompt, a token, a chunk over the past (a verify step), a token
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_the_decoders_eager_op_equals_the_kernel_and_the_export(packed):
+@pytest.mark.parametrize("packed, rope", [(False, True), (True, True), (False, False)],
+                         ids=["rope-inside", "packed-rope-inside", "rotated-before"])
+def test_the_decoders_eager_op_equals_the_kernel_and_the_export(packed, rope):
     """llm_onnx's torch op (ops.group_query_attention with k_scale/v_scale, the reference of an
     int8-cache export's parity gate) against the bare kernel and against the export's translation
     for graphs of several tokens (its float node for them), each bound in place: a prompt, single
-    tokens and a chunk over the past, per-channel scales, RoPE inside; the same outputs and the
-    same cache bytes at every step."""
+    tokens and a chunk over the past, per-channel scales, RoPE inside, or queries and keys
+    rotated before the node (the Hadamard basis: an int8-cache export's form where the head size
+    is a power of two); the same outputs and the same cache bytes at every step."""
     import torch
 
     from llm_onnx.model import ops
 
     q, k, v = tokens(sum(STEPS))
     ks, vs = calibrated("PER_CHANNEL", k, v)
-    kernel, translation = gqa_session("PER_CHANNEL"), translation_session(packed)
+    kernel, translation = gqa_session("PER_CHANNEL", rope=rope), translation_session(packed,
+                                                                                      rope=rope)
     ker_k, ker_v, tr_k, tr_v = (np.zeros((1, HKV, L, D), np.int8) for _ in range(4))
     pk, pv = (torch.zeros((1, HKV, L, D), dtype=torch.int8) for _ in range(2))
-    cos, sin = (torch.from_numpy(a) for a in rope_tables())
+    cos, sin = (torch.from_numpy(a) for a in rope_tables()) if rope else (None, None)
     n = 0
     for t in STEPS:
         sl = slice(n, n + t)

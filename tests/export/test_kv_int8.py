@@ -17,10 +17,12 @@ from llm_onnx.checkpoints import open_checkpoint
 from llm_onnx.checkpoints.load import build_model
 from llm_onnx.errors import ConfigError
 from llm_onnx.export import ExportOptions
+from llm_onnx.export.kv_rotation import rotated_values
 from llm_onnx.export.kv_scales import kv_scale, layer_scales
 from llm_onnx.export.plan import ExportPlan
 from llm_onnx.families import get_config
 from llm_onnx.model import ops
+from llm_onnx.model.attention import hadamard
 from llm_onnx.model_folder import INT8_CACHE_VERSION, load_manifest
 from tests.ort_helpers import Graphs, batch_logits
 from tests.tolerances import ORT_FP32
@@ -88,7 +90,7 @@ def _diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
 def test_ort_equals_the_eager_decoder_over_the_same_int8_cache(arch, tiny_hf, tiny_export):
     folder = tiny_export(arch, "fp32", kv_cache="int8")
     m = load_manifest(folder)
-    assert m.kv_cache.dtype == "int8" and "pair envelope" in m.kv_cache.scales
+    assert m.kv_cache.dtype == "int8" and "Hadamard basis" in m.kv_cache.scales
     assert m.parity.relative_logits_diff <= 1e-4 and m.parity.present_kv_max_abs_diff <= 1
     cfg = get_config(arch)
     scales = exported_scales(folder)
@@ -98,7 +100,8 @@ def test_ort_equals_the_eager_decoder_over_the_same_int8_cache(arch, tiny_hf, ti
     source = open_checkpoint(tiny_hf(arch)[1]).source
     rows = rows_for(arch)
     got = batch_logits(Graphs(folder), rows, PROMPT_LENS, STEPS)
-    want = torch_logits(build_model(cfg, WithScales(source, scales), kv_int8=True), rows)
+    want = torch_logits(build_model(cfg, WithScales(rotated_values(source, cfg), scales),
+                                    kv_int8=True), rows)
     flt = _diff(got, torch_logits(build_model(cfg, source), rows))
     assert flt > 10 * ORT_FP32  # the rounding of the cache shows in the logits
     # torch and the kernel compute a key a rounding apart: one landing on a half step rounds to
@@ -117,7 +120,9 @@ def _kl(p_steps: list[np.ndarray], q_steps: list[np.ndarray]) -> float:
     return float(np.mean(total))
 
 
-KL_LIMIT = 1.2e-4  # tiny random qwen3, fp32: calibrated 8.4e-5, transposed scales 1.7e-4, 4x 1.3e-3
+# tiny random qwen3, fp32, keys and values in the Hadamard basis: calibrated 4.2e-5 (8.4e-5 in
+# the channels' own basis), the scales transposed 1.05e-4, twice too coarse 1.4e-4, 4x 6.8e-4
+KL_LIMIT = 7e-5
 
 
 def test_the_int8_cache_stays_close_to_the_float_cache(tiny_hf, tiny_export):
@@ -130,7 +135,8 @@ def test_the_int8_cache_stays_close_to_the_float_cache(tiny_hf, tiny_export):
     assert 0 < kl < KL_LIMIT
     # the limit tells scales from wrong ones: the same numbers read in the other layout
     # (D, Hkv), or four times too coarse, miss it
-    cfg, source = get_config(arch), open_checkpoint(tiny_hf(arch)[1]).source
+    cfg = get_config(arch)
+    source = rotated_values(open_checkpoint(tiny_hf(arch)[1]).source, cfg)  # as exported
     hkv, d = cfg.num_key_value_heads, cfg.head_dim
     scales = exported_scales(folder)
     for wrong in ({n: s.reshape(hkv, d).t().reshape(-1) for n, s in scales.items()},
@@ -185,18 +191,80 @@ def test_key_scales_bound_the_keys_rope_rotates_to_any_position():
 
 
 def test_layer_scales_keep_headroom_over_the_calibrated_amax():
-    """A layer's scales are the calibrated amax times the headroom (keys x1.25, values x2): a
-    short calibration text underestimates other text's range, and a clipped value costs more than
-    a coarser step (docs/notes/kv-int8-gqa.md)."""
+    """A layer's scales are the calibrated amax times the headroom: in the Hadamard basis (a
+    power-of-two head size) keys x1.0 and values x1.1, else keys x1.25 and values x2 (a
+    calibration text underestimates other text's range, and a clipped value costs more than a
+    coarser step; docs/notes/kv-int8-gqa.md). Without RoPE a rotated key's scale is its amax
+    in the Hadamard basis."""
     torch.manual_seed(1)
-    attn = types.SimpleNamespace(rope=False, kv_heads=2, head_dim=8, observe=None)
-    layer = types.SimpleNamespace(self_attn=attn)
-    k, v = torch.randn(1, 5, 16), torch.randn(1, 5, 16)
-    got = layer_scales(layer, "p.", [(k, v)], None)
-    np.testing.assert_allclose(got["p.self_attn.k_scale"].numpy(),
-                               (k.abs().amax((0, 1)) * 1.25 / 127).numpy(), rtol=1e-6)
-    np.testing.assert_allclose(got["p.self_attn.v_scale"].numpy(),
-                               (v.abs().amax((0, 1)) * 2 / 127).numpy(), rtol=1e-6)
+    for d, values_rotated, hk, hv in ((8, True, 1.0, 1.1), (8, False, 1.0, 2.0),
+                                      (12, False, 1.25, 2.0)):
+        attn = types.SimpleNamespace(rope=False, kv_heads=2, head_dim=d, observe=None)
+        layer = types.SimpleNamespace(self_attn=attn)
+        k, v = torch.randn(1, 5, 2 * d), torch.randn(1, 5, 2 * d)
+        got = layer_scales(layer, "p.", [(k, v)], None, values_rotated)
+        want_k = k.reshape(5, 2, d) @ hadamard(d) if d == 8 else k.reshape(5, 2, d)
+        np.testing.assert_allclose(got["p.self_attn.k_scale"].numpy(),
+                                   (want_k.abs().amax(0) * hk / 127).reshape(-1).numpy(),
+                                   rtol=1e-5)
+        np.testing.assert_allclose(got["p.self_attn.v_scale"].numpy(),
+                                   (v.abs().amax((0, 1)) * hv / 127).numpy(), rtol=1e-6)
+
+
+def test_rotated_key_scales_bound_the_keys_at_positions_the_calibration_never_reached():
+    """Keys stored in the Hadamard basis after RoPE: each channel mixes every rotary pair, so
+    its range depends on the position; rotated_key_scale samples positions over the whole
+    table. 400 calibration keys (one loud channel, as real keys have), every tenth put at every
+    7th position of a 4,096-token context and rotated: under 0.05% of the values pass their
+    scale (measured 0.009%, the worst by 1.26x), where the scales of the calibration's own
+    positions (0-399) let 0.27% pass, by up to 1.8x."""
+    from llm_onnx.export.kv_scales import rotated_key_scale
+
+    torch.manual_seed(0)
+    hkv, d, n = 2, 32, 400
+    k = torch.randn(n, hkv, d) * 0.1
+    k[:, 0, 3] = 6.0
+    inv = 1.0 / 10_000 ** (torch.arange(0, d, 2) / d)
+    angles = torch.arange(4096)[:, None] * inv[None]
+    cos, sin = angles.cos(), angles.sin()
+    positions = torch.arange(0, 4096, 7)[None, :]
+    h = hadamard(d)
+    sampled = rotated_key_scale(k, (cos, sin), 1.0).reshape(hkv, d)
+    own = (ops.rotate(k[None], cos, sin, torch.arange(n)[None], False)[0] @ h).abs().amax(0) / 127
+
+    def clipped(scale) -> float:  # the share of rotated values past 127 steps
+        over = total = 0
+        for i in range(0, n, 10):
+            one = k[i:i + 1].expand(positions.shape[1], hkv, d)[None]
+            x = (ops.rotate(one, cos, sin, positions, False)[0] @ h).abs() / scale
+            over, total = over + int((x > 127).sum()), total + x.numel()
+        return over / total
+
+    assert clipped(sampled) < 5e-4 and clipped(own) > 10 * clipped(sampled)
+    # the Hadamard basis: symmetric, orthogonal, scores unchanged
+    assert torch.allclose(h @ h, torch.eye(d), atol=1e-6) and torch.equal(h, h.t())
+
+
+def test_rotated_values_leave_the_float_model_unchanged(tiny_hf):
+    """kv_rotation.RotatedValues: v_proj's rows and o_proj's columns in the Hadamard basis per
+    head change nothing in float (qwen3_tiny's logits within 1e-5 of the checkpoint's), while
+    the values the attention hands its cache are rotated."""
+    from llm_onnx.export.kv_rotation import RotatedValues
+
+    arch = "qwen3_tiny"
+    cfg = get_config(arch)
+    source = open_checkpoint(tiny_hf(arch)[1]).source
+    rotated = RotatedValues(source, cfg)
+    rows = rows_for(arch)
+    plain = torch_logits(build_model(cfg, source), rows)
+    turned = torch_logits(build_model(cfg, rotated), rows)
+    assert _diff(plain, turned) <= 1e-5
+    name = "model.layers.0.self_attn.v_proj.weight"
+    w, r = source.get(name), rotated.get(name)
+    d = cfg.head_dim
+    assert torch.allclose(r.reshape(-1, d, w.shape[-1]),
+                          hadamard(d) @ w.reshape(-1, d, w.shape[-1]).float(), atol=1e-6)
+    assert (r - w).abs().max() > 0.1 * w.abs().max()
 
 
 def test_the_eager_op_quantizes_as_the_kernel():
