@@ -6,7 +6,7 @@ next-token distribution compared: mean KL(float || int8) and top-1 agreement, ov
 range of positions (the key scales must hold past the calibration's 512 tokens).
 
     python benchmarks/kv_int8_fidelity.py [--tokens 2048] [--chunk 256] [--text docs pydoc]
-                                          [--work DIR]
+                                          [--work DIR] [--json OUT.json]
 
 Prints the load average before and after: the machine is shared.
 """
@@ -106,10 +106,18 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/kv-int8-fidelity"))
     ap.add_argument("--text", choices=("docs", "pydoc"), nargs="+", default=["docs", "pydoc"],
                     help="what to teacher-force (evaluation_text)")
+    ap.add_argument("--json", type=Path, help="also write the figures here (raw results)")
     args = ap.parse_args()
     print("load average before:", os.getloadavg())
+    report: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                    "onnxruntime": ort.__version__, "tokens": args.tokens, "chunk": args.chunk,
+                    "threads": args.threads, "load_average_before": os.getloadavg(),
+                    "texts": {}}
     args.work.mkdir(parents=True, exist_ok=True)
     folders = {kv: export(args.work, kv, args.tokens) for kv in ("float", "int8")}
+    manifest = json.loads((folders["int8"] / "manifest.json").read_text())
+    report["context_length"] = manifest["context_length"]
+    report["scales"] = manifest["kv_cache"].get("scales")
     for which in args.text:
         ids = text_ids(folders["float"], args.tokens, which)
         lp = {kv: teacher_forced(f, ids, args.chunk, args.threads) for kv, f in folders.items()}
@@ -118,12 +126,20 @@ def main() -> None:
         print(f"{args.tokens} tokens of the {which} text, chunks of {args.chunk}")
         print(f"all: mean KL {kl.mean():.3g} (max {kl.max():.3g}), top-1 agreement "
               f"{top1.mean():.4f}")
+        row = report["texts"][which] = {"kl": float(kl.mean()), "kl_max": float(kl.max()),
+                                        "top1": float(top1.mean()), "ranges": {}}
         edges = [0, 512, 1024, args.tokens]
         for a, b in zip(edges, edges[1:]):
             if a < b:
                 print(f"positions {a}-{b - 1}: mean KL {kl[a:b].mean():.3g}, top-1 "
                       f"{top1[a:b].mean():.4f}")
+                row["ranges"][f"{a}-{b - 1}"] = {"kl": float(kl[a:b].mean()),
+                                                 "top1": float(top1[a:b].mean())}
     print("load average after:", os.getloadavg())
+    report["load_average_after"] = os.getloadavg()
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        print("wrote", args.json)
 
 
 if __name__ == "__main__":
