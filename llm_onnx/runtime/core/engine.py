@@ -249,6 +249,12 @@ class Engine:
             so.enable_profiling = True
             so.profile_file_prefix = str(Path(self.options.profile_dir) / path.stem)
         if self.provider != CUDA:
+            # No memory pattern: ONNX Runtime records a run's allocations and, at the next run
+            # of the same shapes, takes them as one new block beside the arena's chunks, which
+            # it keeps; the second of two 6,000-token prompts then peaked 137-299 MiB higher
+            # (SmolLM2; 40 MiB at 1,024 tokens), at the same speed without it (2026-11-27,
+            # docs/performance.md#memory-of-a-loaded-model).
+            so.enable_mem_pattern = False
             return self._create(path, so, [CPU])
         # No spinning: the CPU threads only launch kernels; spinning would burn cores.
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
