@@ -18,6 +18,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
+# The test command runs two xdist workers on CI's two cores: one torch thread each (set before
+# anything imports torch), else each worker's OpenMP threads wait spinning for a core the other
+# worker holds. Tests that run a model with threads=N still get N ONNX Runtime threads.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def pytest_collection_finish(session) -> None:
     """Move what collection imported (torch, transformers, onnx: ~680,000 objects) out of the
@@ -26,6 +32,30 @@ def pytest_collection_finish(session) -> None:
     made later are collected as before."""
     gc.collect()
     gc.freeze()
+
+
+def shared_dir(tmp_path_factory, name: str) -> Path:
+    """A folder of this test run that every xdist worker shares (this process's own without
+    xdist): the workers' base temp folders lie in the run's."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def exported_once(tmp_path_factory, name: str, export) -> Path:
+    """The model folder ``name``, exported by ``export(out)`` once per test run: under xdist every
+    worker shares it (the first to ask exports while the others wait on a lock), so the two
+    workers of the test command do not export the same model twice. Tests copy a folder before
+    changing it (the exports are shared within a worker already)."""
+    from filelock import FileLock
+
+    root = shared_dir(tmp_path_factory, "shared-exports")
+    out = root / name
+    with FileLock(str(root / f"{name}.lock")):
+        if not out.is_dir():  # the export renames a finished scratch folder into place
+            export(out)
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -60,10 +90,9 @@ def smollm2_transformers(smollm2_gguf):
 
 @pytest.fixture(scope="session")
 def default_model_cache(smollm2_gguf, tmp_path_factory):
-    """A private XDG cache in which the default model is exported on first use (once a session)."""
-    import os
-
-    cache = tmp_path_factory.mktemp("xdg-cache")
+    """A private XDG cache in which the default model is exported on first use, once a test run:
+    the workers share it (the first use takes a lock; the others find the finished folder)."""
+    cache = shared_dir(tmp_path_factory, "xdg-cache")
     saved = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(cache)
     yield cache
@@ -81,17 +110,12 @@ def smollm2_export(smollm2_gguf, default_model_cache, tmp_path_factory):
     from llm_onnx.default_model import default_model_folder
     from llm_onnx.export import ExportOptions, export_model
 
-    folders: dict[str, Path] = {}
-
     def get(precision: str) -> Path:
         if precision == "fp32":
             return default_model_folder(progress=False)
-        if precision not in folders:
-            out = tmp_path_factory.mktemp("smollm2") / f"smollm2-{precision}"
-            export_model(open_checkpoint(smollm2_gguf), out,
-                         ExportOptions(precision=precision, max_seq_len=2048), progress=False)
-            folders[precision] = out
-        return folders[precision]
+        return exported_once(tmp_path_factory, f"smollm2-{precision}", lambda out: export_model(
+            open_checkpoint(smollm2_gguf), out,
+            ExportOptions(precision=precision, max_seq_len=2048), progress=False))
 
     return get
 
@@ -142,18 +166,11 @@ def tiny_export(tiny_hf, tmp_path_factory):
     from llm_onnx.checkpoints import open_checkpoint
     from llm_onnx.export import ExportOptions, export_model
 
-    made: dict[tuple, Path] = {}
-
     def get(arch: str, precision: str = "fp32", **options) -> Path:
-        key = (arch, precision, tuple(sorted(options.items())))
-        if key not in made:
-            name = "-".join([arch, precision] + [f"{k}={v}" for k, v in sorted(options.items())])
-            out = tmp_path_factory.mktemp("exports") / name
-            export_model(open_checkpoint(tiny_hf(arch)[1]), out,
-                         ExportOptions(precision=precision, max_seq_len=64, **options),
-                         progress=False)
-            made[key] = out
-        return made[key]
+        name = "-".join([arch, precision] + [f"{k}={v}" for k, v in sorted(options.items())])
+        return exported_once(tmp_path_factory, name, lambda out: export_model(
+            open_checkpoint(tiny_hf(arch)[1]), out,
+            ExportOptions(precision=precision, max_seq_len=64, **options), progress=False))
 
     return get
 
@@ -183,18 +200,11 @@ def embedding_export(embedding_checkpoint, tmp_path_factory):
     from llm_onnx.checkpoints import open_checkpoint
     from llm_onnx.export import ExportOptions, export_model
 
-    made: dict[tuple, Path] = {}
-
     def get(kind: str, precision: str = "fp32", **options) -> Path:
-        key = (kind, precision, tuple(sorted(options.items())))
-        if key not in made:
-            name = "-".join([f"emb-{kind}", precision] +
-                            [f"{k}={v}" for k, v in sorted(options.items())])
-            out = tmp_path_factory.mktemp("exports") / name
-            export_model(open_checkpoint(embedding_checkpoint(kind), task="embed"), out,
-                         ExportOptions(precision=precision, task="embed", **options),
-                         progress=False)
-            made[key] = out
-        return made[key]
+        name = "-".join([f"emb-{kind}", precision] +
+                        [f"{k}={v}" for k, v in sorted(options.items())])
+        return exported_once(tmp_path_factory, name, lambda out: export_model(
+            open_checkpoint(embedding_checkpoint(kind), task="embed"), out,
+            ExportOptions(precision=precision, task="embed", **options), progress=False))
 
     return get

@@ -4,6 +4,7 @@ package), and transformers references per row."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,8 @@ class Graphs:
         self.shapes = {i: tuple(s) for i, s in zip(kv_layers, kv.get("shapes") or [])}
         so = ort.SessionOptions()
         so.log_severity_level = 3
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            so.intra_op_num_threads = 1  # two workers on two cores (tests/conftest.py)
         self.sessions = {g: ort.InferenceSession(str(self.folder / f"{g}.onnx"), so,
                                                  providers=["CPUExecutionProvider"])
                          for g in ("prefill", "decode")}

@@ -19,6 +19,8 @@ import pytest
 import fastapi  # noqa: E402,F401
 import openai  # noqa: E402,F401
 
+from tests.conftest import exported_once  # noqa: E402
+
 # t1 ... t3 mark the turns; message contents are words t0 ... t255 of the word tokenizer.
 CHAT_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'system' %}t4{% else %}t1{% endif %} "
                  "{{ m['content'] }} t2 {% endfor %}{% if add_generation_prompt %}t3{% endif %}")
@@ -144,15 +146,16 @@ def chat_model_folder(tmp_path_factory) -> Path:
     from llm_onnx.families import get_config
     from tests.hf_models import save_hf_checkpoint
 
-    cfg = get_config("llama_tiny").replace(max_position_embeddings=CONTEXT)
-    ckpt = tmp_path_factory.mktemp("chat-ckpt") / "tiny-chat"
-    save_hf_checkpoint(cfg, ckpt, seed=3, tokenizer=True)
-    (ckpt / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": CHAT_TEMPLATE, "eos_token": "t2", "bos_token": "t1"}))
-    out = tmp_path_factory.mktemp("chat-model") / "tiny-chat"
-    export_model(open_checkpoint(ckpt), out, ExportOptions(precision="fp32", max_seq_len=CONTEXT),
-                 progress=False)
-    return out
+    def export(out: Path) -> None:
+        cfg = get_config("llama_tiny").replace(max_position_embeddings=CONTEXT)
+        ckpt = tmp_path_factory.mktemp("chat-ckpt") / "tiny-chat"
+        save_hf_checkpoint(cfg, ckpt, seed=3, tokenizer=True)
+        (ckpt / "tokenizer_config.json").write_text(json.dumps(
+            {"chat_template": CHAT_TEMPLATE, "eos_token": "t2", "bos_token": "t1"}))
+        export_model(open_checkpoint(ckpt), out,
+                     ExportOptions(precision="fp32", max_seq_len=CONTEXT), progress=False)
+
+    return exported_once(tmp_path_factory, "tiny-chat", export)
 
 
 @pytest.fixture(scope="module")
