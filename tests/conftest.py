@@ -47,15 +47,11 @@ def exported_once(tmp_path_factory, name: str, export) -> Path:
     """The model folder ``name``, exported by ``export(out)`` once per test run: under xdist every
     worker shares it (the first to ask exports while the others wait on a lock), so the two
     workers of the test command do not export the same model twice. Tests copy a folder before
-    changing it (the exports are shared within a worker already)."""
-    from filelock import FileLock
+    changing it (the exports are shared within a worker already). The lock and the check are the
+    default model's first use (``ensure_exported``)."""
+    from llm_onnx.default_model import ensure_exported
 
-    root = shared_dir(tmp_path_factory, "shared-exports")
-    out = root / name
-    with FileLock(str(root / f"{name}.lock")):
-        if not out.is_dir():  # the export renames a finished scratch folder into place
-            export(out)
-    return out
+    return ensure_exported(shared_dir(tmp_path_factory, "shared-exports") / name, export)
 
 
 @pytest.fixture(scope="session")
