@@ -29,6 +29,7 @@ import onnxruntime as ort
 
 from llm_onnx.errors import GenerationError
 from llm_onnx import model_folder as names
+from llm_onnx.runtime.core.device_copy import Copy2D, HostMirror, cuda_copy2d
 from llm_onnx.runtime.core.providers import quiet_run_options
 
 
@@ -224,16 +225,42 @@ class KVCache:
 
     def copy_prefix(self, src: int, dst: int, length: int) -> bool:
         """Make row ``dst`` hold row ``src``'s first ``length`` positions (a prompt that starts
-        like a free row's cached one runs only the rest). False where not supported (CUDA:
-        device-to-device copies of a row are not exposed by ONNX Runtime's Python API)."""
-        if self.layout.device != "cpu":
-            return False
+        like a free row's cached one runs only the rest). On a GPU the copy stays on the device
+        (``device_copy``); False where it cannot (no CUDA runtime library to call)."""
         length = min(length, self.length_of(src))
-        for buffer in self._buffers:
-            view = buffer.numpy()  # the buffer itself on the CPU
-            view[dst, :, :length] = view[src, :, :length]
+        if self.layout.device == "cpu" and self._copy2d is None:
+            for buffer in self._buffers:
+                view = buffer.numpy()  # the buffer itself on the CPU
+                view[dst, :, :length] = view[src, :, :length]
+        else:
+            if self._copy2d is None:
+                self._copy2d = cuda_copy2d(self.layout.device_id) or False
+            if self._copy2d is False:
+                return False
+            try:
+                self._copy_rows(self._copy2d, src, dst, length)
+            except RuntimeError:  # the runtime refused: prompts run in full from now on
+                self._copy2d = False
+                return False
         self._lengths[dst] = length
         return True
+
+    # The strided copy copy_prefix uses off the CPU (None: chosen at the first copy; False: none
+    # available). Tests set device_copy.host_copy2d to drive the device path on host buffers.
+    _copy2d: Copy2D | None | bool = None
+
+    def _copy_rows(self, copy2d: Copy2D, src: int, dst: int, length: int) -> None:
+        """Positions [0, length) of row ``src`` to row ``dst`` in every buffer: per buffer one
+        strided copy of Hkv runs (one a head) of ``length * D`` values at the row's pitch."""
+        itemsize = np.dtype(self.layout.dtype).itemsize
+        for index, buffer in enumerate(self._buffers):
+            heads, positions, head_dim = self.layout.row_shape(self.length + self.spare,
+                                                               index // 2)
+            pitch = positions * head_dim * itemsize  # bytes of one head's positions
+            row_bytes = heads * pitch
+            base = buffer.data_ptr()
+            copy2d(base + dst * row_bytes, pitch, base + src * row_bytes, pitch,
+                   length * head_dim * itemsize, heads)
 
 
 def _lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
@@ -297,6 +324,8 @@ class _DecodeBinding:
                 self.logits.shape, np.float32, dev, dev_id)
             self.binding.bind_ortvalue_input(names.INPUT_IDS, self.device_ids)
             self.binding.bind_ortvalue_input(names.SEQLENS_K, self.device_seqlens)
+            # the logits come back into one page-locked host array, not a new one a step
+            self.host_logits = HostMirror.make(self.logits.shape, np.float32, dev_id)
             if self.valid is not None:
                 self.device_valid = ort.OrtValue.ortvalue_from_numpy(self.valid, dev, dev_id)
                 self.binding.bind_ortvalue_input(names.VALID_TOKENS, self.device_valid)
@@ -322,5 +351,10 @@ class _DecodeBinding:
         self.session.run_with_iobinding(self.binding, self.run_options)
         self.replays += 1
         if self.on_device:
+            if self.host_logits is not None:
+                try:
+                    return self.host_logits.copy(self.device_logits.data_ptr())[:, 0]
+                except RuntimeError:  # the runtime refused the copy: ORT's own, from now on
+                    self.host_logits = None
             return self.device_logits.numpy()[:, 0]
         return self.logits[:, 0]
