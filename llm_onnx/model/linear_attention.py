@@ -78,10 +78,13 @@ def causal_conv(x: Tensor, past: Tensor, weight: Tensor, valid: Tensor) -> tuple
     k = weight.shape[-1]
     t = x.shape[1]
     xp = torch.cat([past, x.float()], dim=1)  # (B, K-1+T, C)
-    out = xp[:, 0:t] * weight[:, 0]
+    # xp[:, j : j + T] written with a constant end counted from the back (K-1+T - (K-1-j)):
+    # an end computed from T is host arithmetic feeding a device node, which makes ONNX Runtime
+    # refuse CUDA graphs for the whole graph
+    out = (xp[:, 0:1 - k] if k > 1 else xp) * weight[:, 0]
     for j in range(1, k):
-        out = out + xp[:, j:j + t] * weight[:, j]
-    index = valid.to(torch.int64)[:, None] + torch.arange(k - 1, device=x.device)[None, :]
+        out = out + (xp[:, j:j + 1 - k] if j < k - 1 else xp[:, j:]) * weight[:, j]
+    index = valid.to(torch.int64)[:, None] + torch.arange(k - 1, device=x.device, dtype=torch.int64)[None, :]
     present = xp.gather(1, index[:, :, None].expand(-1, -1, xp.shape[-1]))  # (B, K-1, C)
     return F.silu(out), present
 
@@ -185,7 +188,7 @@ class GatedDeltaNet(nn.Module):
         k = l2norm(mixed[..., la.key_dim:2 * la.key_dim], la.num_key_heads)
         v = mixed[..., 2 * la.key_dim:]
         # the tokens each row really runs: the others keep the state (decay 0, beta 0)
-        live = (torch.arange(t, device=x.device)[None, :] < valid[:, None]).float()  # (B, T)
+        live = (torch.arange(t, device=x.device, dtype=torch.int64)[None, :] < valid[:, None]).float()  # (B, T)
         a = self.in_proj_a(x).float()
         g = -torch.exp(self.A_log.float()) * F.softplus(a + self.dt_bias.float()) * live[..., None]
         beta = torch.sigmoid(self.in_proj_b(x).float()) * live[..., None]

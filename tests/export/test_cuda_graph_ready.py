@@ -35,6 +35,7 @@ def host_values_in_device_math(model: onnx.ModelProto) -> list[str]:
     where = {x.name: "host" if x.name in HOST_GRAPH_INPUTS else "device" for x in graph.input}
     where.update({x.name: "const" for x in graph.initializer})
     problems = []
+    cast_like: set[str] = set()
     for node in graph.node:  # topological order
         if node.op_type in ("Shape", "Size"):
             where.update({o: "host" for o in node.output})
@@ -43,6 +44,15 @@ def host_values_in_device_math(model: onnx.ModelProto) -> list[str]:
                 if x and i not in HOST_INPUTS.get(node.op_type, ())}
         if {"host", "device"} <= data:
             problems.append(f"{node.op_type} {node.name}")
+        # A host-read input computed by a CastLike: ONNX Runtime neither folds CastLike nor
+        # keeps it on the CPU, so the value is made on the device and copied back (a Memcpy
+        # node, seen on an H200 as CastLike(constant) -> Range in the Qwen3.5 graphs; torch
+        # writes it for an arange without a dtype).
+        problems += [f"{node.op_type} {node.name} reads a CastLike on the host"
+                     for i, x in enumerate(node.input)
+                     if x and i in HOST_INPUTS.get(node.op_type, ()) and x in cast_like]
+        if node.op_type == "CastLike":
+            cast_like.update(node.output)
         # Range has a CUDA kernel that reads its limits on the host and writes to the device.
         place = "device" if "device" in data or node.op_type == "Range" else \
             "host" if "host" in data else "const"
@@ -68,10 +78,12 @@ def _graphs(arch: str) -> dict[str, onnx.ModelProto]:
 
 # One family per way of computing positions: RoPE fused into attention (llama), RoPE after a
 # QK-norm (qwen3), experts (qwen3_moe), learned (gpt2), sinusoidal (xglm), local and global RoPE
-# tables (gemma3), partial rotary (phi3). ALiBi is refused for CUDA.
+# tables (gemma3), partial rotary (phi3); and the 2026 families: linear attention with its conv
+# and recurrent states (qwen3_5), sinks (gpt_oss), shared-KV layers (gemma4). ALiBi is refused
+# for CUDA.
 CUDA_ARCHS = [a for a in TINY_ARCHS + FAMILY_ARCHS
               if a.split("_tiny")[0] in ("llama", "qwen3", "qwen3_moe", "gpt2", "xglm", "gemma3",
-                                         "phi3")]
+                                         "phi3", "qwen3_5", "gpt_oss", "gemma4")]
 
 
 @pytest.mark.parametrize("arch", CUDA_ARCHS)
