@@ -249,14 +249,14 @@ def summarize(requests: list[dict], start: float) -> dict:
     itl = [b - a for r in ok for a, b in zip(r["stamps"], r["stamps"][1:])]
     end = max((r["stamps"][-1] for r in ok), default=start)
     tokens = sum(r["tokens"] for r in ok)
+    rates = [(r["tokens"] - 1) / (r["stamps"][-1] - r["stamps"][0])
+             for r in ok if len(r["stamps"]) > 1 and r["stamps"][-1] > r["stamps"][0]]
     return {"requests": len(requests), "errors": errors[:3], "error_count": len(errors),
             "tokens": tokens, "wall_s": end - start,
             "aggregate_tok_s": tokens / (end - start) if end > start else 0.0,
             "ttft_p50_s": percentile(ttft, 0.5), "ttft_p99_s": percentile(ttft, 0.99),
             "itl_p50_s": percentile(itl, 0.5), "itl_p99_s": percentile(itl, 0.99),
-            "per_request_tok_s": statistics.median(
-                (r["tokens"] - 1) / (r["stamps"][-1] - r["stamps"][0])
-                for r in ok if len(r["stamps"]) > 1) if ok else None}
+            "per_request_tok_s": statistics.median(rates) if rates else None}
 
 
 def scrape(url: str) -> dict[str, float]:

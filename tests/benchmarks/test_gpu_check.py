@@ -65,3 +65,14 @@ def test_kernel_timings_check_each_path_against_numpy(gpu_check, monkeypatch):
     again = gpu_check.bench_kernels("cpu", shapes, blocks=(32,), ms=(1,), target_bytes=1 << 16,
                                     reps=1)
     assert not any(e["ok"] for e in again.values()), again
+
+
+def test_families_part_on_one_new_family(gpu_check, tmp_path, monkeypatch):
+    """The new-family part over one hybrid folder on the CPU: the parity on the device is then
+    the CPU against itself (zero), which still runs every step of it."""
+    monkeypatch.setattr(gpu_check, "FAMILY_CASES", (("qwen3_5_tiny", "fp16"),))
+    results = gpu_check.check_families(tmp_path, "cpu")
+    entry = results["qwen3_5_tiny/fp16"]
+    assert entry["ok"], entry
+    assert entry["runtime_no_graphs"]["relative_max_diff"] == 0.0
+    assert entry["decode_tok_s_b1_graphs"] > 0 and entry["export_gate"]["cpu_kl"] is not None
