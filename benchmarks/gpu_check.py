@@ -250,7 +250,7 @@ def _parity_entry(folder: Path, provider: str) -> dict:
     return entry
 
 
-# The 2026 families (issue 43, item 4), tiny random checkpoints exported for CUDA: the hybrid
+# The 2026 families, tiny random checkpoints exported for CUDA: the hybrid
 # linear attention (qwen3_5), its MoE form, attention sinks and clamped-SwiGLU experts (gpt_oss),
 # Gemma 4's shared-KV and two-shape layers, and SmolLM3's no-RoPE layers.
 FAMILY_CASES = (("qwen3_5_tiny", "fp16"), ("qwen3_5_tiny", "int4"), ("qwen3_5_moe_tiny", "int4"),

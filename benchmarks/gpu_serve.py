@@ -25,7 +25,7 @@ one runs; --deadline stops starting parts once that many seconds have passed):
   speculative the same greedy tokens with and without prompt-lookup speculation through
               Model.generate on the device, and the runs it took
 
-Targets (issue 43): at 32 clients the server keeps >= 80% of the engine's static batch-32 decode
+Targets: at 32 clients the server keeps >= 80% of the engine's static batch-32 decode
 rate; p99 inter-token latency <= 2x the batch-1 step.
 """
 
