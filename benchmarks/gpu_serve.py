@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import gc
 import json
 import os
@@ -57,6 +58,17 @@ SCHEMA = {"type": "object", "properties": {
     "age": {"type": "integer"},
     "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3}},
     "required": ["name", "age", "tags"], "additionalProperties": False}
+
+
+def _run_async(coro):
+    """asyncio.run, also from a thread whose event loop is already running (a test runner's):
+    then on a thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 def _median_ms(fn, repeat: int) -> float:
@@ -215,9 +227,9 @@ def serve_part(folder: Path, provider: str, clients: list[int], args, logs: Path
             per_client = args.requests_per_client
             prompts = _prompts(vocab, n * per_client + 1, args.prompt_len)
             # warm-up at this concurrency: captures the CUDA graphs of the batch sizes it meets
-            asyncio.run(load(server.url, name, prompts, n, 1, 4))
+            _run_async(load(server.url, name, prompts, n, 1, 4))
             before = scrape(server.url)
-            row = asyncio.run(load(server.url, name, prompts, n, per_client, args.new_tokens))
+            row = _run_async(load(server.url, name, prompts, n, per_client, args.new_tokens))
             row["profile"] = where_time_went(before, scrape(server.url), row["wall_s"])
             row["memory_mib"] = gpu_memory_mib()
             serve["levels"][str(n)] = row
@@ -228,7 +240,7 @@ def serve_part(folder: Path, provider: str, clients: list[int], args, logs: Path
         if has_tokenizer and "structured" in args.parts:
             n = 8
             before = scrape(server.url)
-            row, replies = asyncio.run(_schema_load(server.url, name, n, 2, args.new_tokens))
+            row, replies = _run_async(_schema_load(server.url, name, n, 2, args.new_tokens))
             after = scrape(server.url)
             masks = after.get("llm_onnx_constraint_masks_total", 0) - \
                 before.get("llm_onnx_constraint_masks_total", 0)

@@ -44,3 +44,17 @@ def test_a_reply_is_valid_only_when_finished_parsed_and_complete(gpu_serve):
     assert gpu_serve._valid({**ok, "finish": "length"}) is None
     assert gpu_serve._valid({**ok, "text": '{"name": "a", "age": 3}'}) is False
     assert gpu_serve._valid({**ok, "text": '{"name": "a", "age": 3, "tags": [}'}) is False
+
+
+def test_async_parts_run_under_a_running_event_loop(gpu_serve):
+    """A test runner's worker may hold a running loop in this thread (seen in CI)."""
+    import asyncio
+
+    async def inner():
+        return 7
+
+    async def outer():
+        return gpu_serve._run_async(inner())
+
+    assert asyncio.run(outer()) == 7
+    assert gpu_serve._run_async(inner()) == 7
