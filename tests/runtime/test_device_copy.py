@@ -141,3 +141,33 @@ def test_without_a_cuda_runtime_there_is_no_mirror(monkeypatch):
 
     monkeypatch.setattr(device_copy, "_cudart", None)
     assert device_copy.HostMirror.make((2, 4), np.float32, 0) is None
+
+
+def test_hybrid_state_rows_move_alone_as_whole_buffers_did():
+    """A hybrid cache's checkpoints and restores on a GPU move one row of each state buffer
+    (device_copy.RowIO: pointer arithmetic driven here on host memory), not the whole buffer:
+    every state must end exactly as with the numpy path, through checkpoints, a cut back to one,
+    a restore to zeros, and a prefix copied between rows."""
+    from llm_onnx.runtime.core.device_copy import RowIO
+
+    state = StateLayout(layers=(1, 2), conv_shape=(3, 6), recurrent_shape=(2, 4, 5))
+    layout = KVLayout(num_layers=3, kv_heads=2, head_dim=8, dtype=np.float32, layers=(0,))
+
+    def run(rows_alone: bool) -> list[np.ndarray]:
+        cache = HybridCache(layout, state, batch=3, length=12)
+        if rows_alone:
+            cache._row_io = RowIO()
+        rng = np.random.default_rng(0)
+        for step in range(3):
+            for buf in cache._states:  # the model's run writes new states into every row
+                buf.numpy()[...] = rng.standard_normal(buf.numpy().shape)
+            cache.advance(slice(None), np.array([2, 3, 1]))
+            cache.checkpoint(0)
+            cache.checkpoint(1, transient=step == 2)
+        cache.truncate(0, 4)  # back to the checkpoint at 4
+        cache.truncate(2, 0)  # zeros
+        assert cache.copy_prefix(1, 2, 6)  # row 1's checkpoint at 6
+        return [buf.numpy().copy() for buf in cache._states] + [np.array(cache.lengths)]
+
+    for got, want in zip(run(True), run(False)):
+        np.testing.assert_array_equal(got, want)

@@ -27,6 +27,7 @@ import numpy as np
 # k-th at dst + k * dst_pitch and src + k * src_pitch (all in bytes)
 Copy2D = Callable[[int, int, int, int, int, int], None]
 
+_CUDA_MEMCPY_HOST_TO_DEVICE = 1
 _CUDA_MEMCPY_DEVICE_TO_HOST = 2
 _CUDA_MEMCPY_DEVICE_TO_DEVICE = 3
 _cudart: ctypes.CDLL | None | bool = False  # False: not looked for yet; None: not found
@@ -76,6 +77,8 @@ def _load_cudart() -> ctypes.CDLL | None:
         lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
         lib.cudaHostUnregister.restype = ctypes.c_int
         lib.cudaGetLastError.restype = ctypes.c_int
+        lib.cudaMemset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+        lib.cudaMemset.restype = ctypes.c_int
         lib.cudaSetDevice.argtypes = [ctypes.c_int]
         lib.cudaSetDevice.restype = ctypes.c_int
         lib.cudaDeviceSynchronize.restype = ctypes.c_int
@@ -165,3 +168,58 @@ class HostMirror:
                 raise RuntimeError(f"{what} failed: CUDA error {code} "
                                    f"({lib.cudaGetErrorString(code).decode(errors='replace')})")
         return self.array
+
+
+class RowIO:
+    """Whole-row copies between a device buffer and host memory (a hybrid cache's states: a
+    checkpoint takes one row, a restore writes one back), instead of the whole (rows, ...)
+    buffer through ``OrtValue.numpy()`` / ``update_inplace`` each time. This class works on host
+    memory (``ctypes.memmove``): the CPU tests drive the callers' pointer arithmetic with it;
+    ``cuda_row_io`` gives the device one."""
+
+    def to_host(self, dst: int, src: int, nbytes: int) -> None:
+        ctypes.memmove(dst, src, nbytes)
+
+    def to_device(self, dst: int, src: int, nbytes: int) -> None:
+        ctypes.memmove(dst, src, nbytes)
+
+    def zero(self, dst: int, nbytes: int) -> None:
+        ctypes.memset(dst, 0, nbytes)
+
+
+class _CudaRowIO(RowIO):
+    def __init__(self, lib: ctypes.CDLL, device_id: int) -> None:
+        self._lib, self._device_id = lib, device_id
+
+    def _check(self, code: int, what: str) -> None:
+        if code != 0:
+            self._lib.cudaGetLastError()  # not left for ONNX Runtime to find
+            raise RuntimeError(f"{what} failed: CUDA error {code} "
+                               f"({self._lib.cudaGetErrorString(code).decode(errors='replace')})")
+
+    def _run(self, code: int, what: str) -> None:
+        lib = self._lib
+        self._check(code, what)
+        # a copy from pageable memory may still be in flight when cudaMemcpy returns, and
+        # ONNX Runtime's streams do not wait for the default stream: finish it here
+        self._check(lib.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+
+    def to_host(self, dst: int, src: int, nbytes: int) -> None:
+        self._check(self._lib.cudaSetDevice(self._device_id), "cudaSetDevice")
+        self._run(self._lib.cudaMemcpy(dst, src, nbytes, _CUDA_MEMCPY_DEVICE_TO_HOST),
+                  "cudaMemcpy")
+
+    def to_device(self, dst: int, src: int, nbytes: int) -> None:
+        self._check(self._lib.cudaSetDevice(self._device_id), "cudaSetDevice")
+        self._run(self._lib.cudaMemcpy(dst, src, nbytes, _CUDA_MEMCPY_HOST_TO_DEVICE),
+                  "cudaMemcpy")
+
+    def zero(self, dst: int, nbytes: int) -> None:
+        self._check(self._lib.cudaSetDevice(self._device_id), "cudaSetDevice")
+        self._run(self._lib.cudaMemset(dst, 0, nbytes), "cudaMemset")
+
+
+def cuda_row_io(device_id: int) -> RowIO | None:
+    """Row copies on GPU ``device_id``; None where the CUDA runtime cannot be loaded."""
+    lib = _load_cudart()
+    return None if lib is None else _CudaRowIO(lib, device_id)

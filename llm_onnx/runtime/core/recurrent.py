@@ -31,6 +31,7 @@ import onnxruntime as ort
 
 from llm_onnx import model_folder as names
 from llm_onnx.errors import GenerationError
+from llm_onnx.runtime.core.device_copy import RowIO, cuda_row_io
 from llm_onnx.runtime.core.kv_cache import KVCache, KVLayout, _lazy_zeros
 
 CHECKPOINT_MARGIN = 8  # tokens before a prompt's end
@@ -87,10 +88,50 @@ class HybridCache(KVCache):
 
     # ------------------------------------------------------------------ rows of the states
 
+    # How rows of the states move on a GPU (None: chosen at first use; False: whole buffers
+    # through numpy, where no CUDA runtime can be called). Tests set device_copy.RowIO() to drive
+    # the row path on host buffers.
+    _row_io: RowIO | None | bool = None
+
+    def _device_rows(self) -> RowIO | None:
+        if self._row_io is None:
+            self._row_io = (cuda_row_io(self.layout.device_id) if self.layout.device == "cuda"
+                            else None) or False
+        return self._row_io or None
+
+    def _shapes(self) -> list[tuple[int, ...]]:
+        return [shape for _ in self.state.layers
+                for shape in (self.state.conv_shape, self.state.recurrent_shape)]
+
     def _row(self, row: int) -> Snapshot:
+        io = self._device_rows()
+        if io is not None:
+            try:
+                out = []
+                for buf, shape in zip(self._states, self._shapes()):
+                    host = np.empty(shape, dtype=np.float32)
+                    io.to_host(host.ctypes.data, buf.data_ptr() + row * host.nbytes, host.nbytes)
+                    out.append(host)
+                return out
+            except RuntimeError:  # the runtime refused: whole buffers from now on
+                self._row_io = False
         return [buf.numpy()[row].copy() for buf in self._states]
 
     def _set_row(self, row: int, snapshot: Snapshot | None) -> None:
+        io = self._device_rows()
+        if io is not None:
+            try:
+                for i, (buf, shape) in enumerate(zip(self._states, self._shapes())):
+                    nbytes = 4 * int(np.prod(shape))
+                    ptr = buf.data_ptr() + row * nbytes
+                    if snapshot is None:
+                        io.zero(ptr, nbytes)
+                    else:
+                        src = np.ascontiguousarray(snapshot[i], dtype=np.float32)
+                        io.to_device(ptr, src.ctypes.data, nbytes)
+                return
+            except RuntimeError:  # the runtime refused: whole buffers from now on
+                self._row_io = False
         for i, buf in enumerate(self._states):
             host = buf.numpy()  # the buffer itself on the CPU; a host copy on CUDA
             host[row] = 0 if snapshot is None else snapshot[i]
