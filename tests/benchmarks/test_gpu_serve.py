@@ -47,14 +47,14 @@ def test_a_reply_is_valid_only_when_finished_parsed_and_complete(gpu_serve):
 
 
 def test_async_parts_run_under_a_running_event_loop(gpu_serve):
-    """A test runner's worker may hold a running loop in this thread (seen in CI)."""
-    import asyncio
+    """The client loads run whether or not this thread already runs an event loop (in CI an
+    earlier test in the same worker left one marked as running in the main thread)."""
 
     async def inner():
         return 7
 
-    async def outer():
+    async def outer():  # here a loop is certainly running: the nested call takes a thread
         return gpu_serve._run_async(inner())
 
-    assert asyncio.run(outer()) == 7
+    assert gpu_serve._run_async(outer()) == 7
     assert gpu_serve._run_async(inner()) == 7
