@@ -105,9 +105,17 @@ class _FakeCudart:
     def cudaMemcpy(self, dst, src, size, kind):
         import ctypes
 
+        if self.fail_copies:
+            self.last_error = 1
+            return 1
         self.copies.append((dst, src, size, kind))
         ctypes.memmove(dst, src, size)
         return 0
+
+    def cudaGetErrorString(self, code):
+        return b"invalid argument"
+
+    fail_copies = False
 
 
 @pytest.mark.parametrize("register_ok", [True, False])
@@ -134,6 +142,19 @@ def test_host_mirror_copies_into_one_lasting_page_aligned_array(monkeypatch, reg
     assert fake.last_error == 0
     mirror.close()  # unpinned before its pages go back (else the next pin there fails)
     assert fake.registered == [] if register_ok else len(fake.registered) == 1
+
+
+def test_a_refused_copy_raises_and_leaves_no_cuda_error_behind(monkeypatch):
+    """ONNX Runtime's next kernel check would report a CUDA error left set as its own."""
+    import llm_onnx.runtime.core.device_copy as device_copy
+
+    fake = _FakeCudart()
+    monkeypatch.setattr(device_copy, "_load_cudart", lambda: fake)
+    mirror = device_copy.HostMirror.make((2, 3), np.float32, device_id=0)
+    fake.fail_copies = True
+    with pytest.raises(RuntimeError, match="cudaMemcpy failed: CUDA error 1 .invalid argument"):
+        mirror.copy(np.zeros(6, np.float32).ctypes.data)
+    assert fake.last_error == 0
 
 
 def test_without_a_cuda_runtime_there_is_no_mirror(monkeypatch):

@@ -89,26 +89,36 @@ def _load_cudart() -> ctypes.CDLL | None:
     return _cudart  # type: ignore[return-value]
 
 
+def _check(lib: ctypes.CDLL, code: int, what: str) -> None:
+    if code != 0:
+        lib.cudaGetLastError()  # not left for ONNX Runtime's next kernel to report as its own
+        raise RuntimeError(f"{what} failed: CUDA error {code} "
+                           f"({lib.cudaGetErrorString(code).decode(errors='replace')})")
+
+
+def _on_device(lib: ctypes.CDLL, device_id: int, what: str, call: Callable[[], int],
+               wait: bool = True) -> None:
+    """``call`` (a CUDA runtime call returning its error code) on GPU ``device_id``; ``wait``:
+    then wait for the device. ONNX Runtime's runs go on its own streams, which do not wait for
+    the legacy default stream these copies run on, and a copy from pageable memory may still be
+    in flight when cudaMemcpy returns."""
+    _check(lib, lib.cudaSetDevice(device_id), "cudaSetDevice")
+    _check(lib, call(), what)
+    if wait:
+        _check(lib, lib.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+
+
 def cuda_copy2d(device_id: int) -> Copy2D | None:
     """A device-to-device ``Copy2D`` on GPU ``device_id``, or None where the CUDA runtime
-    library cannot be loaded. Each call waits for the copy to finish: ONNX Runtime's runs go on
-    its own streams, which do not wait for the legacy default stream this copy runs on."""
+    library cannot be loaded. Each call waits for the copy to finish."""
     lib = _load_cudart()
     if lib is None:
         return None
 
-    def check(code: int, what: str) -> None:
-        if code != 0:
-            lib.cudaGetLastError()  # not left for ONNX Runtime to find
-            raise RuntimeError(f"{what} failed: CUDA error {code} "
-                               f"({lib.cudaGetErrorString(code).decode(errors='replace')})")
-
     def copy2d(dst: int, dst_pitch: int, src: int, src_pitch: int, width: int,
                height: int) -> None:
-        check(lib.cudaSetDevice(device_id), "cudaSetDevice")
-        check(lib.cudaMemcpy2D(dst, dst_pitch, src, src_pitch, width, height,
-                               _CUDA_MEMCPY_DEVICE_TO_DEVICE), "cudaMemcpy2D")
-        check(lib.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+        _on_device(lib, device_id, "cudaMemcpy2D", lambda: lib.cudaMemcpy2D(
+            dst, dst_pitch, src, src_pitch, width, height, _CUDA_MEMCPY_DEVICE_TO_DEVICE))
 
     return copy2d
 
@@ -159,15 +169,11 @@ class HostMirror:
         return cls(array, lib, device_id)
 
     def copy(self, src_ptr: int) -> np.ndarray:
-        lib = self._lib
-        for code, what in ((lib.cudaSetDevice(self._device_id), "cudaSetDevice"),
-                           (lib.cudaMemcpy(self.array.ctypes.data, src_ptr, self.array.nbytes,
-                                           _CUDA_MEMCPY_DEVICE_TO_HOST), "cudaMemcpy")):
-            if code != 0:
-                lib.cudaGetLastError()  # not left for ONNX Runtime to find
-                raise RuntimeError(f"{what} failed: CUDA error {code} "
-                                   f"({lib.cudaGetErrorString(code).decode(errors='replace')})")
-        return self.array
+        lib, array = self._lib, self.array
+        # a device-to-host cudaMemcpy returns when the copy is done: no wait needed
+        _on_device(lib, self._device_id, "cudaMemcpy", lambda: lib.cudaMemcpy(
+            array.ctypes.data, src_ptr, array.nbytes, _CUDA_MEMCPY_DEVICE_TO_HOST), wait=False)
+        return array
 
 
 class RowIO:
@@ -191,32 +197,19 @@ class _CudaRowIO(RowIO):
     def __init__(self, lib: ctypes.CDLL, device_id: int) -> None:
         self._lib, self._device_id = lib, device_id
 
-    def _check(self, code: int, what: str) -> None:
-        if code != 0:
-            self._lib.cudaGetLastError()  # not left for ONNX Runtime to find
-            raise RuntimeError(f"{what} failed: CUDA error {code} "
-                               f"({self._lib.cudaGetErrorString(code).decode(errors='replace')})")
-
-    def _run(self, code: int, what: str) -> None:
-        lib = self._lib
-        self._check(code, what)
-        # a copy from pageable memory may still be in flight when cudaMemcpy returns, and
-        # ONNX Runtime's streams do not wait for the default stream: finish it here
-        self._check(lib.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
-
     def to_host(self, dst: int, src: int, nbytes: int) -> None:
-        self._check(self._lib.cudaSetDevice(self._device_id), "cudaSetDevice")
-        self._run(self._lib.cudaMemcpy(dst, src, nbytes, _CUDA_MEMCPY_DEVICE_TO_HOST),
-                  "cudaMemcpy")
+        lib = self._lib
+        _on_device(lib, self._device_id, "cudaMemcpy",
+                   lambda: lib.cudaMemcpy(dst, src, nbytes, _CUDA_MEMCPY_DEVICE_TO_HOST))
 
     def to_device(self, dst: int, src: int, nbytes: int) -> None:
-        self._check(self._lib.cudaSetDevice(self._device_id), "cudaSetDevice")
-        self._run(self._lib.cudaMemcpy(dst, src, nbytes, _CUDA_MEMCPY_HOST_TO_DEVICE),
-                  "cudaMemcpy")
+        lib = self._lib
+        _on_device(lib, self._device_id, "cudaMemcpy",
+                   lambda: lib.cudaMemcpy(dst, src, nbytes, _CUDA_MEMCPY_HOST_TO_DEVICE))
 
     def zero(self, dst: int, nbytes: int) -> None:
-        self._check(self._lib.cudaSetDevice(self._device_id), "cudaSetDevice")
-        self._run(self._lib.cudaMemset(dst, 0, nbytes), "cudaMemset")
+        lib = self._lib
+        _on_device(lib, self._device_id, "cudaMemset", lambda: lib.cudaMemset(dst, 0, nbytes))
 
 
 def cuda_row_io(device_id: int) -> RowIO | None:
