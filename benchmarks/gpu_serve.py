@@ -36,9 +36,7 @@ import asyncio
 import concurrent.futures
 import gc
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -52,6 +50,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from gpu_check import _decode_rate, environment, gpu_memory_mib  # noqa: E402
 from serve_load import Server, free_port, load, scrape, summarize, where_time_went  # noqa: E402
+from structured import chat_stream  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 24},
@@ -148,29 +147,11 @@ def _prompts(vocab: int, count: int, length: int) -> list[list[int]]:
 
 
 async def _schema_request(client, url: str, model: str, k: int, new_tokens: int) -> dict:
-    body = {"model": model, "max_tokens": new_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True},
+    body = {"model": model, "max_tokens": new_tokens, "temperature": 0,
             "messages": [{"role": "user", "content": f"Describe person number {k} as JSON."}],
             "response_format": {"type": "json_schema",
                                 "json_schema": {"name": "person", "schema": SCHEMA}}}
-    sent = time.perf_counter()
-    stamps, text, usage, finish = [], [], None, None
-    async with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            return {"error": f"HTTP {response.status_code}: {(await response.aread())[:300]!r}"}
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            data = json.loads(line[6:])
-            usage = data.get("usage") or usage
-            for choice in data.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    stamps.append(time.perf_counter())
-                    text.append(piece)
-                finish = choice.get("finish_reason") or finish
-    return {"sent": sent, "stamps": stamps, "text": "".join(text), "finish": finish,
-            "tokens": usage["completion_tokens"] if usage else len(stamps)}
+    return await chat_stream(client, url, body)
 
 
 async def _schema_load(url: str, model: str, clients: int, per_client: int,

@@ -249,8 +249,10 @@ def engine_speed(model, rounds: int, new_tokens: int) -> list[dict]:
 # ----------------------------------------------------------------------------- servers
 
 async def chat_stream(client, url: str, body: dict) -> dict:
+    """One streamed chat request: when it was sent, when each content chunk arrived, the reply's
+    text and finish reason, and its completion tokens (benchmarks/gpu_serve.py uses it too)."""
     sent = time.perf_counter()
-    stamps, usage = [], None
+    stamps, text, usage, finish = [], [], None, None
     async with client.stream("POST", url + "/v1/chat/completions",
                              json={**body, "stream": True,
                                    "stream_options": {"include_usage": True}}) as response:
@@ -262,9 +264,13 @@ async def chat_stream(client, url: str, body: dict) -> dict:
             data = json.loads(line[6:])
             usage = data.get("usage") or usage
             choices = data.get("choices") or []
-            if choices and (choices[0].get("delta") or {}).get("content"):
-                stamps.append(time.perf_counter())
-    return {"sent": sent, "stamps": stamps,
+            if choices:
+                piece = (choices[0].get("delta") or {}).get("content")
+                if piece:
+                    stamps.append(time.perf_counter())
+                    text.append(piece)
+                finish = choices[0].get("finish_reason") or finish
+    return {"sent": sent, "stamps": stamps, "text": "".join(text), "finish": finish,
             "tokens": usage["completion_tokens"] if usage else len(stamps)}
 
 
