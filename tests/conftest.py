@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import importlib.util
 import os
@@ -23,6 +24,19 @@ SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # worker holds. Tests that run a model with threads=N still get N ONNX Runtime threads.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_event_loop_left_running(request):
+    """A test module must not leave an event loop marked as running in the main thread (an open
+    Playwright sync API does): every later test of the worker that calls asyncio.run would fail,
+    far from the cause."""
+    yield
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        pytest.fail(f"{request.module.__name__} left an event loop running in the main thread "
+                    f"({loop!r}): close what started it in the module's own fixtures",
+                    pytrace=False)
 
 
 def pytest_collection_finish(session) -> None:

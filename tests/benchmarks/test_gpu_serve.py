@@ -47,8 +47,8 @@ def test_a_reply_is_valid_only_when_finished_parsed_and_complete(gpu_serve):
 
 
 def test_async_parts_run_under_a_running_event_loop(gpu_serve):
-    """The client loads run whether or not this thread already runs an event loop (in CI an
-    earlier test in the same worker left one marked as running in the main thread)."""
+    """The client loads run whether or not this thread already runs an event loop (as under a
+    notebook's or another tool's loop)."""
 
     async def inner():
         return 7

@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def launch() -> Iterator[Browser]:
-    """The session's browser (the ``browser`` fixture of tests/serve/conftest.py: one
-    Playwright per process, whichever modules use it)."""
+    """A module's browser (the ``browser`` fixture of tests/serve/conftest.py): Playwright
+    closes, and takes its event loop with it, when the module ends."""
     if not Path(CHROMIUM).is_file():
         pytest.fail(f"Chromium not found at {CHROMIUM}: install Debian's package (`apt-get install "
                     "chromium`; .ci/run does) or set LLM_ONNX_CHROMIUM to a Chromium binary.",

@@ -173,9 +173,11 @@ def model(chat_model_folder):
     return Model.load(chat_model_folder, provider="cpu", threads=1)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """Headless Chromium driven by Playwright (tests/serve/browser.py), one per session."""
+    """Headless Chromium driven by Playwright (tests/serve/browser.py), one per module: while
+    Playwright's sync API is open it keeps an event loop marked as running in the main thread,
+    so a session-wide one made every later test of the worker that calls asyncio.run fail."""
     from tests.serve.browser import launch
 
     yield from launch()
