@@ -184,3 +184,30 @@ def test_device_pointer_binding_of_a_middle_row(tiny_export):
     engine.prefill(single, 0, [4, 5])
     alone = engine.decode(single, np.array([8]))
     np.testing.assert_allclose(logits[1], alone[0], atol=1e-5)
+
+
+def test_a_step_of_every_row_equals_the_masked_step_and_refuses_a_full_cache(tiny_export):
+    """Engine.decode's path for a range whose rows all run (no masks) gives what the masked path
+    gives for the same rows (a third, inactive row in the range forces that one), and refuses a
+    row with no room left as the masked path does."""
+    engine = Engine(tiny_export("llama_tiny", "fp32"))
+    fast, masked = engine.new_cache(3, 8), engine.new_cache(3, 8)
+    for cache in (fast, masked):
+        engine.prefill(cache, 0, [1, 2, 3])
+        engine.prefill(cache, 1, [4, 5])
+    for step in range(4):
+        a = engine.decode(fast, np.array([6 + step, 9 + step]))
+        b = engine.decode(masked, np.array([6 + step, 9 + step, 0]), np.array([True, True, False]))
+        np.testing.assert_allclose(a, b[:2], rtol=1e-5, atol=1e-5)
+        assert list(fast.lengths[:2]) == list(masked.lengths[:2]) == [4 + step, 3 + step]
+    engine.decode(fast, np.array([1, 1]))  # row 0 now holds all 8 positions
+    errors = []
+    for cache, active in ((fast, None), (masked, np.array([True, True, False]))):
+        tokens = np.array([1, 1]) if active is None else np.array([1, 1, 0])
+        if active is not None:
+            engine.decode(cache, np.array([1, 1, 0]), active)
+        with pytest.raises(GenerationError, match="holds 8 positions but 9 are needed") as e:
+            engine.decode(cache, tokens, active)
+        errors.append(str(e.value))
+    assert errors[0] == errors[1]
+    assert list(fast.lengths[:2]) == [8, 7]

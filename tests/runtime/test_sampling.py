@@ -433,3 +433,43 @@ def test_property_out_of_range_values_raise_generation_error(field: str, data: s
     }[field]
     with pytest.raises(GenerationError, match=field):
         GenerationOptions(**{field: data.draw(bad)}).validated()  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("options", [
+    GenerationOptions(temperature=0.0),
+    GenerationOptions(temperature=0.0, repetition_penalty=1.3),
+    GenerationOptions(temperature=0.0, presence_penalty=0.5),
+    GenerationOptions(temperature=0.8, top_k=5, seed=3),
+])
+def test_pick_one_is_the_batched_call_for_one_row(options) -> None:
+    """The one-row fast path (greedy without penalties) picks what __call__ picks, on ties,
+    NaN, -inf, an all-unusable row and float16 logits; the other options take __call__."""
+    rows = [fixed_logits(1, V, s)[0] for s in range(6)]
+    tie = np.zeros(V, np.float32)
+    tie[[7, 3, 40]] = 5.0  # lowest id wins
+    nan = rows[0].copy()
+    nan[[0, 9]] = np.nan
+    nan_first = rows[1].copy()
+    nan_first[int(nan_first.argmax())] = np.nan
+    minus = np.full(V, -np.inf, np.float32)
+    minus[11] = -3.0
+    unusable = np.full(V, np.nan, np.float32)
+    unusable[::2] = -np.inf
+    cases = rows + [tie, nan, nan_first, minus, unusable, rows[2].astype(np.float16)]
+    fast = Sampler(options, 1, V, [[1, 2, 3]], rng=np.random.default_rng(9))
+    slow = Sampler(options, 1, V, [[1, 2, 3]], rng=np.random.default_rng(9))
+    def outcome(pick):
+        try:
+            return pick()
+        except GenerationError as e:  # a row with no usable logit: the same error either way
+            return str(e)
+
+    for step in range(3):
+        for x in cases:
+            got = outcome(lambda: fast.pick_one(x))
+            want = outcome(lambda: int(slow(x[None])[0]))
+            assert type(got) is type(want) and got == want, (step, x)
+            if fast.observes and isinstance(got, int):
+                fast.observe(np.array([got]))
+                slow.observe(np.array([want]))
+    assert fast.observes == (options.repetition_penalty != 1.0 or options.presence_penalty != 0.0)

@@ -427,6 +427,8 @@ class Engine:
         active = np.ones(n, dtype=bool) if active is None else np.asarray(active, dtype=bool)
         # CUDA graphs replay fixed batch sizes: the rows up to the bucket ride along, inactive.
         bucket = graph_bucket(n, first_row, cache.batch) if self.cuda_graph else None
+        if bucket is None and active.all():  # every row runs: no masks, one slice
+            return self._decode_all(cache, tokens, first_row)
         if bucket is not None and bucket > n:
             tokens = np.concatenate([tokens, np.zeros(bucket - n, dtype=np.int64)])
             active = np.concatenate([active, np.zeros(bucket - n, dtype=bool)])
@@ -445,6 +447,23 @@ class Engine:
                                            self.run_options)
             logits = binding.run(tokens, seqlens, int(seqlens.max()) + 1, active)
         cache.advance(first_row + np.flatnonzero(active), 1)
+        return logits[:n]
+
+    def _decode_all(self, cache: KVCache, tokens: np.ndarray, first_row: int) -> np.ndarray:
+        """decode() when every row of the range runs and no CUDA graph replays it: the same
+        checks and run with fewer numpy temporaries (the host time between two model runs is
+        paid with caches the run has just emptied: docs/performance.md)."""
+        n = tokens.shape[0]
+        rows = slice(first_row, first_row + n)
+        seqlens = cache.lengths[rows]  # the new token's position in each row
+        longest = int(seqlens.max())
+        if longest >= cache.length:
+            raise GenerationError(f"the KV cache holds {cache.length} positions but "
+                                  f"{longest + 1} are needed.")
+        binding = cache.decode_binding(self.decode_session, first_row, n, self.vocab_size,
+                                       self.run_options)
+        logits = binding.run(tokens, seqlens, longest + 1, None)
+        cache.advance(rows, 1)
         return logits[:n]
 
     def _graph_decode(self, cache: KVCache, tokens: np.ndarray, seqlens: np.ndarray,

@@ -301,6 +301,24 @@ class Sampler:
                 x = x.astype(np.float32)
             return np.array([self._sample_row(x[r], raw[r], r) for r in range(self.batch_size)], dtype=np.int64)
 
+    @property
+    def observes(self) -> bool:
+        """Whether ``observe`` records anything (a penalty is on); without one a caller may skip
+        it (a token's host time between model runs counts: docs/performance.md)."""
+        return self._repetition or self._presence
+
+    def pick_one(self, logits: np.ndarray) -> int:
+        """``self(logits[None])[0]`` for a one-row sampler, as a Python int: greedy without
+        penalties takes one argmax and no temporaries (the common case of every decode step);
+        everything else goes through ``__call__``."""
+        x = np.asarray(logits)
+        if self.options.temperature == 0.0 and not (self._repetition or self._presence) \
+                and self.batch_size == 1 and x.shape == (self.vocab_size,):
+            i = int(x.argmax())
+            if math.isfinite(x[i]):  # else NaN or only -inf: __call__'s slow path
+                return i
+        return int(self(x[None])[0])
+
     def observe(self, token_ids: np.ndarray) -> None:
         """Record the tokens just generated, one per row (for the penalties)."""
         ids = np.asarray(token_ids).reshape(-1)

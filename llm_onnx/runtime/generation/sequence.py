@@ -308,7 +308,7 @@ class Sequence:
             logits = self._masked(logits, mask)
             if logits is None:  # the matcher allows nothing: end here, no token
                 return [TokenEvent(row, -1, self._fail(now), None, "error")]
-        token = int(self._sampler(logits[None])[0])
+        token = self._sampler.pick_one(logits)
         lp = None
         if self.logprobs_top is not None:
             lp = token_logprob(logits, token, self.logprobs_top)
@@ -335,7 +335,8 @@ class Sequence:
             complete = not failed and constraint.stopped
             failed = failed or (complete and constraint.error is not None)
         self.tokens.append(token)
-        self._sampler.observe(np.array([token]))
+        if self._sampler.observes:
+            self._sampler.observe(np.array([token]))
         if lp is not None:
             self._logprobs.append(lp)
         text, finish = "", None
