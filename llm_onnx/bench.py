@@ -63,6 +63,10 @@ class BenchResult:
             s = d[key]
             lines.append(f"{label:<22}{s['median'] * scale:>10.1f}{s['min'] * scale:>10.1f}"
                          f"{s['max'] * scale:>10.1f}  {unit}")
+        if d.get("host_us_per_step"):
+            h = d["host_us_per_step"]
+            lines.append(f"{'host between steps':<22}{h['median']:>10.1f}{h['min']:>10.1f}"
+                         f"{h['max']:>10.1f}  us (sampling, text, bookkeeping)")
         where = "GPU" if d["provider"] == CUDA else f"{d['threads']} threads"
         bw = d["memory_bandwidth_samples_gb_s"]
         lines += [f"{'load':<22}{d['load_s']:>10.2f} s",
@@ -214,12 +218,16 @@ def run_bench(model: Model, cfg: BenchConfig, rss_before_load_mib: float | None 
     model.generate(prompts, options, max_new_tokens=min(8, cfg.new_tokens))  # warm-up
     threads = model.engine.options.threads or default_threads()
     per_token = bytes_per_token(model, len(prompt) + cfg.new_tokens // 2, cfg.batch)
-    ttft, prefill, decode, bandwidth = [], [], [], []
+    ttft, prefill, decode, bandwidth, host = [], [], [], [], []
     peak_rss = None
     probe = None
+    engine = model.engine
     try:
         for _ in range(cfg.repeat):
+            gaps = (getattr(engine, "decode_gap_s", None), getattr(engine, "decode_gaps", 0))
             results = model.generate(prompts, options)
+            if gaps[0] is not None and engine.decode_gaps > gaps[1]:
+                host.append((engine.decode_gap_s - gaps[0]) / (engine.decode_gaps - gaps[1]))
             first, prefill_rate, decode_rate = batch_rates(results)
             ttft.append(first)
             prefill.append(prefill_rate)
@@ -242,6 +250,10 @@ def run_bench(model: Model, cfg: BenchConfig, rss_before_load_mib: float | None 
         "new_tokens": cfg.new_tokens, "repeat": cfg.repeat, "load_s": model.load_s,
         "speculative": getattr(getattr(model, "speculative", None), "method", "off"),
         "ttft_s": _stats(ttft), "prefill_tok_s": _stats(prefill), "decode_tok_s": _stats(decode),
+        # the host's time between two decode runs with no other run between them (sampling,
+        # text, the engine's bookkeeping; a speculative step's verify run resets it): what a
+        # decode step costs besides ONNX Runtime's run; None if no two runs followed each other
+        "host_us_per_step": _stats([1e6 * h for h in host]) if host else None,
         "peak_rss_mib": peak_rss, "rss_before_load_mib": rss_before_load_mib,
         "weight_bytes": m.weights.bytes,
         "memory_bandwidth_gb_s": statistics.median(bandwidth) / 1e9,

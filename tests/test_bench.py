@@ -102,6 +102,9 @@ def test_bench_json_reports_medians_memory_and_the_ceiling(bench_json):
     kv_bytes = 2 * kv["num_layers"] * kv["num_key_value_heads"] * kv["head_dim"] * (12 + 3) * 4
     assert kv_bytes < d["bytes_per_token"] <= d["weight_bytes"] + kv_bytes
     assert d["weight_bytes_per_token"] == d["bytes_per_token"] - kv_bytes
+    # the host's time between decode runs: part of every step, less than a whole step
+    h = d["host_us_per_step"]
+    assert 0 < h["min"] <= h["median"] <= h["max"] < 1e6 / d["decode_tok_s"]["min"]
 
 
 def test_profile_counts_the_nodes_onnx_runtime_runs(bench_json, tmp_path):

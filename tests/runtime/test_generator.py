@@ -211,3 +211,27 @@ def test_a_step_of_every_row_equals_the_masked_step_and_refuses_a_full_cache(tin
         errors.append(str(e.value))
     assert errors[0] == errors[1]
     assert list(fast.lengths[:2]) == [8, 7]
+
+
+def test_the_engine_counts_the_host_time_between_decode_runs(tiny_export):
+    """decode_gap_s is the time between consecutive decode runs (here a known sleep of the host
+    each step), decode_run_s the runs themselves; a prefill between two steps is not a gap."""
+    import time
+
+    engine = Engine(tiny_export("llama_tiny", "fp32"))
+    cache = engine.new_cache(1, 32)
+    engine.prefill(cache, 0, [1, 2, 3])
+    began = time.perf_counter()
+    for i in range(5):
+        engine.decode(cache, np.array([4 + i]))
+        if i < 4:
+            time.sleep(0.005)
+    wall = time.perf_counter() - began
+    assert engine.decode_gaps == 4
+    assert 4 * 0.005 <= engine.decode_gap_s < wall - engine.decode_run_s + 1e-6
+    assert 0 < engine.decode_run_s < wall
+    engine.prefill(cache, 0, [9, 9])  # a run between: the next step starts a new series
+    engine.decode(cache, np.array([1]))
+    assert engine.decode_gaps == 4
+    engine.decode(cache, np.array([2]))
+    assert engine.decode_gaps == 5

@@ -190,6 +190,11 @@ class Engine:
             self.cuda_graph = False
             self._open_sessions()
         self._graph_ids = itertools.count(1)  # gpu_graph_id 0 is ORT's own
+        # Seconds decode runs spent inside ONNX Runtime, and the host's time between two decode
+        # runs with no other run between them (llm-onnx bench's host_us_per_step).
+        self.decode_run_s = self.decode_gap_s = 0.0
+        self.decode_gaps = 0
+        self._decode_ended: float | None = None
         # Every run logs errors only (a session made with check_placement was created verbose)
         # and, with CUDA graphs on, prefill and ungraphed decode run without one (id -1).
         self.run_options = quiet_run_options(-1 if self.cuda_graph else None)
@@ -404,6 +409,7 @@ class Engine:
             binding.bind_cpu_input(names.VALID_TOKENS, np.array([t], dtype=np.int32))
         logits = np.empty((1, t if every else window, self.vocab_size), dtype=np.float32)
         binding.bind_ortvalue_output(names.LOGITS, ort.OrtValue.ortvalue_from_numpy(logits))
+        self._decode_ended = None  # the time to the next decode run is not a decode step's
         self.prefill_session.run_with_iobinding(binding, self.run_options)
         cache.advance(row, t)
         return logits[0, -window:]
@@ -445,9 +451,20 @@ class Engine:
         else:
             binding = cache.decode_binding(self.decode_session, first_row, n, self.vocab_size,
                                            self.run_options)
-            logits = binding.run(tokens, seqlens, int(seqlens.max()) + 1, active)
+            logits = self._run(binding, tokens, seqlens, int(seqlens.max()) + 1, active)
         cache.advance(first_row + np.flatnonzero(active), 1)
         return logits[:n]
+
+    def _run(self, binding, tokens: np.ndarray, seqlens: np.ndarray, total: int,
+             active: np.ndarray | None) -> np.ndarray:
+        """A decode binding's run, its seconds inside ONNX Runtime added to decode_run_s."""
+        logits = binding.run(tokens, seqlens, total, active)
+        self.decode_run_s += binding.last_run_s
+        if self._decode_ended is not None:  # the host's time since the previous decode run
+            self.decode_gap_s += binding.run_began - self._decode_ended
+            self.decode_gaps += 1
+        self._decode_ended = binding.run_began + binding.last_run_s
+        return logits
 
     def _decode_all(self, cache: KVCache, tokens: np.ndarray, first_row: int) -> np.ndarray:
         """decode() when every row of the range runs and no CUDA graph replays it: the same
@@ -462,7 +479,7 @@ class Engine:
                                   f"{longest + 1} are needed.")
         binding = cache.decode_binding(self.decode_session, first_row, n, self.vocab_size,
                                        self.run_options)
-        logits = binding.run(tokens, seqlens, longest + 1, None)
+        logits = self._run(binding, tokens, seqlens, longest + 1, None)
         cache.advance(rows, 1)
         return logits[:n]
 
@@ -474,7 +491,7 @@ class Engine:
         binding = cache.decode_binding(self.decode_session, 0, rows, self.vocab_size,
                                        self.run_options, graph_ids=self._graph_ids)
         try:
-            return binding.run(tokens, seqlens, cache.length, active)
+            return self._run(binding, tokens, seqlens, cache.length, active)
         except Exception as e:  # noqa: BLE001 - ORT's capture errors: decode without graphs
             if binding.replays:
                 raise
@@ -482,4 +499,4 @@ class Engine:
                             f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else e})")
             plain = cache.decode_binding(self.decode_session, 0, rows, self.vocab_size,
                                          self.run_options)
-            return plain.run(tokens, seqlens, int(seqlens.max()) + 1, active)
+            return self._run(plain, tokens, seqlens, int(seqlens.max()) + 1, active)
