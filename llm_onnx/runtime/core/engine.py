@@ -190,10 +190,9 @@ class Engine:
             self.cuda_graph = False
             self._open_sessions()
         self._graph_ids = itertools.count(1)  # gpu_graph_id 0 is ORT's own
-        # Seconds decode runs spent inside ONNX Runtime, and the host's time between two decode
-        # runs with no other run between them (llm-onnx bench's host_us_per_step).
-        self.decode_run_s = self.decode_gap_s = 0.0
-        self.decode_gaps = 0
+        # Seconds decode runs spent inside ONNX Runtime; the host's time between two decode runs
+        # with no other run between them (bench's host_us_per_step), and how many such gaps.
+        self.decode_run_s, self.decode_gap_s, self.decode_gaps = 0.0, 0.0, 0
         self._decode_ended: float | None = None
         # Every run logs errors only (a session made with check_placement was created verbose)
         # and, with CUDA graphs on, prefill and ungraphed decode run without one (id -1).
@@ -455,8 +454,7 @@ class Engine:
         cache.advance(first_row + np.flatnonzero(active), 1)
         return logits[:n]
 
-    def _run(self, binding, tokens: np.ndarray, seqlens: np.ndarray, total: int,
-             active: np.ndarray | None) -> np.ndarray:
+    def _run(self, binding, tokens, seqlens, total: int, active) -> np.ndarray:
         """A decode binding's run, its seconds inside ONNX Runtime added to decode_run_s."""
         logits = binding.run(tokens, seqlens, total, active)
         self.decode_run_s += binding.last_run_s
@@ -467,9 +465,8 @@ class Engine:
         return logits
 
     def _decode_all(self, cache: KVCache, tokens: np.ndarray, first_row: int) -> np.ndarray:
-        """decode() when every row of the range runs and no CUDA graph replays it: the same
-        checks and run with fewer numpy temporaries (the host time between two model runs is
-        paid with caches the run has just emptied: docs/performance.md)."""
+        """decode() when every row runs and no CUDA graph replays it: the same checks and run,
+        fewer numpy temporaries (host work after a run meets cold caches: docs/performance.md)."""
         n = tokens.shape[0]
         rows = slice(first_row, first_row + n)
         seqlens = cache.lengths[rows]  # the new token's position in each row
