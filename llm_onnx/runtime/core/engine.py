@@ -135,6 +135,10 @@ def not_generating(manifest: Manifest) -> str:
             "Generate with a folder exported with --task generate (the default).")
 
 
+def _no_room(cache: KVCache, needed: int) -> GenerationError:
+    return GenerationError(f"the KV cache holds {cache.length} positions but {needed} are needed.")
+
+
 class _NodesOnCpu(ProviderError):
     """A CUDA session that ONNX Runtime would partly run on the CPU."""
 
@@ -392,8 +396,7 @@ class Engine:
         if t < 1:
             raise GenerationError("prefill needs at least one token.")
         if total > cache.length:
-            raise GenerationError(f"the KV cache holds {cache.length} positions but {total} are "
-                                  "needed.")
+            raise _no_room(cache, total)
         binding = self.prefill_session.io_binding()
         binding.bind_cpu_input(names.INPUT_IDS, ids)
         binding.bind_cpu_input(names.SEQLENS_K, np.array([total - 1], dtype=np.int32))
@@ -440,8 +443,7 @@ class Engine:
         rows = slice(first_row, first_row + tokens.shape[0])
         lengths = cache.lengths[rows]
         if (lengths[active] >= cache.length).any():
-            raise GenerationError(f"the KV cache holds {cache.length} positions but "
-                                  f"{int(lengths[active].max()) + 1} are needed.")
+            raise _no_room(cache, int(lengths[active].max()) + 1)
         for i in np.flatnonzero(~active & (lengths >= cache.length + cache.spare)):
             cache.truncate(first_row + int(i), cache.length - 1)
         seqlens = cache.lengths[rows]  # the new token's position in each row
@@ -472,8 +474,7 @@ class Engine:
         seqlens = cache.lengths[rows]  # the new token's position in each row
         longest = int(seqlens.max())
         if longest >= cache.length:
-            raise GenerationError(f"the KV cache holds {cache.length} positions but "
-                                  f"{longest + 1} are needed.")
+            raise _no_room(cache, longest + 1)
         binding = cache.decode_binding(self.decode_session, first_row, n, self.vocab_size,
                                        self.run_options)
         logits = self._run(binding, tokens, seqlens, longest + 1, None)

@@ -312,8 +312,8 @@ class Sampler:
         penalties takes one argmax and no temporaries (the common case of every decode step);
         everything else goes through ``__call__``."""
         x = np.asarray(logits)
-        if self.options.temperature == 0.0 and not (self._repetition or self._presence) \
-                and self.batch_size == 1 and x.shape == (self.vocab_size,):
+        if self.options.temperature == 0.0 and not self.observes and self.batch_size == 1 \
+                and x.shape == (self.vocab_size,):
             i = int(x.argmax())
             if math.isfinite(x[i]):  # else NaN or only -inf: __call__'s slow path
                 return i
