@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -26,6 +24,7 @@ import onnxruntime as ort
 
 from llm_onnx.errors import GenerationError, ProviderError
 from llm_onnx import model_folder as names
+from llm_onnx.runtime.core.device_pick import DevicePicker
 from llm_onnx.runtime.core.kv_cache import KVCache, KVLayout, kv_dtype
 from llm_onnx.runtime.core.state import CacheProtocol
 from llm_onnx.model_folder import Manifest, load_manifest
@@ -34,84 +33,10 @@ from llm_onnx.runtime.core.recurrent import HybridCache, StateLayout
 from llm_onnx.runtime.core.providers import (CPU, CUDA, captured_output, parse_placement,
                                         quiet_run_options, quiet_session_options,
                                         resolve_provider)
+from llm_onnx.runtime.core.runtime_options import (  # noqa: F401 - RuntimeOptions, default_threads
+    FPA_INTB_ENTRY, OPTIMIZATION_LEVELS, RuntimeOptions, default_threads)  # and FPA_INTB_ENTRY: here too
 
 log = logging.getLogger("llm_onnx")
-
-OPTIMIZATION_LEVELS = {
-    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-}
-
-
-def default_threads() -> int:
-    """The cores this process may run on (ORT's own default can pick fewer: measured 25-45%
-    slower decode on this project's 2-core machine)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # macOS, Windows
-        return max(1, os.cpu_count() or 1)
-
-
-@dataclass(frozen=True, kw_only=True)
-class RuntimeOptions:
-    """How the model runs (not what it generates).
-
-    Args:
-        provider: "auto" (CUDA when a CUDA session really comes up, else CPU), "cpu" or "cuda".
-        threads: intra-op threads; default: every core this process may use.
-        optimization: ORT graph optimization level: disable | basic | extended | all.
-        sessions: "single" (prefill.onnx serves both phases; one copy of the weights) or "pair".
-        verify: check every file's sha256 against the manifest when loading.
-        cuda_device: GPU index for the CUDA provider.
-        profile_dir: write ONNX Runtime's profiler trace (one JSON per session) into this folder
-            (``llm-onnx bench --profile``); every step gets slower while it records.
-        cuda_graph: on CUDA, capture each decode batch size once and replay it (fixed device
-            buffers for ids, lengths and logits; the KV cache at a fixed length). None (default):
-            on when the provider is CUDA; ORT refusing capture falls back with a one-line reason.
-        check_placement: on CUDA, also read ONNX Runtime's own node-placement log while the
-            session is created and refuse (provider "cuda") or leave (provider "auto") a graph
-            with compute nodes on the CPU. Off by default: the manifest already says whether a
-            folder runs wholly on CUDA, and the session logs verbosely for its whole life.
-        state_checkpoints: models with linear-attention layers (Qwen3.5): most copies of a
-            row's recurrent state kept for cutting the row back (reusing a prefix, rewinding);
-            each costs the state's bytes per row (see llm_onnx.runtime.core.recurrent).
-        cuda_fpa_intb: on CUDA, run int4/int8 ``MatMulNBits`` through ONNX Runtime's fpA_intB
-            kernels (CUTLASS GEMM and a decode GEMV; weights repacked and tactics profiled when
-            the session is created, which takes longer) by setting its session entry
-            ``ep.cuda.fpa_intb_gemm``. None (default): ONNX Runtime's own choice (off in 1.31,
-            unless the ``ORT_FPA_INTB_GEMM`` environment variable says otherwise).
-    """
-
-    provider: str = "auto"
-    threads: int | None = None
-    optimization: str = "all"
-    sessions: str = "single"
-    verify: bool = True
-    cuda_device: int = 0
-    profile_dir: str | None = None
-    cuda_graph: bool | None = None
-    check_placement: bool = False
-    cuda_fpa_intb: bool | None = None
-    state_checkpoints: int = 4
-
-    def __post_init__(self) -> None:
-        if self.optimization not in OPTIMIZATION_LEVELS:
-            raise ProviderError(f"optimization {self.optimization!r} is not one of "
-                                f"{', '.join(OPTIMIZATION_LEVELS)}.")
-        if self.sessions not in ("single", "pair"):
-            raise ProviderError(f"sessions must be 'single' or 'pair', got {self.sessions!r}.")
-        if self.threads is not None and self.threads < 1:
-            raise ProviderError(f"threads must be at least 1, got {self.threads}.")
-        if self.state_checkpoints < 0:
-            raise ProviderError(f"state_checkpoints must be 0 or more, got "
-                                f"{self.state_checkpoints}.")
-
-
-# ONNX Runtime's CUDA session entry that routes MatMulNBits (fp16 activations, blocks of 32, 64
-# or 128) through its fpA_intB kernels; it wins over the ORT_FPA_INTB_GEMM environment variable.
-FPA_INTB_ENTRY = "ep.cuda.fpa_intb_gemm"
 
 GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
@@ -201,6 +126,11 @@ class Engine:
         # Every run logs errors only (a session made with check_placement was created verbose)
         # and, with CUDA graphs on, prefill and ungraphed decode run without one (id -1).
         self.run_options = quiet_run_options(-1 if self.cuda_graph else None)
+        # decode(greedy=True) picks on the device (DevicePicker): no logits to the host
+        self.picks_on_device, self._picker = self.provider == CUDA, None
+        # from 2 rows (H200, qwen3_8b): the pick 0.07 ms at 1-16 rows, the host's copy and
+        # argmax 0.06 ms at 1 row, 1.3 at 32 (docs/gpu-report.md)
+        self.pick_min_rows = 2
 
     @classmethod
     def from_manifest(cls, manifest: Manifest, options: RuntimeOptions | None = None) -> Engine:
@@ -417,9 +347,11 @@ class Engine:
         return logits[0, -window:]
 
     def decode(self, cache: KVCache, tokens: np.ndarray, active: np.ndarray | None = None,
-               first_row: int = 0) -> np.ndarray:
+               first_row: int = 0, greedy: bool = False) -> np.ndarray:
         """One token for each row of [first_row, first_row + n), n = len(tokens), in one batched
         run; returns (n, V) float32 logits and advances the length of the active rows by one.
+        ``greedy`` where ``picks_on_device``: (n,) int64 greedy ids instead, picked where the
+        logits are (DevicePicker); the logits as ever if an active row's are not all finite.
 
         Rows with ``active[i]`` false (free rows, rows between prefill chunks, inside the range)
         ride along: their token is written at their first invalid position, which they never
@@ -436,7 +368,7 @@ class Engine:
         # CUDA graphs replay fixed batch sizes: the rows up to the bucket ride along, inactive.
         bucket = graph_bucket(n, first_row, cache.batch) if self.cuda_graph else None
         if bucket is None and active.all():  # every row runs: no masks, one slice
-            return self._decode_all(cache, tokens, first_row)
+            return self._decode_all(cache, tokens, first_row, greedy)
         if bucket is not None and bucket > n:
             tokens = np.concatenate([tokens, np.zeros(bucket - n, dtype=np.int64)])
             active = np.concatenate([active, np.zeros(bucket - n, dtype=bool)])
@@ -448,25 +380,39 @@ class Engine:
             cache.truncate(first_row + int(i), cache.length - 1)
         seqlens = cache.lengths[rows]  # the new token's position in each row
         if bucket is not None:
-            logits = self._graph_decode(cache, tokens, seqlens, active)
+            logits = self._graph_decode(cache, tokens, seqlens, active, greedy)
         else:
             binding = cache.decode_binding(self.decode_session, first_row, n, self.vocab_size,
                                            self.run_options)
-            logits = self._run(binding, tokens, seqlens, int(seqlens.max()) + 1, active)
+            logits = self._run(binding, tokens, seqlens, int(seqlens.max()) + 1, active, greedy)
         cache.advance(first_row + np.flatnonzero(active), 1)
         return logits[:n]
 
-    def _run(self, binding, tokens, seqlens, total: int, active) -> np.ndarray:
+    def _run(self, binding, tokens, seqlens, total: int, active, greedy=False) -> np.ndarray:
         """A decode binding's run, its seconds inside ONNX Runtime added to decode_run_s."""
-        logits = binding.run(tokens, seqlens, total, active)
+        greedy = greedy and self.picks_on_device and len(binding.ids) >= self.pick_min_rows
+        logits = binding.run(tokens, seqlens, total, active, fetch=not greedy)
         self.decode_run_s += binding.last_run_s
         if self._decode_ended is not None:  # the host's time since the previous decode run
             self.decode_gap_s += binding.run_began - self._decode_ended
             self.decode_gaps += 1
         self._decode_ended = binding.run_began + binding.last_run_s
+        if greedy:
+            try:
+                self._picker = self._picker or DevicePicker(self.provider,
+                                                            self.options.cuda_device)
+                ids = binding.pick(self._picker)
+            except Exception as e:  # noqa: BLE001 - ORT refused the pick graph: logits from now on
+                self.picks_on_device = False
+                self.notes.append(f"greedy picks on the host: the device pick failed ({e})")
+                log.warning(self.notes[-1])
+                return binding.fetch()
+            bad = ids < 0 if active is None else (ids < 0) & active
+            logits = binding.fetch() if bad.any() else ids
         return logits
 
-    def _decode_all(self, cache: KVCache, tokens: np.ndarray, first_row: int) -> np.ndarray:
+    def _decode_all(self, cache: KVCache, tokens: np.ndarray, first_row: int,
+                    greedy: bool) -> np.ndarray:
         """decode() when every row runs and no CUDA graph replays it: the same checks and run,
         fewer numpy temporaries (host work after a run meets cold caches: docs/performance.md)."""
         n = tokens.shape[0]
@@ -477,19 +423,19 @@ class Engine:
             raise _no_room(cache, longest + 1)
         binding = cache.decode_binding(self.decode_session, first_row, n, self.vocab_size,
                                        self.run_options)
-        logits = self._run(binding, tokens, seqlens, longest + 1, None)
+        logits = self._run(binding, tokens, seqlens, longest + 1, None, greedy)
         cache.advance(rows, 1)
         return logits[:n]
 
     def _graph_decode(self, cache: KVCache, tokens: np.ndarray, seqlens: np.ndarray,
-                      active: np.ndarray) -> np.ndarray:
+                      active: np.ndarray, greedy: bool) -> np.ndarray:
         """Rows [0, len(tokens)) through the CUDA graph of that batch size (captured at its
         first run); a failed capture turns graphs off and decodes without one."""
         rows = tokens.shape[0]
         binding = cache.decode_binding(self.decode_session, 0, rows, self.vocab_size,
                                        self.run_options, graph_ids=self._graph_ids)
         try:
-            return self._run(binding, tokens, seqlens, cache.length, active)
+            return self._run(binding, tokens, seqlens, cache.length, active, greedy)
         except Exception as e:  # noqa: BLE001 - ORT's capture errors: decode without graphs
             if binding.replays:
                 raise
@@ -497,4 +443,4 @@ class Engine:
                             f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else e})")
             plain = cache.decode_binding(self.decode_session, 0, rows, self.vocab_size,
                                          self.run_options)
-            return self._run(plain, tokens, seqlens, int(seqlens.max()) + 1, active)
+            return self._run(plain, tokens, seqlens, int(seqlens.max()) + 1, active, greedy)

@@ -31,6 +31,7 @@ import onnxruntime as ort
 from llm_onnx.errors import GenerationError
 from llm_onnx import model_folder as names
 from llm_onnx.runtime.core.device_copy import Copy2D, HostMirror, cuda_copy2d
+from llm_onnx.runtime.core.device_pick import DevicePicker, PickBinding
 from llm_onnx.runtime.core.providers import quiet_run_options
 
 
@@ -300,6 +301,7 @@ class _DecodeBinding:
         self.logits = np.empty((rows, 1, vocab_size), dtype=np.float32)
         self.session, self.graph_id, self.replays = session, graph_id, 0
         self.run_began = self.last_run_s = 0.0  # the last run's start and seconds in ORT
+        self.picks: PickBinding | None = None  # pick(): a DevicePicker bound to the logits
         self.binding = session.io_binding()
         self.run_options = run_options or quiet_run_options()
         self.on_device = cache.layout.device != "cpu"
@@ -338,7 +340,9 @@ class _DecodeBinding:
         self.binding.bind_ortvalue_output(names.LOGITS, self.device_logits)
 
     def run(self, tokens: np.ndarray, seqlens: np.ndarray, total: int,
-            active: np.ndarray | None = None) -> np.ndarray:
+            active: np.ndarray | None = None, fetch: bool = True) -> np.ndarray | None:
+        """One decode run; its (rows, V) logits on the host, or (``fetch`` false) None: they
+        stay in ``device_logits`` for ``pick`` (and ``fetch`` later if need be)."""
         self.ids[:, 0] = tokens
         self.seqlens[:] = seqlens
         if self.valid is not None:
@@ -354,6 +358,10 @@ class _DecodeBinding:
         self.session.run_with_iobinding(self.binding, self.run_options)
         self.last_run_s = time.perf_counter() - self.run_began
         self.replays += 1
+        return self.fetch() if fetch else None
+
+    def fetch(self) -> np.ndarray:
+        """The last run's (rows, V) logits in host memory."""
         if self.on_device:
             if self.host_logits is not None:
                 try:
@@ -362,3 +370,10 @@ class _DecodeBinding:
                     self.host_logits = None
             return self.device_logits.numpy()[:, 0]
         return self.logits[:, 0]
+
+    def pick(self, picker: DevicePicker) -> np.ndarray:
+        """The last run's greedy id of each row, taken where the logits are (DevicePicker),
+        -1 for a row whose logits hold a NaN or an infinity."""
+        if self.picks is None:
+            self.picks = picker.bind(self.device_logits)
+        return self.picks.pick()

@@ -403,8 +403,11 @@ class Generator:
             if len(seq.tokens) - held == 1:  # type: ignore[union-attr]
                 picking.append(r)
         pending = self._start_masks(picking)
+        greedy = getattr(self.engine, "picks_on_device", False) and all(  # ids, not logits
+            self._seqs[r].greedy_only for r in picking)  # type: ignore[union-attr]
         began = time.perf_counter()
-        logits = self.engine.decode(cache, tokens, active, first)
+        logits = self.engine.decode(cache, tokens, active, first, greedy=True) if greedy \
+            else self.engine.decode(cache, tokens, active, first)
         took = time.perf_counter() - began
         self.stats.decode_s += took
         self.stats.decode_runs += 1
@@ -417,7 +420,8 @@ class Generator:
             seq = self._seqs[r]
             assert seq is not None
             before = len(seq.tokens)
-            events += self._accept(seq, logits[r - first], r, None)
+            events += seq.accept_id(logits[r - first], r) if logits.ndim == 1 else \
+                self._accept(seq, logits[r - first], r, None)
             if spec is not None and len(seq.tokens) > before:
                 spec.observed(r, seq.tokens[:before], seq.tokens[before])
         return events

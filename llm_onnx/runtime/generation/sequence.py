@@ -297,6 +297,24 @@ class Sequence:
                                             prompt_logprobs=tuple(self._prompt_logprobs))
         return events
 
+    @property
+    def greedy_only(self) -> bool:
+        """Whether the next pick is the logits' plain argmax, nothing else read (no penalty,
+        bias, constraint or logprobs): one another place may make (``accept_id``)."""
+        return (self.options.temperature == 0.0 and not self._sampler.observes
+                and self._bias is None and self.constraint is None
+                and self.logprobs_top is None and self._prompt_logprobs is None)
+
+    def accept_id(self, token: int, row: int = 0) -> list[TokenEvent]:
+        """``accept`` for a ``greedy_only`` sequence whose token was picked elsewhere (the
+        device: Engine.decode(greedy=True)): the same events as ``accept`` of those logits."""
+        now = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        if self.limit <= len(self.generated):
+            return [TokenEvent(row, -1, self._finish("length", now), None, "length")]
+        return [self._record(int(token), row, None, now)]
+
     def _pick(self, logits: np.ndarray, row: int, mask: np.ndarray | None,
               now: float) -> list[TokenEvent]:
         if self.limit <= len(self.generated):  # nothing to generate: the prompt was scored
