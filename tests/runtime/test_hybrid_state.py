@@ -237,3 +237,38 @@ def test_a_chat_session_reuses_a_checkpoint_of_the_rewritten_history(hybrid_byte
     fresh = model.chat(session.messages[:-1], template_vars=off, max_new_tokens=12,
                        temperature=0)
     assert second.token_ids == fresh.token_ids
+
+
+def test_a_cuda_graphs_double_first_run_leaves_the_states_as_one_step(tiny_export, monkeypatch):
+    """ONNX Runtime runs a CUDA graph's first call twice (a warm-up run, then the capture); a
+    recurrent state updated in place then takes that step twice (seen on an H200: Qwen3.5's
+    steps with graphs 11% off those without). Reproduced on the CPU by running a graph
+    binding's first call twice as ORT does: the engine's graph path must still give the
+    logits of plain decoding, at every bucket size it meets."""
+    from llm_onnx.runtime.core import kv_cache
+    from llm_onnx.runtime.core.engine import Engine, RuntimeOptions
+
+    real = kv_cache._DecodeBinding.run
+
+    def ort_like(self, *args, **kwargs):
+        if self.graph_id is not None and self.replays == 0:
+            real(self, *args, **kwargs)  # the warm-up run: the same inputs, executed
+            self.replays = 0
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(kv_cache._DecodeBinding, "run", ort_like)
+    folder = tiny_export("qwen3_5_tiny", "fp32")
+    plain = Engine(folder, RuntimeOptions(provider="cpu"))
+    graphs = Engine(folder, RuntimeOptions(provider="cpu"))
+    graphs.cuda_graph = True  # the graph path (bucketed bindings, first-call handling)
+    rng = np.random.default_rng(2)
+    caches = [e.new_cache(3, 24) for e in (plain, graphs)]
+    prompts = [rng.integers(0, plain.vocab_size, n) for n in (5, 9, 3)]
+    for engine, cache in zip((plain, graphs), caches):
+        for row, p in enumerate(prompts):
+            engine.prefill(cache, row, p)
+    for rows in (2, 2, 3, 3, 1):  # buckets 2, 4 and 1, each first met once
+        tokens = rng.integers(0, plain.vocab_size, rows)
+        want = plain.decode(caches[0], tokens)
+        got = graphs.decode(caches[1], tokens)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

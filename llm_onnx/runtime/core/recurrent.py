@@ -255,6 +255,18 @@ class HybridCache(KVCache):
                 binding.bind_output(present.format(layer), lay.device, lay.device_id,
                                     np.float32, dims, ptr)
 
+    def states_copy(self) -> list[np.ndarray]:
+        """Every row's states, on the host (see ``states_restore``)."""
+        return [np.array(buf.numpy(), copy=True) for buf in self._states]
+
+    def states_restore(self, copy: list[np.ndarray]) -> None:
+        """Every row's states as ``states_copy`` took them."""
+        for buf, host in zip(self._states, copy):
+            if self.layout.device == "cuda":
+                buf.update_inplace(host)
+            else:
+                buf.numpy()[...] = host  # the buffer itself
+
     def state_view(self, layer: int, which: str) -> np.ndarray:
         """A linear-attention layer's ``"conv"`` or ``"recurrent"`` state of every row (the
         buffer itself on the CPU, a copy on CUDA)."""
