@@ -198,6 +198,27 @@ def _run_conversation(engine, vocab: int, seed: int = 0) -> list[np.ndarray]:
     return out
 
 
+def state_rewind(engine, vocab: int, seed: int = 1) -> dict:
+    """Models with a recurrent state (Qwen3.5): the middle row of three checkpointed (one row's
+    states copied out: on CUDA by cudaMemcpy at the row's offset), four steps decoded, the row
+    cut back to the checkpoint (the copy written back) and the same four tokens decoded again
+    alone: its logits must repeat, and the other rows' states must be untouched."""
+    rng = np.random.default_rng(seed)
+    cache = engine.new_cache(3, 32)
+    for row, n in enumerate((7, 11, 4)):
+        engine.prefill(cache, row, rng.integers(0, vocab, n))
+    cache.checkpoint(1)
+    steps = [rng.integers(0, vocab, 3) for _ in range(4)]
+    first = [np.asarray(engine.decode(cache, t)).copy() for t in steps]
+    cache.truncate(1, cache.length_of(1) - len(steps))
+    again = [np.asarray(engine.decode(cache, t[1:2], first_row=1)).copy() for t in steps]
+    diff = max(float(np.abs(a[1] - b[0]).max()) for a, b in zip(first, again))
+    scale = max(1.0, max(float(np.abs(a[1]).max()) for a in first))
+    after = np.asarray(engine.decode(cache, np.array([5, 5, 5]))).copy()  # rows 0, 2 go on
+    return {"relative_max_diff": diff / scale, "row_copies": type(cache._row_io).__name__,
+            "ok": diff / scale < 1e-3, "logits_after": after}
+
+
 def check_parity(root: Path, provider: str) -> dict:
     results = {}
     for name in ("qwen3_tiny", "qwen3_moe_tiny"):
@@ -281,6 +302,16 @@ def check_families(root: Path, provider: str, cases: tuple[tuple[str, str], ...]
                          placement=engine.placement)
             del engine
             entry.update(_parity_entry(folder, provider))
+            if read_manifest(folder).recurrent_state is not None:
+                vocab = read_manifest(folder).vocab_size
+                rewind = state_rewind(Engine(folder, RuntimeOptions(provider=provider)), vocab)
+                cpu = state_rewind(Engine(folder, RuntimeOptions(provider="cpu")), vocab)
+                got, ref = rewind.pop("logits_after"), cpu.pop("logits_after")
+                rewind["after_vs_cpu"] = float(np.abs(got - ref).max()) / max(
+                    1.0, float(np.abs(ref).max()))
+                rewind["ok"] = rewind["ok"] and rewind["after_vs_cpu"] < 2e-2
+                entry["state_rewind"] = rewind
+                entry["ok"] = entry["ok"] and rewind["ok"]
             engine = Engine(folder, RuntimeOptions(provider=provider))
             entry["decode_tok_s_b1_graphs"] = _decode_rate(engine, 1, 32, 32,
                                                            read_manifest(folder).vocab_size)
@@ -528,17 +559,21 @@ def padded_tokenizer(folder: Path, vocab_size: int) -> tuple[dict[str, bytes], l
              "tokenizer_config.json": (folder / "tokenizer_config.json").read_bytes()}, eos_ids)
 
 
-def _decode_rate(engine, batch: int, context: int, steps: int, vocab: int) -> float:
+def _decode_rate(engine, batch: int, context: int, steps: int, vocab: int,
+                 greedy: bool = False) -> float:
+    """Decode tok/s of ``batch`` rows after ``context`` tokens each; ``greedy``: each step
+    returns the rows' greedy ids where the engine picks on the device (Engine.decode), not
+    their logits."""
     rng = np.random.default_rng(batch)
     cache = engine.new_cache(batch, context + steps + 8)
     for row in range(batch):
         engine.prefill(cache, row, rng.integers(0, vocab, context))
     tokens = rng.integers(0, vocab, batch)
     for _ in range(3):  # warm-up (and the graph capture)
-        engine.decode(cache, tokens)
+        engine.decode(cache, tokens, greedy=greedy)
     start = time.perf_counter()
     for _ in range(steps):
-        engine.decode(cache, tokens)
+        engine.decode(cache, tokens, greedy=greedy)
     return batch * steps / (time.perf_counter() - start)
 
 

@@ -76,3 +76,27 @@ def test_families_part_on_one_new_family(gpu_check, tmp_path, monkeypatch):
     assert entry["ok"], entry
     assert entry["runtime_no_graphs"]["relative_max_diff"] == 0.0
     assert entry["decode_tok_s_b1_graphs"] > 0 and entry["export_gate"]["cpu_kl"] is not None
+    assert entry["state_rewind"]["relative_max_diff"] == 0.0, entry["state_rewind"]
+    assert entry["state_rewind"]["after_vs_cpu"] == 0.0
+
+
+def test_state_rewind_catches_a_row_copy_at_the_wrong_offset(gpu_check, tiny_export,
+                                                             monkeypatch):
+    """state_rewind through the device path's pointer arithmetic (device_copy.RowIO on host
+    memory, as on CUDA): exact with the right offsets; a copy written back one row off (into
+    row 0) fails it."""
+    from llm_onnx.runtime.core import device_copy
+    from llm_onnx.runtime.core.engine import Engine, RuntimeOptions
+    from llm_onnx.runtime.core.recurrent import HybridCache
+
+    engine = Engine(tiny_export("qwen3_5_tiny", "fp32"), RuntimeOptions(provider="cpu"))
+    monkeypatch.setattr(HybridCache, "_row_io", device_copy.RowIO())
+    good = gpu_check.state_rewind(engine, engine.vocab_size)
+    assert good["ok"] and good["relative_max_diff"] == 0.0 and good["row_copies"] == "RowIO"
+
+    class OneRowOff(device_copy.RowIO):
+        def to_device(self, dst: int, src: int, nbytes: int) -> None:
+            super().to_device(dst - nbytes, src, nbytes)
+
+    monkeypatch.setattr(HybridCache, "_row_io", OneRowOff())
+    assert not gpu_check.state_rewind(engine, engine.vocab_size)["ok"]
