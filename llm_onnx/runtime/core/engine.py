@@ -33,8 +33,9 @@ from llm_onnx.runtime.core.recurrent import HybridCache, StateLayout
 from llm_onnx.runtime.core.providers import (CPU, CUDA, captured_output, parse_placement,
                                         quiet_run_options, quiet_session_options,
                                         resolve_provider)
-from llm_onnx.runtime.core.runtime_options import (  # noqa: F401 - RuntimeOptions, default_threads
-    FPA_INTB_ENTRY, OPTIMIZATION_LEVELS, RuntimeOptions, default_threads)  # and FPA_INTB_ENTRY: here too
+# RuntimeOptions and the constants it uses live in runtime_options.py; importable from here too
+from llm_onnx.runtime.core.runtime_options import (  # noqa: F401
+    FPA_INTB_ENTRY, OPTIMIZATION_LEVELS, RuntimeOptions, default_threads)
 
 log = logging.getLogger("llm_onnx")
 
