@@ -420,7 +420,7 @@ class Generator:
             seq = self._seqs[r]
             assert seq is not None
             before = len(seq.tokens)
-            events += seq.accept_id(logits[r - first], r) if logits.ndim == 1 else \
+            events += seq.accept(None, r, token=logits[r - first]) if logits.ndim == 1 else \
                 self._accept(seq, logits[r - first], r, None)
             if spec is not None and len(seq.tokens) > before:
                 spec.observed(r, seq.tokens[:before], seq.tokens[before])

@@ -277,8 +277,8 @@ class Sequence:
             at = start + i + 1
             self._prompt_logprobs[at] = token_logprob(logits[i], self.tokens[at], top)
 
-    def accept(self, logits: np.ndarray, row: int = 0,
-               mask: np.ndarray | None = None) -> list[TokenEvent]:
+    def accept(self, logits: np.ndarray | None, row: int = 0,
+               mask: np.ndarray | None = None, token: int | None = None) -> list[TokenEvent]:
         """Pick the next token from its (V,) logits and record it; then any tokens the constraint
         forces. One event per token; the last carries the finish reason if the sequence ended.
         A sequence with no tokens to generate (limit 0) ends here, with one event and no token.
@@ -286,12 +286,14 @@ class Sequence:
         Args:
             mask: the constraint's bitmask for this step, filled by the caller (MaskBatch);
                 None: filled here.
+            token: a ``greedy_only`` sequence's token, picked already where the logits are
+                (Engine.decode(greedy=True)); ``logits`` is then not read.
         """
         now = time.perf_counter()
         if self.first_token_at is None:
             self.first_token_at = now
         first = not self.generated
-        events = self._pick(logits, row, mask, now)
+        events = self._pick(logits, row, mask, now, token)
         if first and self._prompt_logprobs is not None:
             events[0] = dataclasses.replace(events[0],
                                             prompt_logprobs=tuple(self._prompt_logprobs))
@@ -300,25 +302,18 @@ class Sequence:
     @property
     def greedy_only(self) -> bool:
         """Whether the next pick is the logits' plain argmax, nothing else read (no penalty,
-        bias, constraint or logprobs): one another place may make (``accept_id``)."""
+        bias, constraint or logprobs): one another place may make (``accept``'s ``token``)."""
         return (self.options.temperature == 0.0 and not self._sampler.observes
                 and self._bias is None and self.constraint is None
                 and self.logprobs_top is None and self._prompt_logprobs is None)
 
-    def accept_id(self, token: int, row: int = 0) -> list[TokenEvent]:
-        """``accept`` for a ``greedy_only`` sequence whose token was picked elsewhere (the
-        device: Engine.decode(greedy=True)): the same events as ``accept`` of those logits."""
-        now = time.perf_counter()
-        if self.first_token_at is None:
-            self.first_token_at = now
-        if self.limit <= len(self.generated):
-            return [TokenEvent(row, -1, self._finish("length", now), None, "length")]
-        return [self._record(int(token), row, None, now)]
-
-    def _pick(self, logits: np.ndarray, row: int, mask: np.ndarray | None,
-              now: float) -> list[TokenEvent]:
+    def _pick(self, logits: np.ndarray | None, row: int, mask: np.ndarray | None,
+              now: float, token: int | None = None) -> list[TokenEvent]:
         if self.limit <= len(self.generated):  # nothing to generate: the prompt was scored
             return [TokenEvent(row, -1, self._finish("length", now), None, "length")]
+        if token is not None:  # picked elsewhere: greedy_only, so nothing below reads logits
+            return [self._record(int(token), row, None, now)]
+        assert logits is not None
         if self._bias is not None:
             logits = np.asarray(logits, dtype=np.float32).copy()
             np.add.at(logits, self._bias[0], self._bias[1])
