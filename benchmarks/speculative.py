@@ -104,6 +104,27 @@ def run_one(model: Model, prompt: list[int], new_tokens: int, speculative) -> di
             "accepted": s.accepted_tokens}
 
 
+def compare(model: Model, prompt: list[int], new_tokens: int, repeat: int, speculative) -> dict:
+    """Plain and ``speculative`` runs of one prompt on one session, interleaved after a warm-up
+    of each: medians, the speedup, acceptance, runs, and whether the tokens equal plain's."""
+    run_one(model, prompt, 8, "off")  # warm-up
+    run_one(model, prompt, 8, speculative)
+    base, spec = [], []
+    for _ in range(repeat):
+        base.append(run_one(model, prompt, new_tokens, "off"))
+        spec.append(run_one(model, prompt, new_tokens, speculative))
+    b = statistics.median(r["decode_tok_s"] for r in base)
+    f = statistics.median(r["decode_tok_s"] for r in spec)
+    drafted = sum(r["drafted"] for r in spec)
+    return {"tokens": len(spec[0]["tokens"]),
+            "plain_decode_tok_s": b, "decode_tok_s": f, "speedup": f / b if b else 0.0,
+            "plain_ttft_s": statistics.median(r["ttft_s"] for r in base),
+            "ttft_s": statistics.median(r["ttft_s"] for r in spec),
+            "acceptance": sum(r["accepted"] for r in spec) / drafted if drafted else 0.0,
+            "runs": spec[0]["runs"], "plain_runs": base[0]["runs"],
+            "same": all(r["tokens"] == base[0]["tokens"] for r in spec)}
+
+
 def crossover(args) -> list[dict]:
     """n rows decoding together in one generator (the server's case), each speculating alone
     (max_rows n) or all in one batched decode run (max_rows 0): aggregate tok/s."""
@@ -234,24 +255,10 @@ def main() -> None:
                 draft_folder, threads=args.threads, speculative="off"))
         for name in args.workloads:
             prompt = plain.chat_prompt(WORKLOADS[name])
-            run_one(plain, prompt, 8, "off")  # warm-up
-            run_one(plain, prompt, 8, speculative)
-            base, spec = [], []
-            for _ in range(args.repeat):
-                base.append(run_one(plain, prompt, args.new_tokens, "off"))
-                spec.append(run_one(plain, prompt, args.new_tokens, speculative))
-            b = statistics.median(r["decode_tok_s"] for r in base)
-            f = statistics.median(r["decode_tok_s"] for r in spec)
-            drafted = sum(r["drafted"] for r in spec)
             row = {"precision": precision, "method": method,
                    "draft": draft_folder.name if draft_folder else None, "workload": name,
-                   "tokens": len(spec[0]["tokens"]),
-                   "plain_decode_tok_s": b, "decode_tok_s": f, "speedup": f / b if b else 0.0,
-                   "plain_ttft_s": statistics.median(r["ttft_s"] for r in base),
-                   "ttft_s": statistics.median(r["ttft_s"] for r in spec),
-                   "acceptance": sum(r["accepted"] for r in spec) / drafted if drafted else 0.0,
-                   "runs": spec[0]["runs"], "plain_runs": base[0]["runs"],
-                   "same": all(r["tokens"] == base[0]["tokens"] for r in spec)}
+                   **compare(plain, prompt, args.new_tokens, args.repeat, speculative)}
+            b, f = row["plain_decode_tok_s"], row["decode_tok_s"]
             rows.append(row)
             print(f"{precision:5} {method:5} {name:6} {row['tokens']:4d} tok  plain "
                   f"{b:6.1f}  spec {f:6.1f} tok/s  x{row['speedup']:.2f}  acceptance "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from speculative import WORKLOADS, run_one  # noqa: E402
+from speculative import WORKLOADS, compare  # noqa: E402
 
 from llm_onnx.runtime import Model  # noqa: E402
 from llm_onnx.runtime.generation.speculative import SpeculativeOptions  # noqa: E402
@@ -39,20 +38,7 @@ def main() -> int:
     rows = []
     for name in args.workloads:
         prompt = model.chat_prompt(WORKLOADS[name])
-        run_one(model, prompt, 8, "off")  # warm-up (and the graph captures)
-        run_one(model, prompt, 8, spec)
-        base, fast = [], []
-        for _ in range(args.repeat):
-            base.append(run_one(model, prompt, args.new_tokens, "off"))
-            fast.append(run_one(model, prompt, args.new_tokens, spec))
-        b = statistics.median(r["decode_tok_s"] for r in base)
-        f = statistics.median(r["decode_tok_s"] for r in fast)
-        drafted = sum(r["drafted"] for r in fast)
-        row = {"workload": name, "tokens": len(fast[0]["tokens"]), "plain_decode_tok_s": b,
-               "decode_tok_s": f, "speedup": f / b if b else 0.0,
-               "acceptance": sum(r["accepted"] for r in fast) / drafted if drafted else 0.0,
-               "runs": fast[0]["runs"], "plain_runs": base[0]["runs"],
-               "same": all(r["tokens"] == base[0]["tokens"] for r in fast)}
+        row = {"workload": name, **compare(model, prompt, args.new_tokens, args.repeat, spec)}
         rows.append(row)
         print(json.dumps(row), flush=True)
     args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"),
