@@ -437,6 +437,20 @@ def nbits_reference(x: np.ndarray, ops: dict[str, np.ndarray], k: int, bits: int
     return x.astype(np.float64) @ deq.T
 
 
+def median_run_s(sess, io, reps: int, warmup: int = 3) -> float:
+    """Median seconds of ``reps`` runs of an IO binding after ``warmup`` untimed ones, each
+    timed until its outputs are synchronized (the kernels done, not just launched)."""
+    for _ in range(warmup):
+        sess.run_with_iobinding(io)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        sess.run_with_iobinding(io)
+        io.synchronize_outputs()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
 def bench_kernels(provider: str, shapes: dict[str, tuple[int, int]] | None = None,
                   blocks: tuple[int, ...] = (32, 64, 128), ms: tuple[int, ...] = (1, 8, 32),
                   target_bytes: int = 256 << 20, reps: int = 20) -> dict:
@@ -480,15 +494,7 @@ def bench_kernels(provider: str, shapes: dict[str, tuple[int, int]] | None = Non
                         io.bind_ortvalue_input("x", ort.OrtValue.ortvalue_from_numpy(x, device, 0))
                         for i in range(copies):
                             io.bind_output(f"y{i}", device)
-                        for _ in range(3):
-                            sess.run_with_iobinding(io)
-                        times = []
-                        for _ in range(reps):
-                            start = time.perf_counter()
-                            sess.run_with_iobinding(io)
-                            io.synchronize_outputs()  # the kernels done, not just launched
-                            times.append(time.perf_counter() - start)
-                        us = float(np.median(times)) / copies * 1e6
+                        us = median_run_s(sess, io, reps) / copies * 1e6
                         entry[f"us_m{m}"] = round(us, 2)
                         # three significant digits: a tiny test shape on a slow sample
                         # reads at a few MB/s, which one decimal rounded to 0

@@ -7,7 +7,8 @@ value heads, d_k = d_v = 128), the state bound in place as the runtime binds it.
 
 Each case first checks both ops against a numpy gated delta rule on a short ragged-free batch
 (B = 2, T = 8), then times a decode step (T = 1) at batch 1 and 32 and a prefill of 512 and 2048
-tokens: the median of 20 runs through IO binding with every input and output on the device.
+tokens: the median of 20 runs through IO binding with every input and output on the device
+(benchmarks/gpu_check.py's median_run_s).
 Inputs are fp32 and fp16 (GatedDeltaNet's state and decay are float whatever the inputs, its
 state V-major [B, Hv, d_v, d_k]; LinearAttention's state is [B, Hv, d_k, d_v] and takes the
 inputs' type). Results go to OUT/linear_attention_cuda.json.
@@ -17,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+import sys
 import traceback
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_check import median_run_s  # noqa: E402
 
 HK, HV, DK, DV = 16, 32, 128, 128
 
@@ -147,14 +150,7 @@ def run_case(op: str, dtype: str, provider: str, shapes, repeat: int) -> dict:
         values["out"] = ort.OrtValue.ortvalue_from_shape_and_type(out_shape, out_type, device, 0)
         binding.bind_ortvalue_output("out", values["out"])
         binding.bind_ortvalue_output("new_state", values["state"])  # in place, as the runtime
-        for _ in range(3):
-            sess.run_with_iobinding(binding)
-        times = []
-        for _ in range(repeat):
-            began = time.perf_counter()
-            sess.run_with_iobinding(binding)
-            times.append(time.perf_counter() - began)
-        entry[f"b{b}_t{t}_ms"] = round(1e3 * statistics.median(times), 4)
+        entry[f"b{b}_t{t}_ms"] = round(1e3 * median_run_s(sess, binding, repeat), 4)
     return entry
 
 
