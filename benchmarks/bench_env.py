@@ -27,6 +27,18 @@ REPORT_PACKAGES = [["matplotlib"]]
 # llava/mtmd (multimodal) is not needed and is a large part of the compile
 LLAMA_BUILD_ENV = {"CMAKE_ARGS": "-DLLAVA_BUILD=OFF",
                    "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
+# ggml's switches for a build without -march=native, each on when /proc/cpuinfo lists the flag:
+# what a native build of this CPU uses, AMX left out (see llama_cpu_cmake)
+GGML_ISA = {"avx": "GGML_AVX", "avx2": "GGML_AVX2", "fma": "GGML_FMA", "f16c": "GGML_F16C",
+            "bmi2": "GGML_BMI2", "avx_vnni": "GGML_AVX_VNNI", "avx512f": "GGML_AVX512",
+            "avx512vbmi": "GGML_AVX512_VBMI", "avx512_vnni": "GGML_AVX512_VNNI",
+            "avx512_bf16": "GGML_AVX512_BF16"}
+LLAMA_AMX_CHOICES = ("auto", "on", "off")
+LLAMA_AMX_HELP = ("llama.cpp's AMX kernels (CPUs that list amx_int8): on, a native build; off, "
+                  "the same CPU extensions without AMX; auto (default), native unless a native "
+                  "build crashed on this CPU's quantized weights before (WORK/llama-amx.json), and "
+                  "where it crashes now, rebuilt without AMX. Seen on a VM: ggml's AMX matmul "
+                  "faults in ldtilecfg (general protection fault) on q8_0 and Q4_1 weights")
 
 PRECISIONS = ["fp32", "int8", "int4"]
 LLAMA_MATCH = {"fp32": "f32", "int8": "q8_0", "int4": "Q4_1"}
@@ -133,6 +145,95 @@ def find_package_dir(python: str, package: str) -> Path | None:
     return Path(out.strip()) if out.strip() else None
 
 
+# ----------------------------------------------------------------------------- llama.cpp's build
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The CPU's feature flags (Linux), or none."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return set()
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def llama_cpu_cmake(amx: bool, flags: set[str] | None = None) -> list[str]:
+    """CMake switches for llama.cpp's CPU backend: native (``amx``), or this CPU's extensions as
+    explicit switches with AMX off (-march=native would turn AMX back on)."""
+    if amx:
+        return ["-DGGML_NATIVE=ON"]
+    flags = cpu_flags() if flags is None else flags
+    return (["-DGGML_NATIVE=OFF"]
+            + [f"-D{switch}={'ON' if flag in flags else 'OFF'}" for flag, switch in GGML_ISA.items()]
+            + ["-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"])
+
+
+def llama_build_env(amx: bool) -> dict:
+    """llama-cpp-python's pip environment: LLAMA_BUILD_ENV with the CPU switches."""
+    extra = "" if amx else " " + " ".join(llama_cpu_cmake(False))
+    return {**LLAMA_BUILD_ENV, "CMAKE_ARGS": LLAMA_BUILD_ENV["CMAKE_ARGS"] + extra}
+
+
+def _amx_record(work: Path) -> Path:
+    return work / "llama-amx.json"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def llama_amx(work: Path, choice: str) -> bool:
+    """Whether llama.cpp is built with its AMX kernels (``choice``: LLAMA_AMX_CHOICES): "auto"
+    is yes unless a native build crashed on this CPU model before (WORK/llama-amx.json)."""
+    if choice != "auto":
+        return choice == "on"
+    record = _amx_record(work)
+    try:
+        crashed = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return True
+    return crashed.get("cpu") != _cpu_model()
+
+
+def record_amx_crash(work: Path, what: str) -> None:
+    """Remember that llama.cpp's native build crashed here, so "auto" builds without AMX."""
+    work.mkdir(parents=True, exist_ok=True)
+    _amx_record(work).write_text(json.dumps(
+        {"cpu": _cpu_model(), "what": what,
+         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, indent=1))
+    log(f"llama.cpp's native build crashed on this CPU ({what}): building it without AMX "
+        f"(recorded in {_amx_record(work)}; --llama-amx on forces the native build)")
+
+
+def crashed(returncode: int | None) -> bool:
+    """A child killed by a signal (SIGSEGV, SIGILL, SIGBUS): not an error it reported."""
+    return returncode is not None and returncode < 0
+
+
+def llama_build_label(amx: bool) -> str:
+    return "native" if amx else "this CPU's extensions without AMX (GGML_NATIVE=OFF)"
+
+
+def llama_python_smoke(python: Path, gguf: Path, threads: int, logfile: Path) -> int:
+    """Load ``gguf`` with llama-cpp-python and run 8 tokens through it, in a child: its exit
+    status (negative: the signal that killed it)."""
+    code = ("import sys, llama_cpp; m = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, "
+            "n_threads=int(sys.argv[2]), verbose=False); m.eval(list(range(1, 9)))")
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    with open(logfile, "a") as lf:
+        lf.write(f"\n$ llama-cpp-python smoke run on {gguf}\n")
+        lf.flush()
+        return subprocess.run([str(python), "-c", code, str(gguf), str(threads)], check=False,
+                              stdout=lf, stderr=lf, timeout=900).returncode
+
+
 # ----------------------------------------------------------------------------- environments
 
 
@@ -169,8 +270,11 @@ class Setup:
             log_file = self.logs / f"venv-{name}.log"
             run([sys.executable, "-m", "venv", folder], log_file)
             run([python, "-m", "pip", "install", "--upgrade", "pip"], log_file)
+            # a build that depends on env (llama.cpp's CMAKE_ARGS) must not come from pip's
+            # wheel cache: the wheel of an earlier build with other switches would be reused
+            no_cache = ["--no-cache-dir"] if env else []
             for pkgs in steps:
-                run([python, "-m", "pip", "install", *pkgs], log_file, env=env)
+                run([python, "-m", "pip", "install", *no_cache, *pkgs], log_file, env=env)
             write_stamp(folder, stamp)
 
         self.timed(f"venv {name}", build)
@@ -336,6 +440,31 @@ class Setup:
         shutil.rmtree(twin, ignore_errors=True)
         linked_genai_folder(out, twin, intra_op_num_threads=self.args.threads)
         return out, twin
+
+    def llama(self, gguf: Path, hf: Path) -> tuple[Path, dict[str, Path]]:
+        """llama-cpp-python's venv (--llama-amx) and llama.cpp's files (llama_models). With
+        "auto", a native build that crashes on the q8_0 file is rebuilt without AMX."""
+        choice = getattr(self.args, "llama_amx", "auto")
+        amx = llama_amx(self.work, choice)
+        python = self.venv("llama-cpp", LLAMA_PACKAGES, "llama_cpp", env=llama_build_env(amx))
+        files = self.llama_models(python, gguf, hf)
+        if amx and choice == "auto" and "q8_0" in files:
+            rc = llama_python_smoke(python, files["q8_0"], self.args.threads,
+                                    self.logs / "llama-smoke.log")
+            if crashed(rc):
+                record_amx_crash(self.work, f"llama-cpp-python on {files['q8_0'].name}: "
+                                 f"killed by signal {-rc}")
+                amx = False
+                python = self.venv("llama-cpp", LLAMA_PACKAGES, "llama_cpp",
+                                   env=llama_build_env(False))
+                rc = llama_python_smoke(python, files["q8_0"], self.args.threads,
+                                        self.logs / "llama-smoke.log")
+                if crashed(rc):
+                    raise StepFailed(f"llama.cpp crashes on this CPU without AMX too (signal "
+                                     f"{-rc} on {files['q8_0'].name}; see "
+                                     f"{self.logs / 'llama-smoke.log'})")
+        self.llama_build = llama_build_label(amx)
+        return python, files
 
     def llama_models(self, python: Path, gguf: Path, hf: Path) -> dict[str, Path]:
         """llama.cpp's files: an F32 GGUF and what llama.cpp's quantizer makes of it. SmolLM2: the

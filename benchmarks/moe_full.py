@@ -489,7 +489,9 @@ def measure(a) -> dict:
     results: dict = {"machine": serve_load.machine(), "config": a.config,
                      "layers": cfg.num_hidden_layers, "args": {k: str(v) for k, v in vars(a).items()},
                      "export": {}, "ours": {}, "llama": {}, "serve": {}}
-    binaries = serve_load.llama_binaries(a.bench_work, logs) if a.llama else {}
+    amx = serve_load.llama_amx(a.bench_work, a.llama_amx)
+    binaries = serve_load.llama_binaries(a.bench_work, logs, amx) if a.llama else {}
+    results["llama_build"] = serve_load.llama_build_label(amx) if a.llama else None
     for precision in dict.fromkeys(a.export + a.run):
         block = "" if a.block_size == 32 else f"-b{a.block_size}"
         for tag, value in (("acc", a.experts_accuracy_level), ("eb", a.experts_block_size),
@@ -776,6 +778,10 @@ def main() -> None:
                    default=Path.home() / ".cache" / "llm-onnx-bench" / "moe-full")
     p.add_argument("--bench-work", type=Path, default=Path.home() / ".cache" / "llm-onnx-bench",
                    help="where serve_load.py builds llama-server (shared with it)")
+    p.add_argument("--llama-amx", choices=["auto", "on", "off"], default="auto",
+                   help="llama.cpp's AMX kernels: on (a native build), off (the CPU's other "
+                        "extensions), auto: native unless serve_load.py or compare_peers.py "
+                        "recorded a crash of the native build on this CPU (BENCH_WORK/llama-amx.json)")
     p.add_argument("--keep", action="store_true", help="keep the model folders and GGUFs")
     p.add_argument("--reuse", action="store_true",
                    help="take a folder an earlier --keep run exported (and its export figures) "

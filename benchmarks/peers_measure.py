@@ -9,9 +9,8 @@ import shutil
 import statistics
 from pathlib import Path
 
-from bench_env import (GENAI, GENAI_PACKAGES, HF, LLAMA, LLAMA_BUILD_ENV, LLAMA_MATCH,
-                       LLAMA_MATCH_SHAPE, LLAMA_PACKAGES, OURS, PRECISIONS, Setup, StepFailed,
-                       cpu_busy, llama_match, log, run, worker)
+from bench_env import (GENAI, GENAI_PACKAGES, HF, LLAMA, LLAMA_MATCH, LLAMA_MATCH_SHAPE, OURS,
+                       PRECISIONS, Setup, StepFailed, cpu_busy, llama_match, log, run, worker)
 
 # ----------------------------------------------------------------------------- measuring
 
@@ -73,10 +72,15 @@ def measure_all(args, setup: Setup) -> dict:
                 rows.append({"system": GENAI, "precision": p, "error": str(e).splitlines()[0]})
                 log(f"  FAILED: {e}")
     if "llama" not in args.skip:
-        llama_py = setup.venv("llama-cpp", LLAMA_PACKAGES, "llama_cpp", env=LLAMA_BUILD_ENV)
         match = llama_match(args)
-        llama_files = {q: f for q, f in setup.llama_models(llama_py, gguf, hf).items()
-                       if q in {match[p] for p in args.precision}}
+        try:
+            llama_py, files = setup.llama(gguf, hf)
+            llama_files = {q: f for q, f in files.items()
+                           if q in {match[p] for p in args.precision}}
+        except StepFailed as e:  # it crashes here even without AMX: the others still run
+            rows += [{"system": LLAMA, "precision": match[p], "error": str(e).splitlines()[0]}
+                     for p in args.precision]
+            log(f"  FAILED: {e}")
 
     # Measure in rounds (each system once per round, one after the other) and merge: the
     # machine's speed drifts over minutes, and round-robin spreads that drift over every system
@@ -101,7 +105,8 @@ def measure_all(args, setup: Setup) -> dict:
     profiles = (measure_profiles(args, prompts, prompt_ids, ours_dirs, genai_dirs, genai_py,
                                  res_dir, logs) if args.profile else {})
     return {"rows": rows, "prompts": json.loads(prompts.read_text()), "gguf": str(gguf),
-            "hf_folder": str(hf), "profiles": profiles}
+            "hf_folder": str(hf), "profiles": profiles,
+            "llama_build": getattr(setup, "llama_build", None)}
 
 
 def measure_profiles(args, prompts, prompt_ids, ours_dirs, genai_dirs, genai_py, res_dir, logs,

