@@ -52,6 +52,8 @@ LLAMA_CMAKE = ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA
                "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_OPENSSL=OFF", "-DBUILD_SHARED_LIBS=OFF"]
 OURS, LLAMA, RAY = "llm-onnx", "llama-server", "llm-onnx on Ray"
 MATCH = {"int8": "q8_0", "fp32": "f32"}
+# 8 clients' aggregate against llama-server's (issue 42 raised it from 1.6)
+PEER_TARGET = 2.0
 SLOT_POSITIONS = 512  # llama-server's context per slot: prompt 128 + answer 128, with room
 
 
@@ -508,7 +510,8 @@ def targets(results: dict, clients: int = 8) -> list[str]:
     return [f"{'MET ' if vs_base >= 3 else 'MISS'} aggregate at {clients} clients >= 3x our "
             f"batch-1 decode: {vs_base:.2f}x ({ours['aggregate_tok_s']:.1f} vs "
             f"{base['decode_tok_s']:.1f} tok/s)",
-            f"{'MET ' if vs_peer >= 1.6 else 'MISS'} aggregate >= 1.6x llama-server q8_0: "
+            f"{'MET ' if vs_peer >= PEER_TARGET else 'MISS'} aggregate >= {PEER_TARGET}x "
+            f"llama-server q8_0: "
             f"{vs_peer:.2f}x ({peer['aggregate_tok_s']:.1f} tok/s)",
             f"{'MET ' if ttft else 'MISS'} p99 TTFT no worse than llama-server's: "
             f"{ms(ours['ttft_p99_s'])} vs {ms(peer['ttft_p99_s'])} ms"]

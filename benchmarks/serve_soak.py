@@ -33,7 +33,6 @@ import os
 import random
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time

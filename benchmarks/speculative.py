@@ -162,7 +162,6 @@ def llama_part(args) -> list[dict]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from serve_load import Server, free_port  # noqa: E402
 
-    logs = Path(args.out).parent if args.out else Path(".")
     rows = []
     for gguf in args.gguf:
         servers = {}
