@@ -148,14 +148,24 @@ def find_package_dir(python: str, package: str) -> Path | None:
 # ----------------------------------------------------------------------------- llama.cpp's build
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
-    """The CPU's feature flags (Linux), or none."""
+def _cpuinfo_field(name: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The first ``name : value`` of /proc/cpuinfo (Linux), or None."""
     try:
         text = cpuinfo.read_text()
     except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
+        return None
+    line = next((ln for ln in text.splitlines() if ln.startswith(name)), None)
+    return None if line is None else line.partition(":")[2].strip()
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The CPU's feature flags (Linux), or none."""
+    return set((_cpuinfo_field("flags", cpuinfo) or "").split())
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else what platform says."""
+    return _cpuinfo_field("model name") or platform.processor()
 
 
 def llama_cpu_cmake(amx: bool, flags: set[str] | None = None) -> list[str]:
@@ -179,16 +189,6 @@ def _amx_record(work: Path) -> Path:
     return work / "llama-amx.json"
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def llama_amx(work: Path, choice: str) -> bool:
     """Whether llama.cpp is built with its AMX kernels (``choice``: LLAMA_AMX_CHOICES): "auto"
     is yes unless a native build crashed on this CPU model before (WORK/llama-amx.json)."""
@@ -199,14 +199,14 @@ def llama_amx(work: Path, choice: str) -> bool:
         crashed = json.loads(record.read_text())
     except (OSError, ValueError):
         return True
-    return crashed.get("cpu") != _cpu_model()
+    return crashed.get("cpu") != cpu_name()
 
 
 def record_amx_crash(work: Path, what: str) -> None:
     """Remember that llama.cpp's native build crashed here, so "auto" builds without AMX."""
     work.mkdir(parents=True, exist_ok=True)
     _amx_record(work).write_text(json.dumps(
-        {"cpu": _cpu_model(), "what": what,
+        {"cpu": cpu_name(), "what": what,
          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}, indent=1))
     log(f"llama.cpp's native build crashed on this CPU ({what}): building it without AMX "
         f"(recorded in {_amx_record(work)}; --llama-amx on forces the native build)")
@@ -215,6 +215,25 @@ def record_amx_crash(work: Path, what: str) -> None:
 def crashed(returncode: int | None) -> bool:
     """A child killed by a signal (SIGSEGV, SIGILL, SIGBUS): not an error it reported."""
     return returncode is not None and returncode < 0
+
+
+def amx_checked(work: Path, choice: str, amx: bool, built, rebuild, smoke, what: str,
+                logfile: Path):
+    """``built`` (llama.cpp built with ``amx``) and whether it uses AMX, after --llama-amx
+    "auto"'s check: ``smoke(built)`` runs the q8_0 file; a child killed by a signal is recorded
+    (record_amx_crash), ``rebuild()`` builds without AMX and that build must pass the same run."""
+    if not (amx and choice == "auto"):
+        return built, amx
+    rc = smoke(built)
+    if not crashed(rc):
+        return built, True
+    record_amx_crash(work, f"{what}: killed by signal {-rc}")
+    built = rebuild()
+    rc = smoke(built)
+    if crashed(rc):
+        raise StepFailed(f"{what} crashes on this CPU without AMX too (signal {-rc}; see "
+                         f"{logfile})")
+    return built, False
 
 
 def llama_build_label(amx: bool) -> str:
@@ -448,21 +467,14 @@ class Setup:
         amx = llama_amx(self.work, choice)
         python = self.venv("llama-cpp", LLAMA_PACKAGES, "llama_cpp", env=llama_build_env(amx))
         files = self.llama_models(python, gguf, hf)
-        if amx and choice == "auto" and "q8_0" in files:
-            rc = llama_python_smoke(python, files["q8_0"], self.args.threads,
-                                    self.logs / "llama-smoke.log")
-            if crashed(rc):
-                record_amx_crash(self.work, f"llama-cpp-python on {files['q8_0'].name}: "
-                                 f"killed by signal {-rc}")
-                amx = False
-                python = self.venv("llama-cpp", LLAMA_PACKAGES, "llama_cpp",
-                                   env=llama_build_env(False))
-                rc = llama_python_smoke(python, files["q8_0"], self.args.threads,
-                                        self.logs / "llama-smoke.log")
-                if crashed(rc):
-                    raise StepFailed(f"llama.cpp crashes on this CPU without AMX too (signal "
-                                     f"{-rc} on {files['q8_0'].name}; see "
-                                     f"{self.logs / 'llama-smoke.log'})")
+        if "q8_0" in files:
+            logfile = self.logs / "llama-smoke.log"
+            python, amx = amx_checked(
+                self.work, choice, amx, python,
+                rebuild=lambda: self.venv("llama-cpp", LLAMA_PACKAGES, "llama_cpp",
+                                          env=llama_build_env(False)),
+                smoke=lambda py: llama_python_smoke(py, files["q8_0"], self.args.threads, logfile),
+                what=f"llama-cpp-python on {files['q8_0'].name}", logfile=logfile)
         self.llama_build = llama_build_label(amx)
         return python, files
 

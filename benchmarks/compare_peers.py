@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_env import LLAMA_AMX_CHOICES, LLAMA_AMX_HELP, PRECISIONS, Setup
+from bench_env import LLAMA_AMX_CHOICES, LLAMA_AMX_HELP, PRECISIONS, Setup, cpu_name
 from peer_worker import SHAPES
 from peers_measure import measure_all
 from peers_report import plot, report
@@ -126,7 +126,7 @@ def main() -> None:
     results.update(
         settings={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         machine={"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                 "processor": _cpu_name(), "python": platform.python_version()},
+                 "processor": cpu_name(), "python": platform.python_version()},
         setup_seconds=setup.times, total_seconds=None,
         created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     text = report(results, args)
@@ -145,17 +145,6 @@ def main() -> None:
         print("setup (s): " + ", ".join(f"{k} {v}" for k, v in setup.times.items()))
     print(f"results: {json_file}" + (f"\nchart:   {chart}" if chart else ""))
     print(f"total {results['total_seconds']:.0f} s")
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 if __name__ == "__main__":

@@ -41,9 +41,9 @@ import tarfile
 import time
 from pathlib import Path
 
-from bench_env import (LLAMA_AMX_CHOICES, LLAMA_AMX_HELP, Setup, StepFailed, cpu_busy, crashed,
-                       llama_amx, llama_build_label, llama_cpu_cmake, log, record_amx_crash, run,
-                       stamp_ok, worker, write_stamp)
+from bench_env import (LLAMA_AMX_CHOICES, LLAMA_AMX_HELP, Setup, StepFailed, amx_checked,
+                       cpu_busy, llama_amx, llama_build_label, llama_cpu_cmake, log, run, stamp_ok,
+                       worker, write_stamp)
 from peer_worker import FIDELITY_TEXTS, SPEED_TEXT
 
 LLAMA_SDIST = "llama-cpp-python==0.3.36"
@@ -135,20 +135,13 @@ def checked_llama(args, setup: Setup, gguf: Path) -> tuple[dict[str, Path], dict
     amx = llama_amx(args.work, args.llama_amx)
     binaries = llama_binaries(args.work, setup.logs, amx)
     files = llama_models(args, setup, gguf, binaries["llama-quantize"])
-    if amx and args.llama_amx == "auto":
-        rc = llama_server_smoke(binaries["llama-server"], files["q8_0"], args.threads,
-                                setup.logs / "llama-smoke.log")
-        if crashed(rc):
-            record_amx_crash(args.work, f"llama-server on {files['q8_0'].name}: killed by "
-                             f"signal {-rc}")
-            amx = False
-            binaries = llama_binaries(args.work, setup.logs, amx)
-            rc = llama_server_smoke(binaries["llama-server"], files["q8_0"], args.threads,
-                                    setup.logs / "llama-smoke.log")
-            if crashed(rc):
-                raise StepFailed(f"llama-server crashes on this CPU without AMX too (signal "
-                                 f"{-rc} on {files['q8_0'].name}; see "
-                                 f"{setup.logs / 'llama-smoke.log'})")
+    logfile = setup.logs / "llama-smoke.log"
+    binaries, amx = amx_checked(
+        args.work, args.llama_amx, amx, binaries,
+        rebuild=lambda: llama_binaries(args.work, setup.logs, False),
+        smoke=lambda b: llama_server_smoke(b["llama-server"], files["q8_0"], args.threads,
+                                           logfile),
+        what=f"llama-server on {files['q8_0'].name}", logfile=logfile)
     setup.llama_build = llama_build_label(amx)
     return binaries, files
 

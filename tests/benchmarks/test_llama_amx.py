@@ -94,7 +94,7 @@ def test_auto_is_native_until_a_crash_is_recorded_for_this_cpu(bench_env, tmp_pa
     assert bench_env.llama_amx(tmp_path, "on") is True  # on forces the native build
     record = tmp_path / "llama-amx.json"
     data = json.loads(record.read_text())
-    assert data["cpu"] == bench_env._cpu_model() and "signal 11" in data["what"]
+    assert data["cpu"] == bench_env.cpu_name() and "signal 11" in data["what"]
     record.write_text(json.dumps({**data, "cpu": "another CPU"}))  # a work dir moved elsewhere
     assert bench_env.llama_amx(tmp_path, "auto") is True
     record.write_text("not json")
