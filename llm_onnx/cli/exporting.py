@@ -121,8 +121,10 @@ def _rerun_with_huge_pages() -> None:
               help="--task embed: L2-normalise the embeddings, or not, instead of what the "
                    "checkpoint says.")
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs torch parity gate.")
-@click.option("--force", is_flag=True, help="Replace --out if it exists (only once the new "
-              "folder is complete).")
+@click.option("--force", is_flag=True,
+              help="Replace --out if it exists, once the new folder is complete; only a model "
+                   "folder made by `llm-onnx export` (holding nothing its manifest does not "
+                   "list) or an empty folder is ever replaced.")
 @click.option("--no-huge-pages", is_flag=True,
               help="Run as started. By default, on Linux with glibc 2.35+ and transparent huge "
                    "pages in madvise or always mode, the export starts itself again with "
@@ -151,6 +153,10 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
       llm-onnx export --checkpoint ./Qwen3-Embedding-0.6B --task embed --precision fp32
       llm-onnx export --checkpoint ./my-st-model --task embed --pooling mean --no-normalize
     """
+    if out is not None:  # fail fast: before the checkpoint is opened or the process restarted
+        from llm_onnx.export.folder import check_output
+
+        check_output(out, force, checkpoint)
     if not no_huge_pages:
         _rerun_with_huge_pages()  # returns only when it does not
     if huge_pages_on(os.environ):  # as this process started, whoever set it

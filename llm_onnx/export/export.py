@@ -270,7 +270,9 @@ def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | Non
             renamed at the end, so an interrupted or failed export leaves no partial folder and
             an existing ``out`` (replaced only with ``force``) stays intact until then.
         options: precision, quantization and graph options.
-        force: replace an existing ``out``.
+        force: replace an existing ``out`` if it is an empty folder or a model folder made by
+            ``llm-onnx export`` holding nothing its manifest does not list; anything else (a
+            folder of the user's, the working directory, a symbolic link) is refused.
         progress: show a progress bar on stderr.
 
     Returns the model folder. Raises ExportError (bad output path, disk full) or ParityError.
@@ -282,6 +284,7 @@ def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | Non
     what to add).
     """
     out = Path(out)
+    check_output(out, force, checkpoint.path)  # before any weight is read
     cfg = checkpoint.config
     options = resolve_source(resolve_target(options or ExportOptions(), cfg), checkpoint)
     if options.kv_int8:  # the values' change of basis (kv_rotation.py), before anything reads them
@@ -290,7 +293,6 @@ def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | Non
     max_len = min(options.max_seq_len or bound or cfg.max_position_embeddings,
                   cfg.max_position_embeddings)
     plan = ExportPlan.build(cfg, options, max_len, embedding)
-    check_output(out, force, checkpoint.path)
     bar = Progress(enabled=progress, total=2 + 1 + 1)
     try:
         with atomic_folder(out) as scratch:

@@ -4,6 +4,7 @@ complete."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -13,15 +14,28 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from llm_onnx.errors import ExportError
+from llm_onnx.model_folder import FORMAT, MANIFEST
 
 
-def check_output(out: Path, force: bool, checkpoint_path: Path | None) -> None:
+def check_output(out: Path, force: bool, checkpoint_path: Path | None = None) -> None:
+    """Refuse an ``--out`` the export may not write, before anything is read: one that exists
+    without ``force``; with ``force``, anything but an empty folder or a model folder made by
+    ``llm-onnx export`` (a manifest, and no file it does not list), the working directory or a
+    folder above it, a symbolic link, a folder inside the checkpoint's own."""
     out = Path(out)
-    if out.exists() and not force:
-        raise ExportError(f"{out} already exists; pass --force to replace it (the old folder is "
-                          "kept until the new one is complete).")
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"{out} exists and is not a folder.")
+    if out.is_symlink():
+        raise ExportError(f"--out {out} is a symbolic link (to {os.readlink(out)}); give a real "
+                          "folder (the link itself would be replaced, not what it points to).")
+    if out.exists():
+        if not out.is_dir():
+            raise ExportError(f"--out {out} exists and is not a folder; choose another --out.")
+        if not force:
+            raise ExportError(f"{out} already exists; pass --force to replace it (the old folder "
+                              "is kept until the new one is complete).")
+        reason = unreplaceable(out)
+        if reason:
+            raise ExportError(f"--out {out}: {reason}; --force replaces only a model folder made "
+                              "by `llm-onnx export` or an empty folder. Choose another --out.")
     if checkpoint_path is not None:
         src = checkpoint_path if checkpoint_path.is_dir() else checkpoint_path.parent
         try:
@@ -32,6 +46,44 @@ def check_output(out: Path, force: bool, checkpoint_path: Path | None) -> None:
         if inside:
             raise ExportError(f"--out {out} is inside the checkpoint folder {src}; choose a folder "
                               "outside it.")
+
+
+def unreplaceable(folder: Path) -> str | None:
+    """Why ``folder`` (an existing folder) must not be replaced by an export, or None when it may:
+    it is empty, or it is a model folder whose every entry its manifest lists (so nothing of the
+    user's is inside)."""
+    here = Path.cwd().resolve()
+    target = folder.resolve()
+    if here == target or target in here.parents:
+        return "it is the working directory or holds it"
+    if target == Path.home().resolve() or target.parent == target:
+        return "it is a home or root folder"
+    entries = sorted(p.name for p in folder.iterdir())
+    if not entries:
+        return None
+    manifest = folder / MANIFEST
+    listed = _manifest_files(manifest) if manifest.is_file() and not manifest.is_symlink() else None
+    if listed is None:
+        shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+        return f"it is not a model folder made by `llm-onnx export` (it holds {shown})"
+    others = [name for name in entries if name != MANIFEST and name not in listed]
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        return f"it is a model folder, but also holds {shown}, which its {MANIFEST} does not list"
+    return None
+
+
+def _manifest_files(manifest: Path) -> set[str] | None:
+    """The file names an llm-onnx manifest lists (of any format version), or None when the file
+    is not one."""
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return None
+    files = data.get("files")
+    return {str(name) for name in files} if isinstance(files, dict) else set()
 
 
 @contextmanager
@@ -74,8 +126,14 @@ def _interrupts_as_exceptions() -> Iterator[None]:
 
 
 def _replace_folder(scratch: Path, out: Path) -> None:
-    """Rename scratch -> out; an existing out is moved aside first and removed only afterwards."""
-    if out.exists():
+    """Rename scratch -> out; an existing out is moved aside first and removed only afterwards,
+    and only if it may still be replaced (something may have been put there while the export
+    ran)."""
+    if out.exists() or out.is_symlink():
+        reason = "it is a symbolic link" if out.is_symlink() else unreplaceable(out)
+        if reason:
+            raise ExportError(f"--out {out} changed while the export ran: {reason}; it is left "
+                              "as it is and the export discarded. Choose another --out.")
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         os.replace(out, old)
         try:

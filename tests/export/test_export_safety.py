@@ -78,14 +78,117 @@ def test_disk_full_is_a_clear_error(ckpt, tmp_path, monkeypatch):
 
 def test_existing_out_needs_force(ckpt, tmp_path):
     out = tmp_path / "model"
-    out.mkdir()
-    (out / "keep.txt").write_text("mine")
+    export_model(ckpt, out, FAST, progress=False)
     with pytest.raises(ExportError, match="already exists; pass --force"):
         export_model(ckpt, out, FAST, progress=False)
-    assert (out / "keep.txt").read_text() == "mine"
-    export_model(ckpt, out, FAST, force=True, progress=False)
-    assert not (out / "keep.txt").exists() and (out / "manifest.json").is_file()
+    first = (out / "manifest.json").stat().st_mtime_ns
+    export_model(ckpt, out, FAST, force=True, progress=False)  # a model folder: replaced
+    assert (out / "manifest.json").stat().st_mtime_ns != first
     assert leftovers(tmp_path) == []
+
+
+def test_force_never_replaces_a_folder_of_the_users(ckpt, tmp_path):
+    """The data loss of issue 61: --force replaced any folder, notes.txt and all."""
+    out = tmp_path / "userdir"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match=r"userdir: it is not a model folder made by "
+                                          r"`llm-onnx export` \(it holds notes.txt\)"):
+        export_model(ckpt, out, FAST, force=True, progress=False)
+    assert (out / "notes.txt").read_text() == "mine" and leftovers(tmp_path) == []
+
+
+def test_force_replaces_an_empty_folder(ckpt, tmp_path):
+    out = tmp_path / "empty"
+    out.mkdir()
+    export_model(ckpt, out, FAST, force=True, progress=False)
+    assert (out / "manifest.json").is_file()
+
+
+def test_force_refuses_a_model_folder_holding_more_than_its_manifest_lists(ckpt, tmp_path):
+    out = tmp_path / "model"
+    export_model(ckpt, out, FAST, progress=False)
+    (out / "my-eval.txt").write_text("results")
+    with pytest.raises(ExportError, match="also holds my-eval.txt, which its manifest.json"):
+        export_model(ckpt, out, FAST, force=True, progress=False)
+    assert (out / "my-eval.txt").read_text() == "results"
+
+
+def test_force_refuses_a_foreign_manifest(ckpt, tmp_path):
+    out = tmp_path / "other"
+    out.mkdir()
+    (out / "manifest.json").write_text('{"name": "some other tool"}')
+    with pytest.raises(ExportError, match="not a model folder made by"):
+        export_model(ckpt, out, FAST, force=True, progress=False)
+    assert (out / "manifest.json").read_text() == '{"name": "some other tool"}'
+
+
+def test_force_refuses_the_working_directory(ckpt, tmp_path, monkeypatch):
+    """`--out . --force` would have deleted the folder the user stands in; even an exported
+    model folder is not replaced from inside it."""
+    export_model(ckpt, tmp_path / "model", FAST, progress=False)
+    for where, out in [(tmp_path, "."), (tmp_path / "model", "."), (tmp_path / "model", "..")]:
+        monkeypatch.chdir(where)
+        with pytest.raises(ExportError, match="working directory"):
+            export_model(ckpt, out, FAST, force=True, progress=False)
+    assert (tmp_path / "model" / "manifest.json").is_file()
+
+
+def test_force_refuses_a_symlink(ckpt, tmp_path):
+    export_model(ckpt, tmp_path / "model", FAST, progress=False)
+    link = tmp_path / "current"
+    link.symlink_to(tmp_path / "model", target_is_directory=True)
+    for force in (False, True):
+        with pytest.raises(ExportError, match="is a symbolic link"):
+            export_model(ckpt, link, FAST, force=force, progress=False)
+    assert link.is_symlink() and (tmp_path / "model" / "manifest.json").is_file()
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ExportError, match="is a symbolic link"):
+        export_model(ckpt, dangling, FAST, progress=False)
+
+
+def test_a_file_put_into_out_during_the_export_is_kept(ckpt, tmp_path, monkeypatch):
+    """The check is made again when the new folder is complete: a file the user put into the
+    old folder meanwhile is not deleted with it."""
+    from llm_onnx.export import export as export_module
+
+    out = tmp_path / "model"
+    export_model(ckpt, out, FAST, progress=False)
+    real = export_module.write_folder
+
+    def write_and_meddle(*args, **kwargs):
+        (out / "notes.txt").write_text("written meanwhile")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(export_module, "write_folder", write_and_meddle)
+    with pytest.raises(ExportError, match="changed while the export ran"):
+        export_model(ckpt, out, FAST, force=True, progress=False)
+    assert (out / "notes.txt").read_text() == "written meanwhile"
+    assert (out / "manifest.json").is_file() and leftovers(tmp_path) == []
+
+
+def test_cli_refuses_out_before_opening_the_checkpoint(tmp_path, monkeypatch):
+    """A bad --out fails at once, not after the checkpoint has been read."""
+    from click.testing import CliRunner
+
+    from llm_onnx.cli import main
+
+    def never(*args, **kwargs):
+        raise AssertionError("the checkpoint was opened")
+
+    monkeypatch.setattr("llm_onnx.checkpoints.load.open_checkpoint", never)
+    monkeypatch.setattr("llm_onnx.checkpoints.load.random_checkpoint", never)
+    out = tmp_path / "userdir"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    for extra in ([], ["--force"]):
+        result = CliRunner().invoke(main, ["export", "--config", "llama_tiny", "--random-weights",
+                                           "--out", str(out), *extra])
+        assert result.exit_code == 1, result.output
+        assert "already exists" in result.output if not extra else \
+            "not a model folder made by" in result.output
+    assert (out / "notes.txt").read_text() == "mine"
 
 
 def test_out_inside_checkpoint_folder_is_refused(tmp_path):
