@@ -220,12 +220,16 @@ class ParityReport:
     decode_steps: int = 0
     logits_max_abs_diff: float | None = None
     logits_max_abs: float | None = None
-    relative_logits_diff: float | None = None
-    kl_divergence: float | None = None
+    relative_logits_diff: float | None = None  # a diagnostic: the gate judges the KL and top tokens
+    kl_divergence: float | None = None  # mean over the compared positions
+    kl_max_position: float | None = None  # at the worst one
     greedy_agreement: float | None = None
+    clear_agreement: float | None = None  # where torch's top token led clearly
     present_kv_max_abs_diff: float | None = None
     present_state_max_abs_diff: float | None = None  # linear-attention layers' states
     thresholds: dict[str, float] = field(default_factory=dict)
+    # Why the gate found the export broken, kept with --allow-parity-failure (empty: it passed)
+    failures: tuple[str, ...] = ()
     # The same prompts through the runtime on CUDA (exports for a GPU, made where one is usable).
     cuda_relative_logits_diff: float | None = None
     cuda_kl_divergence: float | None = None

@@ -180,19 +180,24 @@ def test_export_reexecutes_its_own_command_line_with_huge_pages(monkeypatch):
 @pytest.mark.skipif(not huge_pages_env({}, *this_machine()),
                     reason="this machine's glibc or kernel takes no transparent huge pages")
 def test_export_runs_with_huge_pages(tmp_path):
-    """`python -m llm_onnx.cli export` executes itself again with glibc's tunable: the process
-    that exports says so (its environment as it started, what glibc read) on stderr, once; with
-    --no-huge-pages nothing is added."""
+    """`python -m llm_onnx.cli export` executes itself again with glibc's tunable: with -v the
+    process that exports says so (its environment as it started, what glibc read) on stderr,
+    once; without it the export is quiet about it; with --no-huge-pages nothing is added."""
     env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", MARKER)}
     cli = [sys.executable, "-m", "llm_onnx.cli", "export"]
+    args = ["--config", "llama_tiny", "--random-weights", "--precision", "fp32", "--max-seq-len",
+            "32", "--no-validate"]
     out = tmp_path / "tiny"
-    done = subprocess.run(cli + ["--config", "llama_tiny", "--random-weights", "--precision",
-                                 "fp32", "--max-seq-len", "32", "--no-validate", "--out", str(out)],
+    done = subprocess.run(cli + args + ["-v", "--out", str(out)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("Huge pages: on (GLIBC_TUNABLES=glibc.malloc.hugetlb=1; "
                              "--no-huge-pages turns them off).") == 1, done.stderr
     assert (out / "manifest.json").is_file()
+    quiet = subprocess.run(cli + args + ["--out", str(tmp_path / "quiet")],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0 and "Huge pages" not in quiet.stderr, quiet.stderr
+    assert quiet.stdout.splitlines()[-1] == "Parity: not checked (--no-validate)."
     off = subprocess.run(cli + ["--config", "nope", "--random-weights", "--no-huge-pages"],
                          env=env, capture_output=True, text=True, timeout=300)
     assert off.returncode == 1 and "Unknown config" in off.stderr

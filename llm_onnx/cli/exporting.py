@@ -121,6 +121,13 @@ def _rerun_with_huge_pages() -> None:
               help="--task embed: L2-normalise the embeddings, or not, instead of what the "
                    "checkpoint says.")
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs torch parity gate.")
+@click.option("--allow-parity-failure", is_flag=True,
+              help="Keep the folder even if the parity gate finds it broken (the KL of the "
+                   "next-token distributions over its prompts, or a top token that differs "
+                   "where torch's choice was clear); the figures and the reasons go into the "
+                   "manifest and are printed as a warning.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Say more about how the export runs (huge pages).")
 @click.option("--force", is_flag=True,
               help="Replace --out if it exists, once the new folder is complete; only a model "
                    "folder made by `llm-onnx export` (holding nothing its manifest does not "
@@ -136,7 +143,8 @@ def _rerun_with_huge_pages() -> None:
 def export(config_name, checkpoint, random_weights, seed, precision, out, max_seq_len, block_size,
            float_embeddings, embedding_bits, accuracy_level, experts_accuracy_level,
            experts_block_size, experts_scheme, quant_scheme, quant_method, calibration_text, kv_cache, all_logits, plain_attention, target, task,
-           pooling, normalize, no_validate, force, no_huge_pages) -> None:
+           pooling, normalize, no_validate, allow_parity_failure, verbose, force,
+           no_huge_pages) -> None:
     """Export a model to an ONNX model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
     manifest.json; embed.onnx with --task embed), then check it against torch in ONNX Runtime.
 
@@ -159,7 +167,7 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
         check_output(out, force, checkpoint)
     if not no_huge_pages:
         _rerun_with_huge_pages()  # returns only when it does not
-    if huge_pages_on(os.environ):  # as this process started, whoever set it
+    if verbose and huge_pages_on(os.environ):  # as this process started, whoever set it
         how = "; --no-huge-pages turns them off" if os.environ.get(MARKER) else ""
         click.echo(f"Huge pages: on (GLIBC_TUNABLES={os.environ['GLIBC_TUNABLES']}{how}).",
                    err=True)
@@ -186,11 +194,38 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
                             max_seq_len=max_seq_len, kv_cache=kv_cache,
                             all_logits=all_logits, plain_attention=plain_attention,
                             validate=not no_validate,
+                            allow_parity_failure=allow_parity_failure,
                             target=None if target == "auto" else target,
                             task=task, pooling=pooling, normalize=normalize)
     out = out or Path("models") / f"{ckpt.name}-{precision}"
     folder = export_model(ckpt, out, options, force=force, progress=True)
     click.echo(f"Exported {ckpt.name} ({precision}) to {folder}")
+    _print_parity(folder)
+
+
+def _print_parity(folder: Path) -> None:
+    """The parity gate's figures, last, where a user looks (and its reasons when a folder it
+    found broken was kept with --allow-parity-failure)."""
+    from llm_onnx.model_folder import read_manifest
+
+    p = read_manifest(folder).parity
+    if p.scope == "skipped":
+        click.echo("Parity: not checked (--no-validate).")
+        return
+    if p.kl_divergence is None:  # an embedding model
+        click.echo(f"Parity ({p.scope}): embeddings max|diff| {p.embeddings_max_abs_diff:.3g}, "
+                   f"lowest cosine {p.embeddings_min_cosine:.6f}.")
+        return
+    positions = p.prompts * (p.decode_steps + 1)
+    limits = p.thresholds
+    click.echo(f"Parity ({p.scope}; {p.prompts} prompts, {p.decode_steps} decode steps): KL "
+               f"{p.kl_divergence:.2g} mean (limit {limits.get('kl', float('nan')):g}), "
+               f"{p.kl_max_position:.2g} worst (limit {limits.get('kl_position', float('nan')):g}); "
+               f"same top token at {round(p.greedy_agreement * positions)}/{positions} "
+               f"positions; logits max|diff| {p.logits_max_abs_diff:.3g}.")
+    for failure in p.failures:
+        click.echo(f"Warning: the parity gate found this export broken: {failure} (kept: "
+                   "--allow-parity-failure).", err=True)
 
 
 def resolve_checkpoint(config_name: str | None, checkpoint: Path | None, random_weights: bool,

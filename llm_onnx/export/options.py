@@ -69,6 +69,8 @@ class ExportOptions:
             RoPE) and values are stored in the Hadamard basis (kv_rotation.py). Needs the
             GroupQueryAttention forms (not plain attention) and the CPU target for now.
         validate: run the ORT vs torch parity gate after writing.
+        allow_parity_failure: keep a folder the parity gate finds broken (its figures and the
+            reasons go into the manifest's parity report) instead of refusing it.
         task: "generate" (prefill.onnx and decode.onnx: next-token logits over a KV cache) or
             "embed" (embed.onnx: one pooled, maybe normalised, vector per text; no LM head, no
             cache; how it pools is read from the checkpoint: checkpoints/pooling.py).
@@ -98,6 +100,7 @@ class ExportOptions:
     quant_method: str | None = None
     calibration_text: str | None = None
     validate: bool = True
+    allow_parity_failure: bool = False
     target: str | None = None
     task: str = "generate"
     pooling: str | None = None

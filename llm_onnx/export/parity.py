@@ -81,9 +81,11 @@ def validate(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
         decode_steps=int(report["decode_steps"]),
         thresholds={k: float(v) for k, v in report["thresholds"].items()},
         present_state_max_abs_diff=report.get("present_state_max_abs_diff"),
+        failures=tuple(report["failures"]), clear_agreement=report["clear_agreement"],
         **{k: float(report[k]) for k in ("logits_max_abs_diff", "logits_max_abs",
                                          "relative_logits_diff", "kl_divergence",
-                                         "greedy_agreement", "present_kv_max_abs_diff")})
+                                         "kl_max_position", "greedy_agreement",
+                                         "present_kv_max_abs_diff")})
 
 
 def _compare_folder(plan: ExportPlan, folder: Path, tensors: dict[str, StoredTensor]) -> dict:
@@ -101,7 +103,8 @@ def _compare_folder(plan: ExportPlan, folder: Path, tensors: dict[str, StoredTen
     del reference
     release_memory()
     onnx_steps = run_onnx(folder, cfg, kv_dtype, cfg.vocab_size, fed)
-    report = compare(torch_steps, onnx_steps, limits)
+    strict = not options.allow_parity_failure
+    report = compare(torch_steps, onnx_steps, limits, strict)
     if options.cuda and _cuda_usable():
         from llm_onnx.runtime.core.engine import Engine, RuntimeOptions  # lazy: the GPU case only
 
@@ -112,7 +115,9 @@ def _compare_folder(plan: ExportPlan, folder: Path, tensors: dict[str, StoredTen
         finally:
             del engine
             release_memory()
-        report["cuda"] = compare_logits(torch_steps, steps, limits, "CUDA (the runtime's path)")
+        report["cuda"] = compare_logits(torch_steps, steps, limits, "CUDA (the runtime's path)",
+                                        strict)
+        report["failures"] += [f"CUDA: {f}" for f in report["cuda"]["failures"]]
     return report
 
 

@@ -11,6 +11,7 @@ the same way into a scratch folder.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,30 +41,43 @@ ROUTING_GAP = 0.02
 
 @dataclass(frozen=True)
 class Thresholds:
-    relative_logits: float  # max|diff| / max(1, max|logits|)
-    kl: float  # mean KL(torch || ORT) over compared positions
+    """What the gate holds an export to. It judges what a user would call broken: the next-token
+    distributions (KL, over all positions and at the worst one, where a layout or packing bug
+    shows as nats) and the top token wherever torch's choice was clear. The largest logit
+    difference is reported as a diagnostic only: quantized weights of a model with wide logits
+    move it past any fixed limit while the distributions agree (a tiny Qwen3.5 at int8: relative
+    0.171, KL 0.0024)."""
+
+    kl: float  # mean KL(torch || ORT) over the compared positions
+    kl_position: float  # KL at any one position (a bug confined to one prompt or one step)
+    # A position where torch's top token leads the second by less than tie x max(1, max|logits|)
+    # is a near-tie: ONNX Runtime may pick the other one. Anywhere else it must pick the same.
+    tie: float
+    # Embeddings (max|diff| relative to their range, cosine 1 - this) and the linear-attention
+    # states (times STATE_MARGIN, exact precisions only); a diagnostic for the logits.
+    relative_logits: float
 
 
-FP32 = Thresholds(relative_logits=1e-4, kl=1e-6)
-FP16 = Thresholds(relative_logits=2e-2, kl=2e-3)
+FP32 = Thresholds(kl=1e-6, kl_position=1e-5, tie=1e-4, relative_logits=1e-4)
+FP16 = Thresholds(kl=2e-3, kl_position=2e-2, tie=2e-2, relative_logits=2e-2)
 # Quantized weights with fp32 activations: the same dequantized math, summed in another order.
-QUANT_EXACT = Thresholds(relative_logits=1e-3, kl=1e-5)
+QUANT_EXACT = Thresholds(kl=1e-5, kl_position=1e-4, tie=1e-3, relative_logits=1e-3)
 # int8 activations (accuracy_level 4, and QMoE's 8-bit path always) add rounding noise of their
 # own; a layout or packing bug still shows as a KL of whole nats.
-QUANT_INT8_ACTIVATIONS = Thresholds(relative_logits=0.15, kl=0.05)
+QUANT_INT8_ACTIVATIONS = Thresholds(kl=0.05, kl_position=0.25, tie=0.15, relative_logits=0.15)
 # An int8 KV cache (--kv-cache int8): torch and ONNX Runtime compute a key a rounding apart, and
 # a value near a half step rounds to a different int8 in each, a whole step (1/127 of the
 # channel's range) apart. SmolLM2-135M fp32 measured relative 4.4e-3, KL 5e-5 (2026-11-25); a
 # transposed or misread scale shows as KL of nats.
-KV_INT8 = Thresholds(relative_logits=0.05, kl=1e-3)
+KV_INT8 = Thresholds(kl=1e-3, kl_position=1e-2, tie=0.05, relative_logits=0.05)
 
 
 def thresholds(options) -> Thresholds:
     """The limits for an export with these ExportOptions."""
     base = _weight_thresholds(options)
     if options.kv_cache == "int8":
-        return Thresholds(max(base.relative_logits, KV_INT8.relative_logits),
-                          max(base.kl, KV_INT8.kl))
+        return Thresholds(*(max(a, b) for a, b in zip(dataclasses.astuple(base),
+                                                       dataclasses.astuple(KV_INT8))))
     return base
 
 
@@ -114,12 +128,6 @@ def compute_in_float32(model: Decoder) -> Decoder:
         if getattr(module, "dtype", None) == torch.float16:
             module.dtype = torch.float32
     return model
-
-
-def _kl(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
-    p = torch.log_softmax(torch.from_numpy(p_logits).double(), -1)
-    q = torch.log_softmax(torch.from_numpy(q_logits).double(), -1)
-    return float((p.exp() * (p - q)).sum(-1).mean())
 
 
 def prompts(vocab_size: int, seed: int = 1234) -> list[list[int]]:
@@ -297,59 +305,119 @@ def run_engine(engine, vocab: int, fed: list[np.ndarray]) -> _Steps:
     return steps
 
 
-def _logit_stats(torch_steps: _Steps, other: _Steps, routing_aware: bool = False) -> dict:
-    """Largest logit difference (absolute and relative to the logits' range), mean KL and greedy
-    agreement of two runs over the same inputs. ``routing_aware`` (int8 activations): in MoE
-    models the largest difference is taken over the rows whose routing the torch reference
-    decided clearly so far (a near-tie that the activations' rounding flips moves a row by whole
-    logits); KL and agreement still count every row."""
+def _logit_stats(torch_steps: _Steps, other: _Steps, limits: Thresholds,
+                 routing_aware: bool = False) -> dict:
+    """Two runs over the same inputs, position by position (each prompt row at each step): the
+    KL of the next-token distributions (mean and worst), the top tokens (agreement over all
+    positions and over those where torch's lead was clear, the first clear one that differs)
+    and the largest logit difference (absolute and relative to the logits' range; a
+    diagnostic). ``routing_aware`` (int8 activations): in MoE models the largest difference is
+    taken over the rows whose routing the torch reference decided clearly so far (a near-tie
+    that the activations' rounding flips moves a row by whole logits)."""
     clear = (torch_steps.clear if routing_aware and torch_steps.clear else
              [np.ones(a.shape[0], dtype=bool) for a in torch_steps.logits])
     max_diff = max([float(np.abs(a[c] - b[c]).max())
                     for a, b, c in zip(torch_steps.logits, other.logits, clear) if c.any()],
                    default=0.0)
     max_logit = max(float(np.abs(a).max()) for a in torch_steps.logits)
-    kl = float(np.mean([_kl(a, b) for a, b in zip(torch_steps.logits, other.logits)]))
-    agree = sum(int((a.argmax(-1) == b.argmax(-1)).sum())
-                for a, b in zip(torch_steps.logits, other.logits))
-    total = sum(a.shape[0] for a in torch_steps.logits)
+    scale = max(1.0, max_logit)
+    kls, agree, total, flips, decided, decided_agree = [], 0, 0, [], 0, 0
+    for step, (a, b) in enumerate(zip(torch_steps.logits, other.logits)):
+        row_kl = _kl_rows(a, b)
+        top2 = np.sort(a, axis=-1)[:, -2:]
+        lead = top2[:, 1] - top2[:, 0]
+        for row in range(a.shape[0]):
+            kls.append((float(row_kl[row]), row, step))
+            same = int(a[row].argmax()) == int(b[row].argmax())
+            agree += same
+            total += 1
+            if lead[row] >= limits.tie * scale:
+                decided += 1
+                decided_agree += same
+                if not same:
+                    flips.append((row, step, int(a[row].argmax()), int(b[row].argmax()),
+                                  float(lead[row])))
+    worst = max(kls, key=lambda x: (not math.isfinite(x[0]), x[0]))
     return {"logits_max_abs_diff": max_diff, "logits_max_abs": max_logit,
-            "relative_logits_diff": max_diff / max(1.0, max_logit), "kl_divergence": kl,
-            "greedy_agreement": agree / total}
+            "relative_logits_diff": max_diff / scale,
+            "kl_divergence": float(np.mean([k for k, _, _ in kls])),
+            "kl_max_position": worst[0], "worst_position": worst[1:],
+            "greedy_agreement": agree / total,
+            # (None: no position was clear, as in a tiny random model's flat distributions)
+            "clear_positions": decided,
+            "clear_agreement": decided_agree / decided if decided else None,
+            "clear_flips": flips}
 
 
-def _beyond(stats: dict, limits: Thresholds) -> bool:
-    kl = stats["kl_divergence"]
-    return stats["relative_logits_diff"] > limits.relative_logits or kl > limits.kl \
-        or not math.isfinite(kl)
+def _kl_rows(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
+    p = torch.log_softmax(torch.from_numpy(p_logits).double(), -1)
+    q = torch.log_softmax(torch.from_numpy(q_logits).double(), -1)
+    return (p.exp() * (p - q)).sum(-1).numpy()
 
 
-def _logits_message(what: str, stats: dict, limits: Thresholds) -> str:
-    return (f"{what} vs torch: logits max|diff| {stats['logits_max_abs_diff']:.3g} (relative "
-            f"{stats['relative_logits_diff']:.3g}, limit {limits.relative_logits:g}), KL "
-            f"{stats['kl_divergence']:.3g} (limit {limits.kl:g})")
+def _where(row: int, step: int) -> str:
+    """A compared position in words: which prompt (its length) and which step."""
+    what = "its prefill" if step == 0 else f"decode step {step}"
+    return f"prompt {row + 1} ({PROMPT_LENGTHS[row]} tokens), {what}"
 
 
-def compare_logits(torch_steps: _Steps, other: _Steps, limits: Thresholds, what: str) -> dict:
-    """Logits-only comparison (relative max difference, KL, greedy agreement)."""
-    stats = _logit_stats(torch_steps, other, limits == QUANT_INT8_ACTIVATIONS)
-    if _beyond(stats, limits):
-        raise ParityError(_logits_message(what, stats, limits) + ".")
-    return {k: stats[k] for k in ("relative_logits_diff", "kl_divergence", "greedy_agreement")}
+def _failures(stats: dict, limits: Thresholds) -> list[str]:
+    """What makes these figures a broken export, in words naming the position (empty: none)."""
+    out = []
+    kl, worst = stats["kl_divergence"], stats["kl_max_position"]
+    if not math.isfinite(kl) or kl > limits.kl:
+        out.append(f"mean KL {kl:.3g} over {len(PROMPT_LENGTHS) * (DECODE_STEPS + 1)} positions "
+                   f"(limit {limits.kl:g})")
+    if not math.isfinite(worst) or worst > limits.kl_position:
+        out.append(f"KL {worst:.3g} at {_where(*stats['worst_position'])} (limit "
+                   f"{limits.kl_position:g} at any one position)")
+    flips = stats["clear_flips"]
+    if flips:
+        row, step, want, got, lead = flips[0]
+        out.append(f"the top token differs at {len(flips)} of {stats['clear_positions']} "
+                   f"positions where torch's choice was clear (first at {_where(row, step)}: "
+                   f"token {got} instead of {want}, which led by {lead:.3g} logits)")
+    return out
 
 
-def compare(torch_steps: _Steps, onnx_steps: _Steps, limits: Thresholds) -> dict:
-    """The parity report of two runs over the same inputs; ParityError beyond ``limits``."""
+def _refusal(what: str, stats: dict, failures: list[str], more: str = "") -> str:
+    return (f"{what} vs torch: {'; '.join(failures)}. Diagnostics: logits max|diff| "
+            f"{stats['logits_max_abs_diff']:.3g} (relative {stats['relative_logits_diff']:.3g}), "
+            f"greedy agreement {stats['greedy_agreement']:.0%}{more}. The export is refused as broken; "
+            "--allow-parity-failure keeps it anyway (the figures go into its manifest), "
+            "--no-validate skips the check.")
+
+
+REPORTED = ("relative_logits_diff", "kl_divergence", "kl_max_position", "greedy_agreement",
+            "clear_agreement")
+
+
+def compare_logits(torch_steps: _Steps, other: _Steps, limits: Thresholds, what: str,
+                   strict: bool = True) -> dict:
+    """Logits-only comparison (KL, top tokens; the relative difference as a diagnostic)."""
+    stats = _logit_stats(torch_steps, other, limits, limits == QUANT_INT8_ACTIVATIONS)
+    failures = _failures(stats, limits)
+    if failures and strict:
+        raise ParityError(_refusal(what, stats, failures))
+    return {**{k: stats[k] for k in REPORTED}, "failures": failures}
+
+
+def compare(torch_steps: _Steps, onnx_steps: _Steps, limits: Thresholds,
+            strict: bool = True) -> dict:
+    """The parity report of two runs over the same inputs; ParityError where the figures say the
+    export is broken (``strict`` False: the reasons go into the report's ``failures``)."""
     lens = list(PROMPT_LENGTHS)
-    stats = _logit_stats(torch_steps, onnx_steps, limits == QUANT_INT8_ACTIVATIONS)
+    stats = _logit_stats(torch_steps, onnx_steps, limits, limits == QUANT_INT8_ACTIVATIONS)
+    failures = _failures(stats, limits)
     kv_diff = 0.0
     for step, (a, b) in enumerate(zip(torch_steps.keys, onnx_steps.keys)):
         for row, n in enumerate(lens):  # only the valid positions of each row
             kv_diff = max(kv_diff, float(np.abs(a[row, :, :n + step] - b[row, :, :n + step]).max()))
     report = {
-        "prompts": len(lens), "prompt_lengths": lens, "decode_steps": DECODE_STEPS, **stats,
+        "prompts": len(lens), "prompt_lengths": lens, "decode_steps": DECODE_STEPS,
+        **{k: v for k, v in stats.items() if k not in ("worst_position", "clear_flips")},
         "present_kv_max_abs_diff": kv_diff,
-        "thresholds": {"relative_logits": limits.relative_logits, "kl": limits.kl},
+        "thresholds": {"kl": limits.kl, "kl_position": limits.kl_position, "tie": limits.tie},
     }
     states = [s for step in torch_steps.states for s in step]
     if states:  # linear-attention layers: their states, relative to the states' own size
@@ -358,13 +426,15 @@ def compare(torch_steps: _Steps, onnx_steps: _Steps, limits: Thresholds) -> dict
                    for a, b in zip(x, y))
         scale = max(1.0, max(float(np.abs(a).max()) for a in states))
         report["present_state_max_abs_diff"] = diff
-        if not diff / scale <= limits.relative_logits * STATE_MARGIN:
-            raise ParityError(f"ONNX vs torch: linear-attention states max|diff| {diff:.3g} "
-                              f"(relative {diff / scale:.3g}, limit "
-                              f"{limits.relative_logits * STATE_MARGIN:g}).")
-    if _beyond(stats, limits):
-        raise ParityError(_logits_message("ONNX", stats, limits)
-                          + f", present KV max|diff| {kv_diff:.3g}.")
+        # Held where the math is the same on both sides (a bug, not rounding, moves them);
+        # with int8 activations or fp16 they are a diagnostic as the logits' difference is.
+        if limits in (FP32, QUANT_EXACT) and not diff / scale <= limits.relative_logits * STATE_MARGIN:
+            failures.append(f"linear-attention states max|diff| {diff:.3g} (relative "
+                            f"{diff / scale:.3g}, limit {limits.relative_logits * STATE_MARGIN:g})")
+    if failures and strict:
+        raise ParityError(_refusal("ONNX", stats, failures,
+                                   f", present KV max|diff| {kv_diff:.3g}"))
+    report["failures"] = failures
     return report
 
 
