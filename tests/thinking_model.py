@@ -55,13 +55,17 @@ def save_tokenizer(folder: Path, size: int = 256) -> None:
         "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}), encoding="utf-8")
 
 
-def make_thinking_checkpoint(folder: Path, seed: int = 11):
+def make_thinking_checkpoint(folder: Path, seed: int = 11, context: int | None = None):
     """Write the checkpoint (weights, config with eos 2, tokenizer, template) into ``folder``;
-    returns the transformers model."""
+    returns the transformers model. ``context``: its max_position_embeddings, if not the tiny
+    preset's."""
     from llm_onnx.families import get_config
     from tests.hf_models import make_hf_model
 
-    model = make_hf_model(get_config("qwen3_tiny"), seed)
+    cfg = get_config("qwen3_tiny")
+    if context is not None:
+        cfg = cfg.replace(max_position_embeddings=context)
+    model = make_hf_model(cfg, seed)
     with torch.no_grad():
         embed, head = model.model.embed_tokens.weight, model.lm_head.weight
         norm = model.model.norm.weight

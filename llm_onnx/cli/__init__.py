@@ -4,14 +4,16 @@ Heavy imports (torch, onnxruntime) happen inside the commands, so `--help` stays
 
   app.py           the `llm-onnx` group, one-line errors
   exporting.py     export (and --config/--checkpoint resolution, the re-exec for huge pages)
-  generating.py    generate, chat (sampling and chat-template options)
+  generating.py    generate (sampling and chat-template options)
+  chatting.py      chat (the prompt: line editing, history, Ctrl-C, commands)
   serving.py       serve (in process or on Ray Serve)
   embedding.py     embed (an embedding model's vectors, as JSON)
   benchmarking.py  bench
 """
 
 from llm_onnx.cli.app import main
-from llm_onnx.cli import benchmarking, embedding, exporting, generating, serving  # noqa: F401 (commands)
+from llm_onnx.cli import (  # noqa: F401 (commands)
+    benchmarking, chatting, embedding, exporting, generating, serving)
 from llm_onnx.cli.exporting import resolve_checkpoint
 from llm_onnx.cli.generating import _TemplateVar
 

@@ -73,7 +73,9 @@ class ChatSession:
     def stream(self, text: str, options: GenerationOptions | None = None,
                **overrides: Any) -> Iterator[ChatPiece]:
         """The answer to ``text`` as streamed pieces; the turn is recorded when the stream ends
-        (the answer as the assistant's content, any thinking as its ``reasoning_content``)."""
+        (the answer as the assistant's content, any thinking as its ``reasoning_content``).
+        Stopped early (Ctrl-C while it streams, or the stream closed), the turn is recorded as
+        far as it was streamed, and ``last`` is None."""
         model = self.model
         opts = model.options(options, overrides)
         if not isinstance(text, str) or not text.strip():
@@ -87,7 +89,17 @@ class ChatSession:
         gen.append_tokens(ids, options=opts, reuse_points=model.reuse_points(
             messages, ids, tools=self.tools, template_vars=self.template_vars))
         splitter = model.reasoning_splitter(prompt)
-        yield from _chat_pieces(gen.texts(), splitter)
+        shown: list[ChatPiece] = []
+        try:
+            for piece in _chat_pieces(gen.texts(), splitter):
+                shown.append(piece)
+                yield piece
+        except (KeyboardInterrupt, GeneratorExit):  # Ctrl-C, or the caller stopped reading
+            self._interrupted(messages, shown)
+            raise
+        except BaseException:
+            self._generator.clear()  # the turn is not recorded; nothing half-run is reused
+            raise
         result = gen.result()
         reply: Message = {"role": "assistant", "content": result.text}
         if splitter is not None:
@@ -97,6 +109,20 @@ class ChatSession:
                 reply["reasoning_content"] = result.reasoning
         self.messages = messages + [reply]
         self.last = result
+
+    def _interrupted(self, messages: list[Message], shown: list[ChatPiece]) -> None:
+        """A turn stopped part-way: the conversation keeps it as far as it was shown (what the
+        user saw is what the model is told it said), and the cache is dropped, since a run
+        interrupted inside the model may have written a position (or advanced a recurrent
+        state) that was never recorded; the next turn runs the whole conversation again."""
+        reply: Message = {"role": "assistant",
+                          "content": "".join(p for p in shown if not p.reasoning)}
+        reasoning = "".join(p for p in shown if p.reasoning)
+        if reasoning:
+            reply["reasoning_content"] = reasoning
+        self.messages = messages + [reply]
+        self.last = None
+        self._generator.clear()
 
     def send(self, text: str, options: GenerationOptions | None = None, **overrides: Any) -> Result:
         for _ in self.stream(text, options, **overrides):
