@@ -1,8 +1,9 @@
-"""`llm-onnx generate` and `llm-onnx chat`, and the sampling and chat-template options they share."""
+"""`llm-onnx generate`, and the sampling and chat-template options it shares with `chat`
+(chatting.py)."""
 
 from __future__ import annotations
 
-import sys
+import re
 from pathlib import Path
 
 import click
@@ -24,7 +25,11 @@ def _sampling_options(func):
         click.option("--presence-penalty", type=float, help="Subtracted once from seen tokens' logits."),
         click.option("--frequency-penalty", type=float, help="Subtracted per occurrence."),
         click.option("--seed", type=int, help="Same seed, same output."),
-        click.option("--stop", multiple=True, help="Stop string (repeatable); not printed."),
+        click.option("--stop", multiple=True, callback=lambda ctx, param, value: tuple(
+                         unescape(v) for v in value),
+                     help="Stop string (repeatable); not printed. Backslash escapes are "
+                          "understood: --stop '\\n\\n' stops at a blank line (\\\\ for a "
+                          "backslash)."),
         click.option("--stop-token-id", "stop_token_ids", type=int, multiple=True,
                      help="Extra end-of-sequence token id (repeatable)."),
         click.option("--model", type=click.Path(path_type=Path),
@@ -202,7 +207,30 @@ def _template_vars(model, no_think: bool, pairs) -> dict | None:
     return variables
 
 
-def _echo_pieces(pieces) -> None:
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "'": "'"}
+
+
+def unescape(text: str) -> str:
+    """A stop string as typed in a shell: ``\\n``, ``\\t``, ``\\r``, ``\\0``, ``\\\\``, quotes and
+    ``\\uXXXX`` become what they stand for; any other backslash stays as it is."""
+    def one(m: re.Match) -> str:
+        code = m.group(1)
+        if code.startswith("u"):
+            return chr(int(code[1:], 16))
+        return _ESCAPES[code]
+
+    return re.sub(r"\\(u[0-9a-fA-F]{4}|[ntr0\\\"'])", one, text)
+
+
+def cut_mark(result, limit: int) -> str | None:
+    """The line that says an answer was cut by the token limit (None when it was not)."""
+    if result is None or result.finish_reason != "length":
+        return None
+    return click.style(f"[cut at {len(result.token_ids)} tokens: --max-new-tokens {limit}]",
+                       dim=True)
+
+
+def echo_pieces(pieces) -> None:
     """Print a reply as it streams: the answer to stdout, a reasoning model's thinking dimmed to
     stderr (so a pipe gets the answer alone)."""
     thinking = False
@@ -248,6 +276,32 @@ def _load_model(kwargs: dict):
     return model, overrides
 
 
+def parse_ids(value: str) -> list[int]:
+    """--prompt-ids: '1,2,3', '1 2 3' or a file holding a JSON list of integers."""
+    import json
+
+    from llm_onnx.errors import GenerationError
+
+    path = Path(value)
+    if path.is_file():
+        try:
+            ids = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise GenerationError(f"--prompt-ids {path}: not a JSON list of token ids ({e}).") \
+                from None
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            raise GenerationError(f"--prompt-ids {path}: expected a JSON list of integers.")
+    else:
+        try:
+            ids = [int(part) for part in re.split(r"[,\s]+", value.strip()) if part]
+        except ValueError:
+            raise GenerationError(f"--prompt-ids {value!r}: give token ids as '1,2,3' (or a "
+                                  "file holding a JSON list of them).") from None
+    if not ids:
+        raise GenerationError("--prompt-ids: no token ids given.")
+    return ids
+
+
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     from llm_onnx.errors import GenerationError
 
@@ -270,6 +324,10 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 @click.argument("prompt", required=False)
 @click.option("--prompt-file", type=click.Path(path_type=Path, dir_okay=False, allow_dash=True),
               help="Read the prompt from a UTF-8 file ('-' for stdin).")
+@click.option("--prompt-ids", metavar="IDS|FILE",
+              help="The prompt as token ids instead of text: '1,2,3' (or spaces), or a file "
+                   "holding a JSON list; the answer is printed as token ids too when the folder "
+                   "has no tokenizer (a --random-weights export). Implies --raw.")
 @click.option("--raw", is_flag=True, help="Do not apply the chat template.")
 @click.option("--system", help="System message (chat template only).")
 @click.option("--json", "as_json", is_flag=True,
@@ -279,7 +337,8 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 @_constraint_options
 @_sampling_options
 @_handle_errors
-def generate(prompt, prompt_file, raw, system, as_json, no_think, template_var, **kwargs) -> None:
+def generate(prompt, prompt_file, prompt_ids, raw, system, as_json, no_think, template_var,
+             **kwargs) -> None:
     """Generate an answer to PROMPT and stream it to stdout (a reasoning model's thinking goes
     to stderr). --json-schema, --json-object, --regex, --grammar and --choice constrain the
     answer (after a reasoning model's thinking).
@@ -295,11 +354,25 @@ def generate(prompt, prompt_file, raw, system, as_json, no_think, template_var, 
       llm-onnx generate --regex '[0-9]{4}-[0-9]{2}-[0-9]{2}' "Today's date?"
       llm-onnx generate --speculative ngram --prompt-file edit-this-paragraph.txt
       llm-onnx generate --model models/qwen3-8b-fp32 --draft-model models/qwen3-8b-int4 "Hi"
+      llm-onnx generate --model models/qwen3_8b-int8 --prompt-ids 9707,11,1879 --max-new-tokens 8
     """
     import json as _json
 
     from llm_onnx.errors import GenerationError
 
+    if prompt_ids is not None:
+        if prompt is not None or prompt_file is not None:
+            raise GenerationError("Give the prompt as text or with --prompt-ids, not both.")
+        ids = parse_ids(prompt_ids)
+        model, overrides = _load_model(kwargs)
+        result = model.generate(ids, **overrides)
+        if as_json:
+            click.echo(_json.dumps(result.to_dict(), ensure_ascii=False))
+        elif model.tokenizer is None:
+            click.echo(" ".join(map(str, result.token_ids)))
+        else:
+            click.echo(result.text)
+        return
     text = _read_prompt(prompt, prompt_file)
     model, overrides = _load_model(kwargs)
     if raw and (no_think or template_var):
@@ -320,50 +393,4 @@ def generate(prompt, prompt_file, raw, system, as_json, no_think, template_var, 
     if as_json:
         click.echo(_json.dumps(result.to_dict(), ensure_ascii=False))
         return
-    _echo_pieces(pieces)
-
-
-@main.command()
-@click.option("--system", help="System message.")
-@_template_options
-@_constraint_options
-@_sampling_options
-@_handle_errors
-def chat(system, no_think, template_var, **kwargs) -> None:
-    """Chat with a model; earlier turns stay in the KV cache. A reasoning model's thinking goes
-    to stderr, dimmed.
-
-    Type a message and press Enter. /reset starts over, /exit or Ctrl-D leaves.
-
-    \b
-    Examples:
-      llm-onnx chat
-      llm-onnx chat --model models/qwen3-8b-int4 --temperature 0.7 --seed 1
-      llm-onnx chat --model models/qwen3-8b-int4 --no-think
-      llm-onnx chat --json-object --system "Answer in JSON."
-    """
-    from llm_onnx.errors import GenerationError
-
-    model, overrides = _load_model(kwargs)
-    if not model.chat_template:
-        raise GenerationError("this model has no chat template; use `llm-onnx generate --raw`.")
-    session = model.chat_session(system, template_vars=_template_vars(model, no_think,
-                                                                      template_var))
-    interactive = sys.stdin.isatty()
-    while True:
-        try:
-            line = input("> " if interactive else "")
-        except EOFError:
-            if interactive:
-                click.echo()
-            return
-        line = line.strip()
-        if not line:
-            continue
-        if line in ("/exit", "/quit"):
-            return
-        if line == "/reset":
-            session.reset()
-            click.echo("(conversation cleared)", err=True)
-            continue
-        _echo_pieces(session.stream(line, **overrides))
+    echo_pieces(pieces)

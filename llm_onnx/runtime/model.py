@@ -212,7 +212,8 @@ class Model:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         if self.tokenizer is None:
-            raise GenerationError("this model folder has no tokenizer.json: give token ids.")
+            raise GenerationError("this model folder has no tokenizer.json: give token ids (the "
+                                  "CLI: `llm-onnx generate --prompt-ids 1,2,3`).")
         if not isinstance(text, str):
             raise GenerationError(f"a prompt must be a string or a list of token ids, got "
                                   f"{type(text).__name__}.")
