@@ -202,3 +202,39 @@ def test_export_runs_with_huge_pages(tmp_path):
                          env=env, capture_output=True, text=True, timeout=300)
     assert off.returncode == 1 and "Unknown config" in off.stderr
     assert "Huge pages" not in off.stderr
+
+
+@pytest.mark.parametrize("typed, meant", [
+    ("\\n\\n", "\n\n"), ("a\\tb", "a\tb"), ("\\\\n", "\\n"), ("\\u00e9t\\u00e9", "été"),
+    ("C:\\path", "C:\\path"), ("\\'\\\"", "'\""), ("plain", "plain")])
+def test_stop_strings_understand_backslash_escapes(typed, meant):
+    from llm_onnx.cli.generating import generate, unescape
+
+    assert unescape(typed) == meant
+    ctx = generate.make_context("generate", ["--stop", typed, "--stop", "x", "hi"])
+    assert ctx.params["stop"] == (meant, "x")
+
+
+def test_prompt_ids_run_a_folder_without_tokenizer(tmp_path):
+    """A --random-weights export has no tokenizer: --prompt-ids runs it and prints ids."""
+    from llm_onnx.runtime import Model
+
+    out = tmp_path / "m"
+    assert CliRunner().invoke(main, ["export", "--config", "llama_tiny", "--random-weights",
+                                     "--precision", "fp32", "--max-seq-len", "32",
+                                     "--no-validate", "--out", str(out)]).exit_code == 0
+    want = Model.load(out, provider="cpu").generate([5, 6, 7], max_new_tokens=4, temperature=0)
+    for ids in ("5,6,7", "5 6 7"):
+        result = CliRunner().invoke(main, ["generate", "--model", str(out), "-q", "--prompt-ids",
+                                           ids, "--max-new-tokens", "4", "--temperature", "0"])
+        assert result.exit_code == 0, result.output
+        assert result.stdout.split() == [str(t) for t in want.token_ids]
+    (tmp_path / "ids.json").write_text("[5, 6, 7]")
+    result = CliRunner().invoke(main, ["generate", "--model", str(out), "-q", "--prompt-ids",
+                                       str(tmp_path / "ids.json"), "--max-new-tokens", "4",
+                                       "--temperature", "0"])
+    assert result.stdout.split() == [str(t) for t in want.token_ids]
+    bad = CliRunner().invoke(main, ["generate", "--model", str(out), "--prompt-ids", "5,x"])
+    assert bad.exit_code == 1 and "give token ids as '1,2,3'" in bad.output
+    text = CliRunner().invoke(main, ["generate", "--model", str(out), "Hi"])
+    assert text.exit_code == 1 and "--prompt-ids 1,2,3" in text.output
