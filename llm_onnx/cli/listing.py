@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 
-from llm_onnx.checkpoints.hub import human_size
 from llm_onnx.cli.app import _handle_errors, main
 
 
@@ -36,6 +35,7 @@ def models(ctx: click.Context) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
+    from llm_onnx.checkpoints.hub import human_size
     from llm_onnx.model_store import list_models, model_roots
 
     found = list_models()
@@ -60,6 +60,7 @@ def rm(name: str, yes: bool) -> None:
     """Remove the model folder NAME (a name from `llm-onnx models`, or a folder's path). Only a
     folder made by `llm-onnx export` is removed: one holding an llm-onnx manifest and nothing the
     manifest does not list."""
+    from llm_onnx.checkpoints.hub import human_size
     from llm_onnx.model_store import find_model, remove_model
 
     model = find_model(name)
