@@ -36,6 +36,7 @@ class FakeHub:
         self.repos: dict[str, Repo] = {}
         self.requests: list[tuple[str, str, dict[str, str]]] = []  # (method, path, headers)
         self.faults: dict[str, str] = {}
+        self.missing_status = 401  # an unknown repo: 401 without a token, 404 with one
         self._cut: set[str] = set()
         hub = self
 
@@ -108,7 +109,7 @@ class FakeHub:
     def _commit(self, h, repo_id: str, rev: str, body: bool) -> tuple[Repo, str] | None:
         repo = self.repos.get(repo_id)
         if repo is None:
-            self._error(h, 401, "RepoNotFound", body)  # the Hub's answer without a token
+            self._error(h, self.missing_status, "RepoNotFound", body)
             return None
         commit = repo.branches.get(rev, rev if rev in repo.commits else None)
         if commit is None:

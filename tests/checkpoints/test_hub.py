@@ -183,7 +183,9 @@ def test_gated_needs_a_token(hub, checkpoint, monkeypatch):
     assert resolve_checkpoint(None, "org/gated", False).config.num_hidden_layers == 2
 
 
-def test_an_unknown_repo_is_named(hub):
+@pytest.mark.parametrize("status", [401, 404])
+def test_an_unknown_repo_is_named(hub, status):
+    hub.missing_status = status
     result = run("export", "--checkpoint", "org/nothing-here", "--no-huge-pages")
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
     assert "org/nothing-here: no such local file or folder, and no model of that name on " \
