@@ -238,3 +238,66 @@ def test_prompt_ids_run_a_folder_without_tokenizer(tmp_path):
     assert bad.exit_code == 1 and "give token ids as '1,2,3'" in bad.output
     text = CliRunner().invoke(main, ["generate", "--model", str(out), "Hi"])
     assert text.exit_code == 1 and "--prompt-ids 1,2,3" in text.output
+
+
+def _model_folder(folder, precision="int8", extra=()):
+    """A folder as `llm-onnx export` leaves it, as far as `llm-onnx models` reads it."""
+    folder.mkdir(parents=True)
+    (folder / "weights.data").write_bytes(b"w" * 2000)
+    manifest = {"format": "llm-onnx-model", "format_version": 2, "created":
+                "2026-11-28T09:06:00+00:00", "config": {"architecture": "LlamaForCausalLM"},
+                "precision": {"precision": precision},
+                "files": {"weights.data": {"bytes": 2000, "sha256": "0"}}}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    for name in extra:
+        (folder / name).write_text("mine")
+    return folder
+
+
+def test_models_lists_and_removes_exported_folders(tmp_path, monkeypatch):
+    """`llm-onnx models` lists llm-onnx's cache and ./models; `models rm` removes a model
+    folder after asking, and nothing else."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+    assert "No exported models" in run("models").output
+    cached = _model_folder(tmp_path / "xdg" / "llm-onnx" / "models" / "smollm2-fp32", "fp32")
+    mine = _model_folder(tmp_path / "models" / "tiny-llama-int8")
+    _model_folder(tmp_path / "models" / "with-notes-int4", "int4", extra=["notes.txt"])
+    (tmp_path / "models" / "not-a-model").mkdir()
+    result = run("models")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].split() == ["NAME", "FAMILY", "PRECISION", "SIZE", "CREATED", "IN"]
+    assert lines[1].split() == ["smollm2-fp32", "LlamaForCausalLM", "fp32", "2.2", "KB",
+                                "2026-11-28", "09:06", str(cached.parent)]
+    assert [line.split()[0] for line in lines[2:]] == ["tiny-llama-int8", "with-notes-int4"]
+
+    result = run("models", "rm", "tiny-llama-int8", input="n\n")
+    assert result.exit_code == 0 and "Nothing removed" in result.output and mine.is_dir()
+    result = run("models", "rm", "tiny-llama-int8", input="y\n")
+    assert result.exit_code == 0 and not mine.exists(), result.output
+    assert run("models", "rm", "smollm2-fp32", "--yes").exit_code == 0 and not cached.exists()
+
+    for name, message in [("with-notes-int4", "also holds notes.txt"),
+                          ("models/not-a-model", "not a model folder made by `llm-onnx export`"),
+                          ("tiny-lama-int4", "No model folder named tiny-lama-int4")]:
+        result = run("models", "rm", name, "--yes")
+        assert result.exit_code == 1 and message in result.output, result.output
+    assert (tmp_path / "models" / "with-notes-int4" / "notes.txt").is_file()
+    assert (tmp_path / "models" / "not-a-model").is_dir()
+
+
+def test_models_rm_asks_for_a_path_when_a_name_is_in_both_places(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+    _model_folder(tmp_path / "xdg" / "llm-onnx" / "models" / "m-int8")
+    _model_folder(tmp_path / "models" / "m-int8")
+    result = run("models", "rm", "m-int8", "--yes")
+    assert result.exit_code == 1 and "m-int8 is in 2 places" in result.output
+    assert run("models", "rm", "models/m-int8", "--yes").exit_code == 0
+    assert not (tmp_path / "models" / "m-int8").exists()
+
+
+def test_export_help_names_hub_models():
+    out = run("export", "--help").output
+    assert "ORG/NAME" in out and "--offline" in out and "Qwen/Qwen3-0.6B-GGUF:Q8_0" in out

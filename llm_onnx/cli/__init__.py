@@ -9,11 +9,12 @@ Heavy imports (torch, onnxruntime) happen inside the commands, so `--help` stays
   serving.py       serve (in process or on Ray Serve)
   embedding.py     embed (an embedding model's vectors, as JSON)
   benchmarking.py  bench
+  listing.py       models (the exported folders: list, rm)
 """
 
 from llm_onnx.cli.app import main
 from llm_onnx.cli import (  # noqa: F401 (commands)
-    benchmarking, chatting, embedding, exporting, generating, serving)
+    benchmarking, chatting, embedding, exporting, generating, listing, serving)
 from llm_onnx.cli.exporting import resolve_checkpoint
 from llm_onnx.cli.generating import _TemplateVar
 

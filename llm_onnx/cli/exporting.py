@@ -41,8 +41,16 @@ def _rerun_with_huge_pages() -> None:
 @main.command()
 @click.option("--config", "config_name", metavar="NAME",
               help=f"A named preset: {', '.join(sorted(PRESETS))}.")
-@click.option("--checkpoint", type=click.Path(path_type=Path),
-              help="A Hugging Face checkpoint folder (config.json + safetensors) or a .gguf file.")
+@click.option("--checkpoint", metavar="PATH|ORG/NAME",
+              help="A Hugging Face checkpoint folder (config.json + safetensors), a .gguf file, "
+                   "or a model on the Hugging Face Hub: org/name[@revision] (its safetensors), "
+                   "org/name:QUANT (its one .gguf file named with that tag, e.g. Q4_K_M). Taken "
+                   "from the Hugging Face cache when there, else downloaded into it (HF_TOKEN "
+                   "for gated models). A local path of that name wins; write hf.co/org/name for "
+                   "the Hub, ./org/name for the path.")
+@click.option("--offline", is_flag=True,
+              help="Hub names: use the Hugging Face cache only, never download (as "
+                   "HF_HUB_OFFLINE=1).")
 @click.option("--random-weights", is_flag=True,
               help="With --config: seeded random weights of the preset's full shape.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random-weights.")
@@ -144,12 +152,15 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
            float_embeddings, embedding_bits, accuracy_level, experts_accuracy_level,
            experts_block_size, experts_scheme, quant_scheme, quant_method, calibration_text, kv_cache, all_logits, plain_attention, target, task,
            pooling, normalize, no_validate, allow_parity_failure, verbose, force,
-           no_huge_pages) -> None:
+           no_huge_pages, offline) -> None:
     """Export a model to an ONNX model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
     manifest.json; embed.onnx with --task embed), then check it against torch in ONNX Runtime.
 
     \b
     Examples:
+      llm-onnx export --checkpoint Qwen/Qwen3-0.6B --precision int4   # downloaded once, cached
+      llm-onnx export --checkpoint Qwen/Qwen3-0.6B --precision int8 --offline   # cache only
+      llm-onnx export --checkpoint Qwen/Qwen3-0.6B-GGUF:Q8_0 --precision int8   # one .gguf
       llm-onnx export --checkpoint ./SmolLM2-135M-Instruct.Q4_1.gguf --precision fp32
       llm-onnx export --checkpoint ~/ckpt/Qwen3-30B-A3B --precision int4 --out models/q3moe
       llm-onnx export --checkpoint ~/ckpt/Qwen3-30B-A3B --precision int4 \
@@ -161,10 +172,10 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
       llm-onnx export --checkpoint ./Qwen3-Embedding-0.6B --task embed --precision fp32
       llm-onnx export --checkpoint ./my-st-model --task embed --pooling mean --no-normalize
     """
-    if out is not None:  # fail fast: before the checkpoint is opened or the process restarted
-        from llm_onnx.export.folder import check_output
+    from llm_onnx.export.folder import check_output
 
-        check_output(out, force, checkpoint)
+    if out is not None:  # fail fast: before the checkpoint is opened or the process restarted
+        check_output(out, force, _local_path(checkpoint))
     if not no_huge_pages:
         _rerun_with_huge_pages()  # returns only when it does not
     if verbose and huge_pages_on(os.environ):  # as this process started, whoever set it
@@ -177,7 +188,13 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
         from llm_onnx.errors import ConfigError
 
         raise ConfigError("Give --float-embeddings or --embedding-bits, not both.")
-    ckpt = resolve_checkpoint(config_name, checkpoint, random_weights, seed, task)
+    name = _download_name(config_name, checkpoint, random_weights)
+    if out is None and name is not None:  # before a download, not after it
+        precision = precision or _default_precision()
+        out = Path("models") / f"{name}-{precision}"
+        check_output(out, force)
+    ckpt = resolve_checkpoint(config_name, checkpoint, random_weights, seed, task,
+                              offline=offline)
     precision = precision or _default_precision()
     options = ExportOptions(precision=precision, block_size=int(block_size),
                             embedding_bits=None if float_embeddings else
@@ -228,13 +245,41 @@ def _print_parity(folder: Path) -> None:
                    "--allow-parity-failure).", err=True)
 
 
-def resolve_checkpoint(config_name: str | None, checkpoint: Path | None, random_weights: bool,
-                       seed: int = 0, task: str = "generate"):  # -> Checkpoint
-    """--checkpoint PATH | --config NAME --random-weights | --config NAME (local HF cache);
-    ``task`` "embed" reads checkpoints without an LM head."""
-    from llm_onnx.checkpoints.hub_cache import find_cached_checkpoint, hub_cache_dirs
+def _local_path(checkpoint: str | None) -> Path | None:
+    """--checkpoint as a local path, None when it names a model on the Hub."""
+    from llm_onnx.checkpoints.hub import parse_hub_name
+
+    if checkpoint is None:
+        return None
+    hub = parse_hub_name(str(checkpoint))
+    local = Path(checkpoint).expanduser()
+    return None if hub is not None and (hub.forced or not local.exists()) else local
+
+
+def _download_name(config_name: str | None, checkpoint: str | None,
+                   random_weights: bool) -> str | None:
+    """The model's name when its weights may have to be downloaded (a Hub name, a preset
+    without --random-weights), so that the default --out is checked before that."""
+    from llm_onnx.checkpoints.hub import parse_hub_name
+
+    if checkpoint is not None and config_name is None and _local_path(checkpoint) is None:
+        hub = parse_hub_name(str(checkpoint))
+        return hub.name if hub is not None else None
+    if checkpoint is None and config_name is not None and not random_weights:
+        return config_name
+    return None
+
+
+def resolve_checkpoint(config_name: str | None, checkpoint: Path | str | None,
+                       random_weights: bool, seed: int = 0, task: str = "generate", *,
+                       offline: bool = False):  # -> Checkpoint
+    """--checkpoint PATH | --checkpoint ORG/NAME[@REV][:QUANT] | --config NAME --random-weights |
+    --config NAME (its vendor's repository, as a Hub name). A Hub name is read from the Hugging
+    Face cache, or downloaded into it (never with ``offline``); a local path of the same name
+    wins. ``task`` "embed" reads checkpoints without an LM head."""
+    from llm_onnx.checkpoints.hub import HubName, fetch_checkpoint, parse_hub_name
     from llm_onnx.checkpoints.load import open_checkpoint, random_checkpoint
-    from llm_onnx.errors import ConfigError
+    from llm_onnx.errors import CheckpointError, ConfigError
     from llm_onnx.families import HF_REPOS, get_config
 
     if checkpoint is not None and config_name is not None:
@@ -242,21 +287,31 @@ def resolve_checkpoint(config_name: str | None, checkpoint: Path | None, random_
     if checkpoint is not None:
         if random_weights:
             raise ConfigError("--random-weights goes with --config NAME, not --checkpoint.")
-        return open_checkpoint(checkpoint, task)
+        local = _local_path(str(checkpoint))
+        hub = parse_hub_name(str(checkpoint))
+        if local is None:
+            assert hub is not None  # _local_path says a Hub name
+            ckpt = open_checkpoint(fetch_checkpoint(hub, offline), task)
+            ckpt.name = hub.name
+            return ckpt
+        try:
+            return open_checkpoint(local, task)
+        except CheckpointError as e:
+            if hub is None or not local.exists():
+                raise
+            raise CheckpointError(f"{str(e).rstrip('.')} (the local path {checkpoint} wins "
+                                  "over the Hugging Face model of that name; write "
+                                  f"hf.co/{hub} for the model).") from e
     if config_name is None:
-        raise ConfigError("Say what to export: --checkpoint PATH (Hugging Face folder or .gguf) "
-                          "or --config NAME.")
+        raise ConfigError("Say what to export: --checkpoint PATH (Hugging Face folder or .gguf), "
+                          "--checkpoint ORG/NAME (a model on the Hub) or --config NAME.")
     cfg = get_config(config_name)
     if random_weights:
         return random_checkpoint(cfg, config_name, seed)
     repo = HF_REPOS.get(config_name)
-    found = find_cached_checkpoint(repo) if repo else None
-    if found is None:
-        where = ", ".join(str(d) for d in hub_cache_dirs())
-        raise ConfigError(
-            f"No local weights for {config_name}"
-            + (f" ({repo} is not in the Hugging Face cache: {where})" if repo else "")
-            + ". Pass --checkpoint PATH, or --random-weights for random weights of its shape.")
-    ckpt = open_checkpoint(found, task)
+    if repo is None:
+        raise ConfigError(f"No published weights are known for {config_name}. Pass --checkpoint "
+                          "PATH, or --random-weights for random weights of its shape.")
+    ckpt = open_checkpoint(fetch_checkpoint(HubName(repo), offline), task)
     ckpt.name = config_name
     return ckpt
