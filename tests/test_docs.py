@@ -21,7 +21,10 @@ from tests.byte_model import byte_model_folder  # noqa: F401 (fixture)
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
-REFERENCE = re.compile(r"\b((?:tests|llm_onnx|benchmarks)/[\w/]+\.py)(?:::(\w+))?")
+REFERENCE = re.compile(r"\b((?:tests|llm_onnx|benchmarks|research)/[\w/]+\.py)(?:::(\w+))?")
+MODULE = re.compile(r"python -m ((?:benchmarks|research)(?:\.[a-z_0-9]+)*)\b(?!\.[A-Z])")
+# results/FILE beside docs/ (not WORK/results/, the benchmarks' cache; not a NAME-DATE pattern)
+RESULT = re.compile(r"(?<![\w/])results/([a-z0-9_.-]+\.(?:json|txt))\b")
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.M | re.S)
 
 
@@ -48,6 +51,25 @@ def test_referenced_files_and_tests_exist(doc):
         elif name and not re.search(rf"^\s*(?:async\s+)?def {name}\b", file.read_text(), re.M):
             missing.append(f"{path}::{name}")
     assert not missing, f"{doc.name} names what does not exist: {missing}"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_benchmark_commands_and_results_exist(doc):
+    """`python -m benchmarks.NAME` names a module of the package, `results/FILE` a kept result."""
+    import importlib.util
+
+    text = doc.read_text()
+    missing = [m for m in MODULE.findall(text) if importlib.util.find_spec(m) is None]
+    missing += [f"results/{f}" for f in RESULT.findall(text) if not (ROOT / "results" / f).is_file()]
+    assert not missing, f"{doc.name} names what does not exist: {missing}"
+
+
+def test_the_ledger_lists_every_result():
+    """docs/results.md has a row for every file under results/ and names no other."""
+    ledger = (ROOT / "docs" / "results.md").read_text()
+    kept = {p.name for p in (ROOT / "results").iterdir() if p.name != "README.md"}
+    listed = set(re.findall(r"`([\w.-]+\.(?:json|txt))`", ledger))
+    assert kept - listed == set() and listed - kept == set(), (kept - listed, listed - kept)
 
 
 def test_the_check_can_fail():

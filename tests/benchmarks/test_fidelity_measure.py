@@ -1,4 +1,4 @@
-"""The teacher-forced fidelity measure of benchmarks/compare_peers.py (peer_worker.forced_fidelity):
+"""The teacher-forced fidelity measure of the peer comparison (benchmarks/peers/fidelity.py):
 KL(reference || system) and top-1 matches, against a direct numpy computation."""
 
 from __future__ import annotations
@@ -10,12 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tests.scripts import load_benchmark
-
-
-@pytest.fixture(scope="module")
-def worker():
-    return load_benchmark("peer_worker")
+from benchmarks.peers import fidelity
 
 
 def _setup(tmp_path: Path, seed: int = 0, vocab: int = 50, tokens: int = 6):
@@ -31,7 +26,7 @@ def _setup(tmp_path: Path, seed: int = 0, vocab: int = 50, tokens: int = 6):
     return ref_logits, paths
 
 
-def _run(worker, tmp_path, system_logits) -> dict:
+def _run(tmp_path, system_logits) -> dict:
     fed = []
 
     def next_logits(ids, path):
@@ -41,7 +36,7 @@ def _run(worker, tmp_path, system_logits) -> dict:
 
     args = SimpleNamespace(reference=str(tmp_path / "ref.npz"), prompts=str(tmp_path / "prompts.json"),
                            result=str(tmp_path / "out.json"))
-    worker.forced_fidelity(args, next_logits)
+    fidelity.forced_fidelity(args, next_logits)
     out = json.loads((tmp_path / "out.json").read_text())["fidelity"]
     out["fed"] = fed
     return out
@@ -55,9 +50,9 @@ def _kl(p_logits, q_logits):
     return float((np.exp(lp) * (lp - lq)).sum(-1).mean())
 
 
-def test_identical_model_scores_zero_and_every_position(worker, tmp_path):
+def test_identical_model_scores_zero_and_every_position(tmp_path):
     ref, paths = _setup(tmp_path)
-    out = _run(worker, tmp_path, ref)
+    out = _run(tmp_path, ref)
     assert out["positions"] == ref.shape[0] * ref.shape[1]
     assert out["top1"] == out["positions"]
     assert abs(out["kl_mean"]) < 1e-6
@@ -66,12 +61,12 @@ def test_identical_model_scores_zero_and_every_position(worker, tmp_path):
     assert out["fed"][1] == ([4, 5], paths[1].tolist())
 
 
-def test_perturbed_model_matches_numpy_kl_and_counts_flips(worker, tmp_path):
+def test_perturbed_model_matches_numpy_kl_and_counts_flips(tmp_path):
     ref, paths = _setup(tmp_path, seed=1)
     rng = np.random.default_rng(2)
     system = ref + rng.normal(size=ref.shape) * 0.5
     system[0, 2, paths[0, 2]] -= 100.0  # one certain flip
-    out = _run(worker, tmp_path, system)
+    out = _run(tmp_path, system)
     assert out["kl_mean"] == pytest.approx(_kl(ref, system), rel=1e-5)
     expected = int((system.argmax(-1) == paths).sum())
     assert out["top1"] == expected < out["positions"]

@@ -1,24 +1,18 @@
-"""benchmarks/gpu_serve.py's own code on the CPU (CI has no GPU): the engine part (static batches,
-verify runs, the prefix copy checked against the source row), the server under clients with its
-/metrics read, schema requests, and speculation giving the same tokens. No figure from here is a
-GPU figure; this keeps the script that takes them working between leases."""
+"""The GPU serving benchmark's own code (python -m benchmarks.gpu.serve) on the CPU (CI has no
+GPU): the engine part (static batches, verify runs, the prefix copy checked against the source
+row), the server under clients with its /metrics read, schema requests, and speculation giving
+the same tokens. No figure from here is a GPU figure; this keeps the script that takes them
+working between leases."""
 
 from __future__ import annotations
 
 import json
 import sys
 
-import pytest
-
-from tests.scripts import load_benchmark
+from benchmarks.gpu import serve as gpu_serve
 
 
-@pytest.fixture(scope="module")
-def gpu_serve():
-    return load_benchmark("gpu_serve")
-
-
-def test_smoke_run_measures_every_part(gpu_serve, tmp_path, monkeypatch):
+def test_smoke_run_measures_every_part(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["gpu_serve.py", "--smoke", "--out", str(tmp_path)])
     assert gpu_serve.main() == 0
     r = json.loads((tmp_path / "gpu_serve.json").read_text())
@@ -38,7 +32,7 @@ def test_smoke_run_measures_every_part(gpu_serve, tmp_path, monkeypatch):
     assert r["speculative"]["same_tokens"]
 
 
-def test_a_reply_is_valid_only_when_finished_parsed_and_complete(gpu_serve):
+def test_a_reply_is_valid_only_when_finished_parsed_and_complete():
     ok = {"finish": "stop", "text": '{"name": "a", "age": 3, "tags": []}'}
     assert gpu_serve._valid(ok) is True
     assert gpu_serve._valid({**ok, "finish": "length"}) is None
@@ -46,7 +40,7 @@ def test_a_reply_is_valid_only_when_finished_parsed_and_complete(gpu_serve):
     assert gpu_serve._valid({**ok, "text": '{"name": "a", "age": 3, "tags": [}'}) is False
 
 
-def test_async_parts_run_under_a_running_event_loop(gpu_serve):
+def test_async_parts_run_under_a_running_event_loop():
     """The client loads run whether or not this thread already runs an event loop (as under a
     notebook's or another tool's loop)."""
 

@@ -1,4 +1,4 @@
-"""benchmarks/moe_fidelity.py's model: a dense checkpoint's MLPs split into experts that every
+"""python -m benchmarks.fidelity.moe's model: a dense checkpoint's MLPs split into experts that every
 token takes is the dense model itself (so a quantized form's KL is measured on real weights), and
 the off-grid noise moves the projections and nothing else."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from benchmarks.fidelity import moe as bench
 from llm_onnx.checkpoints import build_model, open_checkpoint
-from tests.scripts import load_benchmark
 
 
 def _logits(ck, ids: torch.Tensor) -> torch.Tensor:
@@ -19,7 +19,6 @@ def _logits(ck, ids: torch.Tensor) -> torch.Tensor:
 
 
 def test_the_split_model_equals_the_dense_one(tiny_hf):
-    bench = load_benchmark("moe_fidelity")
     base = open_checkpoint(tiny_hf("qwen3_tiny")[1])
     cks = bench.checkpoints(base, 4, 0.3, 0)
     moe_cfg = cks["moe"].config.moe

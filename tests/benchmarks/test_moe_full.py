@@ -1,15 +1,14 @@
-"""benchmarks/moe_full.py measures each system alone: settle() before every stage ends what an
-earlier stage left running, waits for the writeback, drops the page cache and waits for a quiet
-CPU, and records /proc/meminfo; the table prints that record before each system's numbers."""
+"""The full-size run (python -m benchmarks.full_size) measures each system alone: settle() before
+every stage ends what an earlier stage left running, waits for the writeback, drops the page cache
+and waits for a quiet CPU, and records /proc/meminfo; the table prints that record before each
+system's numbers."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 
-import pytest
-
-from tests.scripts import load_benchmark
+from benchmarks.full_size import alone, report
 
 MEMINFO = """MemTotal:       24684084 kB
 MemFree:        22283816 kB
@@ -27,11 +26,6 @@ HugePages_Total:       0
 """
 
 
-@pytest.fixture(scope="module")
-def moe_full():
-    return load_benchmark("moe_full")
-
-
 def fake_machine(tmp_path, dirty_kb: int, wb_kb: int = 0):
     """A meminfo file whose dirty pages are written back at the first sleep, and a stand-in for
     /proc/sys/vm/drop_caches."""
@@ -46,10 +40,10 @@ def fake_machine(tmp_path, dirty_kb: int, wb_kb: int = 0):
     return path, tmp_path / "drop_caches", sleeps, sleep
 
 
-def test_settle_waits_for_writeback_drops_the_cache_and_records_meminfo(moe_full, tmp_path):
+def test_settle_waits_for_writeback_drops_the_cache_and_records_meminfo(tmp_path):
     path, drop, sleeps, sleep = fake_machine(tmp_path, dirty_kb=900 * 1024, wb_kb=100 * 1024)
     busy = iter([0.6, 0.02])  # busy at first, then quiet
-    s = moe_full.settle(True, meminfo_path=path, drop_path=drop, strays=list, sleep=sleep,
+    s = alone.settle(True, meminfo_path=path, drop_path=drop, strays=list, sleep=sleep,
                         busy=lambda: next(busy), loadavg=lambda: (0.31, 0.5, 0.7), load_max=1.0)
     assert s["meminfo_mib"] == {
         "MemTotal": 24105.6, "MemFree": 21761.5, "MemAvailable": 23008.8, "Cached": 1508.9,
@@ -60,27 +54,27 @@ def test_settle_waits_for_writeback_drops_the_cache_and_records_meminfo(moe_full
     assert len(sleeps) == 2 and s["strays_ended"] == [] and s["bench_rss_mib"] > 0
 
 
-def test_settle_records_a_cache_kept_or_not_droppable_and_writeback_not_done(moe_full, tmp_path):
+def test_settle_records_a_cache_kept_or_not_droppable_and_writeback_not_done(tmp_path):
     path, _, _, sleep = fake_machine(tmp_path, dirty_kb=900 * 1024)
     quiet = {"strays": list, "sleep": sleep, "busy": lambda: 0.0, "loadavg": lambda: (0, 0, 0)}
-    kept = moe_full.settle(False, meminfo_path=path, dirty_wait_s=0, **quiet)
+    kept = alone.settle(False, meminfo_path=path, dirty_wait_s=0, **quiet)
     assert not kept["cache_dropped"] and kept["drop_note"] == "kept (--no-drop-caches)"
     assert not kept["dirty_settled"] and kept["meminfo_mib"]["Dirty"] == 900
-    blocked = moe_full.settle(True, meminfo_path=path, drop_path=tmp_path / "no" / "drop",
+    blocked = alone.settle(True, meminfo_path=path, drop_path=tmp_path / "no" / "drop",
                               **quiet)
     assert not blocked["cache_dropped"] and blocked["drop_note"].startswith("not dropped: ")
 
 
-def test_settle_ends_a_process_an_earlier_stage_left(moe_full, tmp_path):
+def test_settle_ends_a_process_an_earlier_stage_left(tmp_path):
     path, drop, _, _ = fake_machine(tmp_path, dirty_kb=0)
     child = subprocess.Popen(["sleep", "60"])
     try:
-        assert {"pid": child.pid, "name": "sleep"} in moe_full.stray_processes()
-        others = [p["pid"] for p in moe_full.big_processes(min_mib=0)]
+        assert {"pid": child.pid, "name": "sleep"} in alone.stray_processes()
+        others = [p["pid"] for p in alone.big_processes(min_mib=0)]
         assert child.pid in others and os.getpid() not in others
-        s = moe_full.settle(True, meminfo_path=path, drop_path=drop, busy=lambda: 0.0,
+        s = alone.settle(True, meminfo_path=path, drop_path=drop, busy=lambda: 0.0,
                             loadavg=lambda: (0, 0, 0),
-                            strays=lambda: [p for p in moe_full.stray_processes()
+                            strays=lambda: [p for p in alone.stray_processes()
                                             if p["pid"] == child.pid])
         assert s["strays_ended"] == [{"pid": child.pid, "name": "sleep"}]
         assert child.wait(5) < 0  # ended by a signal
@@ -89,26 +83,26 @@ def test_settle_ends_a_process_an_earlier_stage_left(moe_full, tmp_path):
         child.wait()
 
 
-def settled(moe_full, tmp_path, drop: bool) -> dict:
+def settled(tmp_path, drop: bool) -> dict:
     path, drop_path, _, sleep = fake_machine(tmp_path, dirty_kb=0)
-    return moe_full.settle(drop, meminfo_path=path, drop_path=drop_path, strays=list, others=list,
+    return alone.settle(drop, meminfo_path=path, drop_path=drop_path, strays=list, others=list,
                            sleep=sleep, busy=lambda: 0.02, loadavg=lambda: (0.31, 0.5, 0.7),
                            load_max=1.0)
 
 
-def test_table_prints_the_machine_before_each_stage(moe_full, tmp_path):
+def test_table_prints_the_machine_before_each_stage(tmp_path):
     mem = {"rss": 1024.0, "pss": 1024.0, "vmhwm": 2048.0}
     llama = {"load_s": 1.0, "memory_after_load": mem, "memory_after_generate": mem,
              "prompt_ms": 100.0, "prefill_tok_s": 50.0, "decode_tok_s": 12.0,
-             "settle": settled(moe_full, tmp_path, True)}
+             "settle": settled(tmp_path, True)}
     row = {"system": "llama-server", "clients": 4, "aggregate_tok_s": 20.0, "ttft_p50_s": 0.1,
            "ttft_p99_s": 0.2, "itl_p50_s": 0.05, "per_request_tok_s": 5.0, "error_count": 0,
-           "settle": {**settled(moe_full, tmp_path, False),
+           "settle": {**settled(tmp_path, False),
                       "others": [{"pid": 1, "name": "python", "rss_mib": 1536}]}}
     r = {"config": "qwen3_moe_tiny", "layers": 2, "args": {},
          "machine": {"date": "today", "onnxruntime": "1.31.1", "cpus": 2},
          "export": {}, "ours": {}, "llama": {"Q4_0": llama}, "serve": {"Q4_0": [row]}}
-    lines = moe_full.table(r).splitlines()
+    lines = report.table(r).splitlines()
     assert ("- llama.cpp Q4_0: free 21.25 GiB, available 22.47, page cache 1.47, dirty+writeback "
             "0.00, anon 0.70, mapped 0.01, no swap; cache dropped; waited 0 s; load 0.31, "
             "CPU busy 2%") in lines
@@ -118,4 +112,4 @@ def test_table_prints_the_machine_before_each_stage(moe_full, tmp_path):
     for stage in ("llama", "serve"):  # a record from before settle(): no such lines
         r[stage] = {k: ([{**x, "settle": None} for x in v] if isinstance(v, list)
                         else {**v, "settle": None}) for k, v in r[stage].items()}
-    assert not any(line.startswith("- ") for line in moe_full.table(r).splitlines())
+    assert not any(line.startswith("- ") for line in report.table(r).splitlines())

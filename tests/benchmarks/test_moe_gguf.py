@@ -1,7 +1,7 @@
-"""benchmarks/moe_gguf.py: the random GGUF llama.cpp is timed on (Qwen3-MoE, Qwen3.5-MoE,
+"""benchmarks/full_size/random_gguf.py: the random GGUF llama.cpp is timed on (Qwen3-MoE, Qwen3.5-MoE,
 gpt-oss, SmolLM3) has the preset's shape. Read back by gguf-py and by our own GGUF loader (config,
 every tensor the family needs, the vocabulary), with weights of the magnitude it claims; and
-moe_full.py's --config check and --layers cut for a dense preset."""
+the full-size run's --config check and --layers cut for a dense preset."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ import pytest
 
 from llm_onnx.checkpoints import open_checkpoint
 from llm_onnx.families import get_config
-from tests.scripts import load_benchmark
+from benchmarks.full_size import __main__ as full_size
+from benchmarks.full_size import random_gguf as moe_gguf
+from benchmarks.full_size import stages, workers
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
 def test_random_gguf_has_the_configs_shape(qtype, tmp_path):
-    moe_gguf = load_benchmark("moe_gguf")
     cfg = get_config("qwen3_moe_tiny").replace(vocab_size=512)
     path = moe_gguf.write_random_gguf(cfg, qtype, tmp_path / f"tiny-{qtype}.gguf")
     reader = gguf.GGUFReader(str(path))
@@ -39,8 +40,7 @@ def test_random_qwen35moe_gguf_reads_back_with_its_layer_kinds(layers, tmp_path)
     """qwen35moe (Qwen3.5/3.6-MoE): the hybrid's tensors in llama.cpp's types (linear-attention
     projections quantized, the conv, ssm_a, ssm_dt, norms and both routers float32), the keys
     llama.cpp requires, and our loader recovering the config (layer kinds included, for a
-    config cut to fewer layers as moe_full.py --layers makes) with sane values."""
-    moe_gguf = load_benchmark("moe_gguf")
+    config cut to fewer layers as python -m benchmarks.full_size --layers makes) with sane values."""
     base = get_config("qwen3_5_moe_tiny")
     kinds = (base.layer_types * 2)[:layers]  # (linear, full) repeated: 2 -> L F, 3 -> L F L
     cfg = base.replace(vocab_size=512, num_hidden_layers=layers, layer_types=kinds)
@@ -75,7 +75,6 @@ def test_random_gpt_oss_gguf_has_mxfp4_experts_and_reads_back(tmp_path):
     recovers the config (the clamp at llama.cpp's constant 7) and decodes sane experts."""
     import dataclasses
 
-    moe_gguf = load_benchmark("moe_gguf")
     base = get_config("gpt_oss_tiny")
     cfg = base.replace(vocab_size=512, moe=dataclasses.replace(base.moe, swiglu_limit=7.0))
     path = moe_gguf.write_random_gguf(cfg, "Q4_0", tmp_path / "tiny-gpt-oss.gguf")
@@ -100,7 +99,6 @@ def test_random_smollm3_gguf_is_dense_tied_and_reads_back_with_its_nope_layers(t
     embeddings), the rotary width; our loader recovers the config, its NoPE layers (llama.cpp's
     every fourth: layer 3 of 5) included, and Llama's shapes. A config whose NoPE layers llama.cpp
     cannot express (the tiny preset's every second) is refused, not written as another model."""
-    moe_gguf = load_benchmark("moe_gguf")
     base = get_config("smollm3_tiny")
     with pytest.raises(ValueError, match="every fourth layer"):
         moe_gguf.write_random_gguf(base, "Q4_0", tmp_path / "refused.gguf")
@@ -137,37 +135,35 @@ def test_random_smollm3_gguf_is_dense_tied_and_reads_back_with_its_nope_layers(t
 
 
 def test_moe_full_takes_smollm3_cut_to_layers_and_refuses_the_expert_options(capsys):
-    """moe_full.py --config smollm3_3b --layers 6 keeps SmolLM3's NoPE flags for the 6 layers
+    """python -m benchmarks.full_size --config smollm3_3b --layers 6 keeps SmolLM3's NoPE flags for the 6 layers
     (the GGUF's every fourth); a dense preset refuses the expert options, and a preset whose GGUF
     llama.cpp could not read is refused before an export, unless llama.cpp is left out."""
-    moe_full = load_benchmark("moe_full")
-    assert moe_full.model_config("smollm3_3b", 6).no_rope_layers == (1, 1, 1, 0, 1, 1)
+    assert workers.model_config("smollm3_3b", 6).no_rope_layers == (1, 1, 1, 0, 1, 1)
     p = argparse.ArgumentParser()
     ok = argparse.Namespace(config="smollm3_3b", layers=6, llama=True,
                             qmoe_int8_activations=False, experts_accuracy_level=0)
-    moe_full.check_config(p, ok)
-    moe_full.check_config(p, argparse.Namespace(**{**vars(ok), "config": "smollm3_tiny",
+    full_size.check_config(p, ok)
+    full_size.check_config(p, argparse.Namespace(**{**vars(ok), "config": "smollm3_tiny",
                                                    "layers": None, "llama": False}))
-    moe_full.check_config(p, argparse.Namespace(  # the MoE presets keep their options
+    full_size.check_config(p, argparse.Namespace(  # the MoE presets keep their options
         **{**vars(ok), "config": "qwen3_moe_tiny", "layers": 2,
            "qmoe_int8_activations": True, "experts_accuracy_level": 4}))
     refused = [({"qmoe_int8_activations": True}, "--qmoe-int8-activations: smollm3_3b is dense"),
                ({"experts_accuracy_level": 4}, "--experts-accuracy-level 4: smollm3_3b is dense"),
                ({"config": "smollm3_tiny", "layers": None}, "every fourth layer"),
-               ({"config": "qwen3_tiny", "layers": None}, "not an architecture moe_gguf.py"),
+               ({"config": "qwen3_tiny", "layers": None}, "not an architecture random_gguf.py"),
                ({"layers": 37}, "--layers 37: smollm3_3b has 36 layers")]
     for change, message in refused:
         with pytest.raises(SystemExit):
-            moe_full.check_config(p, argparse.Namespace(**{**vars(ok), **change}))
+            full_size.check_config(p, argparse.Namespace(**{**vars(ok), **change}))
         assert message in capsys.readouterr().err, change
 
 
 def test_random_gemma4_gguf_reads_back_with_its_layer_shapes(tmp_path):
-    """gemma4 (26B-A4B's form, cut to two layers as moe_full.py --layers 2 makes, and the tiny
+    """gemma4 (26B-A4B's form, cut to two layers as the full-size run's --layers 2 makes, and the tiny
     preset's): both head sizes, KV heads per layer, keys that are values (no attn_v on full
     layers), the fused experts and their scales, rope_freqs; our loader recovers the config
     (the proportional share from rope_freqs) and every tensor is finite."""
-    moe_gguf = load_benchmark("moe_gguf")
     base = get_config("gemma4_tiny")
     cfg = base.replace(vocab_size=512, hidden_size_per_layer_input=0, num_kv_shared_layers=0,
                        use_double_wide_mlp=False)
@@ -198,12 +194,11 @@ def test_moe_full_export_worker_gets_the_huge_pages_llm_onnx_export_would(monkey
     tunable where `llm-onnx export` would add it, unless --no-export-huge-pages."""
     import llm_onnx.export.hugepages as hugepages
 
-    moe_full = load_benchmark("moe_full")
     monkeypatch.setattr(hugepages, "this_machine", lambda: ("always [madvise] never", "glibc 2.36"))
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     monkeypatch.delenv(hugepages.MARKER, raising=False)
     a = argparse.Namespace(export_mmap_threshold=0, export_huge_pages=True)
-    assert moe_full.export_env(a)["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
-    assert moe_full.export_env(argparse.Namespace(**{**vars(a), "export_huge_pages": False})) == {}
+    assert stages.export_env(a)["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1"
+    assert stages.export_env(argparse.Namespace(**{**vars(a), "export_huge_pages": False})) == {}
     monkeypatch.setattr(hugepages, "this_machine", lambda: ("always madvise [never]", "glibc 2.36"))
-    assert moe_full.export_env(a) == {}
+    assert stages.export_env(a) == {}

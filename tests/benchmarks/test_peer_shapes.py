@@ -1,4 +1,4 @@
-"""compare_peers.py --shape: the random full-shape folder every system builds from, and the F32
+"""python -m benchmarks.peers --shape: the random full-shape folder every system builds from, and the F32
 GGUF llama.cpp gets from its safetensors, hold the same model. Checked on a tiny shape through our
 own GGUF reader (its Qwen3 mapping is tested against gguf-py's tables elsewhere) against
 transformers on the folder: the same logits, so no tensor was renamed, transposed or permuted
@@ -15,7 +15,8 @@ import torch
 
 from llm_onnx.checkpoints import build_model, open_checkpoint
 from tests.checkpoints.test_gguf_families import logits
-from tests.scripts import BENCHMARKS, load_benchmark
+from benchmarks.core import env
+from benchmarks.peers import checkpoints, llama_match
 from tests.tolerances import TORCH_VS_HF_FP32
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -26,17 +27,16 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
 def test_the_shape_folder_and_its_gguf_give_the_same_logits(smollm2_gguf, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    worker = load_benchmark("peer_worker")
-    monkeypatch.setitem(worker.SHAPES, "tiny", TINY)
+    monkeypatch.setitem(checkpoints.SHAPES, "tiny", TINY)
     tok = tmp_path / "tokenizer"
     tok.mkdir()
     (tok / "generation_config.json").write_text(json.dumps({"bos_token_id": 1,
                                                             "eos_token_id": 2}))
     (tok / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
     hf_dir, path = tmp_path / "hf", tmp_path / "tiny-f32.gguf"
-    worker.random_hf(argparse.Namespace(src=tok, out=hf_dir, shape="tiny", seed=3,
+    checkpoints.random_hf(argparse.Namespace(src=tok, out=hf_dir, shape="tiny", seed=3,
                                         result=tmp_path / "hf.json"))
-    worker.hf_gguf(argparse.Namespace(src=hf_dir, vocab_gguf=smollm2_gguf, out=path, shape="tiny",
+    checkpoints.hf_gguf(argparse.Namespace(src=hf_dir, vocab_gguf=smollm2_gguf, out=path, shape="tiny",
                                       result=tmp_path / "gguf.json"))
     assert not path.with_name(path.name + ".partial").exists()
     assert (hf_dir / "chat_template.jinja").is_file()  # the prompts are made with it
@@ -61,8 +61,6 @@ def test_variant_folders_are_built_once_and_rebuilt_when_their_input_changes(tmp
                                                                              monkeypatch):
     """Setup's folders (the HF folder, --off-grid's, --shape's) come from a worker step into
     OUT.tmp, renamed when done, and are reused while their stamp matches."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # bench_env imports peer_worker beside it
-    bench_env = load_benchmark("bench_env")
     calls = []
 
     def fake_worker(python, step, logfile, result, out, **opts):
@@ -71,12 +69,12 @@ def test_variant_folders_are_built_once_and_rebuilt_when_their_input_changes(tmp
         (out / "made-by").write_text(step)
         return {}
 
-    monkeypatch.setattr(bench_env, "worker", fake_worker)
+    monkeypatch.setattr(env, "worker", fake_worker)
     gguf_file = tmp_path / "model.gguf"
     gguf_file.write_bytes(b"GGUF")
     args = argparse.Namespace(work=tmp_path / "work", python="python", shape="qwen3-1.7b",
                               shape_seed=0, off_grid=False)
-    setup = bench_env.Setup(args)
+    setup = env.Setup(args)
     folder = setup.hf_folder(gguf_file)
     assert folder == tmp_path / "work" / "models" / "qwen3-1.7b" / "hf-random-seed0"
     assert (folder / "made-by").read_text() == "random-hf" and calls == ["hf-convert", "random-hf"]
@@ -93,8 +91,6 @@ def test_variant_folders_are_built_once_and_rebuilt_when_their_input_changes(tmp
 def test_llama_files_are_an_f32_gguf_and_its_quantized_forms(shape, tmp_path, monkeypatch):
     """SmolLM2: the F32 file from the GGUF, q8_0, and the Q4_1 original; --shape: the F32 file
     from the random folder's safetensors, q8_0 and q4_0. Built once, reused while stamped."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    bench_env = load_benchmark("bench_env")
     calls = []
 
     def fake_worker(python, step, logfile, result, out, **opts):
@@ -102,14 +98,14 @@ def test_llama_files_are_an_f32_gguf_and_its_quantized_forms(shape, tmp_path, mo
         out.write_bytes(b"GGUF")
         return {}
 
-    monkeypatch.setattr(bench_env, "worker", fake_worker)
+    monkeypatch.setattr(env, "worker", fake_worker)
     gguf_file, hf = tmp_path / "model.gguf", tmp_path / "hf"
     gguf_file.write_bytes(b"GGUF")
     hf.mkdir()
     (hf / ".bench-stamp.json").write_text("{}")
     args = argparse.Namespace(work=tmp_path / "work", python="python", shape=shape,
                               shape_seed=0, off_grid=False, threads=2)
-    setup = bench_env.Setup(args)
+    setup = env.Setup(args)
     files = setup.llama_models("llama-python", gguf_file, hf)
     if shape is None:
         assert files["Q4_1"] == gguf_file and set(files) == {"f32", "q8_0", "Q4_1"}
@@ -120,6 +116,6 @@ def test_llama_files_are_an_f32_gguf_and_its_quantized_forms(shape, tmp_path, mo
         assert calls == [("hf-gguf", None, hf), ("llama-quantize", "q8_0", files["f32"]),
                          ("llama-quantize", "q4_0", files["f32"])]
         assert files["q4_0"].parent == tmp_path / "work" / "models" / shape / "llama"
-    assert set(bench_env.llama_match(args).values()) <= set(files)
+    assert set(llama_match(args).values()) <= set(files)
     built = len(calls)
     assert setup.llama_models("llama-python", gguf_file, hf) == files and len(calls) == built

@@ -1,4 +1,4 @@
-"""benchmarks/refill_weights.py: how a full-size random-weights folder travels to the GPU machine
+"""python -m benchmarks.tools.refill_weights: how a full-size random-weights folder travels to the GPU machine
 (graphs and small tensors packed, the large weights filled again there). Kept tensors must come
 back byte for byte, the filled folder must pass the runtime's own checks (file sizes and sha256
 in the manifest) and run, and a folder packed with everything kept must come back identical."""
@@ -10,12 +10,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from tests.scripts import load_benchmark
-
-
-@pytest.fixture(scope="module")
-def refill():
-    return load_benchmark("refill_weights")
+from benchmarks.tools import refill_weights as refill
 
 
 def _sha(path):
@@ -23,7 +18,7 @@ def _sha(path):
 
 
 @pytest.mark.parametrize("precision", ["fp16", "int4"])
-def test_pack_and_fill_again(refill, tiny_export, tmp_path, precision):
+def test_pack_and_fill_again(tiny_export, tmp_path, precision):
     from llm_onnx.runtime.core.engine import Engine, RuntimeOptions
 
     folder = tiny_export("qwen3_tiny", precision, target="cuda")

@@ -1,5 +1,5 @@
 """The CUDA path on a real GPU (``pytest -m gpu``): the correctness parts of
-benchmarks/gpu_check.py. Skipped where no CUDA session comes up (CI has no GPU)."""
+the GPU check (benchmarks/gpu/). Skipped where no CUDA session comes up (CI has no GPU)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.gpu import correctness, kernels
 from llm_onnx.runtime.core.providers import cuda_status
-from tests.scripts import load_benchmark
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_status()[0], reason=f"no usable CUDA GPU: "
                                                               f"{cuda_status()[1]}")]
-
-gpu_check = load_benchmark("gpu_check")
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +25,12 @@ def _failures(results: dict) -> dict:
 
 
 def test_every_compute_node_on_cuda_or_a_clear_cpu_choice(root):
-    assert _failures(gpu_check.check_placement(root, "cuda")) == {}
+    assert _failures(correctness.check_placement(root, "cuda")) == {}
 
 
 def test_fp16_and_int4_match_torch_and_the_cpu_through_the_runtime(root):
-    assert _failures(gpu_check.check_parity(root, "cuda")) == {}
+    assert _failures(correctness.check_parity(root, "cuda")) == {}
 
 
 def test_matmulnbits_block_sizes_and_batches():
-    assert _failures(gpu_check.check_matmulnbits("cuda")) == {}
+    assert _failures(kernels.check_matmulnbits("cuda")) == {}
