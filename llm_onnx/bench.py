@@ -308,7 +308,7 @@ def pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        raise GenerationError("--plot needs matplotlib: pip install 'llm-onnx[bench]'.") from e
+        raise GenerationError("--plot needs matplotlib: pip install '.[bench]' in the checkout.") from e
     return plt
 
 

@@ -77,7 +77,7 @@ def default_model_folder(progress: bool = True, provider: str = "auto") -> Path:
         except ImportError as e:
             raise ModelFolderError(
                 "The default model is exported on first use, which needs the export extra: "
-                "`pip install 'llm-onnx[export]'` (or pass --model DIR).") from e
+                "`pip install '.[export]'` in the checkout (or pass --model DIR).") from e
         if progress:
             print(f"First use: exporting the default model (SmolLM2-135M-Instruct, {precision}) "
                   f"to {out}", file=sys.stderr)

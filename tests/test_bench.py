@@ -153,7 +153,7 @@ def test_plot_without_matplotlib_fails_at_once_and_writes_nothing(tiny_export, t
     result = CliRunner().invoke(main, ["bench", "--model", str(tiny_export("llama_tiny")),
                                        "--plot", str(out)])
     assert result.exit_code == 1
-    assert "--plot needs matplotlib: pip install 'llm-onnx[bench]'." in result.output
+    assert "--plot needs matplotlib: pip install '.[bench]' in the checkout." in result.output
     assert loads == [] and list(tmp_path.iterdir()) == []  # before loading, nothing on disk
 
 

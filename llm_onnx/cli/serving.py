@@ -60,7 +60,7 @@ TOOL_FORMATS = ("gemma4", "hermes", "llama3_json", "mistral", "phi4_mini")  # ll
               help="The chat page at / (a conversation with the model in the browser).")
 @click.option("--ray", "use_ray", is_flag=True,
               help="Serve on Ray Serve: replicas of the model behind Ray's HTTP proxy "
-                   "(pip install 'llm-onnx[ray]').")
+                   "(the ray extra: pip install '.[ray]' in the checkout).")
 @click.option("--replicas", type=click.IntRange(min=1),
               help="With --ray: this many replicas (default 1), each with --threads CPUs.")
 @click.option("--autoscale", metavar="MIN:MAX",
@@ -114,7 +114,7 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, m
         from llm_onnx.serve.app import Service
     except ImportError as e:
         raise click.ClickException(f"llm-onnx serve needs the serve extra ({e.name} is missing): "
-                                   "pip install 'llm-onnx[serve]'.") from None
+                                   "pip install '.[serve]' in the checkout.") from None
     from llm_onnx.runtime import Model
 
     server.check_address(host, port)
@@ -179,7 +179,7 @@ def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_l
         from llm_onnx.serve import ray_app
     except ImportError as e:
         raise click.ClickException(f"llm-onnx serve --ray needs the ray extra ({e.name} is "
-                                   "missing): pip install 'llm-onnx[ray]'.") from None
+                                   "missing): pip install '.[ray]' in the checkout.") from None
     from llm_onnx.model_folder import load_manifest
 
     if replicas and autoscale:

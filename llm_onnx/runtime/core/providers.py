@@ -76,8 +76,8 @@ def cuda_status(device_id: int = 0) -> tuple[bool, str]:
     if os.environ.get("LLM_ONNX_DISABLE_CUDA"):
         return False, "disabled by LLM_ONNX_DISABLE_CUDA"
     if CUDA not in ort.get_available_providers():
-        return False, "this onnxruntime build has no CUDA execution provider (pip install " \
-                      "'llm-onnx[cuda]' installs onnxruntime-gpu)"
+        return False, "this onnxruntime build has no CUDA execution provider (the cuda " \
+                      "extra installs onnxruntime-gpu: pip install '.[cuda]' in the checkout)"
     preload_cuda_libraries()
     with captured_output() as captured:
         try:
