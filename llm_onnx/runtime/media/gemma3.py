@@ -13,13 +13,14 @@ configs and in transformers' Gemma3Processor by default; it is refused here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from llm_onnx.runtime.media.fields import Fields
 from llm_onnx.runtime.media.image import RGBImage
 from llm_onnx.runtime.media.pixels import ProcessedImage, rescale_normalize, resize
+from llm_onnx.runtime.media.prompt import ImageTokenLayout
 
 IMAGENET_STANDARD = (0.5, 0.5, 0.5)
 
@@ -82,3 +83,15 @@ class Gemma3ImageProcessor:
                               std=self.image_std)
         return ProcessedImage(pixel_values=x, num_tokens=self.image_seq_length,
                               size=(self.height, self.width), image=image)
+
+    def token_layout(self, encode: Callable[[str], Sequence[int]],
+                     tokens: Mapping[str, str] | None = None) -> ImageTokenLayout:
+        """The template's ``<start_of_image>`` becomes "\\n\\n<start_of_image>", N
+        ``<image_soft_token>``, "<end_of_image>\\n\\n". ``tokens`` may rename ``boi_token``,
+        ``image_token`` and ``eoi_token`` (tokenizer_config.json's names)."""
+        tokens = tokens or {}
+        boi = tokens.get("boi_token", "<start_of_image>")
+        eoi = tokens.get("eoi_token", "<end_of_image>")
+        soft = tokens.get("image_token", "<image_soft_token>")
+        return ImageTokenLayout.build(encode, placeholder=boi, image_token=soft,
+                                      before=f"\n\n{boi}", after=f"{eoi}\n\n")

@@ -16,7 +16,7 @@ within a patch budget.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ import numpy as np
 from llm_onnx.runtime.media.fields import Fields
 from llm_onnx.runtime.media.image import RGBImage
 from llm_onnx.runtime.media.pixels import ProcessedImage, rescale_normalize, resize
+from llm_onnx.runtime.media.prompt import ImageTokenLayout
 
 SUPPORTED_SOFT_TOKENS = (70, 140, 280, 560, 1120)
 
@@ -108,3 +109,14 @@ class Gemma4ImageProcessor:
         return ProcessedImage(pixel_values=patches,
                               num_tokens=n // self.pooling_kernel_size ** 2, size=(h, w),
                               image=image, patch_positions=positions, num_patches=n)
+
+    def token_layout(self, encode: Callable[[str], Sequence[int]],
+                     tokens: Mapping[str, str] | None = None) -> ImageTokenLayout:
+        """The template's ``<|image|>`` becomes ``<|image>``, N ``<|image|>``, ``<image|>``.
+        ``tokens`` may rename ``image_token``, ``boi_token`` and ``eoi_token``
+        (tokenizer_config.json's names)."""
+        tokens = tokens or {}
+        soft = tokens.get("image_token", "<|image|>")
+        return ImageTokenLayout.build(encode, placeholder=soft, image_token=soft,
+                                      before=tokens.get("boi_token", "<|image>"),
+                                      after=tokens.get("eoi_token", "<image|>"))

@@ -10,13 +10,13 @@
 - patches: (grid_h · grid_w, 3 · temporal · patch · patch) float32, each 2 × 2 group of
   neighbouring patches (one soft token after the merger) consecutive, groups in row-major
   order; a still image is its own second frame (the temporal patch repeats it).
-- tokens: grid_h · grid_w / merge².
+- tokens: grid_h · grid_w / merge², placed at ``<|image_pad|>`` ids, with three position rows.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from llm_onnx.runtime.media.fields import Fields
 from llm_onnx.runtime.media.image import RGBImage
 from llm_onnx.runtime.media.pixels import (OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ProcessedImage,
                                            rescale_normalize, resize)
+from llm_onnx.runtime.media.prompt import ImageTokenLayout
 
 MAX_ASPECT_RATIO = 200
 
@@ -116,3 +117,11 @@ class QwenVLImageProcessor:
                                   patches.reshape(gh * gw, 3 * t * p * p)),
                               num_tokens=gh * gw // m ** 2, size=(h, w), image=image,
                               grid_thw=(1, gh, gw), token_grid=(1, gh // m, gw // m))
+
+    def token_layout(self, encode: Callable[[str], Sequence[int]],
+                     tokens: Mapping[str, str] | None = None) -> ImageTokenLayout:
+        """The prompt's image block: ``<|image_pad|>`` × N (the chat template writes the
+        ``<|vision_start|>`` / ``<|vision_end|>`` around it). ``tokens`` may rename
+        ``image_token`` (tokenizer_config.json's name for it)."""
+        pad = (tokens or {}).get("image_token", "<|image_pad|>")
+        return ImageTokenLayout.build(encode, placeholder=pad, image_token=pad, mrope=True)

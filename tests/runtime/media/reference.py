@@ -123,8 +123,9 @@ def byte_tokenizer(specials: list[str], merges: tuple[tuple[str, str], ...] = ()
     return tok
 
 
-def hf_tokenizer(tok, **special):
+def hf_tokenizer(tok, pad_token: str | None = None, **special):
     """transformers' tokenizer over ``tok``; ``special`` names its image tokens (boi_token=...)."""
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_object=tok, extra_special_tokens=special)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=pad_token,
+                                   extra_special_tokens=special)
