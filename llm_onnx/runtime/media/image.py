@@ -140,7 +140,9 @@ def _data_url_bytes(url: str, what: str) -> bytes:
 def _decode(data: bytes, what: str, limit: int) -> RGBImage:
     PIL.Image.init()  # registers every plugin (once), so that `formats` can name them all
     with warnings.catch_warnings():
-        # our own limit below decides; Pillow's warning would only say it later
+        # our own limit below decides; Pillow's warning would only say it later. (The filter is
+        # process-wide while the header is read: at worst another thread's Pillow warning is
+        # not shown, and that thread's image is then refused by this same limit.)
         warnings.simplefilter("ignore", PIL.Image.DecompressionBombWarning)
         try:
             image = PIL.Image.open(io.BytesIO(data), formats=FORMATS)
@@ -230,4 +232,4 @@ def _array_to_rgb(array: np.ndarray, what: str, limit: int) -> np.ndarray:
     if array.shape[2] == 4:
         alpha = array[:, :, 3:4] / 255
         return np.round(alpha * array[:, :, :3] + (1 - alpha) * 255).astype(np.uint8)
-    return array
+    return array.copy()  # ours to freeze: the caller's array stays theirs (and writable)

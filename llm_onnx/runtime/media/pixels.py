@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import PIL.Image
 
+from llm_onnx.runtime.media.image import RGBImage
+
 # PIL.Image.Resampling's values, as preprocessor_config.json's "resample" gives them
 RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -36,7 +38,7 @@ class ProcessedImage:
     pixel_values: np.ndarray
     num_tokens: int
     size: tuple[int, int]
-    image: object  # RGBImage (kept untyped here so this module needs no image.py)
+    image: RGBImage | None
     grid_thw: tuple[int, int, int] | None = None
     token_grid: tuple[int, int, int] | None = None
     patch_positions: np.ndarray | None = None

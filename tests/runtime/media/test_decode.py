@@ -52,6 +52,7 @@ def test_every_source_gives_the_same_pixels_and_digest(tmp_path):
     other[0, 0, 0] ^= 1
     assert load_image(other).digest != images[0].digest
     assert load_image(pixels[:, :46]).digest != load_image(pixels[:, 1:]).digest
+    assert pixels.flags.writeable  # the caller's array is copied, not frozen
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))
