@@ -35,3 +35,8 @@ class GenerationError(LlmOnnxError):
 
 class ProviderError(LlmOnnxError):
     """An execution provider that was asked for but cannot run here."""
+
+
+class MediaError(GenerationError):
+    """An image (or other media) the runtime refuses: unreadable, truncated, too large, of an
+    unsupported format or shape. Names the part it came from."""

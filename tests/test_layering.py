@@ -14,6 +14,7 @@ way around a circle). Inside the runtime, its subpackages import one way:
 
     core  <-  generation  <-  chat  <-  model, chat_session (the API)
     structured  (used by generation and chat; imports none of them)
+    media       (images: numpy + Pillow; imports none of them, any of them may import it)
 
 and no file of llm_onnx is longer than 500 lines."""
 
@@ -46,6 +47,14 @@ def test_pure_python_layers_import_neither_torch_nor_onnxruntime():
     for module in ("llm_onnx.families", "llm_onnx.model.config", "llm_onnx.model_folder"):
         mods = _modules_after(f"import {module}")
         assert "torch" not in mods and "onnxruntime" not in mods, module
+
+
+def test_media_needs_no_torch_and_the_text_runtime_no_pillow():
+    """Images are numpy + Pillow only; a text-only app of the runtime never loads Pillow."""
+    mods = _modules_after("import llm_onnx.runtime.media")
+    assert "PIL" in mods
+    assert not {"torch", "transformers", "torchvision"} & mods
+    assert "PIL" not in _modules_after("import llm_onnx.runtime")
 
 
 def test_presets_and_cli_help_do_not_import_torch():
@@ -167,6 +176,7 @@ RUNTIME_LAYERS = {  # subpackage -> the runtime subpackages it must not import, 
     "structured": ("core", "generation", "chat", "model", "chat_session"),
     "generation": ("chat", "model", "chat_session"),
     "chat": ("core", "model", "chat_session"),
+    "media": ("core", "structured", "generation", "chat", "model", "chat_session"),
 }
 
 
