@@ -15,6 +15,9 @@ way around a circle). Inside the runtime, its subpackages import one way:
     core  <-  generation  <-  chat  <-  model, chat_session (the API)
     structured  (used by generation and chat; imports none of them)
 
+Inside chat, the dialects (chat/dialects/: one module per dialect, the registry in its
+``__init__``) know nothing of the request that holds them, and no dialect imports the registry.
+
 and no file of llm_onnx is longer than 500 lines."""
 
 from __future__ import annotations
@@ -185,6 +188,15 @@ def test_runtime_subpackages_import_one_way():
     assert loose == {"__init__", "model", "chat_session"}
     assert {p.name for p in (PACKAGE / "runtime").iterdir() if p.is_dir()
             and (p / "__init__.py").exists()} == set(RUNTIME_LAYERS)
+
+
+def test_dialects_know_neither_the_request_nor_the_registry():
+    registry, request = "llm_onnx.runtime.chat.dialects", "llm_onnx.runtime.chat.request"
+    bad = [f"{module} imports {target}" for module, targets in module_imports(lazy=True).items()
+           if module.startswith(registry + ".") for target in targets
+           if target in (registry, request)]
+    assert bad == []
+    assert f"{registry}.base" in module_imports()  # (the package is where this test looks)
 
 
 def test_no_file_past_500_lines():

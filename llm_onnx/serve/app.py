@@ -33,12 +33,12 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from llm_onnx.runtime.chat.request import ReplyStream
+from llm_onnx.runtime.chat.dialects.base import ReplyReader
 from llm_onnx.runtime.model import Model
-from llm_onnx.runtime.chat.reasoning import ChatPiece
+from llm_onnx.runtime.chat.dialects.base import ChatPiece
 from llm_onnx.runtime.generation.scheduler import Scheduler
 from llm_onnx.runtime.generation.sequence import Result, TokenEvent
-from llm_onnx.runtime.chat.tools import ToolCallDelta
+from llm_onnx.runtime.chat.dialects.base import ToolCallDelta
 from llm_onnx.serve import (embeddings, messages, openai_responses, protocol as p,
                             requests as rq, responses as rs, runner, structured, tokens_api, web)
 from llm_onnx.serve.metrics import CONTENT_TYPE, Metrics
@@ -94,7 +94,7 @@ class Service:
 
     async def prepare(self, plan: p.Plan) -> None:
         """Compose and compile the plan's constraint (a 400 if it is invalid or too slow)."""
-        if plan.constraint is None and (plan.chat is None or plan.chat.format is None):
+        if plan.constraint is None and (plan.chat is None or not plan.chat.calls_tools):
             return
         loop = asyncio.get_running_loop()
         # model.constraints converts the tokenizer on first use (about a second at a 150,000-
@@ -337,7 +337,7 @@ async def _events(service: Service, request: Request, plan: p.Plan,
     status = "499"
     chat = plan.kind == p.CHAT
     # Each choice's text split into reasoning_content, content and tool-call deltas.
-    replies = [ReplyStream(plan.chat) if chat and plan.chat is not None else None
+    replies = [plan.chat.stream() if chat and plan.chat is not None else None
                for _ in run.jobs]
     try:
         first = []
@@ -401,7 +401,7 @@ def _delta(pieces: list[ChatPiece | ToolCallDelta]) -> dict[str, Any]:
 
 def _choice(plan: p.Plan, service: Service, i: int, event: TokenEvent,
             pieces: list[ChatPiece | ToolCallDelta], offsets: list[int],
-            reply: ReplyStream | None) -> dict[str, Any]:
+            reply: ReplyReader | None) -> dict[str, Any]:
     reason = None if event.finish_reason is None else \
         rs.finish_reason(event.finish_reason, reply is not None and reply.tool_calls > 0)
     logprobs = None

@@ -30,9 +30,8 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from llm_onnx.runtime.chat.reasoning import ChatPiece
-from llm_onnx.runtime.chat.request import ReplyStream
-from llm_onnx.runtime.chat.tools import ToolCallDelta
+from llm_onnx.runtime.chat.dialects.base import ChatPiece
+from llm_onnx.runtime.chat.dialects.base import ToolCallDelta
 from llm_onnx.runtime.generation.sequence import Result, TokenEvent
 from llm_onnx.serve import messages_request as mr, protocol as p, runner
 
@@ -177,7 +176,7 @@ async def _events(service: Any, request: Request, plan: p.Plan, conv: mr.Convers
     """The reply as Anthropic's server-sent events (see the module docstring). A client that
     disconnects makes the response cancel this generator, and with it the job."""
     assert plan.chat is not None
-    reply, blocks = ReplyStream(plan.chat), _Blocks(conv.omit_thinking)
+    reply, blocks = plan.chat.stream(), _Blocks(conv.omit_thinking)
     generated, status = 0, "499"
     try:
         yield _event("message_start", {"type": "message_start", "message": {

@@ -32,7 +32,7 @@ from typing import Any
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.chat.render import template_variables
 from llm_onnx.runtime.chat.request import ChatRequest, check_tool_choice, check_tools
-from llm_onnx.runtime.chat.tools import ToolChoice
+from llm_onnx.runtime.chat.dialects.base import ToolChoice
 from llm_onnx.runtime.model import Model
 from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
 from llm_onnx.serve import protocol as p

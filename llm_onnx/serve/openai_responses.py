@@ -36,9 +36,8 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from llm_onnx.runtime.chat.reasoning import ChatPiece
-from llm_onnx.runtime.chat.request import ReplyStream
-from llm_onnx.runtime.chat.tools import ToolCallDelta
+from llm_onnx.runtime.chat.dialects.base import ChatPiece
+from llm_onnx.runtime.chat.dialects.base import ToolCallDelta
 from llm_onnx.runtime.generation.sequence import Result, TokenEvent
 from llm_onnx.serve import protocol as p, requests as rq, responses as rs, runner
 from llm_onnx.serve.response_input import FIELD_NAMES, RESPONSES_FIELDS, chat_body, metadata
@@ -305,7 +304,7 @@ async def _events(service: Any, plan: ResponsePlan, run: runner.Run,
                   ) -> AsyncIterator[tuple[str, dict[str, Any] | None]]:
     """The reply's events, each with the final Response on the last one (else None)."""
     events = _Events(plan, service.tokens)
-    reply = ReplyStream(plan.plan.chat) if plan.plan.chat is not None else None
+    reply = plan.plan.chat.stream() if plan.plan.chat is not None else None
     start = plan.response("in_progress", [], None)
     yield events.event("response.created", response=start), None
     yield events.event("response.in_progress", response=start), None

@@ -143,7 +143,7 @@ class Plan:
     @property
     def constraint_kind(self) -> str | None:
         """What constrains the replies, for the metrics: tools, json_schema, regex, ..."""
-        if self.chat is not None and self.chat.format is not None:
+        if self.chat is not None and self.chat.calls_tools:
             return "tools"
         return self.constraint.kind if self.constraint is not None else None
 

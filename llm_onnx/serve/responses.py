@@ -8,7 +8,7 @@ from typing import Any
 
 from llm_onnx.runtime.model import Model
 from llm_onnx.runtime.generation.sequence import Result, TokenLogprob, ToolCall
-from llm_onnx.runtime.chat.tools import ToolCallDelta
+from llm_onnx.runtime.chat.dialects.base import ToolCallDelta
 from llm_onnx.serve.protocol import CHAT, COMPLETION, Plan
 
 

@@ -23,7 +23,7 @@ from llm_onnx.runtime.chat.render import template_variables
 from llm_onnx.runtime.chat.request import check_tool_choice, check_tools
 from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
 from llm_onnx.runtime.structured.matcher import Constraints
-from llm_onnx.runtime.chat.tools import ToolChoice
+from llm_onnx.runtime.chat.dialects.base import ToolChoice
 from llm_onnx.serve.protocol import ApiError, Plan, bad
 
 _STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")

@@ -17,8 +17,8 @@ from tokenizers import Tokenizer
 from llm_onnx.runtime import Model
 from llm_onnx.runtime.chat.request import collect_calls
 from llm_onnx.runtime.structured.constraint import ConstraintError
-from llm_onnx.runtime.chat.reasoning import ChatPiece
-from llm_onnx.runtime.chat.tools import FORMATS, ToolCallDelta, ToolCallStream, detect_format, parse
+from llm_onnx.runtime.chat.dialects import detect_tool_dialect, tool_dialect
+from llm_onnx.runtime.chat.dialects.base import ChatPiece, ToolCallDelta
 from tests.byte_model import HERMES_TEMPLATE, byte_model_folder, save_byte_tokenizer  # noqa: F401
 from tests.runtime.fakes import FakeEngine
 from tests.thinking_model import QWEN3_TEMPLATE
@@ -80,17 +80,17 @@ VENDOR_EXAMPLES = [
 
 @pytest.mark.parametrize("name, text, content, calls", VENDOR_EXAMPLES)
 def test_vendor_examples_parse_whole_and_streamed(name, text, content, calls):
-    check_whole_and_streamed(FORMATS[name], text, content, calls)
+    check_whole_and_streamed(tool_dialect(name), text, content, calls)
 
 
 def check_whole_and_streamed(fmt, text: str, content: str, calls: list) -> None:
     """``text`` parses into ``content`` and ``calls`` (name, arguments as JSON) whole, and
     streamed in pieces of any size into the same content and calls."""
-    got_content, got, complete = parse(fmt, text)
+    got_content, got, complete = fmt.parse(text)
     assert got_content == content and complete
     assert [(c.name, json.loads(c.arguments)) for c in got] == calls
     for size in (1, 3, 7):  # streamed in pieces of any size: the same content and calls
-        stream = ToolCallStream(fmt)
+        stream = fmt.stream()
         items = []
         for i in range(0, len(text), size):
             items += stream.push(text[i:i + size])
@@ -102,9 +102,9 @@ def check_whole_and_streamed(fmt, text: str, content: str, calls: list) -> None:
 
 
 def test_mistral_call_ids_are_nine_alphanumerics():
-    _, calls, _ = parse(FORMATS["mistral"], VENDOR_EXAMPLES[6][1])
+    _, calls, _ = tool_dialect("mistral").parse(VENDOR_EXAMPLES[6][1])
     assert len(calls[0].id) == 9 and calls[0].id.isalnum()
-    _, calls, _ = parse(FORMATS["hermes"], VENDOR_EXAMPLES[0][1])
+    _, calls, _ = tool_dialect("hermes").parse(VENDOR_EXAMPLES[0][1])
     assert calls[0].id.startswith("call_") and calls[0].id != calls[1].id
 
 
@@ -121,7 +121,7 @@ def test_mistral_call_ids_are_nine_alphanumerics():
     ("{% for m in messages %}{{ m.content }}{% endfor %}", None),
 ])
 def test_the_format_is_read_off_the_template(template, name):
-    assert detect_format(template) == name
+    assert detect_tool_dialect(template) == name
 
 
 # ------------------------------------------------------------------ on a model
