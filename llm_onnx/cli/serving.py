@@ -129,7 +129,7 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, m
         raise click.UsageError("--replicas, --autoscale and --address need --ray.")
     try:
         from llm_onnx.serve import server
-        from llm_onnx.serve.app import Service
+        from llm_onnx.serve.service import Service
     except ImportError as e:
         raise click.ClickException(f"llm-onnx serve needs the serve extra ({e.name} is missing): "
                                    "pip install 'llm-onnx[serve]'.") from None

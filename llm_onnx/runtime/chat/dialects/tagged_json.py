@@ -1,7 +1,8 @@
 """The tool dialects whose calls are JSON objects between markers, each read off its template:
 
     hermes       Hermes 2 Pro, Qwen 2.5, Qwen3, SmolLM3 (any template that writes <tool_call>):
-                 <tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>  (one block per call)
+                 <tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>
+                 (one block per call)
     mistral      Mistral v3 tokenizers: [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]
     phi4_mini    Phi-4-mini: <|tool_call|>[{"name": "f", "arguments": {...}}]<|/tool_call|>
     llama3_json  Llama 3.1-3.3 JSON tool calling: the reply is {"name": "f", "parameters": {...}}
