@@ -13,7 +13,7 @@ from llm_onnx.runtime.chat.render import Message, check_template_vars
 from llm_onnx.runtime.chat.request import ChatModel, ChatRequest
 from llm_onnx.runtime.generation.generator import Generator
 from llm_onnx.runtime.generation.options import GenerationOptions
-from llm_onnx.runtime.generation.sequence import Result
+from llm_onnx.runtime.generation.results import Result
 
 Tools = Sequence[dict[str, Any]]
 

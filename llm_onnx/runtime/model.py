@@ -28,22 +28,22 @@ import tokenizers
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.model_folder import GenerationDefaults
-from llm_onnx.runtime.chat.render import Message, check_template_vars, continue_final
-from llm_onnx.runtime.chat.request import (ChatRequest, check_tool_choice, check_tools,
-                                         read_chat_template)
-from llm_onnx.runtime.structured.constraint import constraint_shorthand
-from llm_onnx.runtime.structured.matcher import Constraints
-from llm_onnx.runtime.core.embedder import EmbeddingEngine, not_generating, open_engine
-from llm_onnx.runtime.core.engine import RuntimeOptions
-from llm_onnx.runtime.chat_session import ChatSession
-from llm_onnx.runtime.generation.generator import Generator
-from llm_onnx.runtime.generation.options import row_options
 from llm_onnx.runtime.chat.dialects import chat_dialect
 from llm_onnx.runtime.chat.dialects.base import ChatPiece, ThinkingReader, ToolCallDelta, ToolChoice
-from llm_onnx.runtime.generation.options import GenerationOptions
-from llm_onnx.runtime.generation.sequence import Result, TokenLogprob
+from llm_onnx.runtime.chat.render import Message, check_template_vars, continue_final
+from llm_onnx.runtime.chat.request import (ChatRequest, check_tool_choice, check_tools,
+                                           read_chat_template)
+from llm_onnx.runtime.chat_session import ChatSession
+from llm_onnx.runtime.core.embedder import EmbeddingEngine
+from llm_onnx.runtime.core.engine import RuntimeOptions, not_generating
+from llm_onnx.runtime.core.engines import open_engine
+from llm_onnx.runtime.generation.generator import Generator
+from llm_onnx.runtime.generation.options import GenerationOptions, row_options
+from llm_onnx.runtime.generation.results import Result, TokenLogprob
 from llm_onnx.runtime.generation.speculative import (SpeculativeOptions, check_same_tokenizer,
                                                      speculative_options)
+from llm_onnx.runtime.structured.constraint import constraint_shorthand
+from llm_onnx.runtime.structured.matcher import Constraints
 
 Prompt = str | Sequence[int]
 # Speculation when a caller says nothing (docs/speculative-decoding.md has the figures): prompt

@@ -8,7 +8,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from llm_onnx.runtime.generation.sequence import TokenLogprob
+from llm_onnx.runtime.generation.results import TokenLogprob
 from llm_onnx.runtime.model import Model
 
 

@@ -19,7 +19,7 @@ from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.chat.dialects.base import ChatPiece, ReplyReader, ToolCallDelta
 from llm_onnx.runtime.chat.render import check_template_vars, template_variables
 from llm_onnx.runtime.chat.request import ChatRequest
-from llm_onnx.runtime.generation.sequence import Result, TokenEvent, ToolCall
+from llm_onnx.runtime.generation.results import Result, TokenEvent, ToolCall
 from llm_onnx.runtime.model import Model
 from llm_onnx.runtime.structured.constraint import ConstraintError
 from llm_onnx.serve import pipeline

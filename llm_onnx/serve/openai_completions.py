@@ -15,7 +15,7 @@ from fastapi.responses import Response
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.chat.dialects.base import ChatPiece
-from llm_onnx.runtime.generation.sequence import Result, TokenEvent
+from llm_onnx.runtime.generation.results import Result, TokenEvent
 from llm_onnx.runtime.model import Model
 from llm_onnx.serve import pipeline
 from llm_onnx.serve.errors import bad

@@ -35,7 +35,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from llm_onnx.runtime.chat.dialects.base import ChatPiece, ToolCallDelta
-from llm_onnx.runtime.generation.sequence import Result, TokenEvent
+from llm_onnx.runtime.generation.results import Result, TokenEvent
 from llm_onnx.serve import pipeline
 from llm_onnx.serve.errors import ApiError
 from llm_onnx.serve.logprobs import TokenText, chat_logprobs

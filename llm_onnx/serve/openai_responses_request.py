@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from llm_onnx.runtime.generation.sequence import Result
+from llm_onnx.runtime.generation.results import Result
 from llm_onnx.serve import openai_chat
 from llm_onnx.serve.errors import ApiError, bad
 from llm_onnx.serve.fields import body_object, integer, known_fields

@@ -178,7 +178,7 @@ def test_earlier_reasoning_content_is_accepted_and_dropped_by_the_template(serve
 
 def test_a_model_without_think_tokens_answers_as_before():
     """No reasoning_content field at all, streamed or not (protocol level, no server)."""
-    from llm_onnx.runtime.generation.sequence import Result
+    from llm_onnx.runtime.generation.results import Result
     from llm_onnx.serve import openai_chat
     from llm_onnx.serve.logprobs import TokenText
 

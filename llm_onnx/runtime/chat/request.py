@@ -19,7 +19,7 @@ from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.chat.dialects import ChatDialect, choosable_tool_dialects
 from llm_onnx.runtime.chat.dialects.base import ReplyReader, ToolCallDelta, ToolChoice
 from llm_onnx.runtime.chat.render import render_chat
-from llm_onnx.runtime.generation.sequence import Result, ToolCall
+from llm_onnx.runtime.generation.results import Result, ToolCall
 from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
 from llm_onnx.runtime.structured.matcher import Constraints
 

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Protocol
 import tokenizers
 
 from llm_onnx.runtime.chat.render import Message, render_chat
-from llm_onnx.runtime.generation.sequence import ToolCall
+from llm_onnx.runtime.generation.results import ToolCall
 from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
 
 ToolChoice = str | dict  # "none" | "auto" | "required" | {"type": "function", "function": {"name"}}

@@ -34,7 +34,7 @@ from llm_onnx.runtime.chat.dialects.base import (ChatDialect, ChatPiece, Reasoni
                                                  SpecialId, ToolCallDelta, ToolChoice,
                                                  ToolDialect, call_schema, chosen_tools,
                                                  new_call_id)
-from llm_onnx.runtime.generation.sequence import ToolCall
+from llm_onnx.runtime.generation.results import ToolCall
 from llm_onnx.runtime.structured.constraint import (JSON_OPTIONS, Constraint, ConstraintError,
                                                     grammar_list)
 

@@ -13,7 +13,7 @@ from typing import Protocol
 from llm_onnx.runtime.chat.dialects.base import (ChatDialect, ChatPiece, ReasoningDialect, Reply,
                                                  SpecialId, ThinkingReader, ToolCallDelta,
                                                  ToolChoice)
-from llm_onnx.runtime.generation.sequence import ToolCall
+from llm_onnx.runtime.generation.results import ToolCall
 from llm_onnx.runtime.structured.constraint import Constraint
 
 

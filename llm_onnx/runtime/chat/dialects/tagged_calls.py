@@ -25,7 +25,7 @@ from llm_onnx.runtime.chat.dialects.base import (ChatDialect, ReasoningDialect, 
                                                  ToolCallDelta, ToolChoice, ToolDialect,
                                                  call_schema, chosen_tools, new_call_id)
 from llm_onnx.runtime.chat.dialects.tagged import TaggedDialect
-from llm_onnx.runtime.generation.sequence import ToolCall
+from llm_onnx.runtime.generation.results import ToolCall
 from llm_onnx.runtime.structured.constraint import JSON_OPTIONS, Constraint, grammar_list
 from llm_onnx.runtime.structured.json_scan import WHITESPACE, scan_object, skip_space
 
