@@ -8,6 +8,8 @@ before its constrained answer."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import jsonschema
 import numpy as np
@@ -15,10 +17,11 @@ import pytest
 from tokenizers import Tokenizer
 
 from llm_onnx.runtime import Model
-from llm_onnx.runtime.chat.request import collect_calls
-from llm_onnx.runtime.structured.constraint import ConstraintError
+from llm_onnx.runtime.chat import dialects
 from llm_onnx.runtime.chat.dialects import detect_tool_dialect, tool_dialect
 from llm_onnx.runtime.chat.dialects.base import ChatPiece, ToolCallDelta
+from llm_onnx.runtime.chat.request import collect_calls
+from llm_onnx.runtime.structured.constraint import ConstraintError
 from tests.byte_model import HERMES_TEMPLATE, byte_model_folder, save_byte_tokenizer  # noqa: F401
 from tests.runtime.fakes import FakeEngine
 from tests.thinking_model import QWEN3_TEMPLATE
@@ -215,6 +218,30 @@ def test_bad_tool_requests(model):
         model.chat(USER, tool_choice="required")
     with pytest.raises(ConstraintError, match="named twice"):
         model.chat(USER, tools=[WEATHER, WEATHER])
+
+
+def test_the_worked_example_of_a_new_dialect_works(byte_model_folder, monkeypatch):  # noqa: F811
+    """docs/chat.md's Acme dialect, run as the page writes it: one module, one registry line,
+    and a template that writes <calls> gets its grammar, its reader and its name."""
+    page = (Path(__file__).parents[2] / "docs" / "chat.md").read_text()
+    [module] = [block for block in re.findall(r"```python\n(.*?)```", page, re.S)
+                if "class Acme(TaggedCalls)" in block]
+    scope: dict = {}
+    exec(compile(module, "acme.py", "exec"), scope)
+    registry = dict(dialects.TOOL_DIALECTS)
+    order = [*list(registry)[:2], "acme", *list(registry)[2:]]  # before hermes, as the page says
+    registry["acme"] = scope["Acme"]
+    monkeypatch.setattr(dialects, "TOOL_DIALECTS", {name: registry[name] for name in order})
+    template = HERMES_TEMPLATE.read_text().replace("tool_call>", "calls>")
+    assert detect_tool_dialect(template) == "acme" and "acme" in dialects.choosable_tool_dialects()
+    text = 'Sure.\n<calls>[{"name": "add", "arguments": {"a": 1, "b": 2}}]</calls>'
+    check_whole_and_streamed(tool_dialect("acme"), text, "Sure.", [("add", {"a": 1, "b": 2})])
+    acme = Model.load(byte_model_folder, provider="cpu", threads=1, chat_template=template)
+    assert acme.tool_format == "acme"
+    r = acme.chat(USER, tools=TOOLS, tool_choice="required", temperature=1.0, seed=0,
+                  max_new_tokens=400)
+    assert r.finish_reason == "stop" and r.text == ""
+    check_calls(r.tool_calls)
 
 
 # ------------------------------------------------------------------ a reasoning model
