@@ -40,16 +40,17 @@ from llm_onnx.serve.fields import (body_object, boolean, fit_length, integer, nu
                                    served_model, whole)
 from llm_onnx.serve.plan import CHAT, Plan
 
-# Fields of a Messages request. Accepted and ignored: they change nothing computed here.
-_IGNORED = {"metadata", "service_tier", "cache_control", "inference_geo", "speed",
-            "diagnostics"}
-_UNSUPPORTED = {"container", "mcp_servers", "context_management"}
-_COUNT = {"model", "messages", "system", "tools", "tool_choice", "thinking",
-          "output_config"} | _IGNORED | _UNSUPPORTED
+# Fields of a Messages request (FIELDS; count_tokens takes COUNT_FIELDS). Accepted and ignored:
+# they change nothing computed here. Unsupported: a 400 naming the field unless empty.
+IGNORED_FIELDS = {"metadata", "service_tier", "cache_control", "inference_geo", "speed",
+                  "diagnostics"}
+UNSUPPORTED_FIELDS = {"container", "mcp_servers", "context_management"}
+COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking",
+                "output_config"} | IGNORED_FIELDS | UNSUPPORTED_FIELDS
 # llm-onnx's own sampling fields (sent by the anthropic client as extra_body)
-_OWN = {"seed", "min_p", "repetition_penalty"}
-_CREATE = _COUNT | _OWN | {"max_tokens", "stop_sequences", "temperature", "top_p", "top_k",
-                           "stream"}
+OWN_FIELDS = {"seed", "min_p", "repetition_penalty"}
+FIELDS = COUNT_FIELDS | OWN_FIELDS | {"max_tokens", "stop_sequences", "temperature", "top_p",
+                                      "top_k", "stream"}
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
 _NO_VISION = "blocks are not supported: this server's model reads text only."
 
@@ -81,7 +82,7 @@ class Conversation:
 def messages_plan(body: Any, model: Model, served: str,
                   context: int) -> tuple[Plan, Conversation]:
     """POST /v1/messages, checked (its constraint is composed by structured.prepare)."""
-    body = _fields(body, _CREATE, served)
+    body = _fields(body, FIELDS, served)
     conv = conversation(body, model)
     if body.get("max_tokens") is None:
         raise bad("max_tokens", "Field required")
@@ -103,7 +104,7 @@ def messages_plan(body: Any, model: Model, served: str,
 
 def count_tokens(body: Any, model: Model, served: str) -> int:
     """POST /v1/messages/count_tokens: the prompt's length."""
-    return len(conversation(_fields(body, _COUNT, served), model).render(model)[1])
+    return len(conversation(_fields(body, COUNT_FIELDS, served), model).render(model)[1])
 
 
 def _fields(body: Any, allowed: set[str], served: str) -> dict:
@@ -112,7 +113,7 @@ def _fields(body: Any, allowed: set[str], served: str) -> dict:
     if unknown:
         raise bad(unknown[0], "Extra inputs are not permitted")
     served_model(body, served)
-    for name in sorted(_UNSUPPORTED):
+    for name in sorted(UNSUPPORTED_FIELDS):
         if body.get(name) not in (None, [], {}):
             raise bad(name, "not supported by this server.")
     return body
@@ -406,7 +407,7 @@ def _sampling(body: dict, model: Model) -> Any:
     if stops is not None and (not isinstance(stops, list) or not all(
             isinstance(s, str) and s for s in stops)):
         raise bad("stop_sequences", "must be a list of non-empty strings.")
-    fields = {"stop": stops, **{name: body[name] for name in _OWN if name in body}}
+    fields = {"stop": stops, **{name: body[name] for name in OWN_FIELDS if name in body}}
     for name, value in (("temperature", number(body, "temperature", 0, 1)),
                         ("top_p", number(body, "top_p", 0, 1, low_open=True)),
                         ("top_k", integer(body, "top_k", 0))):

@@ -16,8 +16,9 @@ pipeline; this module only wires them:
 
 An API module gives ``add_routes(app, service, authorized)`` and ``PATHS`` (counted by name in
 the metrics; ``PATH_PREFIXES``: paths with an id, counted under one label), and, if its errors
-are not OpenAI's shape, ``error_body(error)``. Adding an API is one such module and one line in
-``APIS``.
+are not OpenAI's shape, ``error_body(error)``; the fields its requests may carry are declared at
+its top (``FIELDS``, and those accepted but ignored). Adding an API is one such module and one
+line in ``APIS``.
 
 ``create_app(service)`` is the one app definition: ``llm-onnx serve`` runs it under uvicorn, the
 Ray Serve deployment mounts the same object.

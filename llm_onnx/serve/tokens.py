@@ -34,10 +34,10 @@ from llm_onnx.serve.errors import bad
 from llm_onnx.serve.fields import body_object, boolean, known_fields, served_model
 
 PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")
-_PROMPT = {"model", "prompt", "add_special_tokens", "return_token_strs"}
-_CHAT = {"model", "messages", "add_generation_prompt", "continue_final_message",
+PROMPT_FIELDS = {"model", "prompt", "add_special_tokens", "return_token_strs"}
+CHAT_FIELDS = {"model", "messages", "add_generation_prompt", "continue_final_message",
          "add_special_tokens", "return_token_strs", "tools", "chat_template_kwargs"}
-_CONTENT = {"model", "content", "add_special", "parse_special", "with_pieces"}
+CONTENT_FIELDS = {"model", "content", "add_special", "parse_special", "with_pieces"}
 
 
 def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
@@ -87,7 +87,7 @@ def _tokenize(body: dict, service: Any) -> dict[str, Any]:
         raise bad("prompt", "give 'prompt' (text) or 'messages' (a chat), not both or "
                               "neither.")
     chat = "messages" in body
-    known_fields(body, _CHAT if chat else _PROMPT)
+    known_fields(body, CHAT_FIELDS if chat else PROMPT_FIELDS)
     special = boolean(body, "add_special_tokens")
     try:
         if chat:
@@ -121,7 +121,7 @@ def _render(body: dict, model: Any) -> str:
 
 def _content(body: dict, service: Any) -> dict[str, Any]:
     """llama.cpp's request: {"content", "add_special", "with_pieces"}."""
-    known_fields(body, _CONTENT)
+    known_fields(body, CONTENT_FIELDS)
     if not isinstance(body["content"], str):
         raise bad("content", "'content' must be a string.")
     try:

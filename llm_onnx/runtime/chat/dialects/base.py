@@ -165,7 +165,7 @@ class ChatDialect(ABC):
                **variables: Any) -> str:
         """The prompt text of ``messages``: the model's own chat template, rendered as
         transformers renders it (a dialect whose template needs its messages prepared
-        differently overrides this)."""
+        differently, content parts beyond text included, overrides this)."""
         return render_chat(template, messages, special_tokens, add_generation_prompt,
                            tools=tools, **variables)
 
