@@ -62,8 +62,8 @@ class Model:
         chat_template: a chat template used instead of the folder's: a Jinja file (or a
             tokenizer_config.json), or the template's text; checked first (it must render a
             two-message conversation); the folder is not modified.
-        tool_call_format: how replies write tool calls (gemma4, hermes, llama3_json,
-            mistral, phi4_mini); default: read off the chat template.
+        tool_call_format: how replies write tool calls, a tool dialect's name
+            (llm_onnx.runtime.chat.dialects: hermes, mistral, ...); default: read off the template.
         speculative: "off", "ngram" (prompt lookup), "draft" or SpeculativeOptions
             (llm_onnx.runtime.generation.speculative): several tokens per model run, the same output;
             None: the default (``DEFAULT_SPECULATIVE``: "ngram" for fp32 folders, else off;
