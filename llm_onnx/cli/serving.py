@@ -10,7 +10,6 @@ from llm_onnx.cli.app import _handle_errors, main
 from llm_onnx.cli.generating import speculative_options
 
 
-
 def _tool_dialect(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """--tool-call-format: the name of a tool dialect (llm_onnx.runtime.chat.dialects), checked
     against the registry (imported only when the option is given)."""
