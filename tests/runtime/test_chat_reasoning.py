@@ -32,7 +32,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 # ------------------------------------------------------------------ splitting text
 
 def reference(text: str, thinking: bool) -> tuple[str | None, str]:
-    """The split of a whole reply, written plainly (see llm_onnx/runtime/chat/reasoning.py)."""
+    """The split of a whole reply, written plainly (see llm_onnx/runtime/chat/dialects/think.py)."""
     if not thinking:
         rest = text.lstrip()
         if not rest.startswith("<think>"):
