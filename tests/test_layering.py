@@ -16,6 +16,12 @@ way around a circle). Inside the runtime, its subpackages import one way:
     structured  (used by generation and chat; imports none of them)
     media       (images: numpy + Pillow; imports none of them, any of them may import it)
 
+Inside chat, the dialects (chat/dialects/: one module per dialect, the registry in its
+``__init__``) know nothing of the request that holds them, and no dialect imports the registry.
+Inside serve, an API is a module with ``add_routes`` (and its own helpers, named after it:
+``openai_responses_request``); the modules they share (errors, fields, plan, pipeline, ...)
+import no API, and none imports the app that wires them.
+
 and no file of llm_onnx is longer than 500 lines."""
 
 from __future__ import annotations
@@ -195,6 +201,38 @@ def test_runtime_subpackages_import_one_way():
     assert loose == {"__init__", "model", "chat_session"}
     assert {p.name for p in (PACKAGE / "runtime").iterdir() if p.is_dir()
             and (p / "__init__.py").exists()} == set(RUNTIME_LAYERS)
+
+
+def test_dialects_know_neither_the_request_nor_the_registry():
+    registry, request = "llm_onnx.runtime.chat.dialects", "llm_onnx.runtime.chat.request"
+    bad = [f"{module} imports {target}" for module, targets in module_imports(lazy=True).items()
+           if module.startswith(registry + ".") for target in targets
+           if target in (registry, request)]
+    assert bad == []
+    assert f"{registry}.base" in module_imports()  # (the package is where this test looks)
+
+
+def _serve_apis() -> set[str]:
+    """The serve modules that add routes (an API each)."""
+    apis = set()
+    for path in (PACKAGE / "serve").glob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        if any(isinstance(n, ast.FunctionDef) and n.name == "add_routes" for n in tree.body):
+            apis.add(f"llm_onnx.serve.{path.stem}")
+    return apis | {"llm_onnx.serve.web"}
+
+
+def test_serve_shared_modules_import_no_api():
+    graph = module_imports(lazy=True)
+    apis = _serve_apis()
+    assert {"llm_onnx.serve.openai_chat", "llm_onnx.serve.anthropic_messages"} <= apis
+    serve = {m for m in graph if m.startswith("llm_onnx.serve.")}
+    own = {m for m in serve if any(m.startswith(api) for api in apis)}  # an API's helpers
+    top = {f"llm_onnx.serve.{m}" for m in ("app", "service", "server", "ray_app")}
+    shared = serve - own - top
+    bad = [f"{m} imports {t}" for m in shared for t in graph[m] if t in own | top]
+    assert bad == []
+    assert [m for m in own | shared if "llm_onnx.serve.app" in graph[m]] == []
 
 
 def test_no_file_past_500_lines():

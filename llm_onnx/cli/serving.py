@@ -9,7 +9,22 @@ import click
 from llm_onnx.cli.app import _handle_errors, main
 from llm_onnx.cli.generating import speculative_options
 
-TOOL_FORMATS = ("gemma4", "hermes", "llama3_json", "mistral", "phi4_mini")  # llm_onnx.runtime.chat.tools
+
+def _tool_dialect(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--tool-call-format: the name of a tool dialect (llm_onnx.runtime.chat.dialects), checked
+    against the registry (imported only when the option is given)."""
+    if value is None:
+        return None
+    import difflib
+
+    from llm_onnx.runtime.chat.dialects import choosable_tool_dialects
+
+    names = choosable_tool_dialects()
+    if value not in names:
+        close = difflib.get_close_matches(value, names, n=1)
+        raise click.BadParameter(f"{value!r} is not one of {', '.join(names)}."
+                                 + (f" Did you mean {close[0]!r}?" if close else ""))
+    return value
 
 
 @main.command()
@@ -54,8 +69,10 @@ TOOL_FORMATS = ("gemma4", "hermes", "llama3_json", "mistral", "phi4_mini")  # ll
               help="A Jinja chat template file (or a tokenizer_config.json), or one that comes "
                    "with llm-onnx (chatml-tools: ChatML with tools), used instead of the "
                    "folder's; the folder is not modified.")
-@click.option("--tool-call-format", type=click.Choice(sorted(TOOL_FORMATS)),
-              help="How the model writes tool calls (default: read off the chat template).")
+@click.option("--tool-call-format", metavar="NAME", callback=_tool_dialect,
+              help="How the model writes tool calls: a tool dialect's name, such as hermes, "
+                   "mistral or gemma4 (default: read off the chat template; a wrong name lists "
+                   "them).")
 @click.option("--web-ui/--no-web-ui", default=True, show_default=True,
               help="The chat page at / (a conversation with the model in the browser).")
 @click.option("--ray", "use_ray", is_flag=True,
@@ -111,7 +128,7 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, m
         raise click.UsageError("--replicas, --autoscale and --address need --ray.")
     try:
         from llm_onnx.serve import server
-        from llm_onnx.serve.app import Service
+        from llm_onnx.serve.service import Service
     except ImportError as e:
         raise click.ClickException(f"llm-onnx serve needs the serve extra ({e.name} is missing): "
                                    "pip install '.[serve]' in the checkout.") from None

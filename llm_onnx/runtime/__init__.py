@@ -14,21 +14,22 @@ Subpackages, each a client of those before it (imports flow one way):
                  llguidance matcher, the schema rewrites; knows nothing of generation or chat
     generation/  the loop: options, sampling, a sequence's bookkeeping, the step-wise
                  Generator, speculative decoding, the batching Scheduler, text streaming
-    chat/        chat templates, tool-call formats, the reasoning split, a chat request
+    chat/        chat templates, the dialects (tool-call formats, reasoning splits), a chat
+                 request
     model.py     Model (load, generate, stream, chat; embed) and chat_session.py (ChatSession):
                  the API
 
 The names below are the public API; everything else may move between releases.
 """
 
-from llm_onnx.runtime.chat.reasoning import ChatPiece
-from llm_onnx.runtime.chat.tools import ToolCallDelta
+from llm_onnx.runtime.chat.dialects.base import ChatPiece, ToolCallDelta
 from llm_onnx.runtime.chat_session import ChatSession
 from llm_onnx.runtime.core.engine import Engine, EngineProtocol, RuntimeOptions
 from llm_onnx.runtime.core.kv_cache import KVCache
 from llm_onnx.runtime.generation.generator import Generator
 from llm_onnx.runtime.generation.options import GenerationOptions
-from llm_onnx.runtime.generation.sequence import Result, Timings, TokenEvent, TokenLogprob, ToolCall
+from llm_onnx.runtime.generation.results import (Result, Timings, TokenEvent, TokenLogprob,
+                                                 ToolCall)
 from llm_onnx.runtime.model import Model
 from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
 

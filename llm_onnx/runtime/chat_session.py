@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.chat.reasoning import ChatPiece, ReasoningSplitter
+from llm_onnx.runtime.chat.dialects.base import ChatPiece, ThinkingReader
 from llm_onnx.runtime.chat.render import Message, check_template_vars
 from llm_onnx.runtime.chat.request import ChatModel, ChatRequest
 from llm_onnx.runtime.generation.generator import Generator
 from llm_onnx.runtime.generation.options import GenerationOptions
-from llm_onnx.runtime.generation.sequence import Result
+from llm_onnx.runtime.generation.results import Result
 
 Tools = Sequence[dict[str, Any]]
 
@@ -34,7 +34,7 @@ class SessionModel(ChatModel, Protocol):
 
     def encode_chat(self, prompt: str) -> list[int]: ...
 
-    def reasoning_splitter(self, prompt: str) -> ReasoningSplitter | None: ...
+    def reasoning_splitter(self, prompt: str) -> ThinkingReader | None: ...
 
     def reuse_points(self, messages: Sequence[Message], prompt: Sequence[int], *,
                      tools: Tools | None = None,
@@ -131,7 +131,7 @@ class ChatSession:
         return self.last
 
 
-def _chat_pieces(pieces: Iterator[str], splitter: ReasoningSplitter | None) -> Iterator[ChatPiece]:
+def _chat_pieces(pieces: Iterator[str], splitter: ThinkingReader | None) -> Iterator[ChatPiece]:
     """Text pieces of a chat reply as ChatPieces, split into thinking and answer if ``splitter``."""
     if splitter is None:
         for piece in pieces:

@@ -28,24 +28,22 @@ import tokenizers
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.model_folder import GenerationDefaults
-from llm_onnx.runtime.chat.render import (Message, check_template_vars, continue_final,
-                                          render_chat)
+from llm_onnx.runtime.chat.dialects import chat_dialect
+from llm_onnx.runtime.chat.dialects.base import ChatPiece, ThinkingReader, ToolCallDelta, ToolChoice
+from llm_onnx.runtime.chat.render import Message, check_template_vars, continue_final
 from llm_onnx.runtime.chat.request import (ChatRequest, check_tool_choice, check_tools,
-                                         read_chat_template)
-from llm_onnx.runtime.structured.constraint import constraint_shorthand
-from llm_onnx.runtime.structured.matcher import Constraints
-from llm_onnx.runtime.core.embedder import EmbeddingEngine, not_generating, open_engine
-from llm_onnx.runtime.core.engine import RuntimeOptions
+                                           read_chat_template)
 from llm_onnx.runtime.chat_session import ChatSession
+from llm_onnx.runtime.core.embedder import EmbeddingEngine
+from llm_onnx.runtime.core.engine import RuntimeOptions, not_generating
+from llm_onnx.runtime.core.engines import open_engine
 from llm_onnx.runtime.generation.generator import Generator
-from llm_onnx.runtime.generation.options import row_options
-from llm_onnx.runtime.chat.harmony import HarmonyReader
-from llm_onnx.runtime.chat.reasoning import ChatPiece, ReasoningSplitter, opens_thought, think_tags
-from llm_onnx.runtime.generation.options import GenerationOptions
-from llm_onnx.runtime.generation.sequence import Result, TokenLogprob
+from llm_onnx.runtime.generation.options import GenerationOptions, row_options
+from llm_onnx.runtime.generation.results import Result, TokenLogprob
 from llm_onnx.runtime.generation.speculative import (SpeculativeOptions, check_same_tokenizer,
                                                      speculative_options)
-from llm_onnx.runtime.chat.tools import ToolCallDelta, ToolChoice, detect_format, get_format
+from llm_onnx.runtime.structured.constraint import constraint_shorthand
+from llm_onnx.runtime.structured.matcher import Constraints
 
 Prompt = str | Sequence[int]
 # Speculation when a caller says nothing (docs/speculative-decoding.md has the figures): prompt
@@ -64,8 +62,8 @@ class Model:
         chat_template: a chat template used instead of the folder's: a Jinja file (or a
             tokenizer_config.json), or the template's text; checked first (it must render a
             two-message conversation); the folder is not modified.
-        tool_call_format: how replies write tool calls (gemma4, hermes, llama3_json,
-            mistral, phi4_mini); default: read off the chat template.
+        tool_call_format: how replies write tool calls, a tool dialect's name
+            (llm_onnx.runtime.chat.dialects: hermes, mistral, ...); default: read off the template.
         speculative: "off", "ngram" (prompt lookup), "draft" or SpeculativeOptions
             (llm_onnx.runtime.generation.speculative): several tokens per model run, the same output;
             None: the default (``DEFAULT_SPECULATIVE``: "ngram" for fp32 folders, else off;
@@ -166,13 +164,9 @@ class Model:
         self._constraints_lock = threading.Lock()
         self.chat_template = chat_template
         self.special_tokens = dict(special_tokens)
-        # <think>...</think> (or Gemma 4's thought channel) in chat replies is returned apart
-        # (Result.reasoning, ChatPiece)
-        self.think_tags = think_tags(tokenizer)
-        self.splits_reasoning = self.think_tags is not None
-        # How replies write tool calls (llm_onnx.runtime.chat.tools); None: the template has no tools
-        self.tool_format = get_format(tool_call_format).name if tool_call_format else \
-            detect_format(chat_template)
+        # How replies write their thinking (returned apart: Result.reasoning, ChatPiece) and
+        # their tool calls (llm_onnx.runtime.chat.dialects), read off the template and tokenizer
+        self.dialect = chat_dialect(chat_template, tokenizer, tool_call_format)
         # The checkpoint's sampling defaults, unless it says not to sample.
         self.defaults = GenerationOptions()
         if generation.do_sample is not False:
@@ -184,6 +178,16 @@ class Model:
     @property
     def context_length(self) -> int:
         return self.engine.context_length
+
+    @property
+    def tool_format(self) -> str | None:
+        """How replies write tool calls (a tool dialect's name); None: the template has none."""
+        return self.dialect.tool_format
+
+    @property
+    def splits_reasoning(self) -> bool:
+        """Replies may think; their thinking comes back apart from the answer."""
+        return self.dialect.reasons
 
     @property
     def task(self) -> str:
@@ -243,9 +247,9 @@ class Model:
                 isinstance(t, dict) for t in tools)):
             raise GenerationError("tools must be a list of dicts (OpenAI's {'type': 'function', "
                                   "'function': {...}} schemas).")
-        text = render_chat(self.chat_template, messages, self.special_tokens,
-                           add_generation_prompt and not continue_final_message, tools=tools,
-                           **check_template_vars(template_vars))
+        text = self.dialect.render(self.chat_template, messages, self.special_tokens,
+                                   add_generation_prompt and not continue_final_message,
+                                   tools=tools, **check_template_vars(template_vars))
         return continue_final(text, messages) if continue_final_message else text
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
@@ -471,13 +475,10 @@ class Model:
         """A rendered chat prompt's token ids (the template wrote any special tokens)."""
         return self.encode(prompt, add_special_tokens=False)
 
-    def reasoning_splitter(self, prompt: str) -> ReasoningSplitter | HarmonyReader | None:
-        """A reasoning splitter for the reply to ``prompt`` (None: the model has no think
-        tokens, the reply is all answer); for a harmony model, its reader."""
-        if self.tool_format == "harmony":
-            return HarmonyReader(prompt)
-        tags = self.think_tags
-        return ReasoningSplitter(opens_thought(prompt, tags), tags) if tags is not None else None
+    def reasoning_splitter(self, prompt: str) -> ThinkingReader | None:
+        """A reader of the thinking apart from the answer in the reply to ``prompt`` (None: the
+        model does not think, the reply is all answer)."""
+        return self.dialect.splitter(prompt)
 
     def _start(self, prompts: list[list[int]], opts: GenerationOptions) -> Generator:
         """A generator with one row per prompt, every prompt in place. One prompt: the cache is

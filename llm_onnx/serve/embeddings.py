@@ -31,8 +31,11 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.serve import protocol as p, runner
+from llm_onnx.serve import pipeline
+from llm_onnx.serve.errors import ApiError, bad
+from llm_onnx.serve.fields import body_object, integer, known_fields, served_model, whole
 
+PATHS = ("/v1/embeddings",)
 FIELDS = {"input", "model", "dimensions", "encoding_format", "user"}
 MAX_INPUTS = 2048  # OpenAI's limit on a request's inputs
 
@@ -55,7 +58,7 @@ class EmbeddingRunner:
         vocabulary) is a 400 naming it."""
         with self._lock:
             if self.max_queue is not None and self.pending > self.max_queue:  # one runs
-                raise p.ApiError(429, f"{self.pending - 1} embedding requests are waiting (the "
+                raise ApiError(429, f"{self.pending - 1} embedding requests are waiting (the "
                                       f"limit is {self.max_queue}); retry shortly.",
                                  type="rate_limit_error", code="rate_limit_exceeded")
             self.pending += 1
@@ -63,7 +66,7 @@ class EmbeddingRunner:
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self.pool, self._embed, inputs, dimensions)
         except GenerationError as e:
-            raise p.bad("input", str(e)) from None
+            raise bad("input", str(e)) from None
         finally:
             with self._lock:
                 self.pending -= 1
@@ -77,15 +80,15 @@ class EmbeddingRunner:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     @staticmethod
-    def refuse_generation(name: str) -> p.ApiError:
-        return p.bad("model", f"`{name}` is an embedding model (exported with --task embed): "
+    def refuse_generation(name: str) -> ApiError:
+        return bad("model", f"`{name}` is an embedding model (exported with --task embed): "
                               "this server answers POST /v1/embeddings. Serve a folder exported "
                               "with --task generate (the default) for completions, chat and "
                               "responses.")
 
 
-def not_embedding(name: str) -> p.ApiError:
-    return p.bad("model", f"`{name}` is a generation model: it does not compute embeddings. "
+def not_embedding(name: str) -> ApiError:
+    return bad("model", f"`{name}` is a generation model: it does not compute embeddings. "
                           "Export an embedding model with `llm-onnx export --task embed "
                           "--checkpoint ...` and serve that folder for POST /v1/embeddings.")
 
@@ -94,33 +97,33 @@ def read_inputs(body: dict) -> list[str] | list[list[int]]:
     """``input`` as a list of strings or a list of token-id lists; 400s name the field."""
     value = body.get("input")
     if value is None:
-        raise p.bad("input", "you must provide 'input': a string, a list of strings, a list of "
+        raise bad("input", "you must provide 'input': a string, a list of strings, a list of "
                              "token ids or a list of lists of token ids.")
     if isinstance(value, str):
         value = [value]
     elif isinstance(value, list) and value and all(_token(v) for v in value):
         value = [value]
     if not isinstance(value, list) or not value:
-        raise p.bad("input", "'input' must be a non-empty string or a non-empty list (of "
+        raise bad("input", "'input' must be a non-empty string or a non-empty list (of "
                              "strings, token ids or lists of token ids).")
     if len(value) > MAX_INPUTS:
-        raise p.bad("input", f"'input' has {len(value)} items; the most a request takes is "
+        raise bad("input", f"'input' has {len(value)} items; the most a request takes is "
                              f"{MAX_INPUTS}.")
     strings = isinstance(value[0], str)
     for i, v in enumerate(value):
         if strings and not isinstance(v, str):
-            raise p.bad("input", f"'input[{i}]' must be a string like 'input[0]', got "
+            raise bad("input", f"'input[{i}]' must be a string like 'input[0]', got "
                                  f"{_short(v)}.")
         if strings and not v:
-            raise p.bad("input", f"'input[{i}]' is an empty string; give text to embed.")
+            raise bad("input", f"'input[{i}]' is an empty string; give text to embed.")
         if not strings and not (isinstance(v, list) and v and all(_token(t) for t in v)):
-            raise p.bad("input", f"'input[{i}]' must be a non-empty list of token ids "
+            raise bad("input", f"'input[{i}]' must be a non-empty list of token ids "
                                  f"(integers), got {_short(v)}.")
-    return value if strings else [[int(p.whole(t)) for t in v] for v in value]
+    return value if strings else [[int(whole(t)) for t in v] for v in value]
 
 
 def _token(value: Any) -> bool:
-    value = p.whole(value)
+    value = whole(value)
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
@@ -134,13 +137,13 @@ def encoding(body: dict) -> str:
     if value is None:
         return "float"
     if value not in ("float", "base64"):
-        raise p.bad("encoding_format", f"'encoding_format' must be \"float\" or \"base64\", got "
+        raise bad("encoding_format", f"'encoding_format' must be \"float\" or \"base64\", got "
                                        f"{_short(value)}.")
     return value
 
 
 def dimensions(body: dict, model: Any) -> int | None:
-    return p.integer(body, "dimensions", 1, model.engine.dimensions)
+    return integer(body, "dimensions", 1, model.engine.dimensions)
 
 
 def encode(vector: np.ndarray, fmt: str) -> list[float] | str:
@@ -151,26 +154,24 @@ def encode(vector: np.ndarray, fmt: str) -> list[float] | str:
 
 def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
     """POST /v1/embeddings over ``service`` (its ``embedder``: None for a generation model)."""
-    runner.ENDPOINTS.add("/v1/embeddings")
-
     @app.post("/v1/embeddings", dependencies=[Depends(authorized)])
     async def embeddings(request: Request) -> JSONResponse:
-        body = p.body_object(await runner.read_body(request))
-        p.known_fields(body, FIELDS)
-        name = p.served_model(body, service.name)
+        body = body_object(await pipeline.read_body(request))
+        known_fields(body, FIELDS)
+        name = served_model(body, service.name)
         embedder: EmbeddingRunner | None = getattr(service, "embedder", None)
         if embedder is None:
             raise not_embedding(name)
         if service.draining:
-            raise p.ApiError(503, "the server is shutting down.", type="server_error",
+            raise ApiError(503, "the server is shutting down.", type="server_error",
                              code="service_unavailable")
         user = body.get("user")
         if user is not None and not isinstance(user, str):
-            raise p.bad("user", f"'user' must be a string, got {_short(user)}.")
+            raise bad("user", f"'user' must be a string, got {_short(user)}.")
         inputs, fmt = read_inputs(body), encoding(body)
         vectors, tokens = await embedder.run(inputs, dimensions(body, service.model))
         service.metrics.prompt_tokens.inc(tokens)
-        runner.count(service, request, 200)
+        pipeline.count(service, request, 200)
         return JSONResponse({
             "object": "list", "model": name,
             "data": [{"object": "embedding", "index": i, "embedding": encode(v, fmt)}

@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from llm_onnx.runtime.generation.scheduler import Request, Scheduler
-from llm_onnx.runtime.generation.sequence import Result, TokenEvent
+from llm_onnx.runtime.generation.results import Result, TokenEvent
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

@@ -1,10 +1,11 @@
 """OpenAI's Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id},
 GET /v1/responses/{id}/input_items.
 
-The request is read into a chat request (response_input.py) and runs as one; the reply comes
-back as output items, each with its own id: a ``reasoning`` item (a reasoning model's thinking),
-a ``message`` with one ``output_text`` part, and a ``function_call`` per tool call. Streamed, as
-OpenAI's event sequence, each event with its ``sequence_number``:
+Parse: the request is read into a chat plan (openai_responses_request.py) and runs as one.
+Render: the reply comes back as output items, each with its own id: a ``reasoning`` item (a
+reasoning model's thinking), a ``message`` with one ``output_text`` part, and a
+``function_call`` per tool call. Streamed, as OpenAI's event sequence, each event with its
+``sequence_number``:
 
     response.created, response.in_progress
     per item: response.output_item.added
@@ -21,111 +22,24 @@ tokens that wrote the message's text: a thinking or tool-call token has none. A 
 runs through the streamed events even when not streamed, so both carry the same ones.
 
 ``store`` (default true) keeps the response for ``previous_response_id`` and GET, within the
-server's bound (response_input.ResponseStore).
+server's bound (response_store.py).
 """
 
 from __future__ import annotations
 
 import json
-import time
-import uuid
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from llm_onnx.runtime.chat.reasoning import ChatPiece
-from llm_onnx.runtime.chat.request import ReplyStream
-from llm_onnx.runtime.chat.tools import ToolCallDelta
-from llm_onnx.runtime.generation.sequence import Result, TokenEvent
-from llm_onnx.serve import protocol as p, requests as rq, responses as rs, runner
-from llm_onnx.serve.response_input import FIELD_NAMES, RESPONSES_FIELDS, chat_body, metadata
-
-
-def _id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
-
-
-@contextmanager
-def responses_names() -> Iterator[None]:
-    """Errors raised inside name Chat Completions' fields in the Responses API's words."""
-    try:
-        yield
-    except p.ApiError as e:
-        if e.param is not None:
-            head = e.param.split("[")[0].split(".")[0]
-            if head in FIELD_NAMES:
-                e.param = FIELD_NAMES[head] + e.param[len(head):]
-                e.message = e.message.replace(f"'{head}'", f"'{FIELD_NAMES[head]}'")
-        raise
-
-
-class ResponsePlan:
-    """A checked Responses request: the chat plan it runs as, and what the response echoes."""
-
-    def __init__(self, body: Any, service: Any) -> None:
-        body = p.body_object(body)
-        p.known_fields(body, RESPONSES_FIELDS)
-        scheduler = service.generating()  # (a 400 for an embedding model)
-        self.body = body
-        self.store = body.get("store", True) is not False
-        self.metadata = metadata(body.get("metadata"))
-        previous = body.get("previous_response_id")
-        history, calls = [], set()
-        if previous is not None:
-            if not isinstance(previous, str):
-                raise p.bad("previous_response_id", "'previous_response_id' must be a string.")
-            _, history, calls = service.responses.get(previous)
-        with responses_names():
-            chat = chat_body(body, history, calls)
-            self.plan = rq.chat_plan(chat, service.model, service.name, scheduler.max_length)
-        self.conversation = chat["messages"]
-        self.calls = calls | {c["id"] for m in self.conversation for c in m.get("tool_calls") or []}
-        self.id = _id("resp")
-        self.created = time.time()
-
-    def response(self, status: str, output: list[dict[str, Any]], result: Result | None,
-                 ) -> dict[str, Any]:
-        """The Response object (``result``: for its usage, once finished)."""
-        body = self.body
-        fmt = (body.get("text") or {}).get("format") or {"type": "text"}
-        out: dict[str, Any] = {
-            "id": self.id, "object": "response", "created_at": self.created, "status": status,
-            "error": None, "incomplete_details": None, "instructions": body.get("instructions"),
-            "max_output_tokens": body.get("max_output_tokens"), "model": self.plan.model,
-            "output": output, "parallel_tool_calls": _given(body, "parallel_tool_calls", True),
-            "previous_response_id": body.get("previous_response_id"),
-            "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"),
-                          "summary": None},
-            "store": self.store, "temperature": _given(body, "temperature", 1.0),
-            "text": {"format": fmt}, "tool_choice": _given(body, "tool_choice", "auto"),
-            "tools": body.get("tools") or [], "top_p": _given(body, "top_p", 1.0),
-            "truncation": "disabled", "metadata": self.metadata or {},
-        }
-        if body.get("user") is not None:  # an optional string, never null
-            out["user"] = body["user"]
-        if status == "incomplete":
-            out["incomplete_details"] = {"reason": "max_output_tokens"}
-        if result is not None:
-            cached = max(0, result.prompt_tokens - result.timings.prefill_tokens)
-            out["usage"] = {"input_tokens": result.prompt_tokens,
-                            "input_tokens_details": {"cached_tokens": cached,
-                                                     "cache_write_tokens":
-                                                         result.prompt_tokens - cached},
-                            "output_tokens": len(result.token_ids),
-                            "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
-                            "total_tokens": result.prompt_tokens + len(result.token_ids)}
-        return out
-
-    reasoning_tokens = 0
-
-
-def _given(body: dict[str, Any], key: str, default: Any) -> Any:
-    """A request field echoed in the Response: the default when left out or null."""
-    value = body.get(key)
-    return default if value is None else value
+from llm_onnx.runtime.chat.dialects.base import ChatPiece, ToolCallDelta
+from llm_onnx.runtime.generation.results import Result, TokenEvent
+from llm_onnx.serve import pipeline
+from llm_onnx.serve.errors import ApiError
+from llm_onnx.serve.logprobs import TokenText, chat_logprobs
+from llm_onnx.serve.openai_responses_request import ResponsePlan, new_id, responses_names
 
 
 def _status(result: Result) -> str:
@@ -157,11 +71,11 @@ def output_items(plan: ResponsePlan, result: Result) -> list[dict[str, Any]]:
     status = "incomplete" if result.finish_reason == "length" else "completed"
     items: list[dict[str, Any]] = []
     if read.reasoning:
-        items.append(_reasoning_item(_id("rs"), read.reasoning, status))
+        items.append(_reasoning_item(new_id("rs"), read.reasoning, status))
     calls = read.tool_calls or []
     if read.text or not calls:
-        items.append(_message_item(_id("msg"), read.text, status))
-    items += [_call_item(_id("fc"), c.id, c.name, c.arguments, "completed") for c in calls]
+        items.append(_message_item(new_id("msg"), read.text, status))
+    items += [_call_item(new_id("fc"), c.id, c.name, c.arguments, "completed") for c in calls]
     return items
 
 
@@ -190,7 +104,7 @@ def _keep(service: Any, plan: ResponsePlan, response: dict[str, Any]) -> None:
 class _Events:
     """The streamed events of one reply, built from its text pieces and tool-call deltas."""
 
-    def __init__(self, plan: ResponsePlan, tokens: rs.TokenText) -> None:
+    def __init__(self, plan: ResponsePlan, tokens: TokenText) -> None:
         self.plan = plan
         self.tokens = tokens
         self.pending: list[dict[str, Any]] = []  # logprobs of tokens whose text is still held
@@ -234,7 +148,7 @@ class _Events:
         """A token's events: its pieces, its logprob (if asked for) on the first piece of message
         text it completed, with those of earlier tokens whose text it released."""
         if self.plan.plan.logprobs is not None and event.logprob is not None:
-            self.pending += rs.chat_logprobs([event.logprob], self.tokens)["content"]
+            self.pending += chat_logprobs([event.logprob], self.tokens)["content"]
         out: list[str] = []
         for piece in pieces:
             if isinstance(piece, ToolCallDelta):
@@ -254,10 +168,10 @@ class _Events:
             out += self.close_open()
         if self.open is None:
             if kind == "reasoning":
-                self.open = _reasoning_item(_id("rs"), "", "in_progress")
+                self.open = _reasoning_item(new_id("rs"), "", "in_progress")
                 out += self._add(self.open)
             else:
-                self.open = _message_item(_id("msg"), None, "in_progress")
+                self.open = _message_item(new_id("msg"), None, "in_progress")
                 out += self._add(self.open)
                 part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
                 self.open["content"].append(part)
@@ -280,7 +194,7 @@ class _Events:
         item = self.calls.get(delta.index)
         if item is None:
             out += self.close_open()
-            item = self.calls[delta.index] = _call_item(_id("fc"), delta.id or _id("call"),
+            item = self.calls[delta.index] = _call_item(new_id("fc"), delta.id or new_id("call"),
                                                         delta.name or "", "", "in_progress")
             out += self._add(item)
         if delta.arguments:
@@ -301,11 +215,11 @@ class _Events:
         return out
 
 
-async def _events(service: Any, plan: ResponsePlan, run: runner.Run,
+async def _events(service: Any, plan: ResponsePlan, run: pipeline.Run,
                   ) -> AsyncIterator[tuple[str, dict[str, Any] | None]]:
     """The reply's events, each with the final Response on the last one (else None)."""
     events = _Events(plan, service.tokens)
-    reply = ReplyStream(plan.plan.chat) if plan.plan.chat is not None else None
+    reply = plan.plan.chat.stream() if plan.plan.chat is not None else None
     start = plan.response("in_progress", [], None)
     yield events.event("response.created", response=start), None
     yield events.event("response.in_progress", response=start), None
@@ -331,7 +245,7 @@ async def _events(service: Any, plan: ResponsePlan, run: runner.Run,
 
 
 async def _stream(service: Any, request: Request, plan: ResponsePlan,
-                  run: runner.Run) -> AsyncIterator[str]:
+                  run: pipeline.Run) -> AsyncIterator[str]:
     status = "499"
     try:
         async for line, final in _events(service, plan, run):
@@ -340,21 +254,23 @@ async def _stream(service: Any, request: Request, plan: ResponsePlan,
             yield line
     finally:
         run.cancel()
-        runner.count(service, request, status)
+        pipeline.count(service, request, status)
+
+
+PATHS = ("/v1/responses",)
+PATH_PREFIXES = {"/v1/responses/": "/v1/responses/{id}"}  # counted under one label
 
 
 def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
     """The Responses API's routes over ``service`` (its ``responses`` store)."""
-    runner.ENDPOINTS.add("/v1/responses")
-    runner.ENDPOINT_PREFIXES["/v1/responses/"] = "/v1/responses/{id}"
 
     @app.post("/v1/responses", dependencies=[Depends(authorized)])
     async def create(request: Request) -> Response:
-        plan = ResponsePlan(await runner.read_body(request), service)
+        plan = ResponsePlan(await pipeline.read_body(request), service)
         with responses_names():
             await service.prepare(plan.plan)
         by_events = plan.plan.stream or plan.plan.logprobs is not None
-        run = runner.submit(service, plan.plan, by_events)
+        run = pipeline.submit(service, plan.plan, by_events)
         if not plan.plan.stream and by_events:  # logprobs: the same events, kept to the end
             final = None
             try:
@@ -363,9 +279,9 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
             finally:
                 run.cancel()
             code = 500 if final is None or final["status"] == "failed" else 200
-            runner.count(service, request, code)
+            pipeline.count(service, request, code)
             if code == 500:
-                raise p.ApiError(500, "generation failed", type="server_error",
+                raise ApiError(500, "generation failed", type="server_error",
                                  code="server_error")
             return JSONResponse(final)
         if plan.plan.stream:
@@ -375,18 +291,18 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
                                               "X-Accel-Buffering": "no"})
         results = await run.results(request)
         if results is None:
-            runner.count(service, request, 499)
+            pipeline.count(service, request, 499)
             return Response(status_code=499)
         result = results[0]
         response = plan.response(_status(result), output_items(plan, result), result)
         _keep(service, plan, response)
-        runner.count(service, request, 200)
+        pipeline.count(service, request, 200)
         return JSONResponse(response)
 
     @app.get("/v1/responses/{response_id}", dependencies=[Depends(authorized)])
     async def retrieve(response_id: str, request: Request) -> JSONResponse:
         response, _, _ = service.responses.get(response_id, "response_id")
-        runner.count(service, request, 200)
+        pipeline.count(service, request, 200)
         return JSONResponse(response)
 
     @app.get("/v1/responses/{response_id}/input_items", dependencies=[Depends(authorized)])
@@ -395,7 +311,7 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
         items = [{"id": f"msg_{i}", "type": "message", "role": m["role"], "status": "completed",
                   "content": [{"type": "input_text", "text": m.get("content") or ""}]}
                  for i, m in enumerate(conversation[:-1]) if m["role"] != "tool"]
-        runner.count(service, request, 200)
+        pipeline.count(service, request, 200)
         return JSONResponse({"object": "list", "data": items, "has_more": False,
                              "first_id": items[0]["id"] if items else None,
                              "last_id": items[-1]["id"] if items else None})
@@ -403,5 +319,5 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
     @app.delete("/v1/responses/{response_id}", dependencies=[Depends(authorized)])
     async def delete(response_id: str, request: Request) -> JSONResponse:
         service.responses.delete(response_id)
-        runner.count(service, request, 200)
+        pipeline.count(service, request, 200)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})

@@ -36,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from llm_onnx.errors import LlmOnnxError
-from llm_onnx.serve.protocol import ApiError, api_key_error
+from llm_onnx.serve.errors import ApiError, api_key_error
 
 log = logging.getLogger("llm_onnx.serve")
 
@@ -92,7 +92,8 @@ class ModelReplica:
 
     def __init__(self, config: dict) -> None:
         from llm_onnx.runtime import Model
-        from llm_onnx.serve.app import Service, create_app
+        from llm_onnx.serve.app import create_app
+        from llm_onnx.serve.service import Service
 
         cfg = ReplicaConfig(**config)
         model = Model.load(cfg.model, provider=cfg.provider, threads=cfg.threads,

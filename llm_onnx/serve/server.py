@@ -14,7 +14,8 @@ from collections.abc import Sequence
 import uvicorn
 
 from llm_onnx.errors import LlmOnnxError
-from llm_onnx.serve.app import Service, create_app
+from llm_onnx.serve.app import create_app
+from llm_onnx.serve.service import Service
 
 
 class PortInUse(LlmOnnxError):

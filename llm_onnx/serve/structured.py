@@ -23,8 +23,9 @@ from llm_onnx.runtime.chat.render import template_variables
 from llm_onnx.runtime.chat.request import check_tool_choice, check_tools
 from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
 from llm_onnx.runtime.structured.matcher import Constraints
-from llm_onnx.runtime.chat.tools import ToolChoice
-from llm_onnx.serve.protocol import ApiError, Plan, bad
+from llm_onnx.runtime.chat.dialects.base import ToolChoice
+from llm_onnx.serve.errors import ApiError, bad
+from llm_onnx.serve.plan import Plan
 
 _STRUCTURED_KEYS = ("json", "regex", "choice", "grammar", "json_object")
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",

@@ -16,11 +16,13 @@ import pytest
 from tokenizers import Tokenizer
 
 from llm_onnx.runtime import Model
-from llm_onnx.runtime.chat.gemma4 import read_call
-from llm_onnx.runtime.chat.reasoning import THOUGHT, split_reasoning, think_tags
+from llm_onnx.runtime.chat.dialects import (REASONING_DIALECTS, detect_reasoning_dialect,
+                                            detect_tool_dialect, tool_dialect)
+from llm_onnx.runtime.chat.dialects.base import ToolCallDelta
+from llm_onnx.runtime.chat.dialects.gemma4 import THOUGHT, read_call
+from llm_onnx.runtime.chat.dialects.think import split_reasoning, thinking_mode
 from llm_onnx.runtime.chat.render import render_chat
-from llm_onnx.runtime.chat.request import collect_calls, thinking_mode
-from llm_onnx.runtime.chat.tools import FORMATS, ToolCallDelta, detect_format, parse
+from llm_onnx.runtime.chat.request import collect_calls
 from tests.gemma4_chat_model import (EOS, GEMMA4_TEMPLATE, SPECIAL_TOKENS,
                                      save_gemma4_tokenizer)
 from tests.runtime.fakes import FakeEngine
@@ -108,9 +110,10 @@ def test_the_prompt_says_how_a_reply_starts_and_calls_render_in_gemmas_syntax():
 
 
 def test_the_format_and_the_think_tags_are_read_off_the_template_and_tokenizer(tokenizer):
-    assert detect_format(GEMMA4) == "gemma4"
-    assert think_tags(tokenizer) == THOUGHT
-    assert FORMATS["gemma4"].markers == ("<|tool_call>", "<tool_call|>", Q)
+    assert detect_tool_dialect(GEMMA4) == "gemma4"
+    assert detect_reasoning_dialect(tokenizer) == "gemma4"
+    assert REASONING_DIALECTS["gemma4"].tags == THOUGHT
+    assert tool_dialect("gemma4").markers == ("<|tool_call>", "<tool_call|>", Q)
 
 
 # ------------------------------------------------------------------ replies read back
@@ -133,12 +136,12 @@ EXAMPLES = [
 
 @pytest.mark.parametrize("text, content, calls", EXAMPLES)
 def test_calls_parse_whole_and_streamed(text, content, calls):
-    check_whole_and_streamed(FORMATS["gemma4"], text, content, calls)
+    check_whole_and_streamed(tool_dialect("gemma4"), text, content, calls)
 
 
 def test_a_call_cut_short_or_broken_is_left_out():
-    fmt = FORMATS["gemma4"]
-    assert parse(fmt, f"<|tool_call>call:f{{a:{Q}Os")[1:] == ([], False)
+    fmt = tool_dialect("gemma4")
+    assert fmt.parse(f"<|tool_call>call:f{{a:{Q}Os")[1:] == ([], False)
     assert read_call(f"call:f{{a:{Q}Os", 0) == ("f", None, None)
     assert read_call("call:f{a 1}", 0) is None and read_call("{}", 0) is None
 

@@ -12,8 +12,8 @@ from hypothesis import given, settings, strategies as st
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime import ChatPiece, Model
-from llm_onnx.runtime.chat.reasoning import (ReasoningSplitter, has_think_tokens, opens_thought,
-                                        split_reasoning)
+from llm_onnx.runtime.chat.dialects.think import (ReasoningSplitter, has_think_tokens,
+                                                  opens_thought, split_reasoning)
 from tests.runtime.fakes import FakeEngine, tokenizer as fake_tokenizer
 from tests.runtime.test_runtime_models import hf_greedy_run
 from tests.thinking_model import END_THINK, FIRST_THOUGHT, THINK, thinking_model  # noqa: F401
@@ -32,7 +32,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 # ------------------------------------------------------------------ splitting text
 
 def reference(text: str, thinking: bool) -> tuple[str | None, str]:
-    """The split of a whole reply, written plainly (see llm_onnx/runtime/chat/reasoning.py)."""
+    """The split of a whole reply, written plainly (see llm_onnx/runtime/chat/dialects/think.py)."""
     if not thinking:
         rest = text.lstrip()
         if not rest.startswith("<think>"):

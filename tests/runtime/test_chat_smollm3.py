@@ -27,10 +27,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from llm_onnx.runtime import Model
-from llm_onnx.runtime.chat.reasoning import split_reasoning
+from llm_onnx.runtime.chat.dialects import detect_tool_dialect, tool_dialect
+from llm_onnx.runtime.chat.dialects.think import split_reasoning, thinking_mode
 from llm_onnx.runtime.chat.render import render_chat
-from llm_onnx.runtime.chat.request import thinking_mode
-from llm_onnx.runtime.chat.tools import ToolCallStream, detect_format, get_format, parse
 from tests.byte_model import EOS, save_byte_tokenizer
 from tests.runtime.fakes import FakeEngine
 
@@ -112,7 +111,7 @@ def test_the_think_switches():
 
 
 def test_tools_are_listed_and_the_format_is_hermes():
-    assert detect_format(SMOLLM3) == detect_format(FIRST_RELEASE) == "hermes"
+    assert detect_tool_dialect(SMOLLM3) == detect_tool_dialect(FIRST_RELEASE) == "hermes"
     text = render_chat(SMOLLM3, [USER], SPECIAL, tools=[WEATHER])
     assert f"<tools>\n{WEATHER}\n</tools>" in text  # as the template writes them: Python's str
     assert '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n' \
@@ -140,11 +139,11 @@ REPLY = ("<think>\nThe user wants Paris.\n</think>\n"
 def test_a_reply_reads_back_into_thinking_and_a_call():
     reasoning, answer = split_reasoning(REPLY, thinking=False)
     assert reasoning == "The user wants Paris."
-    content, calls, complete = parse(get_format("hermes"), answer)
+    content, calls, complete = tool_dialect("hermes").parse(answer)
     assert content == "" and complete
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather",
                                                                    {"city": "Paris"})]
-    stream = ToolCallStream(get_format("hermes"))
+    stream = tool_dialect("hermes").stream()
     deltas = [d for i in range(0, len(answer), 5) for d in stream.push(answer[i:i + 5])]
     deltas += stream.finish()
     assert "".join(d.arguments for d in deltas if not isinstance(d, str)) == calls[0].arguments

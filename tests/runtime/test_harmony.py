@@ -15,10 +15,11 @@ import jsonschema
 import pytest
 
 from llm_onnx.runtime import Model
-from llm_onnx.runtime.chat.harmony import HarmonyReader
+from llm_onnx.runtime.chat.dialects import detect_tool_dialect
+from llm_onnx.runtime.chat.dialects.base import ToolCallDelta
+from llm_onnx.runtime.chat.dialects.harmony import HarmonyReader
 from llm_onnx.runtime.chat.render import render_chat
 from llm_onnx.runtime.chat.request import collect_calls
-from llm_onnx.runtime.chat.tools import ToolCallDelta, detect_format
 from tests.harmony_model import GPT_OSS_TEMPLATE, harmony_model_folder  # noqa: F401 (fixture)
 
 TEMPLATE = GPT_OSS_TEMPLATE.read_text(encoding="utf-8")
@@ -106,7 +107,7 @@ def test_a_prompt_that_opens_the_final_channel_makes_the_reply_content():
 
 
 def test_the_template_renders_tools_results_and_effort():
-    assert detect_format(TEMPLATE) == "harmony"
+    assert detect_tool_dialect(TEMPLATE) == "harmony"
     messages = [{"role": "system", "content": "Be brief."},
                 {"role": "user", "content": "Weather in Oslo?"},
                 {"role": "assistant", "content": None, "reasoning_content": "Need the tool.",

@@ -8,6 +8,8 @@ before its constrained answer."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import jsonschema
 import numpy as np
@@ -15,10 +17,11 @@ import pytest
 from tokenizers import Tokenizer
 
 from llm_onnx.runtime import Model
+from llm_onnx.runtime.chat import dialects
+from llm_onnx.runtime.chat.dialects import detect_tool_dialect, tool_dialect
+from llm_onnx.runtime.chat.dialects.base import ChatPiece, ToolCallDelta
 from llm_onnx.runtime.chat.request import collect_calls
 from llm_onnx.runtime.structured.constraint import ConstraintError
-from llm_onnx.runtime.chat.reasoning import ChatPiece
-from llm_onnx.runtime.chat.tools import FORMATS, ToolCallDelta, ToolCallStream, detect_format, parse
 from tests.byte_model import HERMES_TEMPLATE, byte_model_folder, save_byte_tokenizer  # noqa: F401
 from tests.runtime.fakes import FakeEngine
 from tests.thinking_model import QWEN3_TEMPLATE
@@ -80,17 +83,17 @@ VENDOR_EXAMPLES = [
 
 @pytest.mark.parametrize("name, text, content, calls", VENDOR_EXAMPLES)
 def test_vendor_examples_parse_whole_and_streamed(name, text, content, calls):
-    check_whole_and_streamed(FORMATS[name], text, content, calls)
+    check_whole_and_streamed(tool_dialect(name), text, content, calls)
 
 
 def check_whole_and_streamed(fmt, text: str, content: str, calls: list) -> None:
     """``text`` parses into ``content`` and ``calls`` (name, arguments as JSON) whole, and
     streamed in pieces of any size into the same content and calls."""
-    got_content, got, complete = parse(fmt, text)
+    got_content, got, complete = fmt.parse(text)
     assert got_content == content and complete
     assert [(c.name, json.loads(c.arguments)) for c in got] == calls
     for size in (1, 3, 7):  # streamed in pieces of any size: the same content and calls
-        stream = ToolCallStream(fmt)
+        stream = fmt.stream()
         items = []
         for i in range(0, len(text), size):
             items += stream.push(text[i:i + size])
@@ -102,9 +105,9 @@ def check_whole_and_streamed(fmt, text: str, content: str, calls: list) -> None:
 
 
 def test_mistral_call_ids_are_nine_alphanumerics():
-    _, calls, _ = parse(FORMATS["mistral"], VENDOR_EXAMPLES[6][1])
+    _, calls, _ = tool_dialect("mistral").parse(VENDOR_EXAMPLES[6][1])
     assert len(calls[0].id) == 9 and calls[0].id.isalnum()
-    _, calls, _ = parse(FORMATS["hermes"], VENDOR_EXAMPLES[0][1])
+    _, calls, _ = tool_dialect("hermes").parse(VENDOR_EXAMPLES[0][1])
     assert calls[0].id.startswith("call_") and calls[0].id != calls[1].id
 
 
@@ -121,7 +124,7 @@ def test_mistral_call_ids_are_nine_alphanumerics():
     ("{% for m in messages %}{{ m.content }}{% endfor %}", None),
 ])
 def test_the_format_is_read_off_the_template(template, name):
-    assert detect_format(template) == name
+    assert detect_tool_dialect(template) == name
 
 
 # ------------------------------------------------------------------ on a model
@@ -215,6 +218,30 @@ def test_bad_tool_requests(model):
         model.chat(USER, tool_choice="required")
     with pytest.raises(ConstraintError, match="named twice"):
         model.chat(USER, tools=[WEATHER, WEATHER])
+
+
+def test_the_worked_example_of_a_new_dialect_works(byte_model_folder, monkeypatch):  # noqa: F811
+    """docs/chat.md's Acme dialect, run as the page writes it: one module, one registry line,
+    and a template that writes <calls> gets its grammar, its reader and its name."""
+    page = (Path(__file__).parents[2] / "docs" / "chat.md").read_text()
+    [module] = [block for block in re.findall(r"```python\n(.*?)```", page, re.S)
+                if "class Acme(TaggedCalls)" in block]
+    scope: dict = {}
+    exec(compile(module, "acme.py", "exec"), scope)
+    registry = dict(dialects.TOOL_DIALECTS)
+    order = [*list(registry)[:2], "acme", *list(registry)[2:]]  # before hermes, as the page says
+    registry["acme"] = scope["Acme"]
+    monkeypatch.setattr(dialects, "TOOL_DIALECTS", {name: registry[name] for name in order})
+    template = HERMES_TEMPLATE.read_text().replace("tool_call>", "calls>")
+    assert detect_tool_dialect(template) == "acme" and "acme" in dialects.choosable_tool_dialects()
+    text = 'Sure.\n<calls>[{"name": "add", "arguments": {"a": 1, "b": 2}}]</calls>'
+    check_whole_and_streamed(tool_dialect("acme"), text, "Sure.", [("add", {"a": 1, "b": 2})])
+    acme = Model.load(byte_model_folder, provider="cpu", threads=1, chat_template=template)
+    assert acme.tool_format == "acme"
+    r = acme.chat(USER, tools=TOOLS, tool_choice="required", temperature=1.0, seed=0,
+                  max_new_tokens=400)
+    assert r.finish_reason == "stop" and r.text == ""
+    check_calls(r.tool_calls)
 
 
 # ------------------------------------------------------------------ a reasoning model

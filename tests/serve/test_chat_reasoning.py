@@ -178,15 +178,16 @@ def test_earlier_reasoning_content_is_accepted_and_dropped_by_the_template(serve
 
 def test_a_model_without_think_tokens_answers_as_before():
     """No reasoning_content field at all, streamed or not (protocol level, no server)."""
-    from llm_onnx.runtime.generation.sequence import Result
-    from llm_onnx.serve import requests, responses
+    from llm_onnx.runtime.generation.results import Result
+    from llm_onnx.serve import openai_chat
+    from llm_onnx.serve.logprobs import TokenText
 
     model = Model.from_parts(FakeEngine([1]), fake_tokenizer(), (0,),
                              "{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    plan = requests.chat_plan({"model": "m", "messages": [{"role": "user", "content": "Hel"}],
-                               "chat_template_kwargs": OFF}, model, "m", 64)
+    plan = openai_chat.chat_plan({"model": "m", "messages": [{"role": "user", "content": "Hel"}],
+                                  "chat_template_kwargs": OFF}, model, "m", 64)
     assert plan.thinking is None
-    body = responses.response(plan, [Result("<think>x</think>y", [1], "stop", 1)],
-                              responses.TokenText(model))
+    body = openai_chat.response(plan, [Result("<think>x</think>y", [1], "stop", 1)],
+                                TokenText(model))
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "<think>x</think>y",
                                              "refusal": None}

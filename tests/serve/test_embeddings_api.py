@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from llm_onnx.runtime import Model
-from llm_onnx.serve import protocol as p
+from llm_onnx.serve import errors as p
 from llm_onnx.serve.embeddings import EmbeddingRunner
 from tests.embedding_models import reference
 from tests.serve.conftest import ServerProcess

@@ -1,9 +1,9 @@
 """An embedding model's engine: embed.onnx (``llm-onnx export --task embed``) over batches of
 token ids, one vector per input.
 
-    engine = open_engine(folder, RuntimeOptions())     # EmbeddingEngine for an embed folder
-    vectors = engine.embed([[12, 7, 99], [5]])          # (2, E) float32, in the given order
-    engine.embed(rows, dimensions=256)                  # the first 256 values, re-normalised
+    engine = open_engine(folder, RuntimeOptions())  # engines.py: an EmbeddingEngine here
+    vectors = engine.embed([[12, 7, 99], [5]])       # (2, E) float32, in the given order
+    engine.embed(rows, dimensions=256)               # the first 256 values, re-normalised
 
 Inputs run in batches of rows of similar length (sorted, so little padding), right-padded, each
 batch at most ``batch_size`` rows and ``batch_tokens`` tokens (rows x its longest row): the
@@ -17,28 +17,16 @@ divided by their L2 norm again when the model's embeddings are normalised (manif
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from llm_onnx import model_folder as names
 from llm_onnx.errors import GenerationError, ModelFolderError
-from llm_onnx.model_folder import load_manifest
-from llm_onnx.runtime.core.engine import Engine, RuntimeOptions, not_generating
+from llm_onnx.runtime.core.engine import Engine, not_generating
 from llm_onnx.runtime.core.providers import CUDA
 
 BATCH_SIZE = 32  # rows per run
 BATCH_TOKENS = 8192  # rows x longest row per run
-
-
-def open_engine(folder: Path | str, options: RuntimeOptions | None = None) -> Engine:
-    """The engine a model folder needs: an EmbeddingEngine for an embedding model's folder
-    (manifest task "embed"), else the generation Engine."""
-    options = options or RuntimeOptions()
-    manifest = load_manifest(Path(folder), verify=options.verify)
-    if manifest.task == "embed":
-        return EmbeddingEngine(folder, options, manifest=manifest)
-    return Engine(folder, options, manifest=manifest)
 
 
 def truncate(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:

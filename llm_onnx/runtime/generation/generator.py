@@ -29,7 +29,7 @@ import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Iterator, Sequence as Seq
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,7 +41,8 @@ from llm_onnx.runtime.structured.matcher import Constraints, MaskBatch
 from llm_onnx.runtime.core.engine import EngineProtocol
 from llm_onnx.runtime.core.state import CacheProtocol
 from llm_onnx.runtime.generation.options import GenerationOptions
-from llm_onnx.runtime.generation.sequence import Result, Sequence, TokenEvent, scoring_chunk
+from llm_onnx.runtime.generation.results import Result, TokenEvent
+from llm_onnx.runtime.generation.sequence import SequenceState, scoring_chunk
 from llm_onnx.runtime.generation.speculative import SpeculativeOptions, Speculator, speculative_options
 from llm_onnx.runtime.generation.prefix import Prefixes, last_run_start
 from llm_onnx.runtime.generation.stats import RunStats
@@ -104,7 +105,7 @@ class Generator:
         if self.max_length < 2:
             raise GenerationError(f"max_length must be at least 2, got {max_length}.")
         self._cache: CacheProtocol | None = None
-        self._seqs: list[Sequence | None] = [None] * batch
+        self._seqs: list[SequenceState | None] = [None] * batch
         self._prefixes = Prefixes(batch)  # the tokens each row's cache holds
         self._admitted = [0] * batch  # admission order (oldest prompt chunks run first)
         self._counter = itertools.count()
@@ -134,8 +135,8 @@ class Generator:
 
     # ------------------------------------------------------------------ rows
 
-    def append_tokens(self, ids: Seq[int], *, row: int = 0, options: GenerationOptions | None = None,
-                      logprobs: int | None = None, reuse_points: Seq[int] = (),
+    def append_tokens(self, ids: Sequence[int], *, row: int = 0, options: GenerationOptions | None = None,
+                      logprobs: int | None = None, reuse_points: Sequence[int] = (),
                       prompt_logprobs: int | None = None) -> None:
         """Feed token ids to row ``row``. An empty row starts a sequence with ``ids`` as its
         prompt (reusing whatever prefix of it the row's cache still holds); a row with a sequence
@@ -168,8 +169,7 @@ class Generator:
         prompt = (old.tokens if old is not None else []) + new
         opts = self.options if options is None and old is None else \
             options.validated() if options is not None else old.options  # type: ignore[union-attr]
-        if logprobs is None and old is not None:
-            logprobs = old.logprobs_top
+        logprobs = old.logprobs_top if logprobs is None and old is not None else logprobs
         if len(prompt) >= self.max_length:
             what = "the model's context" if self.max_length == self.model.context_length else \
                 "this generator's max_length"
@@ -190,11 +190,11 @@ class Generator:
             self._cache, row, prompt, self.free_rows, old.tokens if old is not None else None,
             self.stats)
         cache.truncate(row, reuse)
-        seq = Sequence(prompt, opts, vocab_size=vocab, tokenizer=self.model.tokenizer,
-                       eos_token_ids=self.model.eos_token_ids, limit=limit, logprobs=logprobs,
-                       rng=old.rng if old is not None and opts.seed == old.options.seed else None,
-                       constraint=constraint, shown_special=shown,
-                       prompt_logprobs=prompt_logprobs)
+        rng = old.rng if old is not None and opts.seed == old.options.seed else None
+        seq = SequenceState(prompt, opts, vocab_size=vocab, tokenizer=self.model.tokenizer,
+                            eos_token_ids=self.model.eos_token_ids, limit=limit,
+                            logprobs=logprobs, rng=rng, constraint=constraint,
+                            shown_special=shown, prompt_logprobs=prompt_logprobs)
         seq.prefill_tokens = len(prompt) - reuse
         seq.reuse_points = tuple(sorted(p for p in reuse_points if 0 < p < len(prompt)))
         self._seqs[row] = seq
@@ -467,7 +467,7 @@ class Generator:
         self.stats.mask_wait_s += time.perf_counter() - began
         self.stats.mask_s += self._masks.fill_s - before
 
-    def _accept(self, seq: Sequence, logits: np.ndarray, row: int, pending: Any,
+    def _accept(self, seq: SequenceState, logits: np.ndarray, row: int, pending: Any,
                 ) -> list[TokenEvent]:
         """``seq`` picks from ``logits`` (its mask, if constrained, waited for first)."""
         self._wait_masks(pending)
@@ -482,7 +482,7 @@ class Generator:
         if not 0 <= row < self.batch:
             raise GenerationError(f"row {row} is outside this generator's {self.batch} rows.")
 
-    def _sequence(self, row: int) -> Sequence:
+    def _sequence(self, row: int) -> SequenceState:
         self._check_row(row)
         seq = self._seqs[row]
         if seq is None:

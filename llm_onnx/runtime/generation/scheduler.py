@@ -17,11 +17,11 @@ One thread owns the generator and loops over steps:
        prompt when nobody waits; first tokens are delivered at once
     4. decode: one batched run of every decoding row; tokens delivered, finished rows released
 
-Each request keeps its own options (sampling, seed, stop strings, limits) in its own Sequence,
-so its tokens are those it would get alone. Events reach the caller through a listener (called
-on the scheduler's thread with the request and the item; it must not block) or by iterating the
-request. No web framework and
-no torch here: the server (llm_onnx.serve) and Ray deployments are clients of this class.
+Each request keeps its own options (sampling, seed, stop strings, limits) in its own
+SequenceState, so its tokens are those it would get alone. Events reach the caller through a
+listener (called on the scheduler's thread with the request and the item; it must not block) or
+by iterating the request. No web framework and no torch here: the server (llm_onnx.serve) and
+Ray deployments are clients of this class.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Protocol
 from llm_onnx.errors import GenerationError, LlmOnnxError
 from llm_onnx.runtime.generation.generator import Generator, ModelLike
 from llm_onnx.runtime.generation.options import GenerationOptions
-from llm_onnx.runtime.generation.sequence import Result, TokenEvent
+from llm_onnx.runtime.generation.results import Result, TokenEvent
 
 
 class QueueFull(LlmOnnxError):

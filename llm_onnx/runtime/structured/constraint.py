@@ -3,7 +3,7 @@
 A ``Constraint`` says what a reply must match; it is a generation option like the temperature
 (``GenerationOptions.constraint``). The engine is llguidance: ``Constraints`` (one per model)
 converts the tokenizer once, compiles each constraint once (cached by content) and hands every
-sequence a ``RowConstraint`` of its own, which its ``Sequence`` consults at each step:
+sequence a ``RowConstraint`` of its own, which its ``SequenceState`` consults at each step:
 
     mask  -> penalties -> temperature / top-k / top-p -> pick -> consume the token
     (allowed tokens of the grammar's state; end-of-sequence only where the grammar accepts)

@@ -21,7 +21,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.responses import Response
 
-from llm_onnx.serve.protocol import ApiError
+from llm_onnx.serve.errors import ApiError
 
 FOLDER = Path(__file__).parent
 ASSETS = {  # name -> media type: the only files served

@@ -1,162 +1,18 @@
-"""OpenAI's API shapes, shared by the request and response modules: errors, the checked plan of
-a request, and the checks of single fields.
-
-Every refusal is an ``ApiError`` with the status, ``type``, ``param`` and ``code`` OpenAI's API
-uses, and a message naming the field and what it accepts. No web framework here. The request
-bodies are read in ``requests`` (and their structured-output fields in ``structured``), the
-answers written in ``responses``.
-"""
+"""Checks of single request fields, shared by the APIs: each refusal is a 400 (``errors.bad``)
+naming the field and what it accepts."""
 
 from __future__ import annotations
 
-import hmac
 import math
 import numbers
-import time
-import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.chat.request import ChatRequest
-from llm_onnx.runtime.structured.constraint import Constraint
-from llm_onnx.runtime.generation.options import row_options
 from llm_onnx.runtime.generation.options import GenerationOptions
+from llm_onnx.serve.errors import ApiError, bad
 
-CHAT, COMPLETION = "chat.completion", "text_completion"
-
-# Fields a body may carry. Accepted and ignored: they change nothing we compute.
-_IGNORED = {"user", "metadata", "store", "service_tier", "modalities", "prediction",
-            "reasoning_effort", "safety_identifier", "prompt_cache_key"}
-_COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop",
-           "seed", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs",
-           "response_format",
-           # llm-onnx's own options, sent by the openai client as extra_body
-           "top_k", "min_p", "repetition_penalty", "ignore_eos",
-           # vLLM's structured outputs (and the guided_* fields of its older releases)
-           "structured_outputs", "guided_json", "guided_regex", "guided_choice",
-           "guided_grammar"} | _IGNORED
-_CHAT = _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
-                   "parallel_tool_calls", "functions", "function_call",
-                   # vLLM's extra field: chat template variables ({"enable_thinking": false})
-                   "chat_template_kwargs", "reasoning_effort"}
-_COMPLETIONS = _COMMON | {"prompt", "echo", "suffix", "best_of"}
-MAX_N = 128
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI's legacy completions endpoint
-
-
-class ApiError(Exception):
-    """An error response in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 type: str = "invalid_request_error", code: str | None = None) -> None:
-        message, param = _encodable(message), _encodable(param)  # a lone surrogate quoted
-        super().__init__(message)
-        self.status, self.message, self.param, self.type, self.code = status, message, param, type, code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                          "code": self.code}}
-
-    def anthropic_body(self) -> dict[str, Any]:
-        """The same error in Anthropic's shape (the Messages API's routes answer with it):
-        {"type": "error", "error": {"type", "message"}}, the type by status."""
-        kind = ANTHROPIC_ERROR_TYPES.get(self.status, "api_error")
-        message = self.message if self.param is None or self.message.startswith(self.param) \
-            else f"{self.param}: {self.message}"
-        return {"type": "error", "error": {"type": kind, "message": message}}
-
-
-def _encodable(text: str | None) -> str | None:
-    """``text`` as UTF-8 can carry it: a lone surrogate from the request (a JSON "\\ud800")
-    written as its escape, so that the error can be sent at all."""
-    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-# Anthropic's error types by HTTP status (docs.anthropic.com, "Errors")
-ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-                         403: "permission_error", 404: "not_found_error",
-                         413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
-                         503: "overloaded_error", 529: "overloaded_error"}
-
-
-def bad(param: str | None, message: str, code: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param, code=code)
-
-
-def api_key_error(authorization: str, key: str | None, x_api_key: str = "") -> ApiError | None:
-    """None if the ``Authorization`` header carries ``Bearer <key>``, or ``X-API-Key`` carries
-    the key (Anthropic's clients send it so), or no key is set; else the 401 to answer.
-    Constant-time comparison."""
-    if key is None:
-        return None
-    if x_api_key and not authorization:
-        if hmac.compare_digest(x_api_key.strip().encode(), key.encode()):
-            return None
-        return ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
-    if not authorization:
-        return ApiError(401, "You didn't provide an API key. Send it in the Authorization header "
-                             "as 'Bearer <key>'.", code="invalid_api_key")
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-        return ApiError(401, "Incorrect API key provided.", code="invalid_api_key")
-    return None
-
-
-@dataclass
-class Plan:
-    """A checked request: what to run and how to answer."""
-
-    kind: str  # CHAT or COMPLETION
-    model: str
-    prompts: list[list[int]]  # token ids, one list per prompt
-    options: list[GenerationOptions]  # one per prompt (max_new_tokens fitted to its length)
-    n: int = 1
-    stream: bool = False
-    include_usage: bool = False
-    logprobs: int | None = None  # None: off; k: the chosen token and k alternatives
-    echo: bool = False
-    prompt_texts: list[str] = field(default_factory=list)
-    # Chat: the reply's tools, tool choice and think block (how it is constrained and read back)
-    chat: ChatRequest | None = None
-    # The constraint of the answer (before tools and thinking compose it; see structured.prepare)
-    constraint: Constraint | None = None
-    # Chat: where later prompts may part from this one (a recurrent state's checkpoints)
-    reuse_points: list[int] = field(default_factory=list)
-    # Completions with echo and logprobs: each prompt token's logprob and k alternatives
-    prompt_logprobs: int | None = None
-    id: str = ""
-    created: int = 0
-
-    def __post_init__(self) -> None:
-        prefix = "chatcmpl" if self.kind == CHAT else "cmpl"
-        self.id = f"{prefix}-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-
-    @property
-    def thinking(self) -> bool | None:
-        """Chat with a reasoning model: True if the prompt leaves a <think> block open (replies
-        are split into reasoning_content and content). None: no split."""
-        return self.chat.thinking if self.chat is not None else None
-
-    @property
-    def constraint_kind(self) -> str | None:
-        """What constrains the replies, for the metrics: tools, json_schema, regex, ..."""
-        if self.chat is not None and self.chat.format is not None:
-            return "tools"
-        return self.constraint.kind if self.constraint is not None else None
-
-    def jobs(self) -> list[tuple[list[int], GenerationOptions]]:
-        """(prompt, options) of every choice, prompt-major: choice index = prompt * n + j; the
-        j-th choice of a prompt samples with seed + j."""
-        return [(p, row_options(o, j)) for p, o in zip(self.prompts, self.options)
-                for j in range(self.n)]
-
-
-# ---------------------------------------------------------------------------------------------
-# Field checks
-# ---------------------------------------------------------------------------------------------
 
 def number(body: dict, name: str, low: float, high: float, *, low_open: bool = False,
             high_open: bool = False) -> float | None:

@@ -1,7 +1,8 @@
-"""Running a checked request on the scheduler, for any API's routes: submit a Plan's jobs, then
+"""The pipeline every generation API's route runs: read the body, (the API parses it into a
+Plan and the service compiles its constraint,) submit the Plan's jobs to the scheduler, then
 either wait for every Result or iterate the items as the scheduler's thread hands them over.
-The wire format (OpenAI's chunks, Anthropic's events, the Responses API's events) is the route's;
-this module knows only jobs, TokenEvents, Results and failures.
+The wire format (OpenAI's chunks, Anthropic's events, the Responses API's events) is the API's
+own render step; this module knows only jobs, TokenEvents, Results and failures.
 
     run = submit(service, plan, stream=True)        # or stream=False: no per-token items
     async for i, item in run.items(request):        # i: the choice index
@@ -24,8 +25,9 @@ from fastapi import Request
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.generation.scheduler import QueueFull, Request as Job, SchedulerClosed
-from llm_onnx.runtime.generation.sequence import Result, TokenEvent
-from llm_onnx.serve import protocol as p
+from llm_onnx.runtime.generation.results import Result, TokenEvent
+from llm_onnx.serve.errors import ApiError, bad
+from llm_onnx.serve.plan import COMPLETION, Plan
 
 DISCONNECT_POLL_S = 0.1
 MAX_BODY_BYTES = 8 << 20
@@ -87,7 +89,7 @@ class Run:
                     return None
                 job, item = getter.result()
                 if isinstance(item, BaseException):
-                    raise p.ApiError(500, f"generation failed: {item}", type="server_error")
+                    raise ApiError(500, f"generation failed: {item}", type="server_error")
                 results[self.index[job.id]] = item
             return results  # type: ignore[return-value]
         finally:
@@ -108,7 +110,7 @@ class Run:
             self.cancel()
 
 
-def submit(service: Any, plan: p.Plan, stream: bool) -> Run:
+def submit(service: Any, plan: Plan, stream: bool) -> Run:
     """Queue ``plan``'s jobs (``stream``: every TokenEvent is delivered, else only the ends);
     the scheduler's refusals as HTTP errors: 429 (queue full), 503 (shutting down), 400."""
     loop = asyncio.get_running_loop()
@@ -127,17 +129,17 @@ def submit(service: Any, plan: p.Plan, stream: bool) -> Run:
                                              listener=listener, reuse_points=plan.reuse_points,
                                              prompt_logprobs=plan.prompt_logprobs)
     except QueueFull as e:
-        raise p.ApiError(429, str(e), type="rate_limit_error", code="rate_limit_exceeded") from None
+        raise ApiError(429, str(e), type="rate_limit_error", code="rate_limit_exceeded") from None
     except SchedulerClosed as e:
-        raise p.ApiError(503, str(e), type="server_error", code="service_unavailable") from None
+        raise ApiError(503, str(e), type="server_error", code="service_unavailable") from None
     except GenerationError as e:
-        raise p.bad("prompt" if plan.kind == p.COMPLETION else "messages", str(e)) from None
+        raise bad("prompt" if plan.kind == COMPLETION else "messages", str(e)) from None
     return Run(jobs, queue)
 
 
-# Paths counted by name in /metrics' requests counter (a module adding routes adds its own;
+# Paths counted by name in /metrics' requests counter (the app adds each API's PATHS;
 # ENDPOINT_PREFIXES: paths with an id, counted under one label)
-ENDPOINTS = {"/health", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions"}
+ENDPOINTS = {"/health", "/metrics", "/v1/models"}
 ENDPOINT_PREFIXES = {"/v1/models/": "/v1/models/{name}"}
 
 
@@ -159,13 +161,13 @@ async def read_body(request: Request) -> Any:
     """A request's JSON body (413 past MAX_BODY_BYTES, 400 if it is not JSON)."""
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
-        raise p.ApiError(413, f"the request body has {size} bytes; the limit is "
+        raise ApiError(413, f"the request body has {size} bytes; the limit is "
                               f"{MAX_BODY_BYTES}.")
     raw = await request.body()
     if len(raw) > MAX_BODY_BYTES:
-        raise p.ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes.")
+        raise ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes.")
     try:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise p.bad(None, f"We could not parse the JSON body of your request ({e}). Send a JSON "
+        raise bad(None, f"We could not parse the JSON body of your request ({e}). Send a JSON "
                           "object with Content-Type: application/json.") from None

@@ -1,5 +1,10 @@
-"""Request bodies read into plans: POST /v1/chat/completions and /v1/completions, checked field
-by field (the structured-output fields in ``structured``)."""
+"""OpenAI's Chat Completions API: POST /v1/chat/completions.
+
+Parse: the body, checked field by field (the structured-output fields in ``structured``), read
+into a Plan whose ChatRequest renders the messages with the model's chat template and reads each
+reply back. Render: a message per choice (content, ``reasoning_content`` for a reasoning model's
+thinking, ``tool_calls``), or streamed chunks whose deltas carry the same three.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +12,50 @@ import json
 from dataclasses import replace
 from typing import Any
 
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import Response
+
 from llm_onnx.errors import GenerationError
+from llm_onnx.runtime.chat.dialects.base import ChatPiece, ReplyReader, ToolCallDelta
 from llm_onnx.runtime.chat.render import check_template_vars, template_variables
 from llm_onnx.runtime.chat.request import ChatRequest
-from llm_onnx.runtime.structured.constraint import ConstraintError
+from llm_onnx.runtime.generation.results import Result, TokenEvent, ToolCall
 from llm_onnx.runtime.model import Model
-from llm_onnx.serve.protocol import (_CHAT, _COMPLETIONS, CHAT, COMPLETION,
-                                     COMPLETIONS_DEFAULT_MAX_TOKENS, MAX_N, Plan, bad,
-                                     body_object, boolean, fit_length, integer, known_fields,
-                                     sampling, served_model, stream_fields, unsupported)
+from llm_onnx.runtime.structured.constraint import ConstraintError
+from llm_onnx.serve import pipeline
+from llm_onnx.serve.errors import bad
+from llm_onnx.serve.fields import (body_object, boolean, fit_length, integer, known_fields,
+                                   sampling, served_model, stream_fields, unsupported)
+from llm_onnx.serve.logprobs import TokenText, chat_logprobs
+from llm_onnx.serve.openai_choices import (COMMON_FIELDS, MAX_N, Choices, Piece, finish_reason,
+                                           respond)
+from llm_onnx.serve.plan import CHAT, Plan
 from llm_onnx.serve.structured import answer_constraint, tool_fields
 
+PATHS = ("/v1/chat/completions",)
+FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "tools",
+                          "tool_choice", "parallel_tool_calls", "functions", "function_call",
+                          # vLLM's extra field: chat template variables ({"enable_thinking": false})
+                          "chat_template_kwargs", "reasoning_effort"}
+
+
+def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
+    async def chat_completions(request: Request) -> Response:
+        plan = chat_plan(await pipeline.read_body(request), service.model, service.name,
+                         service.generating().max_length)
+        await service.prepare(plan)
+        return await respond(service, request, plan, ChatChoices(plan, service.tokens))
+
+
+# ---------------------------------------------------------------------------------------------
+# Parse
+# ---------------------------------------------------------------------------------------------
 
 def chat_plan(body: Any, model: Model, served: str, context: int) -> Plan:
     """POST /v1/chat/completions, checked (its constraint is composed by structured.prepare)."""
     body = body_object(body)
-    known_fields(body, _CHAT)
+    known_fields(body, FIELDS)
     name = served_model(body, served)
     unsupported(body, "functions")
     unsupported(body, "function_call", "none")
@@ -30,8 +63,8 @@ def chat_plan(body: Any, model: Model, served: str, context: int) -> Plan:
         raise bad("messages", "this model has no chat template; use /v1/completions.")
     answer = answer_constraint(body)
     tools, choice, parallel = tool_fields(body, model.chat_template)
-    template_vars = _reasoning_vars(body, model.chat_template, _template_kwargs(body))
-    messages = _messages(body.get("messages"))
+    template_vars = _reasoning_vars(body, model.chat_template, template_kwargs(body))
+    messages = messages_of(body.get("messages"))
     try:
         text = model.render_chat(messages, tools=tools, template_vars=template_vars)
         prompt = model.encode(text, add_special_tokens=False)
@@ -82,7 +115,7 @@ def _reasoning_vars(body: dict, template: str, variables: dict[str, Any] | None,
     return {**extra, **(variables or {})} or variables
 
 
-def _template_kwargs(body: dict) -> dict[str, Any] | None:
+def template_kwargs(body: dict) -> dict[str, Any] | None:
     """vLLM's ``chat_template_kwargs``: variables for the chat template. Names the template does
     not read are ignored, as transformers and vLLM ignore them."""
     value = body.get("chat_template_kwargs")
@@ -100,7 +133,9 @@ def _template_kwargs(body: dict) -> dict[str, Any] | None:
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 
 
-def _messages(messages: Any) -> list[dict[str, Any]]:
+def messages_of(messages: Any) -> list[dict[str, Any]]:
+    """A body's ``messages`` as the chat template takes them: text parts joined, ``developer``
+    as ``system``, an assistant's tool calls with their arguments as objects."""
     if not isinstance(messages, list):
         raise bad("messages", "'messages' must be a list of {\"role\", \"content\"} objects.")
     if not messages:
@@ -170,69 +205,103 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def completion_plan(body: Any, model: Model, served: str, context: int) -> Plan:
-    """POST /v1/completions, checked."""
-    body = body_object(body)
-    known_fields(body, _COMPLETIONS)
-    name = served_model(body, served)
-    unsupported(body, "suffix", "")
-    answer = answer_constraint(body)
-    n = integer(body, "n", 1, MAX_N) or 1
-    best_of = integer(body, "best_of", 1, MAX_N)
-    if best_of is not None and best_of != n:
-        raise bad("best_of", "'best_of' different from 'n' is not supported.")
-    echo = bool(boolean(body, "echo"))
-    logprobs = integer(body, "logprobs", 0, 5)
-    scored = logprobs if echo else None  # the echoed prompt's logprobs too (vLLM's answer)
-    if scored is not None and not getattr(model.engine, "verifies", False):
-        raise bad("echo", "'echo' with 'logprobs' needs the logits of every prompt position, "
-                          "which this model folder's prefill.onnx does not return; re-export it "
-                          "with this version of llm-onnx.")
-    stream, usage = stream_fields(body)
-    texts, prompts = _prompts(body.get("prompt"), model)
-    options = sampling(body, model.defaults, model.engine.vocab_size)
-    fitted = [replace(options, max_new_tokens=fit_length(  # 0 with echo: the prompt only
-        body, ("max_tokens",), p, context, COMPLETIONS_DEFAULT_MAX_TOKENS, "prompt",
-        low=0 if echo else 1)) for p in prompts]
-    if len(prompts) * n > MAX_N:
-        raise bad("n", f"{len(prompts)} prompts x n={n} is more than {MAX_N} choices.")
-    return Plan(COMPLETION, name, prompts, fitted, n, stream, usage, logprobs, echo, texts,
-                constraint=answer, prompt_logprobs=scored)
+# ---------------------------------------------------------------------------------------------
+# Render
+# ---------------------------------------------------------------------------------------------
+
+class ChatChoices(Choices):
+    """Choices as assistant messages (whole) and deltas (streamed): thinking as
+    ``reasoning_content`` (vLLM's and DeepSeek's field), the answer as ``content``, tool calls as
+    ``tool_calls``."""
+
+    chunk_object = "chat.completion.chunk"
+
+    def __init__(self, plan: Plan, tokens: TokenText) -> None:
+        super().__init__(plan, tokens)
+        self.replies: dict[int, ReplyReader] = {}  # each streamed choice's reader
+
+    def choice(self, index: int, result: Result) -> dict[str, Any]:
+        plan = self.plan
+        logprobs = None if plan.logprobs is None or result.logprobs is None else \
+            chat_logprobs(result.logprobs, self.tokens)
+        read = plan.chat.read(result) if plan.chat is not None else result
+        calls = read.tool_calls or []
+        message: dict[str, Any] = {"role": "assistant", "content": read.text, "refusal": None}
+        if plan.thinking is not None:
+            message["reasoning_content"] = read.reasoning
+        if calls:
+            message["content"] = read.text or None
+            message["tool_calls"] = [tool_call(c) for c in calls]
+        return {"index": index, "message": message, "logprobs": logprobs,
+                "finish_reason": finish_reason(result.finish_reason, bool(calls))}
+
+    def first(self, i: int) -> dict[str, Any]:
+        return {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                "finish_reason": None}
+
+    def _reply(self, i: int) -> ReplyReader | None:
+        if self.plan.chat is None:
+            return None
+        if i not in self.replies:
+            self.replies[i] = self.plan.chat.stream()
+        return self.replies[i]
+
+    def pieces(self, i: int, event: TokenEvent) -> list[Piece]:
+        reply = self._reply(i)
+        if reply is None:
+            return [ChatPiece(event.text)] if event.text else []
+        return reply.push(event.text, event.finish_reason is not None)
+
+    def delta(self, i: int, event: TokenEvent, pieces: list[Piece]) -> dict[str, Any]:
+        reply = self._reply(i)
+        reason = None if event.finish_reason is None else \
+            finish_reason(event.finish_reason, reply is not None and reply.tool_calls > 0)
+        logprobs = None
+        if self.plan.logprobs is not None and event.logprob is not None:
+            logprobs = chat_logprobs([event.logprob], self.tokens)
+        return {"index": i, "delta": _delta(pieces), "logprobs": logprobs,
+                "finish_reason": reason}
+
+    def cut_short(self, i: int) -> dict[str, Any]:
+        reply = self._reply(i)
+        return {"index": i, "delta": _delta(reply.push("", True) if reply is not None else [])}
+
+    def tool_calls(self, i: int) -> int:
+        reply = self._reply(i)
+        return reply.tool_calls if reply is not None else 0
 
 
-def _prompts(prompt: Any, model: Model) -> tuple[list[str], list[list[int]]]:
-    """A string, a list of strings, a list of token ids or a list of those."""
-    vocab = model.engine.vocab_size
-    if prompt is None:
-        raise bad("prompt", "you must provide a 'prompt'.")
-    items = [prompt] if isinstance(prompt, str) or (
-        isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)) else prompt
-    if not isinstance(items, list) or not items:
-        raise bad("prompt", "'prompt' must be a string, a list of strings, a list of token ids "
-                            "or a list of lists of token ids, and not empty.")
-    texts, ids = [], []
-    for i, item in enumerate(items):
-        if isinstance(item, str):
-            if not item:
-                raise bad("prompt", "a prompt must not be an empty string.")
-            try:
-                tokens = model.encode(item)
-            except GenerationError as e:
-                raise bad("prompt", str(e)) from None
-            texts.append(item)
-        elif isinstance(item, list) and item and all(
-                isinstance(t, int) and not isinstance(t, bool) for t in item):
-            outside = [t for t in item if not 0 <= t < vocab]
-            if outside:
-                raise bad("prompt", f"token id {outside[0]} in prompt {i} is outside the "
-                                    f"vocabulary (0..{vocab - 1}).")
-            tokens = list(item)
-            texts.append(model.decode(tokens) if model.tokenizer is not None else "")
-        else:
-            raise bad("prompt", f"prompt {i} must be a non-empty string or list of token ids.")
-        if not tokens:
-            raise bad("prompt", f"prompt {i} has no tokens.")
-        ids.append(tokens)
-    return texts, ids
+def response(plan: Plan, results: list[Result], tokens: TokenText) -> dict[str, Any]:
+    """The whole answer of a chat plan."""
+    return ChatChoices(plan, tokens).response(results)
 
 
+def _delta(pieces: list[Piece]) -> dict[str, Any]:
+    """A chat chunk's delta: thinking as ``reasoning_content``, the answer as ``content``, tool
+    calls as ``tool_calls`` (OpenAI's streamed shape)."""
+    delta: dict[str, Any] = {}
+    for piece in pieces:
+        if isinstance(piece, ToolCallDelta):
+            delta.setdefault("tool_calls", []).append(tool_call_delta(piece))
+            continue
+        key = "reasoning_content" if piece.reasoning else "content"
+        delta[key] = delta.get(key, "") + piece
+    return delta
+
+
+def tool_call(call: ToolCall) -> dict[str, Any]:
+    """A message's tool call in OpenAI's shape (arguments as JSON text)."""
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def tool_call_delta(delta: ToolCallDelta) -> dict[str, Any]:
+    """A streamed chunk's ``delta.tool_calls`` entry: the first of a call carries its id, type
+    and name; every one may carry a piece of the arguments."""
+    out: dict[str, Any] = {"index": delta.index}
+    if delta.id is not None:
+        out.update(id=delta.id, type="function",
+                   function={"name": delta.name, "arguments": delta.arguments})
+    else:
+        out["function"] = {"arguments": delta.arguments}
+    return out

@@ -1,27 +1,28 @@
-"""The Responses API's request (POST /v1/responses) read into a chat request, and the responses
-kept for ``previous_response_id``.
+"""The Responses API's request (POST /v1/responses) read into a plan: ``ResponsePlan``.
 
 A Responses request is a conversation under other names: ``instructions`` is the system
 message, ``input`` a string or a list of items (messages with text parts, ``function_call``
 items the model made, ``function_call_output`` items with their results, earlier ``reasoning``
 items), ``text.format`` the response format, ``max_output_tokens`` the limit. It is translated
-into the Chat Completions body the server already checks (``chat_body``), so both APIs render,
-constrain and sample the same way; errors keep naming the Responses fields.
-
-``ResponseStore`` keeps stored responses (their output and the conversation that led to them)
-in memory, within a count and a byte bound, the oldest dropped first.
+into the Chat Completions body that API already checks (``chat_body``), so both APIs render,
+constrain and sample the same way; errors keep naming the Responses fields
+(``responses_names``).
 """
 
 from __future__ import annotations
 
-import json
-import threading
-from collections import OrderedDict
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from llm_onnx.serve.protocol import ApiError, bad, integer
+from llm_onnx.runtime.generation.results import Result
+from llm_onnx.serve import openai_chat
+from llm_onnx.serve.errors import ApiError, bad
+from llm_onnx.serve.fields import body_object, integer, known_fields
 
-RESPONSES_FIELDS = {
+FIELDS = {
     "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools",
     "tool_choice", "parallel_tool_calls", "text", "reasoning", "stream", "metadata", "store",
     "previous_response_id", "user", "truncation", "include", "service_tier", "top_logprobs",
@@ -277,47 +278,86 @@ def metadata(value: Any) -> dict[str, str] | None:
     return dict(value)
 
 
-class ResponseStore:
-    """Stored responses: id -> (the response, the conversation it answered plus its reply as
-    chat messages, the function call ids made), at most ``max_count`` of them and ``max_bytes``
-    of JSON, the oldest dropped first. Thread-safe."""
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
 
-    def __init__(self, max_count: int = 1000, max_bytes: int = 64 << 20) -> None:
-        self.max_count, self.max_bytes = max_count, max_bytes
-        self._items: OrderedDict[str, tuple[dict, list, set, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
 
-    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]],
-            calls: set[str]) -> None:
-        size = len(json.dumps(response)) + len(json.dumps(conversation))
-        if size > self.max_bytes or self.max_count < 1:
-            return
-        with self._lock:
-            self._items[response["id"]] = (response, conversation, calls, size)
-            self._bytes += size
-            while len(self._items) > self.max_count or self._bytes > self.max_bytes:
-                _, (_, _, _, dropped) = self._items.popitem(last=False)
-                self._bytes -= dropped
+@contextmanager
+def responses_names() -> Iterator[None]:
+    """Errors raised inside name Chat Completions' fields in the Responses API's words."""
+    try:
+        yield
+    except ApiError as e:
+        if e.param is not None:
+            head = e.param.split("[")[0].split(".")[0]
+            if head in FIELD_NAMES:
+                e.param = FIELD_NAMES[head] + e.param[len(head):]
+                e.message = e.message.replace(f"'{head}'", f"'{FIELD_NAMES[head]}'")
+        raise
 
-    def get(self, response_id: str, field: str = "previous_response_id",
-            ) -> tuple[dict, list, set]:
-        with self._lock:
-            entry = self._items.get(response_id)
-        if entry is None:
-            raise ApiError(404, f"Response with id '{response_id}' not found (never stored, "
-                                "deleted, or dropped to keep the server's store within its "
-                                "bound).", param=field, type="invalid_request_error",
-                           code="response_not_found")
-        return entry[0], entry[1], entry[2]
 
-    def delete(self, response_id: str) -> None:
-        with self._lock:
-            entry = self._items.pop(response_id, None)
-            if entry is not None:
-                self._bytes -= entry[3]
-        if entry is None:
-            self.get(response_id, "response_id")  # the 404
+class ResponsePlan:
+    """A checked Responses request: the chat plan it runs as, and what the response echoes."""
 
-    def __len__(self) -> int:
-        return len(self._items)
+    def __init__(self, body: Any, service: Any) -> None:
+        body = body_object(body)
+        known_fields(body, FIELDS)
+        scheduler = service.generating()  # (a 400 for an embedding model)
+        self.body = body
+        self.store = body.get("store", True) is not False
+        self.metadata = metadata(body.get("metadata"))
+        previous = body.get("previous_response_id")
+        history, calls = [], set()
+        if previous is not None:
+            if not isinstance(previous, str):
+                raise bad("previous_response_id", "'previous_response_id' must be a string.")
+            _, history, calls = service.responses.get(previous)
+        with responses_names():
+            chat = chat_body(body, history, calls)
+            self.plan = openai_chat.chat_plan(chat, service.model, service.name,
+                                              scheduler.max_length)
+        self.conversation = chat["messages"]
+        self.calls = calls | {c["id"] for m in self.conversation for c in m.get("tool_calls") or []}
+        self.id = new_id("resp")
+        self.created = time.time()
+
+    def response(self, status: str, output: list[dict[str, Any]], result: Result | None,
+                 ) -> dict[str, Any]:
+        """The Response object (``result``: for its usage, once finished)."""
+        body = self.body
+        fmt = (body.get("text") or {}).get("format") or {"type": "text"}
+        out: dict[str, Any] = {
+            "id": self.id, "object": "response", "created_at": self.created, "status": status,
+            "error": None, "incomplete_details": None, "instructions": body.get("instructions"),
+            "max_output_tokens": body.get("max_output_tokens"), "model": self.plan.model,
+            "output": output, "parallel_tool_calls": _given(body, "parallel_tool_calls", True),
+            "previous_response_id": body.get("previous_response_id"),
+            "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"),
+                          "summary": None},
+            "store": self.store, "temperature": _given(body, "temperature", 1.0),
+            "text": {"format": fmt}, "tool_choice": _given(body, "tool_choice", "auto"),
+            "tools": body.get("tools") or [], "top_p": _given(body, "top_p", 1.0),
+            "truncation": "disabled", "metadata": self.metadata or {},
+        }
+        if body.get("user") is not None:  # an optional string, never null
+            out["user"] = body["user"]
+        if status == "incomplete":
+            out["incomplete_details"] = {"reason": "max_output_tokens"}
+        if result is not None:
+            cached = max(0, result.prompt_tokens - result.timings.prefill_tokens)
+            out["usage"] = {"input_tokens": result.prompt_tokens,
+                            "input_tokens_details": {"cached_tokens": cached,
+                                                     "cache_write_tokens":
+                                                         result.prompt_tokens - cached},
+                            "output_tokens": len(result.token_ids),
+                            "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+                            "total_tokens": result.prompt_tokens + len(result.token_ids)}
+        return out
+
+    reasoning_tokens = 0
+
+
+def _given(body: dict[str, Any], key: str, default: Any) -> Any:
+    """A request field echoed in the Response: the default when left out or null."""
+    value = body.get(key)
+    return default if value is None else value

@@ -1,6 +1,6 @@
 """Anthropic's Messages API request (POST /v1/messages, /v1/messages/count_tokens) read into a
-chat plan, field by field; every refusal is a 400 naming the field by its path
-(``messages.1.content.0``), as Anthropic names them.
+chat plan, field by field (``anthropic_messages``' parse step); every refusal is a 400 naming
+the field by its path (``messages.1.content.0``), as Anthropic names them.
 
     model           the served model's name
     system          "text" | [{"type": "text", "text"}]            -> the system message
@@ -32,21 +32,25 @@ from typing import Any
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.chat.render import template_variables
 from llm_onnx.runtime.chat.request import ChatRequest, check_tool_choice, check_tools
-from llm_onnx.runtime.chat.tools import ToolChoice
+from llm_onnx.runtime.chat.dialects.base import ToolChoice
 from llm_onnx.runtime.model import Model
 from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
-from llm_onnx.serve import protocol as p
+from llm_onnx.serve.errors import ApiError, bad
+from llm_onnx.serve.fields import (body_object, boolean, fit_length, integer, number, sampling,
+                                   served_model, whole)
+from llm_onnx.serve.plan import CHAT, Plan
 
-# Fields of a Messages request. Accepted and ignored: they change nothing computed here.
-_IGNORED = {"metadata", "service_tier", "cache_control", "inference_geo", "speed",
-            "diagnostics"}
-_UNSUPPORTED = {"container", "mcp_servers", "context_management"}
-_COUNT = {"model", "messages", "system", "tools", "tool_choice", "thinking",
-          "output_config"} | _IGNORED | _UNSUPPORTED
+# Fields of a Messages request (FIELDS; count_tokens takes COUNT_FIELDS). Accepted and ignored:
+# they change nothing computed here. Unsupported: a 400 naming the field unless empty.
+IGNORED_FIELDS = {"metadata", "service_tier", "cache_control", "inference_geo", "speed",
+                  "diagnostics"}
+UNSUPPORTED_FIELDS = {"container", "mcp_servers", "context_management"}
+COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking",
+                "output_config"} | IGNORED_FIELDS | UNSUPPORTED_FIELDS
 # llm-onnx's own sampling fields (sent by the anthropic client as extra_body)
-_OWN = {"seed", "min_p", "repetition_penalty"}
-_CREATE = _COUNT | _OWN | {"max_tokens", "stop_sequences", "temperature", "top_p", "top_k",
-                           "stream"}
+OWN_FIELDS = {"seed", "min_p", "repetition_penalty"}
+FIELDS = COUNT_FIELDS | OWN_FIELDS | {"max_tokens", "stop_sequences", "temperature", "top_p",
+                                      "top_k", "stream"}
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
 _NO_VISION = "blocks are not supported: this server's model reads text only."
 
@@ -72,25 +76,25 @@ class Conversation:
                                      continue_final_message=self.prefill)
             return text, model.encode_chat(text)
         except GenerationError as e:
-            raise p.bad("messages", str(e)) from None
+            raise bad("messages", str(e)) from None
 
 
 def messages_plan(body: Any, model: Model, served: str,
-                  context: int) -> tuple[p.Plan, Conversation]:
+                  context: int) -> tuple[Plan, Conversation]:
     """POST /v1/messages, checked (its constraint is composed by structured.prepare)."""
-    body = _fields(body, _CREATE, served)
+    body = _fields(body, FIELDS, served)
     conv = conversation(body, model)
     if body.get("max_tokens") is None:
-        raise p.bad("max_tokens", "Field required")
+        raise bad("max_tokens", "Field required")
     options = _sampling(body, model)
     text, prompt = conv.render(model)
     try:
         chat = ChatRequest(model, text, conv.answer, conv.tools, conv.choice, conv.parallel)
     except ConstraintError as e:
-        raise translated(p.bad(e.where, str(e))) from None
-    new = p.fit_length(body, ("max_tokens",), prompt, context, None, "messages", low=0)
-    stream = bool(p.boolean(body, "stream"))
-    plan = p.Plan(p.CHAT, served, [prompt], [replace(options, max_new_tokens=new)], 1, stream,
+        raise translated(bad(e.where, str(e))) from None
+    new = fit_length(body, ("max_tokens",), prompt, context, None, "messages", low=0)
+    stream = bool(boolean(body, "stream"))
+    plan = Plan(CHAT, served, [prompt], [replace(options, max_new_tokens=new)], 1, stream,
                   chat=chat, constraint=conv.answer,
                   reuse_points=model.reuse_points(conv.messages, prompt, tools=conv.tools,
                                                   template_vars=conv.template_vars))
@@ -100,24 +104,24 @@ def messages_plan(body: Any, model: Model, served: str,
 
 def count_tokens(body: Any, model: Model, served: str) -> int:
     """POST /v1/messages/count_tokens: the prompt's length."""
-    return len(conversation(_fields(body, _COUNT, served), model).render(model)[1])
+    return len(conversation(_fields(body, COUNT_FIELDS, served), model).render(model)[1])
 
 
 def _fields(body: Any, allowed: set[str], served: str) -> dict:
-    body = p.body_object(body)
+    body = body_object(body)
     unknown = sorted(set(body) - allowed)
     if unknown:
-        raise p.bad(unknown[0], "Extra inputs are not permitted")
-    p.served_model(body, served)
-    for name in sorted(_UNSUPPORTED):
+        raise bad(unknown[0], "Extra inputs are not permitted")
+    served_model(body, served)
+    for name in sorted(UNSUPPORTED_FIELDS):
         if body.get(name) not in (None, [], {}):
-            raise p.bad(name, "not supported by this server.")
+            raise bad(name, "not supported by this server.")
     return body
 
 
 def conversation(body: dict, model: Model) -> Conversation:
     if not model.chat_template:
-        raise p.bad("messages", "this model has no chat template; use /v1/completions.")
+        raise bad("messages", "this model has no chat template; use /v1/completions.")
     tools, choice, parallel = _tools(body, model.chat_template)
     answer = _output_format(body.get("output_config"))
     template_vars, omit = _thinking(body, model)
@@ -137,27 +141,27 @@ def _text(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise p.bad(where, "must be a string or a list of text blocks.")
+        raise bad(where, "must be a string or a list of text blocks.")
     texts = []
     for i, block in enumerate(content):
         kind = _kind(block, f"{where}.{i}")
         if kind in ("image", "document"):
-            raise p.bad(f"{where}.{i}", f"{kind} {_NO_VISION}")
+            raise bad(f"{where}.{i}", f"{kind} {_NO_VISION}")
         if kind != "text":
-            raise p.bad(f"{where}.{i}.type", f"expected a text block, got {kind!r}.")
+            raise bad(f"{where}.{i}.type", f"expected a text block, got {kind!r}.")
         texts.append(_block_text(block, f"{where}.{i}"))
     return "\n\n".join(texts)
 
 
 def _kind(block: Any, where: str) -> str:
     if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-        raise p.bad(where, "a content block must be an object with a 'type'.")
+        raise bad(where, "a content block must be an object with a 'type'.")
     return block["type"]
 
 
 def _block_text(block: dict, where: str) -> str:
     if not isinstance(block.get("text"), str) or not block["text"]:
-        raise p.bad(f"{where}.text", "text content blocks must be non-empty strings.")
+        raise bad(f"{where}.text", "text content blocks must be non-empty strings.")
     return block["text"]
 
 
@@ -165,29 +169,29 @@ def _messages(messages: Any, system: list[dict]) -> tuple[list[dict[str, Any]], 
     """The chat messages of ``messages`` after ``system``, and whether the last one is a
     prefill (see the module docstring)."""
     if not isinstance(messages, list) or not messages:
-        raise p.bad("messages", "must be a non-empty list of {\"role\", \"content\"} objects.")
+        raise bad("messages", "must be a non-empty list of {\"role\", \"content\"} objects.")
     turns: list[tuple[str, list[tuple[str, dict]]]] = []  # role, [(path, block)]
     for i, m in enumerate(messages):
         where = f"messages.{i}"
         if not isinstance(m, dict) or set(m) - {"role", "content"}:
-            raise p.bad(where, "a message is an object with 'role' and 'content' only.")
+            raise bad(where, "a message is an object with 'role' and 'content' only.")
         role = m.get("role")
         if role not in ("user", "assistant"):
-            raise p.bad(f"{where}.role", f"must be 'user' or 'assistant', got {role!r} (a "
+            raise bad(f"{where}.role", f"must be 'user' or 'assistant', got {role!r} (a "
                                          "system prompt goes in the top-level 'system').")
         if not turns and role != "user":
-            raise p.bad(f"{where}.role", "the first message must use the 'user' role.")
+            raise bad(f"{where}.role", "the first message must use the 'user' role.")
         content = m.get("content")
         blocks = [(f"{where}.content", {"type": "text", "text": content})] \
             if isinstance(content, str) else None
         if blocks is None:
             if not isinstance(content, list):
-                raise p.bad(f"{where}.content", "must be a string or a list of content blocks.")
+                raise bad(f"{where}.content", "must be a string or a list of content blocks.")
             blocks = [(f"{where}.content.{j}", b) for j, b in enumerate(content)]
         if not blocks:
             if role == "assistant" and i == len(messages) - 1:
                 continue  # an empty final message: nothing to continue
-            raise p.bad(f"{where}.content", "must not be empty (only the final assistant "
+            raise bad(f"{where}.content", "must not be empty (only the final assistant "
                                             "message may be).")
         if turns and turns[-1][0] == role:  # one turn, as Anthropic combines them
             turns[-1][1].extend(blocks)
@@ -217,13 +221,13 @@ def _user(blocks: list[tuple[str, dict]], calls: dict[str, str]) -> list[dict[st
             out.append(_tool_result(block, where, calls))
             answered.add(block["tool_use_id"])
         elif kind in ("image", "document"):
-            raise p.bad(where, f"{kind} {_NO_VISION}")
+            raise bad(where, f"{kind} {_NO_VISION}")
         else:
-            raise p.bad(f"{where}.type", f"{kind!r} blocks are not supported in a user message "
+            raise bad(f"{where}.type", f"{kind!r} blocks are not supported in a user message "
                                          "(text and tool_result are).")
     missing = [i for i in calls if i not in answered]
     if missing:
-        raise p.bad(blocks[0][0].rsplit(".content", 1)[0], "tool_use ids were found without "
+        raise bad(blocks[0][0].rsplit(".content", 1)[0], "tool_use ids were found without "
                     f"tool_result blocks immediately after: {', '.join(missing)}. Each tool_use "
                     "block must have a tool_result block in the next message.")
     if texts:
@@ -234,15 +238,15 @@ def _user(blocks: list[tuple[str, dict]], calls: dict[str, str]) -> list[dict[st
 def _tool_result(block: dict, where: str, calls: dict[str, str]) -> dict[str, Any]:
     tool_id = block.get("tool_use_id")
     if not isinstance(tool_id, str):
-        raise p.bad(f"{where}.tool_use_id", "must be a string (the tool_use block's id).")
+        raise bad(f"{where}.tool_use_id", "must be a string (the tool_use block's id).")
     if tool_id not in calls:
-        raise p.bad(f"{where}.tool_use_id", f"unexpected tool_use_id {tool_id!r} in a "
+        raise bad(f"{where}.tool_use_id", f"unexpected tool_use_id {tool_id!r} in a "
                     "tool_result block: each tool_result must answer a tool_use block of the "
                     "previous (assistant) message.")
     content = block.get("content", "")
     text = "" if content in ("", []) else _text(content, f"{where}.content")
     if block.get("is_error") not in (None, False, True):
-        raise p.bad(f"{where}.is_error", "must be true or false.")
+        raise bad(f"{where}.is_error", "must be true or false.")
     if block.get("is_error"):
         text = f"Error: {text}"
     return {"role": "tool", "tool_call_id": tool_id, "name": calls[tool_id], "content": text}
@@ -260,22 +264,22 @@ def _assistant(blocks: list[tuple[str, dict]], last: bool,
             texts.append(_block_text(block, where))
         elif kind == "thinking":
             if not isinstance(block.get("thinking"), str):
-                raise p.bad(f"{where}.thinking", "must be a string.")
+                raise bad(f"{where}.thinking", "must be a string.")
             thinking.append(block["thinking"])
         elif kind == "tool_use":
             calls.append(_tool_use(block, where))
         elif kind != "redacted_thinking":
-            raise p.bad(f"{where}.type", f"{kind!r} blocks are not supported in an assistant "
+            raise bad(f"{where}.type", f"{kind!r} blocks are not supported in an assistant "
                         "message (text, thinking and tool_use are).")
     if last and calls:
-        raise p.bad(blocks[0][0].rsplit(".content", 1)[0], "the final assistant message is "
+        raise bad(blocks[0][0].rsplit(".content", 1)[0], "the final assistant message is "
                     "continued by the reply, so it may not hold tool_use blocks; add the "
                     "tool_result in a user message after it.")
     if last and texts and texts[-1] != texts[-1].rstrip():
-        raise p.bad(blocks[-1][0], "final assistant content cannot end with trailing "
+        raise bad(blocks[-1][0], "final assistant content cannot end with trailing "
                                    "whitespace.")
     if last and not texts:
-        raise p.bad(blocks[0][0], "the final assistant message (a prefill the reply "
+        raise bad(blocks[0][0], "the final assistant message (a prefill the reply "
                                   "continues) must hold text.")
     message: dict[str, Any] = {"role": "assistant", "content": "\n\n".join(texts)}
     if thinking:
@@ -287,11 +291,11 @@ def _assistant(blocks: list[tuple[str, dict]], last: bool,
 
 def _tool_use(block: dict, where: str) -> dict[str, Any]:
     if not isinstance(block.get("id"), str) or not block["id"]:
-        raise p.bad(f"{where}.id", "must be a non-empty string.")
+        raise bad(f"{where}.id", "must be a non-empty string.")
     if not isinstance(block.get("name"), str) or not block["name"]:
-        raise p.bad(f"{where}.name", "must be a non-empty string.")
+        raise bad(f"{where}.name", "must be a non-empty string.")
     if not isinstance(block.get("input"), dict):
-        raise p.bad(f"{where}.input", "must be an object (the tool's arguments).")
+        raise bad(f"{where}.input", "must be an object (the tool's arguments).")
     return {"id": block["id"], "type": "function",
             "function": {"name": block["name"], "arguments": block["input"]}}
 
@@ -300,36 +304,36 @@ def _tools(body: dict, template: str) -> tuple[list[dict] | None, ToolChoice, bo
     """Anthropic's tools and tool_choice as OpenAI's (what ChatRequest and templates take)."""
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
-        raise p.bad("tools", "must be a list of tools.")
+        raise bad("tools", "must be a list of tools.")
     converted = [_tool(t, f"tools.{i}") for i, t in enumerate(tools or [])]
     if converted and "tools" not in template_variables(template):
-        raise p.bad("tools", "this model's chat template does not render tools; start the "
+        raise bad("tools", "this model's chat template does not render tools; start the "
                              "server with --chat-template FILE naming a template that does.")
     choice, parallel = _tool_choice(body.get("tool_choice"))
     if not converted and choice not in (None, "auto", "none"):
-        raise p.bad("tool_choice", "forces a tool call, but no tools are given.")
+        raise bad("tool_choice", "forces a tool call, but no tools are given.")
     try:
         checked = check_tools(converted)
         return checked, check_tool_choice(choice if checked else None, checked), parallel
     except ConstraintError as e:
-        raise translated(p.bad(e.where, str(e))) from None
+        raise translated(bad(e.where, str(e))) from None
 
 
 def _tool(tool: Any, where: str) -> dict[str, Any]:
     if not isinstance(tool, dict):
-        raise p.bad(where, "a tool must be an object with 'name' and 'input_schema'.")
+        raise bad(where, "a tool must be an object with 'name' and 'input_schema'.")
     if tool.get("type") not in (None, "custom"):
-        raise p.bad(f"{where}.type", f"server tools ({tool['type']!r}) are not supported by "
+        raise bad(f"{where}.type", f"server tools ({tool['type']!r}) are not supported by "
                                      "this server; give tools with a name and input_schema.")
     name = tool.get("name")
     if not isinstance(name, str) or not _TOOL_NAME.match(name):
-        raise p.bad(f"{where}.name", "must be 1 to 128 letters, digits, '_' or '-'.")
+        raise bad(f"{where}.name", "must be 1 to 128 letters, digits, '_' or '-'.")
     schema = tool.get("input_schema")
     if not isinstance(schema, dict) or schema.get("type") != "object":
-        raise p.bad(f"{where}.input_schema", "must be a JSON Schema object with \"type\": "
+        raise bad(f"{where}.input_schema", "must be a JSON Schema object with \"type\": "
                                              "\"object\".")
     if not isinstance(tool.get("description", ""), str):
-        raise p.bad(f"{where}.description", "must be a string.")
+        raise bad(f"{where}.description", "must be a string.")
     function = {"name": name, "parameters": schema}
     if tool.get("description"):
         function["description"] = tool["description"]
@@ -344,15 +348,15 @@ def _tool_choice(choice: Any) -> tuple[ToolChoice | None, bool]:
     if choice is None:
         return None, True
     if not isinstance(choice, dict) or choice.get("type") not in (*_CHOICES, "tool"):
-        raise p.bad("tool_choice", "must be {\"type\": \"auto\"}, {\"type\": \"any\"}, "
+        raise bad("tool_choice", "must be {\"type\": \"auto\"}, {\"type\": \"any\"}, "
                                    "{\"type\": \"tool\", \"name\": ...} or {\"type\": \"none\"}.")
     single = choice.get("disable_parallel_tool_use")
     if single not in (None, True, False):
-        raise p.bad("tool_choice.disable_parallel_tool_use", "must be true or false.")
+        raise bad("tool_choice.disable_parallel_tool_use", "must be true or false.")
     if choice["type"] != "tool":
         return _CHOICES[choice["type"]], not single
     if not isinstance(choice.get("name"), str):
-        raise p.bad("tool_choice.name", "must name one of the tools.")
+        raise bad("tool_choice.name", "must name one of the tools.")
     return {"type": "function", "function": {"name": choice["name"]}}, not single
 
 
@@ -362,19 +366,19 @@ def _thinking(body: dict, model: Model) -> tuple[dict[str, Any] | None, bool]:
     kinds = ("enabled", "adaptive", "disabled")
     if thinking is not None and (not isinstance(thinking, dict) or
                                  thinking.get("type") not in kinds):
-        raise p.bad("thinking", "must be {\"type\": \"enabled\", \"budget_tokens\": N}, "
+        raise bad("thinking", "must be {\"type\": \"enabled\", \"budget_tokens\": N}, "
                                 "{\"type\": \"adaptive\"} or {\"type\": \"disabled\"}.")
     on = thinking is not None and thinking["type"] != "disabled"
     if on and thinking["type"] == "enabled":
-        budget, limit = p.whole(thinking.get("budget_tokens")), p.whole(body.get("max_tokens"))
+        budget, limit = whole(thinking.get("budget_tokens")), whole(body.get("max_tokens"))
         if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
-            raise p.bad("thinking.budget_tokens", "Field required" if budget is None else
+            raise bad("thinking.budget_tokens", "Field required" if budget is None else
                         f"must be an integer >= 1 (and less than max_tokens), got {budget!r}.")
         if isinstance(limit, int) and budget >= limit:
-            raise p.bad("thinking.budget_tokens", f"must be less than max_tokens ({limit}).")
+            raise bad("thinking.budget_tokens", f"must be less than max_tokens ({limit}).")
     display = thinking.get("display") if on else None
     if display not in (None, "summarized", "omitted"):
-        raise p.bad("thinking.display", "must be 'summarized' or 'omitted'.")
+        raise bad("thinking.display", "must be 'summarized' or 'omitted'.")
     if "enable_thinking" not in template_variables(model.chat_template or ""):
         return None, display == "omitted"
     return {"enable_thinking": on}, display == "omitted"
@@ -384,31 +388,31 @@ def _output_format(config: Any) -> Constraint | None:
     if config is None:
         return None
     if not isinstance(config, dict) or set(config) - {"format", "effort"}:
-        raise p.bad("output_config", "must be an object with 'format' (and 'effort').")
+        raise bad("output_config", "must be an object with 'format' (and 'effort').")
     fmt = config.get("format")
     if fmt is None:
         return None
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or \
             not isinstance(fmt.get("schema"), dict):
-        raise p.bad("output_config.format", "must be {\"type\": \"json_schema\", \"schema\": "
+        raise bad("output_config.format", "must be {\"type\": \"json_schema\", \"schema\": "
                                             "{...}}.")
     try:
         return Constraint.json_schema(fmt["schema"], "output_config.format.schema")
     except ConstraintError as e:
-        raise p.bad(e.where, str(e)) from None
+        raise bad(e.where, str(e)) from None
 
 
 def _sampling(body: dict, model: Model) -> Any:
     stops = body.get("stop_sequences")
     if stops is not None and (not isinstance(stops, list) or not all(
             isinstance(s, str) and s for s in stops)):
-        raise p.bad("stop_sequences", "must be a list of non-empty strings.")
-    fields = {"stop": stops, **{name: body[name] for name in _OWN if name in body}}
-    for name, value in (("temperature", p.number(body, "temperature", 0, 1)),
-                        ("top_p", p.number(body, "top_p", 0, 1, low_open=True)),
-                        ("top_k", p.integer(body, "top_k", 0))):
+        raise bad("stop_sequences", "must be a list of non-empty strings.")
+    fields = {"stop": stops, **{name: body[name] for name in OWN_FIELDS if name in body}}
+    for name, value in (("temperature", number(body, "temperature", 0, 1)),
+                        ("top_p", number(body, "top_p", 0, 1, low_open=True)),
+                        ("top_k", integer(body, "top_k", 0))):
         fields[name] = value
-    return p.sampling(fields, model.defaults, model.engine.vocab_size)
+    return sampling(fields, model.defaults, model.engine.vocab_size)
 
 
 _PATHS = [(re.compile(r"tools\[(\d+)\]\.function\.parameters"), r"tools.\1.input_schema"),
@@ -417,7 +421,7 @@ _PATHS = [(re.compile(r"tools\[(\d+)\]\.function\.parameters"), r"tools.\1.input
           (re.compile(r"tool_choice\.function\.name"), "tool_choice.name")]
 
 
-def translated(error: p.ApiError) -> p.ApiError:
+def translated(error: ApiError) -> ApiError:
     """``error`` with the fields of OpenAI's shapes (``tools[0].function.parameters``) named as
     a Messages request names them (``tools.0.input_schema``)."""
     def rename(text: str | None) -> str | None:

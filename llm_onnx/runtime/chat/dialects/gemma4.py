@@ -1,4 +1,5 @@
-"""Gemma 4's tool calls: its own syntax for the arguments, read into JSON, and its grammar.
+"""Gemma 4's dialects: tool calls in its own syntax (read into JSON, with their grammar), and
+thinking in its thought channel.
 
     <|tool_call>call:get_weather{city:<|"|>Oslo<|"|>,days:3}<tool_call|><|tool_response>
 
@@ -8,10 +9,13 @@ in JSON); the chat template writes arguments with their keys sorted (``dictsort`
 model stops at ``<|tool_response>`` (an end-of-sequence token in its generation config) for the
 results, which the template writes as ``<|tool_response>response:NAME{value:...}``. The
 markers are tokens of Gemma 4's tokenizer that decode as text. Thinking is the
-``<|channel>thought ... <channel|>`` block (``reasoning.THOUGHT``).
+``<|channel>thought ... <channel|>`` block (``THOUGHT``; its template closes an empty one in the
+prompt when thinking is off, as Qwen3's does), where ``<|channel>`` and ``<channel|>`` are
+tokens of their own.
 
-``read_call`` reads one call (or as much of it as the text holds); ``call_rules`` are the Lark
-rules of one call of given tools: the function's name, then its arguments' keys in sorted order
+``Gemma4`` is the tool dialect, ``Gemma4Thought`` the reasoning one. ``read_call`` reads one
+call (or as much of it as the text holds); ``call_rules`` are the Lark rules of one call of
+given tools: the function's name, then its arguments' keys in sorted order
 with the required ones present, each top-level value of its schema's type (string, with its
 ``maxLength`` and ``enum``; integer, number, boolean; other values in Gemma's syntax, not checked
 against their schemas). Written from the chat template and llama.cpp's reading of the format
@@ -22,12 +26,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from llm_onnx.runtime.chat.dialects.base import SpecialId
+from llm_onnx.runtime.chat.dialects.tagged_calls import PartialCall, Scan, TaggedCalls
+from llm_onnx.runtime.chat.dialects.think import ThinkBlock, ThinkTags
 from llm_onnx.runtime.structured.constraint import ConstraintError
 
 CALL_START, CALL_END, QUOTE = "<|tool_call>", "<tool_call|>", '<|"|>'
+THOUGHT = ThinkTags("<|channel>thought", "<channel|>", opener="<|channel>")
 _HEAD = "call:"
 _SPACE = " \t\n\r"
 _BARE = re.compile(r"[^,{}\[\]:\s<]+")  # a number, true, false, null (or a word, read as text)
@@ -181,7 +189,7 @@ _GENERIC = [
 ]
 
 
-def call_rules(tools: Sequence[dict], special_id: Callable[[str], int | None]) -> list[str]:
+def call_rules(tools: Sequence[dict], special_id: SpecialId) -> list[str]:
     """Lark rules whose ``call_json`` is one call of one of ``tools`` (OpenAI's tool objects,
     their schemas checked), after ``<|tool_call>`` and before ``<tool_call|>``."""
     token = special_id(QUOTE)
@@ -239,3 +247,37 @@ def _value_expr(name: str, schema: Any, q: str) -> tuple[str, list[str]]:
         return "g_string", []
     return {"integer": "G_INTEGER", "number": "G_NUMBER", "boolean": '("true" | "false")',
             "array": "g_list", "object": "g_object", "null": '"null"'}.get(kind, "g_value"), []
+
+
+class Gemma4(TaggedCalls):
+    """Gemma 4's tool calls: ``<|tool_call>call:NAME{...}<tool_call|>``, one block per call."""
+
+    name = "gemma4"
+    begin, end = CALL_START, CALL_END
+
+    @classmethod
+    def detect(cls, template: str) -> bool:
+        return CALL_START in template and CALL_END in template
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        return (self.begin, self.end, QUOTE)
+
+    def call_rules(self, tools: Sequence[dict], special_id: SpecialId) -> list[str]:
+        return call_rules(tools, special_id)
+
+    def read_call(self, text: str, i: int, out: Scan) -> int | None:
+        call = read_call(text, i)
+        if call is None:
+            return None
+        if call.name is not None:
+            out.calls.append(PartialCall(call.name, call.arguments or "",
+                                         call.arguments is not None))
+        return call.end
+
+
+class Gemma4Thought(ThinkBlock):
+    """Gemma 4's thinking: the ``<|channel>thought ... <channel|>`` block."""
+
+    name = "gemma4"
+    tags = THOUGHT

@@ -1,4 +1,5 @@
-"""OpenAI's harmony format (gpt-oss): a reply is a run of messages, each on a channel.
+"""The harmony dialect (gpt-oss, OpenAI's format): a reply is a run of messages, each on a
+channel.
 
     <|channel|>analysis<|message|>thinking...<|end|>
     <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}<|call|>
@@ -12,9 +13,11 @@ the reply stops for its result) or ``<|return|>`` (done). ``analysis`` is the re
 arguments (commentary without a recipient is a preamble meant for the user: content).
 The markers are special tokens the decoder keeps in the reply's text (``MARKERS``).
 
-``HarmonyReader`` reads a reply as it streams (or whole) into reasoning and content pieces
-(``ChatPiece``) and ``ToolCallDelta``s; ``harmony_constraint`` is the grammar of a tool choice
-or an answer's format over the same messages. Written from the format's published description
+``Harmony`` is the dialect, tools and thinking in one (its channels carry both): detected from a
+template that writes ``<|start|>``, ``<|channel|>`` and ``<|message|>``. ``HarmonyReader`` reads
+a reply as it streams (or whole) into reasoning and content pieces (``ChatPiece``) and
+``ToolCallDelta``s; ``harmony_constraint`` is the grammar of a tool choice or an answer's format
+over the same messages. Written from the format's published description
 (github.com/openai/harmony); OpenAI's ``openai-harmony`` package is not used: it is a compiled
 renderer that fetches its tokenizer's vocabulary over the network on first use, and the
 checkpoint's own chat template renders prompts here as it does for every other family.
@@ -24,14 +27,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from llm_onnx.runtime.chat.reasoning import ChatPiece
-from llm_onnx.runtime.chat.tools import ToolCallDelta, ToolChoice, call_schema, chosen_tools, \
-    get_format, new_call_id
-from llm_onnx.runtime.generation.sequence import ToolCall
-from llm_onnx.runtime.structured.constraint import JSON_OPTIONS, Constraint, grammar_list
+from llm_onnx.runtime.chat.dialects.base import (ChatDialect, ChatPiece, ReasoningDialect, Reply,
+                                                 SpecialId, ToolCallDelta, ToolChoice,
+                                                 ToolDialect, call_schema, chosen_tools,
+                                                 new_call_id)
+from llm_onnx.runtime.generation.results import ToolCall
+from llm_onnx.runtime.structured.constraint import (JSON_OPTIONS, Constraint, ConstraintError,
+                                                    grammar_list)
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
 CONSTRAIN, RETURN, CALL = "<|constrain|>", "<|return|>", "<|call|>"
@@ -42,9 +47,67 @@ _CHANNEL_NAME = re.compile(r"<\|channel\|>\s*([A-Za-z_]+)")
 _RECIPIENT = re.compile(r"to=([^\s<]+)")
 
 
-def is_harmony(template: str | None) -> bool:
-    """True for a chat template that writes harmony messages (gpt-oss's)."""
-    return bool(template) and all(m in template for m in (START, CHANNEL, MESSAGE))  # type: ignore[operator]
+class Harmony(ToolDialect, ChatDialect):
+    """gpt-oss's replies: every one read by channel, with or without tools (the reasoning
+    dialect a tokenizer may also show is not used: the analysis channel is the thinking)."""
+
+    name = "harmony"
+    choosable = False  # (only a harmony template renders the prompt a reply continues)
+    tool_format = "harmony"
+    reasons = True
+    keep_special = MARKERS
+
+    @classmethod
+    def detect(cls, template: str) -> bool:
+        return all(m in template for m in (START, CHANNEL, MESSAGE))
+
+    def chat(self, reasoning: ReasoningDialect | None) -> ChatDialect:
+        return self
+
+    def thinking(self, prompt: str) -> bool | None:
+        return False  # split by channel, not by a block the prompt opened
+
+    def splitter(self, prompt: str) -> HarmonyReader:
+        return HarmonyReader(prompt)
+
+    def constraint(self, reply: Reply) -> Constraint | None:
+        tools = reply.checked_tools() if reply.calls_tools else None
+        if tools is None and reply.answer is None:
+            return None
+        try:
+            return harmony_constraint(tools, reply.tool_choice, reply.special_id, reply.answer)
+        except ValueError as e:
+            raise ConstraintError(str(e), "tools" if tools else "response_format") from None
+
+    def reader(self, reply: Reply) -> HarmonyStream:
+        return HarmonyStream(HarmonyReader(reply.prompt), reply.calls_tools)
+
+    def read(self, reply: Reply, text: str) -> tuple[str, str | None, list[ToolCall] | None]:
+        reader = HarmonyReader(reply.prompt)
+        reader.push(text)
+        reader.flush()
+        return reader.answer, reader.reasoning, reader.calls if reply.calls_tools else None
+
+
+class HarmonyStream:
+    """A harmony reply as it streams (ReplyReader): the reader's pieces, its tool calls kept
+    only when the request has tools."""
+
+    def __init__(self, reader: HarmonyReader, tools: bool) -> None:
+        self.reader = reader
+        self.tools = tools
+
+    def push(self, text: str, last: bool = False) -> list[ChatPiece | ToolCallDelta]:
+        out = self.reader.push(text) + (self.reader.flush() if last else [])
+        return [p for p in out if self.tools or not isinstance(p, ToolCallDelta)]
+
+    @property
+    def tool_calls(self) -> int:
+        return self.reader.call_count if self.tools else 0
+
+    @property
+    def complete(self) -> bool:
+        return self.reader.complete
 
 
 class HarmonyReader:
@@ -191,7 +254,7 @@ class HarmonyReader:
             target = recipient.group(1)
             function = target[len("functions."):] if target.startswith("functions.") else target
             self._kind = "call"
-            call_id = new_call_id(get_format("harmony"))
+            call_id = new_call_id()
             self._calls.append([call_id, function, "", ""])
             if out is not None:
                 out.append(ToolCallDelta(len(self._calls) - 1, "", call_id, function))
@@ -206,8 +269,7 @@ class HarmonyReader:
 # Grammars
 # ---------------------------------------------------------------------------------------------
 
-def harmony_constraint(tools: Sequence[dict] | None, choice: ToolChoice,
-                       special_id: Callable[[str], int | None],
+def harmony_constraint(tools: Sequence[dict] | None, choice: ToolChoice, special_id: SpecialId,
                        answer: Constraint | None = None) -> Constraint:
     """The constraint of a harmony reply: any number of analysis messages, then a final message
     (its text matching ``answer`` if given) or, with tools, one call whose arguments match the
@@ -234,7 +296,7 @@ def harmony_constraint(tools: Sequence[dict] | None, choice: ToolChoice,
         calls = []
         for i, tool in enumerate(chosen_tools(tools, choice)):
             function = tool["function"]
-            schema = call_schema(get_format("harmony"), tool)["properties"]["arguments"]
+            schema = call_schema(tool)["properties"]["arguments"]
             lines.append(f"args{i}: %json {json.dumps({**schema, 'x-guidance': JSON_OPTIONS})}")
             lines.append(f'call{i}: {json.dumps(function["name"])} " " {token(CONSTRAIN)} "json" '
                          f"{token(MESSAGE)} args{i} {token(CALL)}")

@@ -1,5 +1,6 @@
 """Anthropic's Messages API over the served model (the ``anthropic`` client and tools built on
-it work against ``base_url=http://host:port``); requests are read in ``messages_request``.
+it work against ``base_url=http://host:port``). Parse: ``anthropic_messages_request``. Render:
+the reply as Anthropic's message, or its server-sent events.
 
     POST /v1/messages                 a reply: {"id": "msg_...", "type": "message",
                                       "role": "assistant", "model", "content": [block],
@@ -17,8 +18,9 @@ as Anthropic sends them:
                input_json_delta), content_block_stop
     message_delta (stop_reason, stop_sequence, usage), message_stop
 
-Errors are Anthropic's {"type": "error", "error": {"type", "message"}} (app.py's handlers),
-as is an ``error`` event that ends a stream when the reply cannot finish.
+Errors are Anthropic's {"type": "error", "error": {"type", "message"}} (``error_body``, which
+the app's handlers use for these paths), as is an ``error`` event that ends a stream when the
+reply cannot finish.
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from llm_onnx.runtime.chat.reasoning import ChatPiece
-from llm_onnx.runtime.chat.request import ReplyStream
-from llm_onnx.runtime.chat.tools import ToolCallDelta
-from llm_onnx.runtime.generation.sequence import Result, TokenEvent
-from llm_onnx.serve import messages_request as mr, protocol as p, runner
+from llm_onnx.runtime.chat.dialects.base import ChatPiece, ToolCallDelta
+from llm_onnx.runtime.generation.results import Result, TokenEvent
+from llm_onnx.serve import anthropic_messages_request as mr, pipeline
+from llm_onnx.serve.errors import ApiError
+from llm_onnx.serve.plan import Plan
 
 PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 _STOP_REASONS = {"stop": "end_turn", "stop_string": "stop_sequence", "length": "max_tokens"}
@@ -43,13 +45,13 @@ _STOP_REASONS = {"stop": "end_turn", "stop_string": "stop_sequence", "length": "
 def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
     @app.post("/v1/messages", dependencies=[Depends(authorized)])
     async def create(request: Request) -> Response:
-        plan, conv = mr.messages_plan(await runner.read_body(request), service.model,
+        plan, conv = mr.messages_plan(await pipeline.read_body(request), service.model,
                                       service.name, service.generating().max_length)
         try:
             await service.prepare(plan)
-        except p.ApiError as e:
+        except ApiError as e:
             raise mr.translated(e) from None
-        run = runner.submit(service, plan, plan.stream)
+        run = pipeline.submit(service, plan, plan.stream)
         if plan.stream:
             return StreamingResponse(_events(service, request, plan, conv, run),
                                      media_type="text/event-stream",
@@ -68,12 +70,17 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
 
     @app.post("/v1/messages/count_tokens", dependencies=[Depends(authorized)])
     async def count_tokens(request: Request) -> JSONResponse:
-        count = mr.count_tokens(await runner.read_body(request), service.model, service.name)
+        count = mr.count_tokens(await pipeline.read_body(request), service.model, service.name)
         service.count(request, 200)
         return JSONResponse({"input_tokens": count})
 
 
-def message(plan: p.Plan, conv: mr.Conversation, result: Result) -> dict[str, Any]:
+def error_body(error: ApiError) -> dict[str, Any]:
+    """An error in Anthropic's shape."""
+    return error.anthropic_body()
+
+
+def message(plan: Plan, conv: mr.Conversation, result: Result) -> dict[str, Any]:
     """The whole (non-streamed) reply."""
     _check_ended(result)
     assert plan.chat is not None
@@ -99,11 +106,11 @@ def tool_use_id(call_id: str) -> str:
     return "toolu_" + call_id[len("call_"):] if call_id.startswith("call_") else call_id
 
 
-def _head(plan: p.Plan) -> dict[str, Any]:
+def _head(plan: Plan) -> dict[str, Any]:
     return {"id": plan.id, "type": "message", "role": "assistant", "model": plan.model}
 
 
-def _usage(plan: p.Plan, output_tokens: int) -> dict[str, int]:
+def _usage(plan: Plan, output_tokens: int) -> dict[str, int]:
     return {"input_tokens": len(plan.prompts[0]), "output_tokens": output_tokens}
 
 
@@ -116,10 +123,10 @@ def _stop_reason(result: Result, tool_calls: bool) -> str:
 def _check_ended(result: Result) -> None:
     """A reply that did not end on its own, its stop sequence or max_tokens is an error."""
     if result.finish_reason == "cancelled":
-        raise p.ApiError(503, "the server is shutting down: the reply was cut short.",
+        raise ApiError(503, "the server is shutting down: the reply was cut short.",
                          type="server_error")
     if result.finish_reason == "error":
-        raise p.ApiError(500, f"generation failed: {result.error}", type="server_error")
+        raise ApiError(500, f"generation failed: {result.error}", type="server_error")
 
 
 class _Blocks:
@@ -172,12 +179,12 @@ class _Blocks:
                                                      "content_block": block})]
 
 
-async def _events(service: Any, request: Request, plan: p.Plan, conv: mr.Conversation,
-                  run: runner.Run) -> AsyncIterator[str]:
+async def _events(service: Any, request: Request, plan: Plan, conv: mr.Conversation,
+                  run: pipeline.Run) -> AsyncIterator[str]:
     """The reply as Anthropic's server-sent events (see the module docstring). A client that
     disconnects makes the response cancel this generator, and with it the job."""
     assert plan.chat is not None
-    reply, blocks = ReplyStream(plan.chat), _Blocks(conv.omit_thinking)
+    reply, blocks = plan.chat.stream(), _Blocks(conv.omit_thinking)
     generated, status = 0, "499"
     try:
         yield _event("message_start", {"type": "message_start", "message": {
@@ -192,9 +199,9 @@ async def _events(service: Any, request: Request, plan: p.Plan, conv: mr.Convers
                 continue
             try:
                 if not isinstance(item, Result):
-                    raise p.ApiError(500, f"generation failed: {item}", type="server_error")
+                    raise ApiError(500, f"generation failed: {item}", type="server_error")
                 _check_ended(item)
-            except p.ApiError as e:
+            except ApiError as e:
                 yield _event("error", e.anthropic_body())
                 status = str(e.status)
                 return

@@ -29,27 +29,29 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.serve import protocol as p, requests as rq, runner, structured
+from llm_onnx.serve import openai_chat, pipeline, structured
+from llm_onnx.serve.errors import bad
+from llm_onnx.serve.fields import body_object, boolean, known_fields, served_model
 
 PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")
-_PROMPT = {"model", "prompt", "add_special_tokens", "return_token_strs"}
-_CHAT = {"model", "messages", "add_generation_prompt", "continue_final_message",
+PROMPT_FIELDS = {"model", "prompt", "add_special_tokens", "return_token_strs"}
+CHAT_FIELDS = {"model", "messages", "add_generation_prompt", "continue_final_message",
          "add_special_tokens", "return_token_strs", "tools", "chat_template_kwargs"}
-_CONTENT = {"model", "content", "add_special", "parse_special", "with_pieces"}
+CONTENT_FIELDS = {"model", "content", "add_special", "parse_special", "with_pieces"}
 
 
 def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
     @app.post("/tokenize", dependencies=[Depends(authorized)])
     async def tokenize(request: Request) -> JSONResponse:
-        body = _checked(await runner.read_body(request), service)
+        body = _checked(await pipeline.read_body(request), service)
         answer = _content(body, service) if "content" in body else _tokenize(body, service)
         service.count(request, 200)
         return JSONResponse(answer)
 
     @app.post("/detokenize", dependencies=[Depends(authorized)])
     async def detokenize(request: Request) -> JSONResponse:
-        body = _checked(await runner.read_body(request), service)
-        p.known_fields(body, {"model", "tokens"})
+        body = _checked(await pipeline.read_body(request), service)
+        known_fields(body, {"model", "tokens"})
         text = service.model.decode(_ids(body.get("tokens"), service.model.engine.vocab_size),
                                     skip_special_tokens=False)
         service.count(request, 200)
@@ -69,11 +71,11 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
 
 
 def _checked(body: Any, service: Any) -> dict:
-    body = p.body_object(body)
+    body = body_object(body)
     if body.get("model") is not None:
-        p.served_model(body, service.name)
+        served_model(body, service.name)
     if service.model.tokenizer is None:
-        raise p.bad(None, "this model folder has no tokenizer.json: it takes and gives token "
+        raise bad(None, "this model folder has no tokenizer.json: it takes and gives token "
                           "ids only.")
     return body
 
@@ -82,21 +84,21 @@ def _tokenize(body: dict, service: Any) -> dict[str, Any]:
     """vLLM's request: a prompt, or messages rendered with the chat template."""
     model = service.model
     if ("prompt" in body) == ("messages" in body):
-        raise p.bad("prompt", "give 'prompt' (text) or 'messages' (a chat), not both or "
+        raise bad("prompt", "give 'prompt' (text) or 'messages' (a chat), not both or "
                               "neither.")
     chat = "messages" in body
-    p.known_fields(body, _CHAT if chat else _PROMPT)
-    special = p.boolean(body, "add_special_tokens")
+    known_fields(body, CHAT_FIELDS if chat else PROMPT_FIELDS)
+    special = boolean(body, "add_special_tokens")
     try:
         if chat:
             ids = model.encode(_render(body, model), add_special_tokens=bool(special))
         else:
             if not isinstance(body["prompt"], str):
-                raise p.bad("prompt", "'prompt' must be a string.")
+                raise bad("prompt", "'prompt' must be a string.")
             ids = model.encode(body["prompt"], add_special_tokens=special is not False)
     except GenerationError as e:
-        raise p.bad("messages" if chat else "prompt", str(e)) from None
-    strs = [service.tokens.text(i) for i in ids] if p.boolean(body, "return_token_strs") \
+        raise bad("messages" if chat else "prompt", str(e)) from None
+    strs = [service.tokens.text(i) for i in ids] if boolean(body, "return_token_strs") \
         else None
     return {"count": len(ids), "max_model_len": service.max_length, "tokens": ids,
             "token_strs": strs}
@@ -104,30 +106,30 @@ def _tokenize(body: dict, service: Any) -> dict[str, Any]:
 
 def _render(body: dict, model: Any) -> str:
     if not model.chat_template:
-        raise p.bad("messages", "this model has no chat template; tokenize a 'prompt'.")
-    messages = rq._messages(body["messages"])
+        raise bad("messages", "this model has no chat template; tokenize a 'prompt'.")
+    messages = openai_chat.messages_of(body["messages"])
     tools, _choice, _parallel = structured.tool_fields(body, model.chat_template)
-    generation = p.boolean(body, "add_generation_prompt")
-    final = bool(p.boolean(body, "continue_final_message"))
+    generation = boolean(body, "add_generation_prompt")
+    final = bool(boolean(body, "continue_final_message"))
     if final and generation:
-        raise p.bad("continue_final_message", "'continue_final_message' and "
+        raise bad("continue_final_message", "'continue_final_message' and "
                     "'add_generation_prompt' cannot both be true.")
     return model.render_chat(messages, generation is not False and not final, tools=tools,
-                             template_vars=rq._template_kwargs(body),
+                             template_vars=openai_chat.template_kwargs(body),
                              continue_final_message=final)
 
 
 def _content(body: dict, service: Any) -> dict[str, Any]:
     """llama.cpp's request: {"content", "add_special", "with_pieces"}."""
-    p.known_fields(body, _CONTENT)
+    known_fields(body, CONTENT_FIELDS)
     if not isinstance(body["content"], str):
-        raise p.bad("content", "'content' must be a string.")
+        raise bad("content", "'content' must be a string.")
     try:
         ids = service.model.encode(body["content"],
-                                   add_special_tokens=bool(p.boolean(body, "add_special")))
+                                   add_special_tokens=bool(boolean(body, "add_special")))
     except GenerationError as e:
-        raise p.bad("content", str(e)) from None
-    if p.boolean(body, "with_pieces"):
+        raise bad("content", str(e)) from None
+    if boolean(body, "with_pieces"):
         return {"tokens": [{"id": i, "piece": service.tokens.text(i)} for i in ids]}
     return {"tokens": ids}
 
@@ -135,9 +137,9 @@ def _content(body: dict, service: Any) -> dict[str, Any]:
 def _ids(tokens: Any, vocab: int) -> list[int]:
     if not isinstance(tokens, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-        raise p.bad("tokens", "'tokens' must be a list of token ids.")
+        raise bad("tokens", "'tokens' must be a list of token ids.")
     outside = [t for t in tokens if not 0 <= t < vocab]
     if outside:
-        raise p.bad("tokens", f"token id {outside[0]} is outside the vocabulary "
+        raise bad("tokens", f"token id {outside[0]} is outside the vocabulary "
                               f"(0..{vocab - 1}).")
     return tokens

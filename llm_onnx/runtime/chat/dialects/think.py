@@ -1,4 +1,5 @@
-"""Thinking and answer apart: the ``<think>...</think>`` block of a reasoning model's reply.
+"""The reasoning dialect ``think``: the ``<think>...</think>`` block of a reasoning model's reply,
+apart from its answer.
 
 Qwen3, QwQ and the DeepSeek-R1 distills write their reasoning first, between ``<think>`` and
 ``</think>`` (tokens of their own in the tokenizer), then the answer. Their chat templates either
@@ -15,9 +16,9 @@ Newlines around the reasoning and before the answer are dropped, as the Qwen3 te
 drops them when it renders an earlier turn. A block still open at the end (the reply ran out of
 tokens) is all reasoning. Text split into any pieces gives the same two strings.
 
-Gemma 4 writes the same block with tags of its own (``THOUGHT``): ``<|channel>thought`` ...
-``<channel|>``, where ``<|channel>`` and ``<channel|>`` are its tokens; its template closes an
-empty block in the prompt when thinking is off, as Qwen3's does.
+``ThinkBlock`` is the dialect: detected when ``<think>`` and ``</think>`` are tokens of the
+tokenizer that decode as text; a dialect that writes the same block with other tags subclasses
+it with its own ``tags`` (Gemma 4's thought channel, ``dialects/gemma4.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tokenizers
+
+from llm_onnx.runtime.chat.dialects.base import ChatPiece, ReasoningDialect, SpecialId
+from llm_onnx.runtime.structured.constraint import Constraint
 
 
 @dataclass(frozen=True)
@@ -41,22 +45,8 @@ class ThinkTags:
 
 
 THINK = ThinkTags("<think>", "</think>")
-THOUGHT = ThinkTags("<|channel>thought", "<channel|>", opener="<|channel>")  # Gemma 4
-THINK_START, THINK_END = THINK.start, THINK.end
 
 _OPENING, _THINKING, _AFTER, _ANSWER = range(4)
-
-
-class ChatPiece(str):
-    """A piece of a streamed chat reply: a ``str``, and ``reasoning`` is True for thinking text
-    (always False for a model without think tokens)."""
-
-    reasoning: bool
-
-    def __new__(cls, text: str, reasoning: bool = False) -> ChatPiece:
-        piece = super().__new__(cls, text)
-        piece.reasoning = reasoning
-        return piece
 
 
 def has_think_tokens(tokenizer: tokenizers.Tokenizer | None, tags: ThinkTags = THINK) -> bool:
@@ -72,15 +62,17 @@ def has_think_tokens(tokenizer: tokenizers.Tokenizer | None, tags: ThinkTags = T
     return not any(i in added and added[i].special for i in ids)
 
 
-def think_tags(tokenizer: tokenizers.Tokenizer | None) -> ThinkTags | None:
-    """The think tags a tokenizer's model writes (``THINK`` or Gemma 4's ``THOUGHT``); None:
-    it has no such tokens, its replies are all answer."""
-    return next((tags for tags in (THINK, THOUGHT) if has_think_tokens(tokenizer, tags)), None)
-
-
 def opens_thought(prompt: str, tags: ThinkTags = THINK) -> bool:
     """True if the prompt text ends inside a think block (the reply starts with reasoning)."""
     return prompt.rfind(tags.start) > prompt.rfind(tags.end)
+
+
+def thinking_mode(prompt: str, tags: ThinkTags = THINK) -> str:
+    """How a reply to ``prompt`` starts: inside a think block the prompt opened ("open"), after
+    one it closed (thinking off: "none"), or free to open one ("optional")."""
+    if opens_thought(prompt, tags):
+        return "open"
+    return "none" if prompt.rstrip().endswith(tags.end) else "optional"
 
 
 class ReasoningSplitter:
@@ -88,7 +80,7 @@ class ReasoningSplitter:
 
     Args:
         thinking: the prompt left a think block open (``opens_thought``).
-        tags: the block's tags (``THINK``, or Gemma 4's ``THOUGHT``).
+        tags: the block's tags (``THINK``, or another dialect's).
     """
 
     def __init__(self, thinking: bool = False, tags: ThinkTags = THINK) -> None:
@@ -182,3 +174,31 @@ def _tag_prefix_tail(text: str, tag: str) -> int:
         if tag.startswith(text[len(text) - size:]):
             return size
     return 0
+
+
+class ThinkBlock(ReasoningDialect):
+    """Thinking in a block between ``tags`` before the answer (Qwen3, QwQ, the DeepSeek-R1
+    distills, SmolLM3), detected from the tokenizer: both tags are tokens of their own that
+    decode as text."""
+
+    name = "think"
+    tags: ThinkTags = THINK
+
+    @classmethod
+    def detect(cls, tokenizer: tokenizers.Tokenizer | None) -> bool:
+        return has_think_tokens(tokenizer, cls.tags)
+
+    def thinking(self, prompt: str) -> bool:
+        return opens_thought(prompt, self.tags)
+
+    def splitter(self, prompt: str) -> ReasoningSplitter:
+        return ReasoningSplitter(self.thinking(prompt), self.tags)
+
+    def constraint(self, constraint: Constraint, prompt: str,
+                   special_id: SpecialId) -> Constraint:
+        """The block stays free (opened by the reply, or by the prompt, or closed empty by a
+        prompt that turned thinking off); the tags are tokens in the grammar where they are
+        special tokens of the tokenizer."""
+        tags = (special_id(self.tags.opener), special_id(self.tags.end))
+        return constraint.after_thinking(thinking_mode(prompt, self.tags),
+                                         None if None in tags else tags)  # type: ignore[arg-type]
