@@ -35,7 +35,7 @@ from llm_onnx.runtime.chat.request import ChatRequest, check_tool_choice, check_
 from llm_onnx.runtime.chat.dialects.base import ToolChoice
 from llm_onnx.runtime.model import Model
 from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
-from llm_onnx.serve.errors import ApiError, bad
+from llm_onnx.serve.errors import ApiError, bad, text_only
 from llm_onnx.serve.fields import (body_object, boolean, fit_length, integer, number, sampling,
                                    served_model, whole)
 from llm_onnx.serve.plan import CHAT, Plan
@@ -52,7 +52,6 @@ OWN_FIELDS = {"seed", "min_p", "repetition_penalty"}
 FIELDS = COUNT_FIELDS | OWN_FIELDS | {"max_tokens", "stop_sequences", "temperature", "top_p",
                                       "top_k", "stream"}
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
-_NO_VISION = "blocks are not supported: this server's model reads text only."
 
 
 @dataclass
@@ -146,7 +145,7 @@ def _text(content: Any, where: str) -> str:
     for i, block in enumerate(content):
         kind = _kind(block, f"{where}.{i}")
         if kind in ("image", "document"):
-            raise bad(f"{where}.{i}", f"{kind} {_NO_VISION}")
+            raise text_only(f"{where}.{i}", f"an {kind} block")
         if kind != "text":
             raise bad(f"{where}.{i}.type", f"expected a text block, got {kind!r}.")
         texts.append(_block_text(block, f"{where}.{i}"))
@@ -221,7 +220,7 @@ def _user(blocks: list[tuple[str, dict]], calls: dict[str, str]) -> list[dict[st
             out.append(_tool_result(block, where, calls))
             answered.add(block["tool_use_id"])
         elif kind in ("image", "document"):
-            raise bad(where, f"{kind} {_NO_VISION}")
+            raise text_only(where, f"an {kind} block")
         else:
             raise bad(f"{where}.type", f"{kind!r} blocks are not supported in a user message "
                                          "(text and tool_result are).")

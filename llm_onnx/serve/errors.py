@@ -48,6 +48,16 @@ def bad(param: str | None, message: str, code: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
 
 
+# An image (or audio, or a document) sent to a folder exported for text: the same words in
+# every API, saying what to do.
+TEXT_ONLY = "this model folder takes text only; export it from the multimodal checkpoint."
+
+
+def text_only(param: str, what: str) -> ApiError:
+    """The 400 for ``what`` (e.g. "an image_url part") at ``param`` of a text-only folder."""
+    return bad(param, f"'{param}' is {what}: {TEXT_ONLY}")
+
+
 def api_key_error(authorization: str, key: str | None, x_api_key: str = "") -> ApiError | None:
     """None if the ``Authorization`` header carries ``Bearer <key>``, or ``X-API-Key`` carries
     the key (Anthropic's clients send it so), or no key is set; else the 401 to answer.

@@ -23,7 +23,7 @@ from llm_onnx.runtime.generation.results import Result, TokenEvent, ToolCall
 from llm_onnx.runtime.model import Model
 from llm_onnx.runtime.structured.constraint import ConstraintError
 from llm_onnx.serve import pipeline
-from llm_onnx.serve.errors import bad
+from llm_onnx.serve.errors import bad, text_only
 from llm_onnx.serve.fields import (body_object, boolean, fit_length, integer, known_fields,
                                    sampling, served_model, stream_fields, unsupported)
 from llm_onnx.serve.logprobs import TokenText, chat_logprobs
@@ -153,8 +153,10 @@ def messages_of(messages: Any) -> list[dict[str, Any]]:
         if isinstance(content, list):
             texts = []
             for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") != "text" \
-                        or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind in ("image_url", "input_audio", "file"):
+                    raise text_only(f"{where}.content[{j}]", f"an {kind} part")
+                if kind != "text" or not isinstance(part.get("text"), str):
                     raise bad(f"{where}.content[{j}]", "only text content parts "
                               "({\"type\": \"text\", \"text\": ...}) are supported.")
                 texts.append(part["text"])

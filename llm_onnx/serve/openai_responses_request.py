@@ -19,7 +19,7 @@ from typing import Any
 
 from llm_onnx.runtime.generation.results import Result
 from llm_onnx.serve import openai_chat
-from llm_onnx.serve.errors import ApiError, bad
+from llm_onnx.serve.errors import ApiError, bad, text_only
 from llm_onnx.serve.fields import body_object, integer, known_fields
 
 FIELDS = {
@@ -75,8 +75,7 @@ def _text_parts(content: Any, where: str, role: str) -> str:
                 raise bad(f"{where}[{j}].text", f"'{where}[{j}].text' must be a string.")
             out.append(part["text"])
         elif kind in ("input_image", "input_file", "input_audio"):
-            raise bad(f"{where}[{j}]", f"'{where}[{j}]' is an {kind} part: this server's model "
-                                       "reads text only (no vision or audio input).")
+            raise text_only(f"{where}[{j}]", f"an {kind} part")
         elif kind == "refusal" and role == "assistant":
             out.append(part.get("refusal") or "")
         else:
@@ -324,7 +323,7 @@ class ResponsePlan:
     def response(self, status: str, output: list[dict[str, Any]], result: Result | None,
                  ) -> dict[str, Any]:
         """The Response object (``result``: for its usage, once finished)."""
-        body = self.body
+        body, ran = self.body, self.plan.options[0]
         fmt = (body.get("text") or {}).get("format") or {"type": "text"}
         out: dict[str, Any] = {
             "id": self.id, "object": "response", "created_at": self.created, "status": status,
@@ -334,9 +333,11 @@ class ResponsePlan:
             "previous_response_id": body.get("previous_response_id"),
             "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"),
                           "summary": None},
-            "store": self.store, "temperature": _given(body, "temperature", 1.0),
+            # what ran, not OpenAI's defaults (1.0): left out, a request runs the model's
+            # generation defaults (greedy unless the folder ships sampling defaults)
+            "store": self.store, "temperature": ran.temperature,
             "text": {"format": fmt}, "tool_choice": _given(body, "tool_choice", "auto"),
-            "tools": body.get("tools") or [], "top_p": _given(body, "top_p", 1.0),
+            "tools": body.get("tools") or [], "top_p": ran.top_p,
             "truncation": "disabled", "metadata": self.metadata or {},
         }
         if body.get("user") is not None:  # an optional string, never null

@@ -46,7 +46,9 @@ def error_of(response, status: int) -> dict:
      "messages[0].role", "must be one of"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content[0]",
-     "only text content parts"),
+     "is an image_url part: this model folder takes text only; export it from the multimodal checkpoint."),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "video", "video": "x"}]}]}, "messages[0].content[0]", "only text content parts"),
     ("/v1/chat/completions", {"model": MODEL, "messages": USER, "n": 0}, "n", "between 1 and"),
     ("/v1/chat/completions", {"model": MODEL, "messages": USER, "stop": 5}, "stop", "string"),
     ("/v1/chat/completions", {"model": MODEL, "messages": USER, "top_p": 0}, "top_p", "(0, 1]"),

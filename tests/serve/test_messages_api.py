@@ -260,7 +260,9 @@ BAD = [
         {"type": "text", "text": "What is this?"},
         {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                      "data": "iVBORw0KGgo="}}]}]},
-     "messages.0.content.1", "image blocks are not supported: this server's model reads text"),
+     "messages.0.content.1",
+     "is an image block: this model folder takes text only; export it from the multimodal "
+     "checkpoint."),
     ({"max_tokens": 4, "messages": [*USER, {"role": "assistant", "content": "Hm."},
                                     {"role": "user", "content": [
                                         {"type": "tool_result", "tool_use_id": "toolu_nope",

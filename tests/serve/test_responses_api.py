@@ -66,6 +66,18 @@ def test_a_reply_equals_the_in_process_chat(client, model):
     assert [item.type for item in r.output] == ["message"]
 
 
+def test_the_response_echoes_the_sampling_that_ran(client, model):
+    """Left out, temperature and top_p are the model's defaults (greedy here), not OpenAI's
+    1.0: the echo says what ran, and the text is the greedy one."""
+    r = client.responses.create(model=NAME, input="Name a color.", max_output_tokens=8)
+    want = model.chat([{"role": "user", "content": "Name a color."}], max_new_tokens=8,
+                      temperature=0)
+    assert (r.temperature, r.top_p, r.output_text) == (0.0, 1.0, want.text)
+    given = client.responses.create(model=NAME, input="Name a color.", max_output_tokens=8,
+                                    temperature=0.5, top_p=0.9, extra_body={"seed": 3})
+    assert (given.temperature, given.top_p) == (0.5, 0.9)
+
+
 def test_streamed_events_follow_the_sequence_and_add_up(client):
     kwargs = dict(model=NAME, input="Tell me a story.", max_output_tokens=24, temperature=0)
     plain = client.responses.create(**kwargs)
@@ -142,7 +154,7 @@ def test_stored_responses_are_read_deleted_and_bounded(client, server):
     ({"input": [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]},
      "input[0].call_id", "answers no function_call"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "input[0].content[0]", "reads text only"),
+     "input[0].content[0]", "is an input_image part: this model folder takes text only; export it from the multimodal checkpoint."),
     ({"input": "Hi", "tools": [{"type": "web_search"}]}, "tools[0].type", "built-in tool"),
     ({"input": "Hi", "text": {"format": {"type": "yaml"}}}, "text.format.type", "text, json_obj"),
     ({"input": "Hi", "max_output_tokens": 0}, "max_output_tokens", ""),
