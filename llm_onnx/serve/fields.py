@@ -70,12 +70,6 @@ def stop_strings(body: dict) -> tuple[str, ...]:
     return tuple(stop)
 
 
-def known_fields(body: dict, allowed: set[str]) -> None:
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise bad(unknown[0], f"Unrecognized request argument supplied: {unknown[0]}.")
-
-
 def served_model(body: dict, served: str) -> str:
     name = body.get("model")
     if name is None:
@@ -87,12 +81,6 @@ def served_model(body: dict, served: str) -> str:
         raise ApiError(404, f"The model `{name}` does not exist. This server serves "
                             f"`{served}`.", param="model", code="model_not_found")
     return name
-
-
-def unsupported(body: dict, name: str, allowed: object = None) -> None:
-    value = body.get(name)
-    if value not in (None, allowed) and value != [] and value != {}:
-        raise bad(name, f"'{name}' is not supported by this server.")
 
 
 def _logit_bias(body: dict, vocab: int) -> dict[int, float] | None:
