@@ -19,6 +19,7 @@ the field by its path (``messages.1.content.0``), as Anthropic names them.
 
 Thinking is off unless asked for: with a template that reads ``enable_thinking``, it gets that
 switch; ``output_config.effort`` reaches a template that reads ``reasoning_effort`` (gpt-oss's).
+``max_tokens`` beyond the context's room is cut to the room (a 400 under --strict-fields).
 What the server accepts and ignores (``metadata``, ``cache_control`` blocks,
 ``context_management``, ``budget_tokens``, an effort the model has no levels of) is reported by
 the field policy (policy.py). The ``anthropic-beta`` and ``anthropic-version`` headers are not
@@ -102,7 +103,10 @@ def messages_plan(body: Any, model: Model, served: str, context: int,
         chat = ChatRequest(model, text, conv.answer, conv.tools, conv.choice, conv.parallel)
     except ConstraintError as e:
         raise translated(bad(e.where, str(e))) from None
-    new = fit_length(body, ("max_tokens",), prompt, context, None, "messages", low=0)
+    # max_tokens is a bound: past the context it is cut to the room left (Claude Code asks
+    # 32,000 of every model), as llama-server does; --strict-fields keeps Anthropic's 400
+    new = fit_length(body, ("max_tokens",), prompt, context, None, "messages", low=0,
+                     cut=not fields.strict)
     stream = bool(boolean(body, "stream"))
     plan = Plan(CHAT, served, [prompt], [replace(options, max_new_tokens=new)], 1, stream,
                   chat=chat, constraint=conv.answer,

@@ -137,9 +137,10 @@ def sampling(body: dict, base: GenerationOptions, vocab: int) -> GenerationOptio
 
 
 def fit_length(body: dict, names: Sequence[str], prompt: list[int], context: int,
-                default: int | None, what: str, low: int = 1) -> int:
+                default: int | None, what: str, low: int = 1, cut: bool = False) -> int:
     """max_new_tokens for one prompt: the request's value, at least ``low`` (refused if prompt
-    + it exceed the context) or ``default`` cut to the room left (None: all of it)."""
+    + it exceed the context, or with ``cut`` cut to the room left) or ``default`` cut to the
+    room left (None: all of it)."""
     if len(prompt) >= context:
         raise bad("messages" if what == "messages" else "prompt",
                   f"This model's maximum context length is {context} tokens. However, your "
@@ -149,6 +150,8 @@ def fit_length(body: dict, names: Sequence[str], prompt: list[int], context: int
     for name in names:
         value = integer(body, name, low)
         if value is not None:
+            if value > room and cut:
+                return room
             if value > room:
                 raise bad(name, f"This model's maximum context length is {context} tokens. "
                                 f"However, you requested {len(prompt) + value} tokens "

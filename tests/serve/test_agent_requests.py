@@ -139,6 +139,20 @@ def test_a_server_tool_is_left_out_and_a_client_tool_called(server):
     assert "tools.web_search_20250305" in ignored(r)
 
 
+def test_a_gzipped_body_is_read(server):
+    """Claude Code gzips its bodies when told to (CLAUDE_CODE_GZIP_REQUEST_BODIES)."""
+    import gzip
+
+    body = json.dumps(claude_body(stream=False)).encode()
+    r = httpx.post(server.url + "/v1/messages", content=gzip.compress(body), timeout=60,
+                   headers={**CLAUDE_HEADERS, "content-type": "application/json",
+                            "content-encoding": "gzip"})
+    assert r.status_code == 200, r.text
+    r = httpx.post(server.url + "/v1/messages", content=body, timeout=60,
+                   headers={**CLAUDE_HEADERS, "content-encoding": "br"})
+    assert r.status_code == 415 and "gzip" in r.json()["error"]["message"]
+
+
 def test_head_of_the_root_answers(server, strict):
     for proc in (server, strict):
         r = httpx.head(proc.url + "/")
