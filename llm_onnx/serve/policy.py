@@ -128,9 +128,9 @@ class Reporter:
             key = (fields.api, name)
             if key not in self.seen:
                 self.seen.add(key)
-                log.info("%s %s: ignored %r (accepted; it changes nothing here, and "
-                         "--strict-fields refuses what it tolerates). Later requests are "
-                         "counted in llm_onnx_ignored_fields_total.", method, path, name)
+                log.info("%s %s: accepted and ignored %r (named in the llm-onnx-ignored "
+                         "header; from now on counted in llm_onnx_ignored_fields_total and "
+                         "logged at DEBUG)", method, path, name)
             else:
                 log.debug("%s %s: ignored %r", method, path, name)
             labels = self.labels.setdefault(fields.api, set())

@@ -138,9 +138,8 @@ def test_claude_code_reads_the_file_with_its_tool(server, scratch, tmp_path):
     home.mkdir()
     env = {"HOME": str(home), "ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_API_KEY": "unused",
            "ANTHROPIC_MODEL": NAME, "ANTHROPIC_DEFAULT_HAIKU_MODEL": NAME,
-           "ANTHROPIC_SMALL_FAST_MODEL": NAME, "CLAUDE_CODE_AUTO_COMPACT_WINDOW": "32768",
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
-           "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"}
+           "ANTHROPIC_SMALL_FAST_MODEL": NAME, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+           "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1"}
     out = run_client(f"Claude Code {version}", [
         str(claude), "-p", CLAUDE_TASK, "--model", NAME, "--allowedTools", "Read",
         "--max-turns", "4"], env, scratch, server)
@@ -157,7 +156,7 @@ def test_codex_runs_its_tool_on_the_file(server, scratch, tmp_path):
     (home / ".codex" / "config.toml").write_text(
         f'model = "{NAME}"\nmodel_provider = "llm-onnx"\n\n[model_providers.llm-onnx]\n'
         f'name = "llm-onnx"\nbase_url = "{server.url}/v1"\nwire_api = "responses"\n'
-        'env_key = "LLM_ONNX_API_KEY"\n', encoding="utf-8")
+        'env_key = "LLM_ONNX_API_KEY"\n', encoding="utf-8")  # (docs/agents.md's entry)
     env = {"HOME": str(home), "LLM_ONNX_API_KEY": "unused"}
     out = run_client(f"Codex CLI {version}", [
         str(codex), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",

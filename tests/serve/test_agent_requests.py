@@ -248,3 +248,22 @@ def test_strict_fields_refuse_what_codex_sends(strict, change, field):
     r = httpx.post(strict.url + "/v1/responses", json=codex_body(**change), timeout=60)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == field
+
+
+def test_the_docs_tables_name_every_declared_field():
+    """docs/serving.md's field policy names every field an API module declares it ignores,
+    tolerates or refuses (a field added to a module without its row fails here)."""
+    from pathlib import Path
+
+    from llm_onnx.serve import (anthropic_messages_request, embeddings, openai_chat,
+                                openai_choices, openai_completions, openai_responses_request)
+
+    text = (Path(__file__).parents[2] / "docs" / "serving.md").read_text(encoding="utf-8")
+    section = text[text.index("## The field policy"):text.index("### System messages after")]
+    named = set(re.findall(r"`([a-z_.]+)", section))
+    declared = set(openai_choices.IGNORED_FIELDS) | set(embeddings.IGNORED_FIELDS)
+    for api in (openai_chat, openai_completions, openai_responses_request,
+                anthropic_messages_request):
+        declared |= set(getattr(api, "IGNORED_FIELDS", ())) | set(api.TOLERATED_FIELDS) | \
+            set(api.UNSUPPORTED_FIELDS)
+    assert declared - named == set()
