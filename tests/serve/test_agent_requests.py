@@ -117,6 +117,21 @@ def test_claude_codes_request_is_served_and_what_it_ignored_is_reported(server):
     assert counted.status_code == 200 and counted.json()["input_tokens"] > 100
 
 
+def test_claude_codes_title_request_is_held_to_its_schema(server):
+    """Its session title: output_config with effort and a JSON schema, streamed."""
+    schema = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 8}},
+              "required": ["title"], "additionalProperties": False}
+    body = claude_body(max_tokens=32000, tools=[], output_config={
+        "effort": "high", "format": {"type": "json_schema", "schema": schema}})
+    r = httpx.post(server.url + "/v1/messages?beta=true", json=body, timeout=60,
+                   headers=CLAUDE_HEADERS)
+    assert r.status_code == 200, r.text
+    text = "".join(e["delta"]["text"] for e in events(r.text)
+                   if e["type"] == "content_block_delta")
+    assert set(json.loads(text)) == {"title"}
+    assert events(r.text)[-2]["delta"]["stop_reason"] == "end_turn"
+
+
 def test_a_system_message_after_the_users_turn_is_a_system_turn(server):
     """The tools template renders a later system message where it stands: its text is in the
     prompt, after the user's (count_tokens grows by it)."""
