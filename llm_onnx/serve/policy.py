@@ -69,8 +69,8 @@ class Fields:
         nothing, as ``"none"`` for ``function_call``, or to (that value, why it is refused)).
         ``unknown`` words the refusal of an unknown field."""
         for name in sorted(body, key=str):
-            if name in honoured or (body[name] is None and name not in unsupported):
-                continue  # (null asks for nothing: nothing is ignored)
+            if name in honoured or body[name] is None:
+                continue  # (null asks for nothing: nothing is ignored or refused)
             if name in unsupported:
                 rule = unsupported.get(name) if isinstance(unsupported, Mapping) else None
                 allowed, why = rule if isinstance(rule, tuple) else (rule, None)
