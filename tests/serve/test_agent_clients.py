@@ -59,8 +59,8 @@ def npm_client(name: str) -> tuple[Path, str]:
     except (subprocess.SubprocessError, IndexError) as e:
         cached = sorted(folders.glob(f"{package.replace('/', '+')}@*/node_modules/.bin/{binary}"))
         if not cached:
-            pytest.skip(f"npm cannot reach its registry to install {package} "
-                        f"({type(e).__name__}: {getattr(e, 'stderr', '') or e})".strip())
+            why = (str(getattr(e, "stderr", "") or e).strip().splitlines() or [""])[0]
+            pytest.skip(f"npm cannot reach its registry to install {package} ({why})")
         return cached[-1], cached[-1].parents[2].name.rsplit("@", 1)[1]
     folder = folders / f"{package.replace('/', '+')}@{version}"
     executable = folder / "node_modules" / ".bin" / binary
