@@ -53,8 +53,9 @@ def npm_client(name: str) -> tuple[Path, str]:
     folders = CACHE / "npm"
     wanted = os.environ.get(variable) or "latest"
     try:
-        version = subprocess.run([npm, "view", f"{package}@{wanted}", "version"],
-                                 capture_output=True, text=True, timeout=60,
+        version = subprocess.run([npm, "view", f"{package}@{wanted}", "version",
+                                  "--fetch-retries=1", "--fetch-timeout=15000"],
+                                 capture_output=True, text=True, timeout=45,
                                  check=True).stdout.strip().splitlines()[-1]
     except (subprocess.SubprocessError, IndexError) as e:
         cached = sorted(folders.glob(f"{package.replace('/', '+')}@*/node_modules/.bin/{binary}"))
