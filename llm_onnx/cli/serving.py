@@ -73,6 +73,11 @@ def _tool_dialect(ctx: click.Context, param: click.Parameter, value: str | None)
               help="How the model writes tool calls: a tool dialect's name, such as hermes, "
                    "mistral or gemma4 (default: read off the chat template; a wrong name lists "
                    "them).")
+@click.option("--strict-fields", is_flag=True,
+              help="Refuse (400) every request field the server would accept and ignore, but "
+                   "its API's hints and metadata (user, metadata, cache keys): unknown fields, "
+                   "server-side conveniences such as context_management, tools it cannot run. "
+                   "By default they are accepted and named in the llm-onnx-ignored header.")
 @click.option("--web-ui/--no-web-ui", default=True, show_default=True,
               help="The chat page at / (a conversation with the model in the browser).")
 @click.option("--ray", "use_ray", is_flag=True,
@@ -89,7 +94,7 @@ def _tool_dialect(ctx: click.Context, param: click.Parameter, value: str | None)
 def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, max_cache_memory,
           stored_responses, stored_responses_memory, api_key,
           model_name, provider, threads, drain_timeout, cors_origins, log_level, chat_template,
-          tool_call_format, web_ui, use_ray, replicas, autoscale, address,
+          tool_call_format, strict_fields, web_ui, use_ray, replicas, autoscale, address,
           **speculation) -> None:
     """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests.
 
@@ -123,7 +128,7 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, m
                           max_cache_memory, api_key, model_name, provider, threads, replicas,
                           autoscale, address, cors_origins, chat_template, tool_call_format,
                           web_ui, speculation, stored_responses,
-                          int(stored_responses_memory * 2**20))
+                          int(stored_responses_memory * 2**20), strict_fields)
     if replicas or autoscale or address:
         raise click.UsageError("--replicas, --autoscale and --address need --ray.")
     try:
@@ -145,7 +150,8 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, m
                       max_queue=max_queue, prefill_chunk=prefill_chunk, max_length=max_seq_len,
                       max_cache_bytes=int(max_cache_memory * 2**30) if max_cache_memory else None,
                       stored_responses=stored_responses,
-                      stored_bytes=int(stored_responses_memory * 2**20))
+                      stored_bytes=int(stored_responses_memory * 2**20),
+                      strict_fields=strict_fields)
     auth = "API key required" if service.api_key else "no API key"
     if service.scheduler is None:  # an embedding model: POST /v1/embeddings, no chat page
         click.echo(f"Serving embeddings of {service.name} ({loaded.engine.describe()}, "
@@ -191,7 +197,7 @@ def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_l
                max_cache_memory, api_key,
                model_name, provider, threads, replicas, autoscale, address, cors_origins,
                chat_template, tool_call_format, web_ui, speculation, stored_responses,
-               stored_bytes) -> None:
+               stored_bytes, strict_fields) -> None:
     try:
         from llm_onnx.serve import ray_app
     except ImportError as e:
@@ -233,7 +239,7 @@ def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_l
                                    if speculation["draft_model"] else None,
                                    num_speculative_tokens=speculation["num_speculative_tokens"],
                                    web_ui=web_ui, stored_responses=stored_responses,
-                                   stored_bytes=stored_bytes)
+                                   stored_bytes=stored_bytes, strict_fields=strict_fields)
     scaling = ray_app.Scaling(replicas=replicas or 1,
                               autoscale=ray_app.parse_autoscale(autoscale) if autoscale else None)
     where = "a local Ray instance" if address is None else f"the Ray cluster at {address}"

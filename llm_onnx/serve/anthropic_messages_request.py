@@ -4,23 +4,26 @@ the field by its path (``messages.1.content.0``), as Anthropic names them.
 
     model           the served model's name
     system          "text" | [{"type": "text", "text"}]            -> the system message
-    messages        [{"role": "user" | "assistant", "content": "text" | [block]}]
+    messages        [{"role": "user" | "assistant" | "system", "content": "text" | [block]}]
                       user blocks       text, tool_result {"tool_use_id", "content", "is_error"}
                       assistant blocks  text, thinking, redacted_thinking (dropped),
                                         tool_use {"id", "name", "input"}
-    tools           [{"name", "description", "input_schema"}]        (client tools)
+                      (anthropic_messages_turns.py)
+    tools           [{"name", "description", "input_schema"}]        (client tools; "type"
+                    absent or "custom"; a server tool is dropped and reported)
     tool_choice     {"type": "auto" | "any" | "tool" | "none", "name", "disable_parallel_tool_use"}
     thinking        {"type": "enabled", "budget_tokens"} | {"type": "adaptive"} | {"type": "disabled"}
-    output_config   {"format": {"type": "json_schema", "schema"}}      (structured output)
-    max_tokens (required), stop_sequences, temperature, top_p, top_k, stream, metadata
+    output_config   {"format": {"type": "json_schema", "schema"}, "effort"}
+    max_tokens (required), stop_sequences, temperature, top_p, top_k, stream
     seed, min_p, repetition_penalty                                   (llm-onnx's own)
 
-As the chat template sees them (as OpenAI's chat does): tool_use blocks are the assistant's
-``tool_calls``, tool_result blocks ``tool`` messages, thinking its ``reasoning_content``, the
-text blocks of a message its content (joined by blank lines). Consecutive messages of one role
-are one turn (Anthropic combines them); the first must be the user's. A final assistant message
-is a prefill: the reply continues its text. Thinking is off unless asked for: with a template
-that reads ``enable_thinking``, it gets that switch.
+Thinking is off unless asked for: with a template that reads ``enable_thinking``, it gets that
+switch; ``output_config.effort`` reaches a template that reads ``reasoning_effort`` (gpt-oss's).
+``max_tokens`` beyond the context's room is cut to the room (a 400 under --strict-fields).
+What the server accepts and ignores (``metadata``, ``cache_control`` blocks,
+``context_management``, ``budget_tokens``, an effort the model has no levels of) is reported by
+the field policy (policy.py). The ``anthropic-beta`` and ``anthropic-version`` headers are not
+read: the fields a beta adds are what the policy sorts.
 """
 
 from __future__ import annotations
@@ -35,22 +38,28 @@ from llm_onnx.runtime.chat.request import ChatRequest, check_tool_choice, check_
 from llm_onnx.runtime.chat.dialects.base import ToolChoice
 from llm_onnx.runtime.model import Model
 from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
-from llm_onnx.serve.errors import ApiError, bad, text_only
+from llm_onnx.serve.anthropic_messages_turns import chat_messages
+from llm_onnx.serve.errors import ApiError, bad
 from llm_onnx.serve.fields import (body_object, boolean, fit_length, integer, number, sampling,
                                    served_model, whole)
 from llm_onnx.serve.plan import CHAT, Plan
+from llm_onnx.serve.policy import Fields
+from llm_onnx.serve.system_turns import rendered
 
-# Fields of a Messages request (FIELDS; count_tokens takes COUNT_FIELDS). Accepted and ignored:
-# they change nothing computed here. Unsupported: a 400 naming the field unless empty.
+API = "messages"  # in the field policy's reports (policy.py)
+# The field policy (policy.py). Ignored: hints and metadata. Tolerated: server-side context
+# editing (Claude Code asks to keep everything). Unsupported: server-run containers and MCP.
 IGNORED_FIELDS = {"metadata", "service_tier", "cache_control", "inference_geo", "speed",
                   "diagnostics"}
-UNSUPPORTED_FIELDS = {"container", "mcp_servers", "context_management"}
+TOLERATED_FIELDS = {"context_management"}
+UNSUPPORTED_FIELDS = {"container", "mcp_servers"}
 COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking",
-                "output_config"} | IGNORED_FIELDS | UNSUPPORTED_FIELDS
+                "output_config"}  # count_tokens: the rest of FIELDS are tolerated there
 # llm-onnx's own sampling fields (sent by the anthropic client as extra_body)
 OWN_FIELDS = {"seed", "min_p", "repetition_penalty"}
 FIELDS = COUNT_FIELDS | OWN_FIELDS | {"max_tokens", "stop_sequences", "temperature", "top_p",
                                       "top_k", "stream"}
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
 
 
@@ -68,21 +77,24 @@ class Conversation:
     omit_thinking: bool  # thinking.display "omitted": thinking blocks come back empty
 
     def render(self, model: Model) -> tuple[str, list[int]]:
-        """The prompt's text and token ids."""
+        """The prompt's text and token ids (``messages`` become those rendered: system turns
+        folded where the template needs it, system_turns.py)."""
         try:
-            text = model.render_chat(self.messages, tools=self.tools,
-                                     template_vars=self.template_vars,
-                                     continue_final_message=self.prefill)
+            self.messages, text = rendered(model, self.messages, tools=self.tools,
+                                           template_vars=self.template_vars,
+                                           continue_final_message=self.prefill)
             return text, model.encode_chat(text)
         except GenerationError as e:
             raise bad("messages", str(e)) from None
 
 
-def messages_plan(body: Any, model: Model, served: str,
-                  context: int) -> tuple[Plan, Conversation]:
-    """POST /v1/messages, checked (its constraint is composed by structured.prepare)."""
-    body = _fields(body, FIELDS, served)
-    conv = conversation(body, model)
+def messages_plan(body: Any, model: Model, served: str, context: int,
+                  fields: Fields | None = None) -> tuple[Plan, Conversation]:
+    """POST /v1/messages, checked (its constraint is composed by structured.prepare;
+    ``fields``: the field policy, lenient by default)."""
+    fields = fields or Fields(API)
+    body = _fields(body, FIELDS, served, fields)
+    conv = conversation(body, model, fields)
     if body.get("max_tokens") is None:
         raise bad("max_tokens", "Field required")
     options = _sampling(body, model)
@@ -91,7 +103,10 @@ def messages_plan(body: Any, model: Model, served: str,
         chat = ChatRequest(model, text, conv.answer, conv.tools, conv.choice, conv.parallel)
     except ConstraintError as e:
         raise translated(bad(e.where, str(e))) from None
-    new = fit_length(body, ("max_tokens",), prompt, context, None, "messages", low=0)
+    # max_tokens is a bound: past the context it is cut to the room left (Claude Code asks
+    # 32,000 of every model), as llama-server does; --strict-fields keeps Anthropic's 400
+    new = fit_length(body, ("max_tokens",), prompt, context, None, "messages", low=0,
+                     cut=not fields.strict)
     stream = bool(boolean(body, "stream"))
     plan = Plan(CHAT, served, [prompt], [replace(options, max_new_tokens=new)], 1, stream,
                   chat=chat, constraint=conv.answer,
@@ -101,210 +116,64 @@ def messages_plan(body: Any, model: Model, served: str,
     return plan, conv
 
 
-def count_tokens(body: Any, model: Model, served: str) -> int:
+def count_tokens(body: Any, model: Model, served: str, fields: Fields | None = None) -> int:
     """POST /v1/messages/count_tokens: the prompt's length."""
-    return len(conversation(_fields(body, COUNT_FIELDS, served), model).render(model)[1])
+    fields = fields or Fields(API)
+    body = _fields(body, COUNT_FIELDS, served, fields)
+    return len(conversation(body, model, fields).render(model)[1])
 
 
-def _fields(body: Any, allowed: set[str], served: str) -> dict:
+def _fields(body: Any, allowed: set[str], served: str, fields: Fields) -> dict:
     body = body_object(body)
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise bad(unknown[0], "Extra inputs are not permitted")
+    fields.check(body, allowed, IGNORED_FIELDS, TOLERATED_FIELDS, UNSUPPORTED_FIELDS,
+                 unknown=lambda name: "Extra inputs are not permitted")
     served_model(body, served)
-    for name in sorted(UNSUPPORTED_FIELDS):
-        if body.get(name) not in (None, [], {}):
-            raise bad(name, "not supported by this server.")
     return body
 
 
-def conversation(body: dict, model: Model) -> Conversation:
+def conversation(body: dict, model: Model, fields: Fields) -> Conversation:
     if not model.chat_template:
         raise bad("messages", "this model has no chat template; use /v1/completions.")
-    tools, choice, parallel = _tools(body, model.chat_template)
-    answer = _output_format(body.get("output_config"))
-    template_vars, omit = _thinking(body, model)
-    messages, prefill = _messages(body.get("messages"), _system(body.get("system")))
+    tools, choice, parallel = _tools(body, model.chat_template, fields)
+    answer, effort = _output_config(body.get("output_config"), model, fields)
+    template_vars, omit = _thinking(body, model, fields)
+    if effort:
+        template_vars = {**(template_vars or {}), **effort}
+    if _cache_control(body):
+        fields.ignore("cache_control")
+    messages, prefill = chat_messages(body.get("messages"), body.get("system"))
     return Conversation(messages, None if choice == "none" else tools, choice, parallel,
                         template_vars, prefill, answer, omit)
 
 
-def _system(system: Any) -> list[dict[str, Any]]:
-    if system is None or system == "" or system == []:
-        return []
-    return [{"role": "system", "content": _text(system, "system")}]
+def _cache_control(body: dict) -> bool:
+    """Whether a block or a tool carries ``cache_control`` (prompt caching needs no marks
+    here: a request reuses whatever prefix the server holds)."""
+    system = body.get("system")
+    blocks = [*(body.get("tools") or []), *(system if isinstance(system, list) else [])]
+    for m in body.get("messages") or []:
+        if isinstance(m, dict) and isinstance(m.get("content"), list):
+            blocks += m["content"]
+    return any(isinstance(b, dict) and "cache_control" in b for b in blocks)
 
 
-def _text(content: Any, where: str) -> str:
-    """A string, or a list of text blocks joined by blank lines."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise bad(where, "must be a string or a list of text blocks.")
-    texts = []
-    for i, block in enumerate(content):
-        kind = _kind(block, f"{where}.{i}")
-        if kind in ("image", "document"):
-            raise text_only(f"{where}.{i}", f"an {kind} block")
-        if kind != "text":
-            raise bad(f"{where}.{i}.type", f"expected a text block, got {kind!r}.")
-        texts.append(_block_text(block, f"{where}.{i}"))
-    return "\n\n".join(texts)
-
-
-def _kind(block: Any, where: str) -> str:
-    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-        raise bad(where, "a content block must be an object with a 'type'.")
-    return block["type"]
-
-
-def _block_text(block: dict, where: str) -> str:
-    if not isinstance(block.get("text"), str) or not block["text"]:
-        raise bad(f"{where}.text", "text content blocks must be non-empty strings.")
-    return block["text"]
-
-
-def _messages(messages: Any, system: list[dict]) -> tuple[list[dict[str, Any]], bool]:
-    """The chat messages of ``messages`` after ``system``, and whether the last one is a
-    prefill (see the module docstring)."""
-    if not isinstance(messages, list) or not messages:
-        raise bad("messages", "must be a non-empty list of {\"role\", \"content\"} objects.")
-    turns: list[tuple[str, list[tuple[str, dict]]]] = []  # role, [(path, block)]
-    for i, m in enumerate(messages):
-        where = f"messages.{i}"
-        if not isinstance(m, dict) or set(m) - {"role", "content"}:
-            raise bad(where, "a message is an object with 'role' and 'content' only.")
-        role = m.get("role")
-        if role not in ("user", "assistant"):
-            raise bad(f"{where}.role", f"must be 'user' or 'assistant', got {role!r} (a "
-                                         "system prompt goes in the top-level 'system').")
-        if not turns and role != "user":
-            raise bad(f"{where}.role", "the first message must use the 'user' role.")
-        content = m.get("content")
-        blocks = [(f"{where}.content", {"type": "text", "text": content})] \
-            if isinstance(content, str) else None
-        if blocks is None:
-            if not isinstance(content, list):
-                raise bad(f"{where}.content", "must be a string or a list of content blocks.")
-            blocks = [(f"{where}.content.{j}", b) for j, b in enumerate(content)]
-        if not blocks:
-            if role == "assistant" and i == len(messages) - 1:
-                continue  # an empty final message: nothing to continue
-            raise bad(f"{where}.content", "must not be empty (only the final assistant "
-                                            "message may be).")
-        if turns and turns[-1][0] == role:  # one turn, as Anthropic combines them
-            turns[-1][1].extend(blocks)
-        else:
-            turns.append((role, blocks))
-    out, calls = list(system), {}
-    for k, (role, blocks) in enumerate(turns):
-        last = k == len(turns) - 1
-        if role == "user":
-            out += _user(blocks, calls)
-            calls = {}
-        else:
-            message, calls = _assistant(blocks, last)
-            if message is not None:
-                out.append(message)
-    return out, out[-1]["role"] == "assistant"
-
-
-def _user(blocks: list[tuple[str, dict]], calls: dict[str, str]) -> list[dict[str, Any]]:
-    """A user turn: its tool results as ``tool`` messages, then its text."""
-    out, texts, answered = [], [], set()
-    for where, block in blocks:
-        kind = _kind(block, where)
-        if kind == "text":
-            texts.append(_block_text(block, where))
-        elif kind == "tool_result":
-            out.append(_tool_result(block, where, calls))
-            answered.add(block["tool_use_id"])
-        elif kind in ("image", "document"):
-            raise text_only(where, f"an {kind} block")
-        else:
-            raise bad(f"{where}.type", f"{kind!r} blocks are not supported in a user message "
-                                         "(text and tool_result are).")
-    missing = [i for i in calls if i not in answered]
-    if missing:
-        raise bad(blocks[0][0].rsplit(".content", 1)[0], "tool_use ids were found without "
-                    f"tool_result blocks immediately after: {', '.join(missing)}. Each tool_use "
-                    "block must have a tool_result block in the next message.")
-    if texts:
-        out.append({"role": "user", "content": "\n\n".join(texts)})
-    return out
-
-
-def _tool_result(block: dict, where: str, calls: dict[str, str]) -> dict[str, Any]:
-    tool_id = block.get("tool_use_id")
-    if not isinstance(tool_id, str):
-        raise bad(f"{where}.tool_use_id", "must be a string (the tool_use block's id).")
-    if tool_id not in calls:
-        raise bad(f"{where}.tool_use_id", f"unexpected tool_use_id {tool_id!r} in a "
-                    "tool_result block: each tool_result must answer a tool_use block of the "
-                    "previous (assistant) message.")
-    content = block.get("content", "")
-    text = "" if content in ("", []) else _text(content, f"{where}.content")
-    if block.get("is_error") not in (None, False, True):
-        raise bad(f"{where}.is_error", "must be true or false.")
-    if block.get("is_error"):
-        text = f"Error: {text}"
-    return {"role": "tool", "tool_call_id": tool_id, "name": calls[tool_id], "content": text}
-
-
-def _assistant(blocks: list[tuple[str, dict]], last: bool,
-               ) -> tuple[dict[str, Any] | None, dict[str, str]]:
-    """An assistant turn as one message (None: empty and last), and its calls {id: name}."""
-    texts, thinking, calls = [], [], []
-    for where, block in blocks:
-        kind = _kind(block, where)
-        if kind == "text":
-            if block.get("text") == "" and last and len(blocks) == 1:
-                return None, {}  # an empty final message: nothing to continue
-            texts.append(_block_text(block, where))
-        elif kind == "thinking":
-            if not isinstance(block.get("thinking"), str):
-                raise bad(f"{where}.thinking", "must be a string.")
-            thinking.append(block["thinking"])
-        elif kind == "tool_use":
-            calls.append(_tool_use(block, where))
-        elif kind != "redacted_thinking":
-            raise bad(f"{where}.type", f"{kind!r} blocks are not supported in an assistant "
-                        "message (text, thinking and tool_use are).")
-    if last and calls:
-        raise bad(blocks[0][0].rsplit(".content", 1)[0], "the final assistant message is "
-                    "continued by the reply, so it may not hold tool_use blocks; add the "
-                    "tool_result in a user message after it.")
-    if last and texts and texts[-1] != texts[-1].rstrip():
-        raise bad(blocks[-1][0], "final assistant content cannot end with trailing "
-                                   "whitespace.")
-    if last and not texts:
-        raise bad(blocks[0][0], "the final assistant message (a prefill the reply "
-                                  "continues) must hold text.")
-    message: dict[str, Any] = {"role": "assistant", "content": "\n\n".join(texts)}
-    if thinking:
-        message["reasoning_content"] = "\n\n".join(thinking)
-    if calls:
-        message["tool_calls"] = calls
-    return message, {c["id"]: c["function"]["name"] for c in calls}
-
-
-def _tool_use(block: dict, where: str) -> dict[str, Any]:
-    if not isinstance(block.get("id"), str) or not block["id"]:
-        raise bad(f"{where}.id", "must be a non-empty string.")
-    if not isinstance(block.get("name"), str) or not block["name"]:
-        raise bad(f"{where}.name", "must be a non-empty string.")
-    if not isinstance(block.get("input"), dict):
-        raise bad(f"{where}.input", "must be an object (the tool's arguments).")
-    return {"id": block["id"], "type": "function",
-            "function": {"name": block["name"], "arguments": block["input"]}}
-
-
-def _tools(body: dict, template: str) -> tuple[list[dict] | None, ToolChoice, bool]:
-    """Anthropic's tools and tool_choice as OpenAI's (what ChatRequest and templates take)."""
+def _tools(body: dict, template: str, fields: Fields,
+           ) -> tuple[list[dict] | None, ToolChoice, bool]:
+    """Anthropic's tools and tool_choice as OpenAI's (what ChatRequest and templates take); a
+    server tool (a ``type`` other than "custom": web search, code execution, ...) is left out of
+    what the model sees and reported."""
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise bad("tools", "must be a list of tools.")
-    converted = [_tool(t, f"tools.{i}") for i, t in enumerate(tools or [])]
+    converted = []
+    for i, tool in enumerate(tools or []):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind not in (None, "custom"):
+            fields.tolerate(f"tools.{kind}", bad(f"tools.{i}.type", f"server tools ({kind!r}) "
+                            "are not run by this server; give tools with a name and "
+                            "input_schema."))
+            continue
+        converted.append(_tool(tool, f"tools.{i}"))
     if converted and "tools" not in template_variables(template):
         raise bad("tools", "this model's chat template does not render tools; start the "
                              "server with --chat-template FILE naming a template that does.")
@@ -321,9 +190,6 @@ def _tools(body: dict, template: str) -> tuple[list[dict] | None, ToolChoice, bo
 def _tool(tool: Any, where: str) -> dict[str, Any]:
     if not isinstance(tool, dict):
         raise bad(where, "a tool must be an object with 'name' and 'input_schema'.")
-    if tool.get("type") not in (None, "custom"):
-        raise bad(f"{where}.type", f"server tools ({tool['type']!r}) are not supported by "
-                                     "this server; give tools with a name and input_schema.")
     name = tool.get("name")
     if not isinstance(name, str) or not _TOOL_NAME.match(name):
         raise bad(f"{where}.name", "must be 1 to 128 letters, digits, '_' or '-'.")
@@ -359,8 +225,10 @@ def _tool_choice(choice: Any) -> tuple[ToolChoice | None, bool]:
     return {"type": "function", "function": {"name": choice["name"]}}, not single
 
 
-def _thinking(body: dict, model: Model) -> tuple[dict[str, Any] | None, bool]:
-    """(template variables, whether thinking comes back omitted) of ``thinking``."""
+def _thinking(body: dict, model: Model, fields: Fields) -> tuple[dict[str, Any] | None, bool]:
+    """(template variables, whether thinking comes back omitted) of ``thinking``. A budget is
+    checked but not kept to (the model thinks until it closes its block or max_tokens): it is
+    reported as ignored, as is thinking asked of a model that does not think."""
     thinking = body.get("thinking")
     kinds = ("enabled", "adaptive", "disabled")
     if thinking is not None and (not isinstance(thinking, dict) or
@@ -375,28 +243,47 @@ def _thinking(body: dict, model: Model) -> tuple[dict[str, Any] | None, bool]:
                         f"must be an integer >= 1 (and less than max_tokens), got {budget!r}.")
         if isinstance(limit, int) and budget >= limit:
             raise bad("thinking.budget_tokens", f"must be less than max_tokens ({limit}).")
+        fields.ignore("thinking.budget_tokens")
     display = thinking.get("display") if on else None
     if display not in (None, "summarized", "omitted"):
         raise bad("thinking.display", "must be 'summarized' or 'omitted'.")
-    if "enable_thinking" not in template_variables(model.chat_template or ""):
+    switch = "enable_thinking" in template_variables(model.chat_template or "")
+    if on and not switch and not model.splits_reasoning:
+        fields.ignore("thinking")
+    if not switch:
         return None, display == "omitted"
     return {"enable_thinking": on}, display == "omitted"
 
 
-def _output_format(config: Any) -> Constraint | None:
+def _output_config(config: Any, model: Model, fields: Fields,
+                   ) -> tuple[Constraint | None, dict[str, Any] | None]:
+    """(the answer's constraint, template variables) of ``output_config``: a ``format``'s JSON
+    schema constrains the text; an ``effort`` reaches a template that reads
+    ``reasoning_effort`` (gpt-oss's low, medium, high) and is reported as ignored otherwise."""
     if config is None:
-        return None
-    if not isinstance(config, dict) or set(config) - {"format", "effort"}:
-        raise bad("output_config", "must be an object with 'format' (and 'effort').")
+        return None, None
+    if not isinstance(config, dict):
+        raise bad("output_config", "must be an object with 'format' and/or 'effort'.")
+    for key in sorted(set(config) - {"format", "effort"}, key=str):
+        fields.tolerate(f"output_config.{key}", "Extra inputs are not permitted")
+    effort, variables = config.get("effort"), None
+    if effort is not None:
+        if effort not in EFFORTS:
+            raise bad("output_config.effort", f"must be one of {', '.join(EFFORTS)}, got "
+                                                f"{effort!r}.")
+        if "reasoning_effort" in template_variables(model.chat_template or ""):
+            variables = {"reasoning_effort": "high" if effort in ("xhigh", "max") else effort}
+        else:
+            fields.ignore("output_config.effort")
     fmt = config.get("format")
     if fmt is None:
-        return None
+        return None, variables
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or \
             not isinstance(fmt.get("schema"), dict):
         raise bad("output_config.format", "must be {\"type\": \"json_schema\", \"schema\": "
                                             "{...}}.")
     try:
-        return Constraint.json_schema(fmt["schema"], "output_config.format.schema")
+        return Constraint.json_schema(fmt["schema"], "output_config.format.schema"), variables
     except ConstraintError as e:
         raise bad(e.where, str(e)) from None
 

@@ -4,6 +4,7 @@ request read into a Plan) and a render step (the answer in the API's shape) over
 pipeline; this module only wires them:
 
     GET  /health                  200 {"status": "ok"}; 503 while shutting down (no key needed)
+    HEAD /                        200, no body, no key needed (Claude Code's first request)
     GET  /v1/models               the one model served, OpenAI's list shape
     GET  /metrics                 Prometheus text format
     POST /v1/chat/completions     openai_chat.py
@@ -17,8 +18,8 @@ pipeline; this module only wires them:
 An API module gives ``add_routes(app, service, authorized)`` and ``PATHS`` (counted by name in
 the metrics; ``PATH_PREFIXES``: paths with an id, counted under one label), and, if its errors
 are not OpenAI's shape, ``error_body(error)``; the fields its requests may carry are declared at
-its top (``FIELDS``, and those accepted but ignored). Adding an API is one such module and one
-line in ``APIS``.
+its top (``FIELDS``, ``IGNORED_FIELDS``, ``TOLERATED_FIELDS``, ``UNSUPPORTED_FIELDS``: the field
+policy, policy.py). Adding an API is one such module and one line in ``APIS``.
 
 ``create_app(service)`` is the one app definition: ``llm-onnx serve`` runs it under uvicorn, the
 Ray Serve deployment mounts the same object.
@@ -42,6 +43,7 @@ from llm_onnx.serve import (anthropic_messages, embeddings, openai_chat, openai_
                             openai_responses, pipeline, tokens, web)
 from llm_onnx.serve.errors import ApiError, api_key_error
 from llm_onnx.serve.metrics import CONTENT_TYPE
+from llm_onnx.serve.policy import ReportIgnored
 from llm_onnx.serve.service import Service
 
 log = logging.getLogger("llm_onnx.serve")
@@ -66,6 +68,7 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = (),
                   lifespan=lifespan)
     app.state.service = service
     app.add_middleware(_ReplicaHeader)
+    app.add_middleware(ReportIgnored, reporter=lambda: service.reporter)
     if cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 
@@ -104,6 +107,10 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = (),
             return JSONResponse({"status": "shutting down"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
+    @app.head("/", include_in_schema=False)
+    async def head() -> Response:  # a client's check that the server is there
+        return Response(status_code=503 if service.draining else 200)
+
     @app.get("/metrics", dependencies=[Depends(authorized)])
     async def metrics() -> Response:
         return Response(service.metrics.exposition(), media_type=CONTENT_TYPE)
@@ -140,6 +147,10 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = (),
         api.add_routes(app, service, authorized)
     if web_ui and service.scheduler is not None:  # (the chat page talks to a generation model)
         web.add_routes(app)
+    else:
+        @app.get("/", include_in_schema=False)
+        async def no_page() -> Response:  # a 404, as for any path (HEAD / answers, above)
+            raise StarletteHTTPException(404, "Not Found")
     return app
 
 

@@ -33,10 +33,12 @@ from fastapi.responses import JSONResponse
 from llm_onnx.errors import GenerationError
 from llm_onnx.serve import pipeline
 from llm_onnx.serve.errors import ApiError, bad
-from llm_onnx.serve.fields import body_object, integer, known_fields, served_model, whole
+from llm_onnx.serve.fields import body_object, integer, served_model, whole
 
 PATHS = ("/v1/embeddings",)
-FIELDS = {"input", "model", "dimensions", "encoding_format", "user"}
+API = "embeddings"  # in the field policy's reports (policy.py)
+FIELDS = {"input", "model", "dimensions", "encoding_format"}
+IGNORED_FIELDS = {"user"}
 MAX_INPUTS = 2048  # OpenAI's limit on a request's inputs
 
 
@@ -157,7 +159,7 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
     @app.post("/v1/embeddings", dependencies=[Depends(authorized)])
     async def embeddings(request: Request) -> JSONResponse:
         body = body_object(await pipeline.read_body(request))
-        known_fields(body, FIELDS)
+        service.fields(request, API).check(body, FIELDS, IGNORED_FIELDS)
         name = served_model(body, service.name)
         embedder: EmbeddingRunner | None = getattr(service, "embedder", None)
         if embedder is None:

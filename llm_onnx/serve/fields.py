@@ -70,12 +70,6 @@ def stop_strings(body: dict) -> tuple[str, ...]:
     return tuple(stop)
 
 
-def known_fields(body: dict, allowed: set[str]) -> None:
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise bad(unknown[0], f"Unrecognized request argument supplied: {unknown[0]}.")
-
-
 def served_model(body: dict, served: str) -> str:
     name = body.get("model")
     if name is None:
@@ -87,12 +81,6 @@ def served_model(body: dict, served: str) -> str:
         raise ApiError(404, f"The model `{name}` does not exist. This server serves "
                             f"`{served}`.", param="model", code="model_not_found")
     return name
-
-
-def unsupported(body: dict, name: str, allowed: object = None) -> None:
-    value = body.get(name)
-    if value not in (None, allowed) and value != [] and value != {}:
-        raise bad(name, f"'{name}' is not supported by this server.")
 
 
 def _logit_bias(body: dict, vocab: int) -> dict[int, float] | None:
@@ -149,9 +137,10 @@ def sampling(body: dict, base: GenerationOptions, vocab: int) -> GenerationOptio
 
 
 def fit_length(body: dict, names: Sequence[str], prompt: list[int], context: int,
-                default: int | None, what: str, low: int = 1) -> int:
+                default: int | None, what: str, low: int = 1, cut: bool = False) -> int:
     """max_new_tokens for one prompt: the request's value, at least ``low`` (refused if prompt
-    + it exceed the context) or ``default`` cut to the room left (None: all of it)."""
+    + it exceed the context, or with ``cut`` cut to the room left) or ``default`` cut to the
+    room left (None: all of it)."""
     if len(prompt) >= context:
         raise bad("messages" if what == "messages" else "prompt",
                   f"This model's maximum context length is {context} tokens. However, your "
@@ -161,6 +150,8 @@ def fit_length(body: dict, names: Sequence[str], prompt: list[int], context: int
     for name in names:
         value = integer(body, name, low)
         if value is not None:
+            if value > room and cut:
+                return room
             if value > room:
                 raise bad(name, f"This model's maximum context length is {context} tokens. "
                                 f"However, you requested {len(prompt) + value} tokens "

@@ -34,6 +34,8 @@ Names follow Prometheus' conventions (``_total`` counters, ``_seconds`` units):
     llm_onnx_forced_tokens_total                   tokens a grammar forced, appended without a
                                                     pick (fast-forward)
     llm_onnx_tool_calls_total                      tool calls in replies
+    llm_onnx_ignored_fields_total{api, field}      request fields accepted and ignored (the
+                                                    field policy: policy.py)
 
 The time counters let a load test say where its wall time went: model runs, host work in the
 scheduler, or idle (waiting for requests).
@@ -91,6 +93,8 @@ class Metrics:
         self.constrained = Counter("llm_onnx_constrained_requests", "Replies under a constraint, "
                                    "by kind.", ["kind"], registry=r)
         self.tool_calls = Counter("llm_onnx_tool_calls", "Tool calls in replies.", registry=r)
+        self.ignored_fields = Counter("llm_onnx_ignored_fields", "Request fields accepted and "
+                                      "ignored, by API and field.", ["api", "field"], registry=r)
 
     def attach(self, scheduler: Scheduler) -> None:
         self.queue_depth.set_function(lambda: scheduler.queued)

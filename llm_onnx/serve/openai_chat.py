@@ -24,26 +24,33 @@ from llm_onnx.runtime.model import Model
 from llm_onnx.runtime.structured.constraint import ConstraintError
 from llm_onnx.serve import pipeline
 from llm_onnx.serve.errors import bad, text_only
-from llm_onnx.serve.fields import (body_object, boolean, fit_length, integer, known_fields,
-                                   sampling, served_model, stream_fields, unsupported)
+from llm_onnx.serve.fields import (body_object, boolean, fit_length, integer, sampling,
+                                   served_model, stream_fields)
 from llm_onnx.serve.logprobs import TokenText, chat_logprobs
-from llm_onnx.serve.openai_choices import (COMMON_FIELDS, MAX_N, Choices, Piece, finish_reason,
-                                           respond)
+from llm_onnx.serve.openai_choices import (COMMON_FIELDS, IGNORED_FIELDS, MAX_N, Choices, Piece,
+                                           finish_reason, respond)
 from llm_onnx.serve.plan import CHAT, Plan
+from llm_onnx.serve.policy import Fields
 from llm_onnx.serve.structured import answer_constraint, tool_fields
+from llm_onnx.serve.system_turns import rendered
 
 PATHS = ("/v1/chat/completions",)
+API = "chat.completions"  # in the field policy's reports (policy.py)
 FIELDS = COMMON_FIELDS | {"messages", "max_completion_tokens", "top_logprobs", "tools",
-                          "tool_choice", "parallel_tool_calls", "functions", "function_call",
+                          "tool_choice", "parallel_tool_calls",
                           # vLLM's extra field: chat template variables ({"enable_thinking": false})
                           "chat_template_kwargs", "reasoning_effort"}
+TOLERATED_FIELDS: set[str] = set()
+# The legacy function calling (a value that asks for nothing passes), web search, audio output
+UNSUPPORTED_FIELDS = {"functions": None, "function_call": "none", "web_search_options": None,
+                      "audio": None}
 
 
 def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(request: Request) -> Response:
         plan = chat_plan(await pipeline.read_body(request), service.model, service.name,
-                         service.generating().max_length)
+                         service.generating().max_length, service.fields(request, API))
         await service.prepare(plan)
         return await respond(service, request, plan, ChatChoices(plan, service.tokens))
 
@@ -52,21 +59,24 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
 # Parse
 # ---------------------------------------------------------------------------------------------
 
-def chat_plan(body: Any, model: Model, served: str, context: int) -> Plan:
-    """POST /v1/chat/completions, checked (its constraint is composed by structured.prepare)."""
+def chat_plan(body: Any, model: Model, served: str, context: int,
+              fields: Fields | None = None) -> Plan:
+    """POST /v1/chat/completions, checked (its constraint is composed by structured.prepare;
+    ``fields``: the field policy, lenient by default)."""
     body = body_object(body)
-    known_fields(body, FIELDS)
+    (fields or Fields(API)).check(body, FIELDS, IGNORED_FIELDS, TOLERATED_FIELDS,
+                                  UNSUPPORTED_FIELDS)
     name = served_model(body, served)
-    unsupported(body, "functions")
-    unsupported(body, "function_call", "none")
     if not model.chat_template:
         raise bad("messages", "this model has no chat template; use /v1/completions.")
     answer = answer_constraint(body)
     tools, choice, parallel = tool_fields(body, model.chat_template)
     template_vars = _reasoning_vars(body, model.chat_template, template_kwargs(body))
     messages = messages_of(body.get("messages"))
+    # what the template shows of the tools (a custom tool's grammar is the constraint's)
+    shown = [{k: v for k, v in t.items() if k != "input_grammar"} for t in tools or []] or tools
     try:
-        text = model.render_chat(messages, tools=tools, template_vars=template_vars)
+        messages, text = rendered(model, messages, tools=shown, template_vars=template_vars)
         prompt = model.encode(text, add_special_tokens=False)
         chat = ChatRequest(model, text, answer, tools, choice, parallel)
     except ConstraintError as e:
@@ -85,7 +95,7 @@ def chat_plan(body: Any, model: Model, served: str, context: int) -> Plan:
                      "messages")
     return Plan(CHAT, name, [prompt], [replace(options, max_new_tokens=new)], n, stream, usage,
                 logprobs, chat=chat, constraint=answer,
-                reuse_points=model.reuse_points(messages, prompt, tools=tools,
+                reuse_points=model.reuse_points(messages, prompt, tools=shown,
                                                 template_vars=template_vars))
 
 

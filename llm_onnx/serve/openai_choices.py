@@ -26,7 +26,8 @@ from llm_onnx.serve.errors import ApiError
 from llm_onnx.serve.logprobs import TokenText
 from llm_onnx.serve.plan import Plan
 
-# Fields a body may carry. Accepted and ignored: they change nothing we compute.
+# Fields both APIs honour (FIELDS) and accept as hints or metadata that change nothing here
+# (IGNORED_FIELDS): the field policy (policy.py).
 IGNORED_FIELDS = {"user", "metadata", "store", "service_tier", "modalities", "prediction",
                   "reasoning_effort", "safety_identifier", "prompt_cache_key"}
 COMMON_FIELDS = {
@@ -36,7 +37,7 @@ COMMON_FIELDS = {
     "top_k", "min_p", "repetition_penalty", "ignore_eos",
     # vLLM's structured outputs (and the guided_* fields of its older releases)
     "structured_outputs", "guided_json", "guided_regex", "guided_choice",
-    "guided_grammar"} | IGNORED_FIELDS
+    "guided_grammar"}
 MAX_N = 128
 
 Piece = ChatPiece | ToolCallDelta

@@ -19,16 +19,20 @@ from llm_onnx.runtime.generation.results import Result, TokenEvent
 from llm_onnx.runtime.model import Model
 from llm_onnx.serve import pipeline
 from llm_onnx.serve.errors import bad
-from llm_onnx.serve.fields import (body_object, boolean, fit_length, integer, known_fields,
-                                   sampling, served_model, stream_fields, unsupported)
+from llm_onnx.serve.fields import (body_object, boolean, fit_length, integer, sampling,
+                                   served_model, stream_fields)
 from llm_onnx.serve.logprobs import TokenText, completion_logprobs, echo_logprobs
-from llm_onnx.serve.openai_choices import (COMMON_FIELDS, MAX_N, Choices, Piece, finish_reason,
-                                           respond)
+from llm_onnx.serve.openai_choices import (COMMON_FIELDS, IGNORED_FIELDS, MAX_N, Choices, Piece,
+                                           finish_reason, respond)
 from llm_onnx.serve.plan import COMPLETION, Plan
+from llm_onnx.serve.policy import Fields
 from llm_onnx.serve.structured import answer_constraint
 
 PATHS = ("/v1/completions",)
-FIELDS = COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of"}
+API = "completions"  # in the field policy's reports (policy.py)
+FIELDS = COMMON_FIELDS | {"prompt", "echo", "best_of"}
+TOLERATED_FIELDS: set[str] = set()
+UNSUPPORTED_FIELDS = {"suffix": ""}  # (a value that asks for nothing)
 DEFAULT_MAX_TOKENS = 16  # as OpenAI's legacy completions endpoint
 
 
@@ -36,7 +40,7 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(request: Request) -> Response:
         plan = completion_plan(await pipeline.read_body(request), service.model, service.name,
-                               service.generating().max_length)
+                               service.generating().max_length, service.fields(request, API))
         await service.prepare(plan)
         return await respond(service, request, plan, TextChoices(plan, service.tokens))
 
@@ -45,12 +49,13 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
 # Parse
 # ---------------------------------------------------------------------------------------------
 
-def completion_plan(body: Any, model: Model, served: str, context: int) -> Plan:
-    """POST /v1/completions, checked."""
+def completion_plan(body: Any, model: Model, served: str, context: int,
+                    fields: Fields | None = None) -> Plan:
+    """POST /v1/completions, checked (``fields``: the field policy, lenient by default)."""
     body = body_object(body)
-    known_fields(body, FIELDS)
+    (fields or Fields(API)).check(body, FIELDS, IGNORED_FIELDS, TOLERATED_FIELDS,
+                                  UNSUPPORTED_FIELDS)
     name = served_model(body, served)
-    unsupported(body, "suffix", "")
     answer = answer_constraint(body)
     n = integer(body, "n", 1, MAX_N) or 1
     best_of = integer(body, "best_of", 1, MAX_N)

@@ -3,9 +3,10 @@ GET /v1/responses/{id}/input_items.
 
 Parse: the request is read into a chat plan (openai_responses_request.py) and runs as one.
 Render: the reply comes back as output items, each with its own id: a ``reasoning`` item (a
-reasoning model's thinking), a ``message`` with one ``output_text`` part, and a
-``function_call`` per tool call. Streamed, as OpenAI's event sequence, each event with its
-``sequence_number``:
+reasoning model's thinking; with ``include: ["reasoning.encrypted_content"]`` also its
+``encrypted_content``), a ``message`` with one ``output_text`` part, and a ``function_call``
+per tool call (with its ``namespace`` for a namespace's tool) or a ``custom_tool_call`` for a
+custom tool. Streamed, as OpenAI's event sequence, each event with its ``sequence_number``:
 
     response.created, response.in_progress
     per item: response.output_item.added
@@ -14,6 +15,8 @@ reasoning model's thinking), a ``message`` with one ``output_text`` part, and a
                          response.output_text.done, response.content_part.done
               call:      response.function_call_arguments.delta ...,
                          response.function_call_arguments.done
+              custom:    response.custom_tool_call_input.delta (the whole text, once the
+                         call is written), response.custom_tool_call_input.done
               response.output_item.done
     response.completed (or response.incomplete: max_output_tokens reached)
 
@@ -39,16 +42,20 @@ from llm_onnx.runtime.generation.results import Result, TokenEvent
 from llm_onnx.serve import pipeline
 from llm_onnx.serve.errors import ApiError
 from llm_onnx.serve.logprobs import TokenText, chat_logprobs
-from llm_onnx.serve.openai_responses_request import ResponsePlan, new_id, responses_names
+from llm_onnx.serve.openai_responses_request import API, ResponsePlan, responses_names, sealed
+from llm_onnx.serve.openai_responses_tools import custom_input, new_id
 
 
 def _status(result: Result) -> str:
     return "incomplete" if result.finish_reason == "length" else "completed"
 
 
-def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "reasoning", "summary": [],
+def _reasoning_item(item_id: str, text: str, status: str, seal: bool) -> dict[str, Any]:
+    item = {"id": item_id, "type": "reasoning", "summary": [],
             "content": [{"type": "reasoning_text", "text": text}], "status": status}
+    if seal:
+        item["encrypted_content"] = sealed(text)
+    return item
 
 
 def _message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
@@ -58,24 +65,18 @@ def _message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]
             "content": content}
 
 
-def _call_item(item_id: str, call_id: str, name: str, arguments: str,
-               status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "call_id": call_id, "name": name,
-            "arguments": arguments, "status": status}
-
-
 def output_items(plan: ResponsePlan, result: Result) -> list[dict[str, Any]]:
-    """A finished reply as output items (reasoning, message, function calls)."""
+    """A finished reply as output items (reasoning, message, function and custom calls)."""
     chat = plan.plan.chat
     read = chat.read(result) if chat is not None else result
     status = "incomplete" if result.finish_reason == "length" else "completed"
     items: list[dict[str, Any]] = []
     if read.reasoning:
-        items.append(_reasoning_item(new_id("rs"), read.reasoning, status))
+        items.append(_reasoning_item(new_id("rs"), read.reasoning, status, plan.sealed))
     calls = read.tool_calls or []
     if read.text or not calls:
         items.append(_message_item(new_id("msg"), read.text, status))
-    items += [_call_item(new_id("fc"), c.id, c.name, c.arguments, "completed") for c in calls]
+    items += [plan.tools.output_item(c.id, c.name, c.arguments) for c in calls]
     return items
 
 
@@ -88,16 +89,18 @@ def _conversation_after(plan: ResponsePlan, items: list[dict[str, Any]]) -> list
         elif item["type"] == "reasoning":
             reply["reasoning_content"] = item["content"][0]["text"]
         else:
+            arguments = item["arguments"] if item["type"] == "function_call" else \
+                json.dumps({"input": item["input"]}, ensure_ascii=False)
             reply.setdefault("tool_calls", []).append(
                 {"id": item["call_id"], "type": "function",
-                 "function": {"name": item["name"], "arguments": item["arguments"]}})
+                 "function": {"name": item["name"], "arguments": arguments}})
     return plan.conversation + [reply]
 
 
 def _keep(service: Any, plan: ResponsePlan, response: dict[str, Any]) -> None:
     if plan.store:
         calls = plan.calls | {i["call_id"] for i in response["output"]
-                              if i["type"] == "function_call"}
+                              if i["type"] in ("function_call", "custom_tool_call")}
         service.responses.put(response, _conversation_after(plan, response["output"]), calls)
 
 
@@ -112,6 +115,7 @@ class _Events:
         self.items: list[dict[str, Any]] = []  # every item added so far, in output order
         self.open: dict[str, Any] | None = None  # the reasoning or message item being written
         self.calls: dict[int, dict[str, Any]] = {}  # tool-call delta index -> its item
+        self.arguments: dict[int, str] = {}  # ... -> the arguments' text so far
 
     def event(self, kind: str, **fields: Any) -> str:
         data = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -134,6 +138,8 @@ class _Events:
         item["status"] = status
         if item["type"] == "reasoning":
             text = item["content"][0]["text"]
+            if self.plan.sealed:
+                item["encrypted_content"] = sealed(text)
             return [self.event("response.reasoning_text.done", item_id=item["id"],
                                output_index=i, content_index=0, text=text),
                     self.event("response.output_item.done", output_index=i, item=item)]
@@ -168,7 +174,7 @@ class _Events:
             out += self.close_open()
         if self.open is None:
             if kind == "reasoning":
-                self.open = _reasoning_item(new_id("rs"), "", "in_progress")
+                self.open = _reasoning_item(new_id("rs"), "", "in_progress", False)
                 out += self._add(self.open)
             else:
                 self.open = _message_item(new_id("msg"), None, "in_progress")
@@ -190,28 +196,42 @@ class _Events:
         return out
 
     def call(self, delta: ToolCallDelta) -> list[str]:
+        """A call's events: a function call's arguments as they come; a custom tool's text
+        once the call is whole (``finish``: the arguments are JSON around it until then)."""
         out: list[str] = []
         item = self.calls.get(delta.index)
         if item is None:
             out += self.close_open()
-            item = self.calls[delta.index] = _call_item(new_id("fc"), delta.id or new_id("call"),
-                                                        delta.name or "", "", "in_progress")
+            item = self.calls[delta.index] = self.plan.tools.output_item(
+                delta.id or new_id("call"), delta.name or "", "", "in_progress")
+            self.arguments[delta.index] = ""
             out += self._add(item)
         if delta.arguments:
-            item["arguments"] += delta.arguments
-            out.append(self.event("response.function_call_arguments.delta", item_id=item["id"],
-                                  output_index=self._index(item), delta=delta.arguments))
+            self.arguments[delta.index] += delta.arguments
+            if item["type"] == "function_call":
+                item["arguments"] += delta.arguments
+                out.append(self.event("response.function_call_arguments.delta",
+                                      item_id=item["id"], output_index=self._index(item),
+                                      delta=delta.arguments))
         return out
 
     def finish(self, result: Result) -> list[str]:
         status = _status(result)
         out = self.close_open(status)
-        for item in self.calls.values():
+        for index, item in self.calls.items():
             i = self._index(item)
             item["status"] = "completed"
-            out += [self.event("response.function_call_arguments.done", item_id=item["id"],
-                               output_index=i, arguments=item["arguments"]),
-                    self.event("response.output_item.done", output_index=i, item=item)]
+            if item["type"] == "custom_tool_call":
+                item["input"] = custom_input(self.arguments[index])
+                out += [self.event("response.custom_tool_call_input.delta", item_id=item["id"],
+                                   output_index=i, delta=item["input"]),
+                        self.event("response.custom_tool_call_input.done", item_id=item["id"],
+                                   output_index=i, input=item["input"])]
+            else:
+                out.append(self.event("response.function_call_arguments.done",
+                                      item_id=item["id"], output_index=i,
+                                      arguments=item["arguments"]))
+            out.append(self.event("response.output_item.done", output_index=i, item=item))
         return out
 
 
@@ -266,7 +286,8 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
 
     @app.post("/v1/responses", dependencies=[Depends(authorized)])
     async def create(request: Request) -> Response:
-        plan = ResponsePlan(await pipeline.read_body(request), service)
+        plan = ResponsePlan(await pipeline.read_body(request), service,
+                            service.fields(request, API))
         with responses_names():
             await service.prepare(plan.plan)
         by_events = plan.plan.stream or plan.plan.logprobs is not None

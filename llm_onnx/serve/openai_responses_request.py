@@ -1,18 +1,28 @@
 """The Responses API's request (POST /v1/responses) read into a plan: ``ResponsePlan``.
 
 A Responses request is a conversation under other names: ``instructions`` is the system
-message, ``input`` a string or a list of items (messages with text parts, ``function_call``
-items the model made, ``function_call_output`` items with their results, earlier ``reasoning``
-items), ``text.format`` the response format, ``max_output_tokens`` the limit. It is translated
-into the Chat Completions body that API already checks (``chat_body``), so both APIs render,
-constrain and sample the same way; errors keep naming the Responses fields
-(``responses_names``).
+message, ``input`` a string or a list of items (messages with text parts, ``function_call`` and
+``custom_tool_call`` items the model made, ``function_call_output`` and
+``custom_tool_call_output`` items with their results, earlier ``reasoning`` items), ``tools``
+function, namespace and custom tools (openai_responses_tools.py), ``text.format`` the response
+format, ``max_output_tokens`` the limit. It is translated into the Chat Completions body that
+API already checks (``chat_body``), so both APIs render, constrain and sample the same way;
+errors keep naming the Responses fields (``responses_names``).
+
+Reasoning items carry ``encrypted_content`` when ``include`` asks for it: on a local server it
+is the reasoning's text, base64-encoded after ``llm-onnx:v1:`` (``sealed``), not encrypted (the
+client holds the text already; OpenAI encrypts what it keeps from its clients). A client that
+keeps nothing (``store: false``, as Codex CLI) sends it back with the next request and the
+thinking reaches the template as the stored conversation would give it; a value this server did
+not write is reported as ignored.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,41 +30,48 @@ from typing import Any
 from llm_onnx.runtime.generation.results import Result
 from llm_onnx.serve import openai_chat
 from llm_onnx.serve.errors import ApiError, bad, text_only
-from llm_onnx.serve.fields import body_object, integer, known_fields
+from llm_onnx.serve.fields import body_object, integer
+from llm_onnx.serve.openai_responses_tools import Toolbox, new_id, read_tools, tool_choice
+from llm_onnx.serve.policy import Fields
 
+API = "responses"  # in the field policy's reports (policy.py)
 FIELDS = {
     "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools",
     "tool_choice", "parallel_tool_calls", "text", "reasoning", "stream", "metadata", "store",
-    "previous_response_id", "user", "truncation", "include", "service_tier", "top_logprobs",
-    "stream_options", "seed", "prompt_cache_key", "safety_identifier", "background",
-    "max_tool_calls", "conversation", "prompt", "prompt_cache_retention", "prompt_cache_options",
-    "context_management", "moderation",
+    "previous_response_id", "user", "include", "top_logprobs", "seed",
 }
-# Fields of OpenAI's platform that this server cannot honour: a 400 naming the field unless the
-# value asks for nothing (null, false, "disabled"). Prompt caching needs no field: every request
-# reuses the prefix the server already holds, so prompt_cache_* are accepted and change nothing;
+# Hints that change nothing here. Prompt caching needs no field: every request reuses the
+# longest prefix a free row of the cache holds, so prompt_cache_* are accepted and unused;
 # max_tool_calls bounds built-in tool calls, and there are none here.
-NOT_HONOURED = {
+IGNORED_FIELDS = {"safety_identifier", "service_tier", "prompt_cache_key",
+                  "prompt_cache_retention", "prompt_cache_options", "max_tool_calls",
+                  "stream_options"}
+# Conveniences of OpenAI's servers: Codex CLI's telemetry, server-side context compaction
+TOLERATED_FIELDS = {"client_metadata", "context_management"}
+# Fields this server cannot honour: a 400 naming the field unless the value asks for nothing
+# (null, false, "disabled").
+UNSUPPORTED_FIELDS = {
     "background": (False, "background responses are not run here: leave 'background' out"),
     "conversation": (None, "conversations are not stored here: continue with "
                            "'previous_response_id'"),
     "prompt": (None, "stored prompt templates live on OpenAI's platform: send 'instructions' "
                      "and 'input'"),
-    "context_management": (None, "context compaction is not done here"),
     "moderation": (None, "moderation is not run here"),
     "truncation": ("disabled", "'truncation' auto is not done here: an input longer than the "
                                "context is a 400 as with 'disabled'"),
 }
-# include values: the output logprobs are served; the rest name items of built-in tools (none
-# here) or encrypted reasoning (reasoning comes back as plain text), so they add nothing.
+# include values: the output logprobs and encrypted reasoning are served; the rest name items
+# of built-in tools (none here): reported as ignored.
 INCLUDE_VALUES = {"file_search_call.results", "web_search_call.results",
                   "web_search_call.action.sources", "message.input_image.image_url",
                   "computer_call_output.output.image_url", "code_interpreter_call.outputs",
                   "reasoning.encrypted_content", "message.output_text.logprobs"}
-# Built-in tools of OpenAI's platform that nothing here runs: refused by name, never ignored.
-BUILT_IN_TOOLS = {"web_search", "web_search_preview", "web_search_preview_2025_03_11",
-                  "file_search", "computer_use_preview", "computer", "code_interpreter",
-                  "image_generation", "mcp", "local_shell", "shell", "apply_patch", "custom"}
+# Items of built-in tools' calls (another server's history): left out, reported
+BUILT_IN_ITEMS = {"web_search_call", "file_search_call", "computer_call",
+                  "computer_call_output", "code_interpreter_call", "image_generation_call",
+                  "local_shell_call", "local_shell_call_output", "mcp_call", "mcp_list_tools",
+                  "tool_search_call", "tool_search_output"}
+SEAL = "llm-onnx:v1:"
 # Chat Completions' field names in errors, told in the Responses API's own words.
 FIELD_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.format",
                "messages": "input", "reasoning_effort": "reasoning.effort"}
@@ -84,10 +101,13 @@ def _text_parts(content: Any, where: str, role: str) -> str:
     return "".join(out)
 
 
-def input_messages(items: Any, known_calls: set[str]) -> list[dict[str, Any]]:
-    """``input`` as chat messages: consecutive function_call items become one assistant
-    message's tool_calls; a function_call_output must answer a call made earlier (in this
-    input or the responses it continues: ``known_calls``)."""
+def input_messages(items: Any, known_calls: set[str], fields: Fields,
+                   ) -> list[dict[str, Any]]:
+    """``input`` as chat messages: consecutive calls (``function_call``, ``custom_tool_call``)
+    become one assistant message's tool_calls; an output (``function_call_output``,
+    ``custom_tool_call_output``) must answer a call made earlier (in this input or the
+    responses it continues: ``known_calls``). Items of built-in tools are left out and
+    reported."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
@@ -111,13 +131,16 @@ def input_messages(items: Any, known_calls: set[str]) -> list[dict[str, Any]]:
             if role == "assistant" and reasoning is not None:
                 message["reasoning_content"], reasoning = reasoning, None
             messages.append(message)
-        elif kind == "function_call":
-            for field in ("call_id", "name", "arguments"):
-                if not isinstance(item.get(field), str):
-                    raise bad(f"{where}.{field}", f"'{where}.{field}' must be a string.")
+        elif kind in ("function_call", "custom_tool_call"):
+            value = "arguments" if kind == "function_call" else "input"
+            for key in ("call_id", "name", value):
+                if not isinstance(item.get(key), str):
+                    raise bad(f"{where}.{key}", f"'{where}.{key}' must be a string.")
             calls.add(item["call_id"])
+            arguments = item["arguments"] if kind == "function_call" else \
+                json.dumps({"input": item["input"]}, ensure_ascii=False)
             call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+                    "function": {"name": item["name"], "arguments": arguments}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and "tool_calls" in last:
                 last["tool_calls"].append(call)
@@ -126,64 +149,57 @@ def input_messages(items: Any, known_calls: set[str]) -> list[dict[str, Any]]:
                 if reasoning is not None:
                     message["reasoning_content"], reasoning = reasoning, None
                 messages.append(message)
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = item.get("call_id")
             if call_id not in calls:
                 raise bad(f"{where}.call_id", f"'{where}.call_id' {call_id!r} answers no "
-                                              "function_call made in this conversation.")
+                                              "call made in this conversation.")
             output = item.get("output")
             text = output if isinstance(output, str) else \
                 _text_parts(output, f"{where}.output", "tool")
             messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
         elif kind == "reasoning":  # an earlier reply's thinking: goes with the next assistant turn
             parts = item.get("content") or item.get("summary") or []
-            reasoning = _text_parts(parts, f"{where}.content", "assistant")
+            reasoning = _text_parts(parts, f"{where}.content", "assistant") or \
+                _unsealed(item.get("encrypted_content"), fields) or None
+        elif kind in BUILT_IN_ITEMS:
+            fields.tolerate(f"input.{kind}", bad(f"{where}.type", f"'{where}' is an item of the "
+                                                 f"built-in tool call {kind!r}, which this "
+                                                 "server does not run."))
         else:
             raise bad(f"{where}.type", f"'{where}.type' {kind!r} is not an input item this server "
                                        "reads (message, function_call, function_call_output, "
-                                       "reasoning).")
+                                       "custom_tool_call, custom_tool_call_output, reasoning).")
     return messages
 
 
-def tools(value: Any) -> list[dict[str, Any]] | None:
-    """Responses function tools as Chat Completions tools; a built-in tool is a 400 naming it."""
-    if value is None:
+def sealed(text: str) -> str:
+    """A reasoning item's ``encrypted_content`` (see the module docstring)."""
+    return SEAL + base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def _unsealed(value: Any, fields: Fields) -> str | None:
+    """The text of ``encrypted_content`` this server wrote; another's is reported ignored."""
+    if not isinstance(value, str) or not value:
         return None
-    if not isinstance(value, list):
-        raise bad("tools", "'tools' must be a list of tools.")
-    out = []
-    for i, tool in enumerate(value):
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        if kind in BUILT_IN_TOOLS:
-            raise bad(f"tools[{i}].type", f"'tools[{i}]' is the built-in tool {kind!r}, which "
-                                          "this server does not run; give function tools only.")
-        if kind != "function":
-            raise bad(f"tools[{i}].type", f"'tools[{i}].type' must be 'function', got {kind!r}.")
-        function = {k: tool[k] for k in ("name", "description", "parameters", "strict")
-                    if tool.get(k) is not None}
-        out.append({"type": "function", "function": function})
-    return out
+    if value.startswith(SEAL):
+        try:
+            return base64.b64decode(value[len(SEAL):], validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            pass
+    fields.ignore("input.reasoning.encrypted_content")
+    return None
 
 
-def tool_choice(value: Any) -> Any:
-    """'auto' | 'none' | 'required' | {"type": "function", "name"} in Chat Completions' form."""
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, dict) and value.get("type") == "function":
-        return {"type": "function", "function": {"name": value.get("name")}}
-    if isinstance(value, dict) and value.get("type") in BUILT_IN_TOOLS:
-        raise bad("tool_choice", f"'tool_choice' names the built-in tool {value['type']!r}, "
-                                 "which this server does not run.")
-    raise bad("tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or "
-                             "{\"type\": \"function\", \"name\": ...}.")
-
-
-def text_format(text: Any) -> dict[str, Any] | None:
-    """``text.format`` as Chat Completions' response_format."""
+def text_format(text: Any, fields: Fields) -> dict[str, Any] | None:
+    """``text.format`` as Chat Completions' response_format (``text.verbosity``, a style hint,
+    is reported as ignored)."""
     if text is None:
         return None
     if not isinstance(text, dict):
         raise bad("text", "'text' must be an object like {\"format\": {\"type\": \"text\"}}.")
+    for key in sorted(set(text) - {"format"}, key=str):
+        fields.ignore(f"text.{key}")
     fmt = text.get("format")
     if fmt is None:
         return None
@@ -199,14 +215,18 @@ def text_format(text: Any) -> dict[str, Any] | None:
                                   f"got {kind!r}.")
 
 
-def reasoning_effort(reasoning: Any) -> str | None:
+def reasoning_effort(reasoning: Any, fields: Fields) -> str | None:
     """``reasoning.effort`` as Chat Completions' ``reasoning_effort`` (max read as xhigh): a
     harmony template's effort, or for a template with ``enable_thinking``, none turns thinking
-    off; the model's own length otherwise."""
+    off; the model's own length otherwise. A summary is not written (thinking comes back
+    whole): ``reasoning.summary`` is reported as ignored."""
     if reasoning is None:
         return None
     if not isinstance(reasoning, dict):
         raise bad("reasoning", "'reasoning' must be an object like {\"effort\": \"low\"}.")
+    for key in sorted(set(reasoning) - {"effort"}, key=str):
+        if reasoning[key] is not None:
+            fields.ignore(f"reasoning.{key}")
     effort = reasoning.get("effort")
     if effort not in (None, "none", "minimal", "low", "medium", "high", "xhigh", "max"):
         raise bad("reasoning.effort", f"'reasoning.effort' {effort!r} is not one of none, "
@@ -214,10 +234,10 @@ def reasoning_effort(reasoning: Any) -> str | None:
     return "xhigh" if effort == "max" else effort
 
 
-def chat_body(body: dict[str, Any], history: list[dict[str, Any]],
-              known_calls: set[str]) -> dict[str, Any]:
+def chat_body(body: dict[str, Any], history: list[dict[str, Any]], known_calls: set[str],
+              box: Toolbox, fields: Fields) -> dict[str, Any]:
     """The Chat Completions body of a Responses request (``history``: the conversation of the
-    response it continues)."""
+    response it continues; ``box``: its tools, read_tools)."""
     messages = list(history)
     instructions = body.get("instructions")
     if instructions is not None:
@@ -225,11 +245,8 @@ def chat_body(body: dict[str, Any], history: list[dict[str, Any]],
             raise bad("instructions", "'instructions' must be a string.")
         messages = [m for m in messages if m["role"] != "system"]  # replaced, not stacked
         messages.insert(0, {"role": "system", "content": instructions})
-    for field, (nothing, why) in NOT_HONOURED.items():
-        if body.get(field) is not None and body[field] != nothing:
-            raise bad(field, f"'{field}' is not supported by this server: {why}.")
-    logprobs = wanted_logprobs(body)
-    messages += input_messages(body.get("input"), known_calls)
+    logprobs = wanted_logprobs(body, fields)
+    messages += input_messages(body.get("input"), known_calls, fields)
     chat: dict[str, Any] = {"model": body.get("model"), "messages": messages,
                             "stream": bool(body.get("stream"))}
     for ours, theirs in (("max_output_tokens", "max_tokens"), ("temperature", "temperature"),
@@ -237,9 +254,9 @@ def chat_body(body: dict[str, Any], history: list[dict[str, Any]],
                          ("seed", "seed")):
         if body.get(ours) is not None:
             chat[theirs] = body[ours]
-    converted = {"tools": tools(body.get("tools")), "tool_choice": tool_choice(
-        body.get("tool_choice")), "response_format": text_format(body.get("text")),
-        "reasoning_effort": reasoning_effort(body.get("reasoning"))}
+    converted = {"tools": box.tools or None, "tool_choice": tool_choice(body.get("tool_choice")),
+                 "response_format": text_format(body.get("text"), fields),
+                 "reasoning_effort": reasoning_effort(body.get("reasoning"), fields)}
     chat.update({k: v for k, v in converted.items() if v is not None})
     if logprobs is not None:
         chat.update(logprobs=True, top_logprobs=logprobs)
@@ -248,9 +265,10 @@ def chat_body(body: dict[str, Any], history: list[dict[str, Any]],
     return chat
 
 
-def wanted_logprobs(body: dict[str, Any]) -> int | None:
+def wanted_logprobs(body: dict[str, Any], fields: Fields) -> int | None:
     """How many alternatives each output token's logprob comes with, or None for no logprobs:
-    asked for by ``include: ["message.output_text.logprobs"]`` or by ``top_logprobs``."""
+    asked for by ``include: ["message.output_text.logprobs"]`` or by ``top_logprobs``. The
+    include values that name built-in tools' results are reported as ignored."""
     include = body.get("include")
     if include is not None:
         if not isinstance(include, list) or not all(isinstance(v, str) for v in include):
@@ -259,6 +277,8 @@ def wanted_logprobs(body: dict[str, Any]) -> int | None:
             if value not in INCLUDE_VALUES:
                 raise bad(f"include[{i}]", f"'include[{i}]' {value!r} is not one of "
                                            f"{', '.join(sorted(INCLUDE_VALUES))}.")
+            if value not in ("reasoning.encrypted_content", "message.output_text.logprobs"):
+                fields.ignore(f"include.{value}")
     top = integer(body, "top_logprobs", 0, 20)
     if top is None and "message.output_text.logprobs" not in (include or []):
         return None
@@ -275,10 +295,6 @@ def metadata(value: Any) -> dict[str, str] | None:
         raise bad("metadata", "'metadata' must be an object of at most 16 string pairs (keys up "
                               "to 64 characters, values up to 512).")
     return dict(value)
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
 
 
 @contextmanager
@@ -298,13 +314,16 @@ def responses_names() -> Iterator[None]:
 class ResponsePlan:
     """A checked Responses request: the chat plan it runs as, and what the response echoes."""
 
-    def __init__(self, body: Any, service: Any) -> None:
+    def __init__(self, body: Any, service: Any, fields: Fields | None = None) -> None:
+        fields = fields or Fields(API)
         body = body_object(body)
-        known_fields(body, FIELDS)
+        fields.check(body, FIELDS, IGNORED_FIELDS, TOLERATED_FIELDS, UNSUPPORTED_FIELDS)
         scheduler = service.generating()  # (a 400 for an embedding model)
         self.body = body
         self.store = body.get("store", True) is not False
         self.metadata = metadata(body.get("metadata"))
+        self.sealed = "reasoning.encrypted_content" in (body.get("include") or [])
+        self.tools = read_tools(body.get("tools"), fields)
         previous = body.get("previous_response_id")
         history, calls = [], set()
         if previous is not None:
@@ -312,9 +331,9 @@ class ResponsePlan:
                 raise bad("previous_response_id", "'previous_response_id' must be a string.")
             _, history, calls = service.responses.get(previous)
         with responses_names():
-            chat = chat_body(body, history, calls)
+            chat = chat_body(body, history, calls, self.tools, fields)
             self.plan = openai_chat.chat_plan(chat, service.model, service.name,
-                                              scheduler.max_length)
+                                              scheduler.max_length, fields)
         self.conversation = chat["messages"]
         self.calls = calls | {c["id"] for m in self.conversation for c in m.get("tool_calls") or []}
         self.id = new_id("resp")

@@ -166,8 +166,29 @@ async def read_body(request: Request) -> Any:
     raw = await request.body()
     if len(raw) > MAX_BODY_BYTES:
         raise ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes.")
+    raw = _decoded(raw, request.headers.get("content-encoding", "identity").strip().lower())
     try:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise bad(None, f"We could not parse the JSON body of your request ({e}). Send a JSON "
                           "object with Content-Type: application/json.") from None
+
+
+def _decoded(raw: bytes, encoding: str) -> bytes:
+    """A body sent compressed (Claude Code gzips its bodies when told to): gzip and deflate,
+    at most MAX_BODY_BYTES once inflated; another encoding is a 415."""
+    if encoding in ("", "identity"):
+        return raw
+    if encoding not in ("gzip", "deflate"):
+        raise ApiError(415, f"Content-Encoding {encoding!r} is not supported: send the body "
+                            "as it is, or gzip it.", type="invalid_request_error")
+    import zlib
+
+    inflater = zlib.decompressobj(wbits=47)  # gzip or zlib, told apart by the header
+    try:
+        out = inflater.decompress(raw, MAX_BODY_BYTES + 1)
+    except zlib.error as e:
+        raise bad(None, f"the request body is not valid {encoding} data ({e}).") from None
+    if len(out) > MAX_BODY_BYTES or inflater.unconsumed_tail:
+        raise ApiError(413, f"the request body is over {MAX_BODY_BYTES} bytes once inflated.")
+    return out

@@ -71,6 +71,7 @@ class ReplicaConfig:
     # the Responses API's stored responses, kept by each replica in its own memory
     stored_responses: int = 1000
     stored_bytes: int = 64 << 20
+    strict_fields: bool = False  # --strict-fields (policy.py)
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class ModelReplica:
                                prefill_chunk=cfg.prefill_chunk, max_length=cfg.max_seq_len,
                                served_by="Ray Serve", max_cache_bytes=cfg.max_cache_bytes,
                                stored_responses=cfg.stored_responses,
-                               stored_bytes=cfg.stored_bytes)
+                               stored_bytes=cfg.stored_bytes, strict_fields=cfg.strict_fields)
         self.app = create_app(self.service, web_ui=cfg.web_ui)
         self.service.start()
         self.id = f"{socket.gethostname()}:{os.getpid()}"

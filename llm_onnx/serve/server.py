@@ -49,8 +49,25 @@ def run(service: Service, *, host: str = "127.0.0.1", port: int = 8000,
         cors_origins: Sequence[str] = (), web_ui: bool = True) -> None:
     """Serve until SIGTERM / Ctrl-C (blocks); the chat page at ``/`` unless ``web_ui`` is
     False."""
+    _log_to(log_level)
     app = create_app(service, cors_origins=cors_origins, web_ui=web_ui)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on",
                             timeout_graceful_shutdown=int(drain_timeout) + 5,
                             server_header=False)
     _Server(config, service, drain_timeout).run()
+
+
+def _log_to(level: str) -> None:
+    """The server's own log lines (llm_onnx.*: what a request had ignored, errors) beside
+    uvicorn's, at ``level``."""
+    import logging
+
+    from uvicorn.logging import DefaultFormatter
+
+    logger = logging.getLogger("llm_onnx")
+    logger.setLevel(level.upper())
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False

@@ -18,6 +18,7 @@ from llm_onnx.serve.errors import bad
 from llm_onnx.serve.logprobs import TokenText
 from llm_onnx.serve.metrics import Metrics
 from llm_onnx.serve.plan import Plan
+from llm_onnx.serve.policy import Fields, Reporter, attach
 from llm_onnx.serve.response_store import ResponseStore
 
 COMPILE_TIMEOUT_S = 10.0  # a constraint that takes longer to compile is refused (400)
@@ -35,19 +36,23 @@ class Service:
         stored_responses, stored_bytes: the Responses API's store (``store: true``): at most
             this many responses and bytes of them, the oldest dropped first.
         served_by: what serves it, for the model card ("llm-onnx serve", "Ray Serve").
+        strict_fields: every field the server would accept and ignore but its API's hints
+            and metadata is a 400 naming it (policy.py; ``--strict-fields``).
     """
 
     def __init__(self, model: Model, *, name: str | None = None, api_key: str | None = None,
                  max_batch: int = 8, max_queue: int | None = 64, prefill_chunk: int = 256,
                  max_length: int | None = None, served_by: str = "llm-onnx serve",
                  max_cache_bytes: int | None = None, stored_responses: int = 1000,
-                 stored_bytes: int = 64 << 20) -> None:
+                 stored_bytes: int = 64 << 20, strict_fields: bool = False) -> None:
         self.model = model
+        self.strict_fields = strict_fields
         self.served_by = served_by
         manifest = getattr(model.engine, "manifest", None)
         self.name = name or (manifest.folder.name if manifest is not None else "model")
         self.api_key = api_key or None
         self.metrics = Metrics()
+        self.reporter = Reporter(self.metrics.ignored_fields)
         self.scheduler: Scheduler | None = None
         self.embedder: embeddings.EmbeddingRunner | None = None
         if getattr(model, "task", "generate") == "embed":  # no cache, no chat template
@@ -84,6 +89,11 @@ class Service:
         kind = plan.constraint_kind
         if kind is not None:
             self.metrics.constrained.labels(kind).inc(len(plan.prompts) * plan.n)
+
+    def fields(self, request: Request, api: str) -> Fields:
+        """The field policy for ``request`` to one of the APIs (its ignored fields are
+        reported when its answer starts)."""
+        return attach(request, Fields(api, self.strict_fields))
 
     @property
     def max_length(self) -> int:

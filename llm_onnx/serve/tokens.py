@@ -31,9 +31,11 @@ from fastapi.responses import JSONResponse
 from llm_onnx.errors import GenerationError
 from llm_onnx.serve import openai_chat, pipeline, structured
 from llm_onnx.serve.errors import bad
-from llm_onnx.serve.fields import body_object, boolean, known_fields, served_model
+from llm_onnx.serve.fields import body_object, boolean, served_model
+from llm_onnx.serve.policy import Fields
 
 PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")
+API = "tokenize"  # in the field policy's reports (policy.py); every field below is honoured
 PROMPT_FIELDS = {"model", "prompt", "add_special_tokens", "return_token_strs"}
 CHAT_FIELDS = {"model", "messages", "add_generation_prompt", "continue_final_message",
          "add_special_tokens", "return_token_strs", "tools", "chat_template_kwargs"}
@@ -44,14 +46,16 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
     @app.post("/tokenize", dependencies=[Depends(authorized)])
     async def tokenize(request: Request) -> JSONResponse:
         body = _checked(await pipeline.read_body(request), service)
-        answer = _content(body, service) if "content" in body else _tokenize(body, service)
+        fields = service.fields(request, API)
+        answer = _content(body, service, fields) if "content" in body else \
+            _tokenize(body, service, fields)
         service.count(request, 200)
         return JSONResponse(answer)
 
     @app.post("/detokenize", dependencies=[Depends(authorized)])
     async def detokenize(request: Request) -> JSONResponse:
         body = _checked(await pipeline.read_body(request), service)
-        known_fields(body, {"model", "tokens"})
+        service.fields(request, API).check(body, {"model", "tokens"})
         text = service.model.decode(_ids(body.get("tokens"), service.model.engine.vocab_size),
                                     skip_special_tokens=False)
         service.count(request, 200)
@@ -80,14 +84,14 @@ def _checked(body: Any, service: Any) -> dict:
     return body
 
 
-def _tokenize(body: dict, service: Any) -> dict[str, Any]:
+def _tokenize(body: dict, service: Any, fields: Fields) -> dict[str, Any]:
     """vLLM's request: a prompt, or messages rendered with the chat template."""
     model = service.model
     if ("prompt" in body) == ("messages" in body):
         raise bad("prompt", "give 'prompt' (text) or 'messages' (a chat), not both or "
                               "neither.")
     chat = "messages" in body
-    known_fields(body, CHAT_FIELDS if chat else PROMPT_FIELDS)
+    fields.check(body, CHAT_FIELDS if chat else PROMPT_FIELDS)
     special = boolean(body, "add_special_tokens")
     try:
         if chat:
@@ -119,9 +123,9 @@ def _render(body: dict, model: Any) -> str:
                              continue_final_message=final)
 
 
-def _content(body: dict, service: Any) -> dict[str, Any]:
+def _content(body: dict, service: Any, fields: Fields) -> dict[str, Any]:
     """llama.cpp's request: {"content", "add_special", "with_pieces"}."""
-    known_fields(body, CONTENT_FIELDS)
+    fields.check(body, CONTENT_FIELDS)
     if not isinstance(body["content"], str):
         raise bad("content", "'content' must be a string.")
     try:

@@ -6,7 +6,10 @@ scheduler and graphs, with each reply's tokens forced on top of the model's logi
 SCRIPT.json is a list of [key, reply] pairs: a request whose prompt text ends with ``key``
 gets ``reply``, tokenized with the
 folder's tokenizer (special tokens by their text), one token a step; after it, the model's own
-logits. A tiny random model then writes what a trained one would (gpt-oss's harmony messages,
+logits. A pair with a third element, "last", matches a prompt that holds ``key`` anywhere; of
+those, the one whose key comes latest in the prompt wins (an agent's prompt ends with its own
+boilerplate: what the turn is about is the latest thing said), after any ``key`` the prompt
+ends with. A tiny random model then writes what a trained one would (gpt-oss's harmony messages,
 say), so that reading replies, streaming them and the clients' parsing are checked on the text
 real models write.
 """
@@ -24,11 +27,11 @@ import numpy as np
 class ScriptedEngine:
     """An engine whose logits put each row's scripted next token first."""
 
-    def __init__(self, engine: Any, tokenizer: Any, script: list[tuple[str, str]]) -> None:
+    def __init__(self, engine: Any, tokenizer: Any, script: list[tuple[str, ...]]) -> None:
         self._engine = engine
         self._tokenizer = tokenizer
-        self._script = [(key, tokenizer.encode(reply, add_special_tokens=False).ids)
-                        for key, reply in script]
+        self._script = [(key, tokenizer.encode(reply, add_special_tokens=False).ids,
+                         bool(rest) and rest[0] == "last") for key, reply, *rest in script]
         # (cache, row) -> [unused, scripted reply, tokens written, a token picked since]
         self._rows: dict[tuple[int, int], list] = {}
         self._held: dict[tuple[int, int], list[int]] = {}  # (cache, row) -> the tokens it holds
@@ -58,9 +61,18 @@ class ScriptedEngine:
         if state is None or state[3]:  # a new prompt (its first chunk): the row has replied
             state = self._rows[key] = [None, None, 0, False]
         text = self._tokenizer.decode(self._held[key], skip_special_tokens=False)
-        state[1] = next((reply for k, reply in self._script if text.endswith(k)), None)
+        state[1] = self._reply(text)
         state[2] = 0
         return self._force(self._engine.prefill(cache, row, ids), key)
+
+    def _reply(self, text: str) -> list[int] | None:
+        """The scripted reply to a prompt (None: the model's own)."""
+        ending = next((reply for k, reply, last in self._script
+                       if not last and text.endswith(k)), None)
+        if ending is not None:
+            return ending
+        found = [(text.rfind(k), reply) for k, reply, last in self._script if last and k in text]
+        return max(found, key=lambda f: f[0])[1] if found else None
 
     def decode(self, cache: Any, tokens: Any, active: Any = None, first_row: int = 0) -> Any:
         n = len(tokens)
@@ -86,7 +98,7 @@ def main(argv: list[str]) -> None:
     from llm_onnx.cli import main as cli
     from llm_onnx.runtime import Model
 
-    script = [tuple(pair) for pair in json.loads(Path(argv[0]).read_text(encoding="utf-8"))]
+    script = [tuple(entry) for entry in json.loads(Path(argv[0]).read_text(encoding="utf-8"))]
     load = Model.load.__func__  # type: ignore[attr-defined]
 
     def scripted_load(cls: type, *args: Any, **kwargs: Any) -> Model:

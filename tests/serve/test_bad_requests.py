@@ -60,8 +60,6 @@ def error_of(response, status: int) -> dict:
      "top_logprobs", "needs 'logprobs'"),
     ("/v1/chat/completions", {"model": MODEL, "messages": USER, "tools": [{"type": "function"}]},
      "tools", "not supported"),
-    ("/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokenz": 5},
-     "max_tokenz", "Unrecognized request argument"),
     ("/v1/chat/completions", {"messages": USER}, "model", "must provide a model"),
     ("/v1/completions", {"model": MODEL, "prompt": ""}, "prompt", "empty"),
     ("/v1/completions", {"model": MODEL, "prompt": [1, 999]}, "prompt", "outside the vocabulary"),
@@ -77,6 +75,32 @@ def test_bad_fields_are_400s_naming_the_field(server, path, body, param, fragmen
     error = error_of(post(server, path, body), 400)
     assert error["param"] == param and fragment in error["message"]
     assert error["type"] == "invalid_request_error"
+
+
+def test_unknown_and_hint_fields_are_accepted_and_reported(server):
+    """The field policy (llm_onnx/serve/policy.py): a field the server does not know (a newer
+    client's, a typo) and a hint it does not use are accepted; the answer names them in its
+    llm-onnx-ignored header and /metrics counts them. A field that asks for what the server
+    cannot do stays a 400."""
+    before = server.metric('llm_onnx_ignored_fields_total{api="chat.completions",'
+                           'field="max_tokenz"}')
+    r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": 2,
+                                              "max_tokenz": 5, "user": "u1"})
+    assert r.status_code == 200 and r.headers["llm-onnx-ignored"] == "max_tokenz, user"
+    assert server.metric('llm_onnx_ignored_fields_total{api="chat.completions",'
+                         'field="max_tokenz"}') == before + 1
+    r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": 2})
+    assert r.status_code == 200 and "llm-onnx-ignored" not in r.headers
+    r = post(server, "/v1/completions", {"model": MODEL, "prompt": "t1", "max_tokens": 2,
+                                         "stream": True, "client_metadata": {"a": "b"}})
+    assert r.status_code == 200 and r.headers["llm-onnx-ignored"] == "client_metadata"
+    r = post(server, "/v1/chat/completions", {"model": MODEL, "messages": USER, "max_tokens": 2,
+                                              "web_search_options": {}})  # asks for nothing
+    assert r.status_code == 200 and "llm-onnx-ignored" not in r.headers
+    error = error_of(post(server, "/v1/chat/completions", {
+        "model": MODEL, "messages": USER, "web_search_options": {"search_context_size": "low"}}),
+        400)
+    assert error["param"] == "web_search_options" and "not supported" in error["message"]
 
 
 def test_integers_written_with_a_zero_fraction_are_integers(server):
@@ -190,9 +214,9 @@ def test_a_client_that_gives_up_on_a_plain_request_frees_its_row(chat_model_fold
 
 @pytest.fixture(scope="module")
 def guarded(chat_model_folder):
-    """One row, a queue of one, an API key, and no chat page."""
+    """One row, a queue of one, an API key, no chat page, and --strict-fields."""
     proc = ServerProcess(chat_model_folder, "--max-batch", "1", "--max-queue", "1",
-                         "--no-web-ui", api_key="sesame")
+                         "--no-web-ui", "--strict-fields", api_key="sesame")
     yield proc
     proc.stop()
 
@@ -201,6 +225,18 @@ def test_no_web_ui_leaves_the_chat_page_out(guarded):
     for path in ("/", "/favicon.ico", "/web/chat.js"):
         error_of(httpx.get(guarded.url + path), 404)
     assert httpx.get(guarded.url + "/v1/models", headers=guarded.headers).status_code == 200
+
+
+def test_strict_fields_refuse_every_field_the_server_would_ignore(guarded):
+    """--strict-fields: an unknown field is a 400 naming it, as before the field policy; the
+    API's own hints and metadata (user, metadata, ...) are still accepted, and reported."""
+    body = {"model": MODEL, "messages": USER, "max_tokens": 2}
+    error = error_of(post(guarded, "/v1/chat/completions", {**body, "max_tokenz": 5},
+                          headers=guarded.headers), 400)
+    assert error["param"] == "max_tokenz"
+    assert error["message"] == "Unrecognized request argument supplied: max_tokenz."
+    r = post(guarded, "/v1/chat/completions", {**body, "user": "u1"}, headers=guarded.headers)
+    assert r.status_code == 200 and r.headers["llm-onnx-ignored"] == "user"
 
 
 def test_api_key_is_required_except_for_health(guarded):

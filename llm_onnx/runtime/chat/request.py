@@ -37,7 +37,9 @@ class ChatModel(Protocol):
 
 def check_tools(tools: Any, where: str = "tools") -> list[dict] | None:
     """OpenAI's tool list, checked: [{"type": "function", "function": {"name", "description",
-    "parameters"}}]. None or [] -> None."""
+    "parameters"}}]. None or [] -> None. A tool may also carry ``input_grammar`` (a Lark
+    grammar: OpenAI's custom tools): it is called with ``{"input": "<text in the grammar>"}``
+    (dialects/tagged_calls.py)."""
     if tools is None or tools == []:
         return None
     if not isinstance(tools, list):
@@ -174,6 +176,12 @@ class ChatRequest:
             raise ConstraintError("this model's chat template writes no tool calls that "
                                   "llm-onnx recognises: give --tool-call-format ("
                                   f"{', '.join(choosable_tool_dialects())}).", "tools")
+        free = [i for i, t in enumerate(self.tools or []) if "input_grammar" in t]
+        if self.calls_tools and free and not self.dialect.free_form:
+            raise ConstraintError(f"'tools[{free[0]}]' takes free text in a grammar, which this "
+                                  f"model's tool-call format ({self.dialect.tool_format}) "
+                                  "cannot write; give it as a function tool.",
+                                  f"tools[{free[0]}]")
         # A forced call (tool_choice "required" or a named function) leaves no text for an
         # answer's format to hold: the format then applies to nothing, as with OpenAI's API
         # (its Agents SDK sends both when an agent with a typed output must call a tool).

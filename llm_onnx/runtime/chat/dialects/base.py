@@ -133,11 +133,14 @@ class ChatDialect(ABC):
         tool_format: the name of the tool dialect (None: the template writes no tool calls).
         reasons: replies may carry thinking, returned apart from the answer.
         keep_special: special tokens whose text the reply keeps for the reader.
+        free_form: a call can carry a custom tool's free text (a tool with an
+            ``input_grammar``: tagged_calls.py).
     """
 
     tool_format: str | None = None
     reasons: bool = False
     keep_special: tuple[str, ...] = ()
+    free_form: bool = False
 
     @abstractmethod
     def thinking(self, prompt: str) -> bool | None:

@@ -254,6 +254,7 @@ class Gemma4(TaggedCalls):
 
     name = "gemma4"
     begin, end = CALL_START, CALL_END
+    free_form = False  # a call's body is Gemma 4's own, not JSON
 
     @classmethod
     def detect(cls, template: str) -> bool:

@@ -34,6 +34,7 @@ class CallFormat(Protocol):
     """How the calls are written (tagged_calls.TaggedCalls)."""
 
     name: str
+    free_form: bool  # a call can carry a custom tool's free text (tagged_calls.py)
 
     def grammar(self, tools: Sequence[dict], choice: ToolChoice, parallel: bool,
                 special_id: SpecialId, answer: Constraint | None = None) -> Constraint: ...
@@ -52,6 +53,7 @@ class TaggedDialect(ChatDialect):
         self.reasoning = reasoning
         self.tool_format = tools.name if tools is not None else None
         self.reasons = reasoning is not None
+        self.free_form = tools is not None and tools.free_form
 
     def thinking(self, prompt: str) -> bool | None:
         return self.reasoning.thinking(prompt) if self.reasoning is not None else None

@@ -7,6 +7,11 @@ the marker (``array``), or bare objects with no marker at all (``begin`` empty, 
 body is a JSON object ``{"name": ..., KEY: {...}}``; a dialect with a body of its own overrides
 ``call_rules`` (its grammar) and ``read_call`` (its reader), as Gemma 4's does.
 
+A tool with an ``input_grammar`` (OpenAI's custom tools: free text in a Lark grammar) is called
+with ``{"input": "<text>"}`` as its arguments, the text held to the grammar inside the JSON
+string (structured/json_string_grammar.py); a dialect whose calls are one JSON array
+(``array``) or a body of its own cannot write it (``free_form`` False).
+
 ``grammar`` builds the constraint of a request's ``tool_choice``: "required" or a named function
 force calls, their arguments valid under each function's ``parameters`` schema; "auto" leaves
 the reply free until the model opens a call (the begin marker), and constrains the rest (a lazy
@@ -28,6 +33,7 @@ from llm_onnx.runtime.chat.dialects.tagged import TaggedDialect
 from llm_onnx.runtime.generation.results import ToolCall
 from llm_onnx.runtime.structured.constraint import JSON_OPTIONS, Constraint, grammar_list
 from llm_onnx.runtime.structured.json_scan import WHITESPACE, scan_object, skip_space
+from llm_onnx.runtime.structured.json_string_grammar import json_string_grammar
 
 
 @dataclass
@@ -59,6 +65,7 @@ class TaggedCalls(ToolDialect):
         array: calls as one JSON array after ``begin``, not one object per begin/end block.
         separator: between consecutive bare call objects (Llama 3's ";").
         prefix: an optional marker before bare calls (Llama 3's ``<|python_tag|>``).
+        free_form: a call can carry a custom tool's free text (``input_grammar``).
     """
 
     begin: ClassVar[str]
@@ -67,6 +74,7 @@ class TaggedCalls(ToolDialect):
     array: ClassVar[bool] = False
     separator: ClassVar[str] = ""
     prefix: ClassVar[str] = ""
+    free_form: ClassVar[bool] = True
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -83,8 +91,28 @@ class TaggedCalls(ToolDialect):
     # ------------------------------------------------------------------ the grammar
 
     def call_rules(self, tools: Sequence[dict], special_id: SpecialId) -> list[str]:
-        """Lark rules whose ``call_json`` is one call of one of ``tools``: a JSON object."""
-        return [f"call_json: %json {json.dumps(self._one_call(tools))}"]
+        """Lark rules whose ``call_json`` is one call of one of ``tools``: a JSON object (a
+        tool with an ``input_grammar``: its text in the subgrammar ``@llm_onnx_input_N``)."""
+        plain = [t for t in tools if "input_grammar" not in t]
+        if len(plain) == len(tools):
+            return [f"call_json: %json {json.dumps(self._one_call(tools))}"]
+        rules, names = [], []
+        if plain:
+            rules.append(f"plain_call: %json {json.dumps(self._one_call(plain))}")
+            names.append("plain_call")
+        for i, tool in enumerate(t for t in tools if "input_grammar" in t):
+            head = json.dumps({"name": tool["function"]["name"], self.key: {"input": ""}})
+            rules.append(f"free_call_{i}: {json.dumps(head[:-3])} @llm_onnx_input_{i} "
+                         f"{json.dumps(head[-3:])}")
+            names.append(f"free_call_{i}")
+        return [*rules, "call_json: " + " | ".join(names)]
+
+    @staticmethod
+    def input_grammars(tools: Sequence[dict]) -> list[dict[str, Any]]:
+        """The subgrammars of the tools' free text (see ``call_rules``), in tool order."""
+        return [{"name": f"llm_onnx_input_{i}",
+                 "lark_grammar": json_string_grammar(t["input_grammar"], "tools")}
+                for i, t in enumerate(t for t in tools if "input_grammar" in t)]
 
     def _one_call(self, tools: Sequence[dict]) -> dict[str, Any]:
         """The JSON schema of one call of one of ``tools``."""
@@ -145,6 +173,7 @@ class TaggedCalls(ToolDialect):
             lines.insert(1, "start: PLAIN? | WS? calls")
             lines.append("PLAIN: /[^{ \\t\\n](.|\\n)*/")
         top = {"lark_grammar": "\n".join(lines) + "\n"}
+        grammars += self.input_grammars(picked)
         return Constraint("llguidance", json.dumps({"grammars": [top, *grammars]}),
                           where="tools", markers=self.markers)
 

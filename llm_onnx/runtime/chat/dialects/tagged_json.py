@@ -31,7 +31,7 @@ class Hermes(TaggedCalls):
 
 class Mistral(TaggedCalls):
     name = "mistral"
-    begin, array = "[TOOL_CALLS]", True
+    begin, array, free_form = "[TOOL_CALLS]", True, False
 
     @classmethod
     def detect(cls, template: str) -> bool:
@@ -44,7 +44,7 @@ class Mistral(TaggedCalls):
 
 class Phi4Mini(TaggedCalls):
     name = "phi4_mini"
-    begin, end, array = "<|tool_call|>", "<|/tool_call|>", True
+    begin, end, array, free_form = "<|tool_call|>", "<|/tool_call|>", True, False
 
     @classmethod
     def detect(cls, template: str) -> bool:
