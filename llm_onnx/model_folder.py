@@ -26,7 +26,7 @@ from llm_onnx.graph_io import (  # noqa: F401 (re-exported: mf.INPUT_IDS, mf.sta
     SEQUENCE_LENGTHS, TOTAL_SEQUENCE_LENGTH, VALID_TOKENS, input_names, output_names,
     state_names,
 )
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 from llm_onnx.typed_json import plain, typed
 
 FORMAT = "llm-onnx-model"

@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 
 
 def plain(value: Any) -> Any:

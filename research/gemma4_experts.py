@@ -29,7 +29,7 @@ import torch
 from llm_onnx.export import quant
 from llm_onnx.export.custom_ops import fix_domains, translation_table
 from llm_onnx.export.modules import QuantGeGLUExperts, RoutedGeGLUExperts
-from llm_onnx.model.mlp import GeGLUExperts
+from llm_onnx.modeling.mlp import GeGLUExperts
 
 
 def build(a) -> tuple[RoutedGeGLUExperts, QuantGeGLUExperts]:

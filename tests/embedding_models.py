@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from llm_onnx.families import get_config
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 from tests.hf_models import hf_config_dict, make_hf_model
 
 EOS = "<|endoftext|>"

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from llm_onnx.families import family
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 
 
 def hf_config_dict(cfg: ModelConfig) -> dict:

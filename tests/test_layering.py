@@ -1,7 +1,7 @@
 """The layers and the direction of imports between them:
 
-    families, model.config, model_folder      pure Python (no torch, no onnxruntime)
-    model (the decoder)                       torch; knows nothing of checkpoints or export
+    families, modeling.config, model_folder   pure Python (no torch, no onnxruntime)
+    modeling (the decoder)                    torch; knows nothing of checkpoints or export
     checkpoints                               reads checkpoints into the model
     export                                    model + checkpoints -> a model folder; not the runtime
     runtime                                   onnxruntime + numpy + tokenizers; never torch
@@ -45,12 +45,12 @@ def _modules_after(statement: str) -> set[str]:
 def test_runtime_does_not_import_torch():
     mods = _modules_after("import llm_onnx.runtime")
     assert "torch" not in mods
-    assert not any(m.startswith(("llm_onnx.export", "llm_onnx.checkpoints", "llm_onnx.model.",
-                                 "transformers")) and m != "llm_onnx.model.config" for m in mods)
+    assert not any(m.startswith(("llm_onnx.export", "llm_onnx.checkpoints", "llm_onnx.modeling.",
+                                 "transformers")) and m != "llm_onnx.modeling.config" for m in mods)
 
 
 def test_pure_python_layers_import_neither_torch_nor_onnxruntime():
-    for module in ("llm_onnx.families", "llm_onnx.model.config", "llm_onnx.model_folder"):
+    for module in ("llm_onnx.families", "llm_onnx.modeling.config", "llm_onnx.model_folder"):
         mods = _modules_after(f"import {module}")
         assert "torch" not in mods and "onnxruntime" not in mods, module
 
@@ -128,15 +128,15 @@ def import_cycles(graph: dict[str, set[str]]) -> list[str]:
 
 
 # The torch modules of the decoder (the stack and its parts).
-DECODER = ("llm_onnx.model.decoder", "llm_onnx.model.layers", "llm_onnx.model.attention",
-           "llm_onnx.model.mlp", "llm_onnx.model.positions", "llm_onnx.model.linear_attention",
-           "llm_onnx.model.embedding")
+DECODER = ("llm_onnx.modeling.decoder", "llm_onnx.modeling.layers",
+           "llm_onnx.modeling.attention", "llm_onnx.modeling.mlp", "llm_onnx.modeling.positions",
+           "llm_onnx.modeling.linear_attention", "llm_onnx.modeling.embedding")
 
 
 def test_layers_import_downwards_only():
     forbidden = {
-        "llm_onnx.model": ("llm_onnx.checkpoints", "llm_onnx.export", "llm_onnx.runtime",
-                           "llm_onnx.serve", "llm_onnx.families"),
+        "llm_onnx.modeling": ("llm_onnx.checkpoints", "llm_onnx.export", "llm_onnx.runtime",
+                              "llm_onnx.serve", "llm_onnx.families"),
         "llm_onnx.families": ("llm_onnx.checkpoints", "llm_onnx.export", "llm_onnx.runtime",
                               "llm_onnx.serve", *DECODER),
         "llm_onnx.checkpoints": ("llm_onnx.export", "llm_onnx.runtime", "llm_onnx.serve"),
@@ -154,9 +154,9 @@ def test_layers_import_downwards_only():
 
 def test_the_decoder_modules_are_all_named():
     """A new torch module of the model is in DECODER, so the bans above cover it."""
-    assert {m for m in module_imports() if m.startswith("llm_onnx.model.")} == {
-        *DECODER, "llm_onnx.model.config", "llm_onnx.model.ops", "llm_onnx.model.rope",
-        "llm_onnx.model.shapes"}
+    assert {m for m in module_imports() if m.startswith("llm_onnx.modeling.")} == {
+        *DECODER, "llm_onnx.modeling.config", "llm_onnx.modeling.ops", "llm_onnx.modeling.rope",
+        "llm_onnx.modeling.shapes"}
 
 
 def test_no_import_cycles():

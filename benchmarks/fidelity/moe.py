@@ -82,7 +82,7 @@ class MoEfied:
     def __init__(self, base, cfg, experts: int) -> None:
         self.base, self.e = base, experts
         self.width = cfg.intermediate_size // experts
-        from llm_onnx.model.shapes import checkpoint_shapes
+        from llm_onnx.modeling.shapes import checkpoint_shapes
         self._shapes = checkpoint_shapes(cfg)
 
     def names(self) -> list[str]:
@@ -142,7 +142,7 @@ class OffGrid:
 def checkpoints(ck, experts: int, noise: float, seed: int) -> dict:
     """{"dense": ``ck`` off its grid, "moe": the same split into ``experts`` experts}, both
     float sources (awq, zero points) to the exporter."""
-    from llm_onnx.model.config import MoEConfig
+    from llm_onnx.modeling.config import MoEConfig
 
     cfg = ck.config
     if cfg.intermediate_size % experts:

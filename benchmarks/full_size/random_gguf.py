@@ -71,7 +71,7 @@ import gguf
 import numpy as np
 
 from llm_onnx.families.smollm3 import nope_every
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 
 BLOCK = 32  # Q4_0 and Q8_0: 32 weights a block, one float16 scale
 QUANT_TYPES = {"Q4_0": gguf.GGMLQuantizationType.Q4_0, "Q8_0": gguf.GGMLQuantizationType.Q8_0}

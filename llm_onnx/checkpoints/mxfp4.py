@@ -22,7 +22,7 @@ import torch
 
 from llm_onnx.checkpoints.sources import TensorSource
 from llm_onnx.errors import CheckpointError
-from llm_onnx.model.shapes import Shape
+from llm_onnx.modeling.shapes import Shape
 
 # e2m1 codes 0-15: sign bit 3, exponent bits 2-1, mantissa bit 0 (OCP MX v1.0, table 5)
 E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,

@@ -19,8 +19,8 @@ import torch
 from llm_onnx.checkpoints.sources import TensorSource
 from llm_onnx.errors import CheckpointError
 from llm_onnx.families import Family, Part, family
-from llm_onnx.model.config import ModelConfig
-from llm_onnx.model.shapes import Shape
+from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.shapes import Shape
 
 
 class FamilySource:

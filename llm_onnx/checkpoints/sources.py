@@ -17,8 +17,8 @@ import torch
 
 from llm_onnx.errors import CheckpointError
 from llm_onnx.families import GGUF_ARCHITECTURES, REGISTRY, Family
-from llm_onnx.model.config import ModelConfig
-from llm_onnx.model.shapes import Shape, checkpoint_shapes
+from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.shapes import Shape, checkpoint_shapes
 
 
 class TensorSource(Protocol):

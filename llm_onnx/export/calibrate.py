@@ -41,11 +41,11 @@ from llm_onnx.export.calibration_text import CALIBRATION_TEXT, KV_CALIBRATION_TE
 from llm_onnx.export.folder import HeapTrim
 from llm_onnx.export.kv_rotation import rotates_values
 from llm_onnx.export.kv_scales import layer_scales, watch_layer
-from llm_onnx.model import ops
-from llm_onnx.model.config import ModelConfig
-from llm_onnx.model.decoder import Fusion
-from llm_onnx.model.layers import Linear
-from llm_onnx.model.mlp import GeGLUExperts, Experts
+from llm_onnx.modeling import ops
+from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.decoder import Fusion
+from llm_onnx.modeling.layers import Linear
+from llm_onnx.modeling.mlp import GeGLUExperts, Experts
 
 ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 MAX_TOKENS = 512  # calibration tokens used (one sequence)

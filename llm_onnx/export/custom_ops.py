@@ -1,6 +1,6 @@
-"""ONNX translations of the custom ops (the decoder's in llm_onnx/model/ops.py, the quantized ones
-in llm_onnx/export/quant.py): each becomes one ONNX Runtime kernel with the same contract, so the
-eager op is the reference the parity tests hold ORT to.
+"""ONNX translations of the custom ops (the decoder's in llm_onnx/modeling/ops.py, the quantized
+ones in llm_onnx/export/quant.py): each becomes one ONNX Runtime kernel with the same contract, so
+the eager op is the reference the parity tests hold ORT to.
 
 Translations are onnxscript functions (they need return annotations, and contrib ops can only be
 emitted from scripted functions). ONNX Runtime registers SimplifiedLayerNormalization in the
@@ -28,8 +28,8 @@ from llm_onnx.export.kv_int8_attention import (
     group_query_attention_int8_steps_packed,
     group_query_attention_int8_steps_rotated,
 )
-from llm_onnx.model import linear_attention as _la  # noqa: F401  (its torch.ops.llm_onnx.*)
-from llm_onnx.model import ops  # noqa: F401  (registers torch.ops.llm_onnx.* of the decoder)
+from llm_onnx.modeling import linear_attention as _la  # noqa: F401  (its torch.ops.llm_onnx.*)
+from llm_onnx.modeling import ops  # noqa: F401  (registers torch.ops.llm_onnx.* of the decoder)
 
 msft = onnxscript.values.Opset("com.microsoft", 1)
 op18 = onnxscript.opset18
@@ -427,7 +427,7 @@ def _no_rows(x, d: int, tag: str) -> ir.Graph:
     return ir.Graph([], [n.outputs[0]], nodes=[n], name=f"{tag}/not_chosen")
 
 
-# Gated DeltaNet (llm_onnx/model/linear_attention.py). LinearAttention maps value head h to key
+# Gated DeltaNet (llm_onnx/modeling/linear_attention.py). LinearAttention maps value head h to key
 # head h // (Hv / Hk) itself (the key head count is read off the key's width), takes the decay in
 # log space and scales by 1/sqrt(d_k) when scale is 0; it does not L2-normalise q and k (the
 # graph does, before). Its state may be bound in place: the kernel copies past to present first.

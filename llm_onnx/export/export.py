@@ -36,7 +36,7 @@ from llm_onnx.export.parity import validate
 from llm_onnx.export.plan import ExportPlan
 from llm_onnx.export.progress import Progress
 from llm_onnx.export.weights import StoredTensor, WeightFile, write_weights
-from llm_onnx.model.shapes import num_parameters
+from llm_onnx.modeling.shapes import num_parameters
 
 
 def write_folder(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,

@@ -15,7 +15,7 @@ A linear-attention layer (Qwen3.5) takes its conv and recurrent states instead, 
 (B, Hv, dk, dv), also updated in place, and the graphs take valid_tokens (B,): how many of each
 row's new tokens advance those states.
 embed:   input_ids (B, T) right-padded and sequence_lengths (B,); embeddings (B, E), each row's
-         final hidden states pooled over its real tokens (llm_onnx/model/embedding.py). The
+         final hidden states pooled over its real tokens (llm_onnx/modeling/embedding.py). The
          attention's keys and values live for the one run: no cache goes in or out.
 """
 
@@ -28,9 +28,9 @@ import numpy as np
 import onnx_ir as ir
 import torch
 
-from llm_onnx.model.decoder import Decoder
-from llm_onnx.model.embedding import EmbeddingDecoder
-from llm_onnx.model.linear_attention import state_shapes
+from llm_onnx.modeling.decoder import Decoder
+from llm_onnx.modeling.embedding import EmbeddingDecoder
+from llm_onnx.modeling.linear_attention import state_shapes
 from llm_onnx.export.custom_ops import fix_domains, translation_table
 from llm_onnx.export.kv_int8_attention import inline_branch_calls
 from llm_onnx import model_folder as names

@@ -12,7 +12,7 @@ scales hold on text the calibration never saw. The change of basis costs nothing
 
 so the float model is unchanged (to rounding) and the cache stores H v. Keys cannot be rotated in
 the weights (RoPE sits between k_proj and the cache, and does not commute with H): the attention
-module rotates queries and keys after RoPE instead (model/attention.py, ``rotate_keys``).
+module rotates queries and keys after RoPE instead (modeling/attention.py, ``rotate_keys``).
 
 Measured on SmolLM2-135M, teacher-forced over 2,048 tokens of this repository's docs in torch:
 docs/notes/kv-int8-gqa.md.
@@ -25,8 +25,8 @@ import re
 import torch
 
 from llm_onnx.checkpoints.sources import TensorSource
-from llm_onnx.model.attention import hadamard, rotates_keys
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.attention import hadamard, rotates_keys
+from llm_onnx.modeling.config import ModelConfig
 
 _NAME = re.compile(r"model\.layers\.(\d+)\.self_attn\.(v_proj\.weight|v_proj\.bias|o_proj\.weight)$")
 

@@ -31,9 +31,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from llm_onnx.model import ops
-from llm_onnx.model.attention import hadamard, rotates_keys
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling import ops
+from llm_onnx.modeling.attention import hadamard, rotates_keys
+from llm_onnx.modeling.config import ModelConfig
 
 KV_QMAX = 127  # an amax value stores 127 (onnxruntime-genai divides by 128: it stores 128,
 # saturated to 127)

@@ -21,8 +21,8 @@ from llm_onnx.export.validate import (compare, compare_embeddings, compare_logit
                                       run_onnx_embeddings, run_reference,
                                       run_reference_embeddings, thresholds)
 from llm_onnx.export.weights import StoredTensor
-from llm_onnx.model.config import ModelConfig
-from llm_onnx.model.shapes import Shape, num_parameters
+from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.shapes import Shape, num_parameters
 
 # Validate the whole model when the torch reference and ORT both fit comfortably in memory.
 FULL_VALIDATION_PARAMS = 600_000_000

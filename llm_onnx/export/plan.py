@@ -35,11 +35,11 @@ from llm_onnx.export.modules import (NBitsLinear, QuantEmbedding, QuantExperts,
                                      to_export_form)
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.progress import Progress
-from llm_onnx.model.config import ModelConfig
-from llm_onnx.model.attention import AttentionForm, attention_form, rotates_keys
-from llm_onnx.model.decoder import Decoder, Fusion
-from llm_onnx.model.embedding import EmbeddingDecoder
-from llm_onnx.model.linear_attention import state_shapes
+from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.attention import AttentionForm, attention_form, rotates_keys
+from llm_onnx.modeling.decoder import Decoder, Fusion
+from llm_onnx.modeling.embedding import EmbeddingDecoder
+from llm_onnx.modeling.linear_attention import state_shapes
 
 
 def planned_attention(cfg: ModelConfig, options: ExportOptions) -> AttentionForm:

@@ -340,7 +340,7 @@ def qmoe(x: Tensor, router_logits: Tensor, fc1_q: Tensor, fc1_scales: Tensor, fc
     dequantize, then moe_ref (``accuracy_level`` 4, int8 activations in the kernel, is not
     modelled: the parity gate's int8-activation tolerances cover it). Biases and (alpha, beta,
     limit): gpt-oss's, as ops.moe."""
-    from llm_onnx.model.ops import moe_ref
+    from llm_onnx.modeling.ops import moe_ref
 
     def deq(q: Tensor, s: Tensor, zp: Tensor | None) -> Tensor:
         e, rows, _ = q.shape
@@ -366,11 +366,11 @@ def geglu_experts_nbits(x: Tensor, index: Tensor, weight: Tensor, gate_up_q: lis
                         gate_up_scales: list[Tensor], down_q: list[Tensor],
                         down_scales: list[Tensor], bits: int, block_up: int, block_down: int,
                         accuracy_level: int) -> Tensor:
-    """Gemma 4's experts (model.mlp.GeGLUExperts), each one a pair of block-quantized weights:
+    """Gemma 4's experts (modeling.mlp.GeGLUExperts), each one a pair of block-quantized weights:
     x (N, D), index (N, K) the chosen experts, weight (N, K) fp32 -> (N, D). Expert e's
     gate_up_q[e] is (2I, D) [gate | up] rows, down_q[e] (D, I). Only the chosen experts run,
     each on the rows that chose it (the ONNX form: an If per expert)."""
-    from llm_onnx.model.mlp import geglu_per_expert
+    from llm_onnx.modeling.mlp import geglu_per_expert
 
     d, i = x.shape[-1], gate_up_q[0].shape[0] // 2
     return geglu_per_expert(

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from llm_onnx.model.decoder import Decoder, owned_states
-from llm_onnx.model.linear_attention import state_shapes
+from llm_onnx.modeling.decoder import Decoder, owned_states
+from llm_onnx.modeling.linear_attention import state_shapes
 from llm_onnx.errors import ParityError
 from llm_onnx.export import quant
 from llm_onnx.export.weights import StoredTensor
@@ -223,7 +223,7 @@ def run_reference(reference: Decoder, vocab: int) -> tuple[_Steps, list[np.ndarr
 def _router_hooks(model: Decoder, gaps: list[torch.Tensor]) -> list:
     """Hooks recording, per token of every MoE layer, how far the k-th chosen expert's router
     logit leads the next one's."""
-    from llm_onnx.model.mlp import Gemma4Router, SparseMoE
+    from llm_onnx.modeling.mlp import Gemma4Router, SparseMoE
 
     moe = model.config.moe
     hooks: list = []

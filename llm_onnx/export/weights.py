@@ -22,8 +22,8 @@ from llm_onnx.checkpoints.sources import TensorSource
 from llm_onnx.errors import ExportError
 from llm_onnx.export import quant
 from llm_onnx.export.folder import HeapTrim
-from llm_onnx.model.decoder import Decoder
-from llm_onnx.model.mlp import Experts
+from llm_onnx.modeling.decoder import Decoder
+from llm_onnx.modeling.mlp import Experts
 
 ALIGN = 64  # bytes; every tensor starts on a 64-byte boundary
 CHUNK_ELEMENTS = 1 << 24  # rows per chunk are chosen so a chunk holds about this many elements

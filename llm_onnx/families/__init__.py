@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 from llm_onnx.errors import ConfigError
 from llm_onnx.families.layouts import GGUFNames, Part
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 
 __all__ = ["Family", "GGUFNames", "HFConfig", "Part", "REGISTRY", "PRESETS", "TINY", "HF_REPOS",
            "SUPPORTED_ARCHITECTURES", "GGUF_ARCHITECTURES", "ALIASES", "family", "get_config",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from llm_onnx.families.layouts import QKV, Part, fused_qkv_shape, per_head_part
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 
 ARCHITECTURE = "BloomForCausalLM"
 HF_CONFIG_CLASS = "BloomConfig"

@@ -10,7 +10,7 @@ from typing import Any
 from llm_onnx.families.bloom import bloom_like_layer
 from llm_onnx.families.layouts import Part
 from llm_onnx.families.llama import rope_fields
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 
 ARCHITECTURE = "FalconForCausalLM"
 HF_CONFIG_CLASS = "FalconConfig"

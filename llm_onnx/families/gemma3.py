@@ -14,7 +14,7 @@ from typing import Any
 from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.families.llama import GGUF_GLOBALS, GGUF_LAYER, base_hf_config, gguf_fields
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 
 ARCHITECTURE = "Gemma3ForCausalLM"
 HF_CONFIG_CLASS = "Gemma3TextConfig"

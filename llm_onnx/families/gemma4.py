@@ -37,8 +37,8 @@ from typing import Any
 
 from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.families.layouts import GGUFNames, Part
-from llm_onnx.model.config import ModelConfig, MoEConfig
-from llm_onnx.model.shapes import layer_shapes
+from llm_onnx.modeling.config import ModelConfig, MoEConfig
+from llm_onnx.modeling.shapes import layer_shapes
 
 ARCHITECTURE = "Gemma4ForCausalLM"
 HF_CONFIG_CLASS = "Gemma4TextConfig"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from llm_onnx.families.layouts import QKV, Part, concat_part, fused_qkv_shape, transpose
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 
 ARCHITECTURE = "GPT2LMHeadModel"
 HF_CONFIG_CLASS = "GPT2Config"

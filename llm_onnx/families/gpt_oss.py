@@ -31,7 +31,7 @@ from llm_onnx.families.llama import (
     base_hf_config,
     gguf_fields,
 )
-from llm_onnx.model.config import ModelConfig, MoEConfig
+from llm_onnx.modeling.config import ModelConfig, MoEConfig
 
 ARCHITECTURE = "GptOssForCausalLM"
 HF_CONFIG_CLASS = "GptOssConfig"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from llm_onnx.families.layouts import GGUFNames
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 
 ARCHITECTURE = "LlamaForCausalLM"
 HF_CONFIG_CLASS = "LlamaConfig"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from llm_onnx.families.llama import base_fields, base_hf_config
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 
 ARCHITECTURE = "MistralForCausalLM"
 HF_CONFIG_CLASS = "MistralConfig"

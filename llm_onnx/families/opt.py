@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from llm_onnx.families.layouts import Part, fairseq_layer
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 
 ARCHITECTURE = "OPTForCausalLM"
 HF_CONFIG_CLASS = "OPTConfig"

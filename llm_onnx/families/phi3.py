@@ -3,7 +3,7 @@
 as Llama's separate projections. RMSNorm eps defaults to 1e-5. Phi-4-mini rotates only part of
 each head (``partial_rotary_factor``) and extends its context with LongRoPE (per-frequency short
 and long factors, cos/sin scaled by an attention factor; which factors a table uses:
-llm_onnx/model/rope.py). Phi-3-mini-4k has a sliding window (``sliding_window``, as Mistral).
+llm_onnx/modeling/rope.py). Phi-3-mini-4k has a sliding window (``sliding_window``, as Mistral).
 RoPE kinds other than default and longrope (the old names su and yarn are longrope, as in
 transformers) are refused."""
 
@@ -15,7 +15,7 @@ from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.families.layouts import (QKV, GGUFNames, Part, concat_part, fused_gate_up_shape,
                                        fused_qkv_shape, halves_part)
 from llm_onnx.families.llama import GGUF_GLOBALS, gguf_fields
-from llm_onnx.model.config import ModelConfig, longrope_attention_factor
+from llm_onnx.modeling.config import ModelConfig, longrope_attention_factor
 
 ARCHITECTURE = "Phi3ForCausalLM"
 HF_CONFIG_CLASS = "Phi3Config"

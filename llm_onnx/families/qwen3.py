@@ -7,7 +7,7 @@ from typing import Any
 
 from llm_onnx.families.layouts import GGUFNames
 from llm_onnx.families.llama import GGUF_GLOBALS, GGUF_LAYER, base_fields, base_hf_config, gguf_fields
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 
 ARCHITECTURE = "Qwen3ForCausalLM"
 HF_CONFIG_CLASS = "Qwen3Config"

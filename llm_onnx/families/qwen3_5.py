@@ -29,7 +29,7 @@ from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.families.gemma3 import plus_one
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.families.llama import GGUF_GLOBALS
-from llm_onnx.model.config import LinearAttentionConfig, ModelConfig
+from llm_onnx.modeling.config import LinearAttentionConfig, ModelConfig
 
 ARCHITECTURE = "Qwen3_5ForCausalLM"
 HF_CONFIG_CLASS = "Qwen3_5TextConfig"

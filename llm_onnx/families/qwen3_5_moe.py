@@ -15,7 +15,7 @@ from llm_onnx.families.llama import GGUF_GLOBALS
 from llm_onnx.families.qwen3_5 import (CHECKPOINT_GLOBALS, GGUF_HYBRID_LAYER, gguf_relayout,
                                        hybrid_fields, hybrid_gguf_fields, hybrid_hf_config,
                                        interval_layers, mixer_parts, text_config)
-from llm_onnx.model.config import LinearAttentionConfig, ModelConfig, MoEConfig
+from llm_onnx.modeling.config import LinearAttentionConfig, ModelConfig, MoEConfig
 
 ARCHITECTURE = "Qwen3_5MoeForCausalLM"
 HF_CONFIG_CLASS = "Qwen3_5MoeTextConfig"

@@ -9,7 +9,7 @@ from llm_onnx.families.layouts import GGUFNames
 from llm_onnx.families.llama import GGUF_GLOBALS, base_hf_config
 from llm_onnx.families.qwen3 import GGUF_QWEN3_LAYER, config_fields as qwen3_fields, qwen3_gguf_fields
 from llm_onnx.errors import ConfigError
-from llm_onnx.model.config import ModelConfig, MoEConfig
+from llm_onnx.modeling.config import ModelConfig, MoEConfig
 
 ARCHITECTURE = "Qwen3MoeForCausalLM"
 HF_CONFIG_CLASS = "Qwen3MoeConfig"

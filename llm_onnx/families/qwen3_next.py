@@ -17,7 +17,7 @@ from llm_onnx.families.qwen3_5 import (CHECKPOINT_GLOBALS, GGUF_DENSE_MLP, GGUF_
                                        hybrid_hf_config, interval_layers, mixer_parts)
 from llm_onnx.families.qwen3_5_moe import (GGUF_EXPERTS, GGUF_MOE, QWEN3_5_MOE_TINY,
                                            gguf_moe_fields, moe_fields, moe_hf_config, moe_parts)
-from llm_onnx.model.config import LinearAttentionConfig, ModelConfig, MoEConfig
+from llm_onnx.modeling.config import LinearAttentionConfig, ModelConfig, MoEConfig
 
 ARCHITECTURE = "Qwen3NextForCausalLM"
 HF_CONFIG_CLASS = "Qwen3NextConfig"

@@ -18,7 +18,7 @@ from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.families import llama
 from llm_onnx.families.layouts import GGUFNames
 from llm_onnx.families.llama import GGUF_GLOBALS, GGUF_LAYER, base_hf_config, gguf_fields
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 
 ARCHITECTURE = "SmolLM3ForCausalLM"
 HF_CONFIG_CLASS = "SmolLM3Config"

@@ -13,7 +13,7 @@ from typing import Any
 
 from llm_onnx.errors import ConfigError
 from llm_onnx.families.layouts import Part, fairseq_layer
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 
 ARCHITECTURE = "XGLMForCausalLM"
 HF_CONFIG_CLASS = "XGLMConfig"

@@ -19,7 +19,7 @@ from safetensors.numpy import load_file, save_file
 
 from llm_onnx.checkpoints import build_model, open_checkpoint
 from llm_onnx.families import REGISTRY
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 from tests.checkpoints.test_gguf_tokenizer import _byte_symbols
 from tests.conftest import tiny_preset
 from tests.hf_models import save_hf_checkpoint
@@ -69,7 +69,7 @@ def phi3_metadata(writer, cfg: ModelConfig) -> dict[str, np.ndarray]:
     the sliding window (0 for none), and for LongRoPE the attention factor and the factors as
     tensors (the converter computes the factor from the lengths; a config that names one is
     written with it, as the model transformers runs uses it)."""
-    from llm_onnx.model.config import longrope_attention_factor
+    from llm_onnx.modeling.config import longrope_attention_factor
 
     writer.add_rope_dimension_count(int(cfg.head_dim * cfg.partial_rotary_factor))
     writer.add_sliding_window(cfg.sliding_window or 0)

@@ -16,7 +16,7 @@ import onnx
 import pytest
 import torch
 
-from llm_onnx.model.ops import attention_ref
+from llm_onnx.modeling.ops import attention_ref
 from llm_onnx.families import get_config
 from tests.conftest import FAMILY_ARCHS
 from tests.export.test_export import PROMPT_LENS, STEPS, rows_for, transposed_weights

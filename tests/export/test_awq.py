@@ -19,7 +19,7 @@ from llm_onnx.export.export import resolve_source
 from llm_onnx.export.quant import (_minmax_zero_point, block_weights, dequantize,
                                    quantize, search_zero_point)
 from llm_onnx.families import get_config
-from llm_onnx.model.decoder import Decoder, Fusion
+from llm_onnx.modeling.decoder import Decoder, Fusion
 from tests.conftest import FAMILY_ARCHS, TINY_ARCHS
 from tests.ort_helpers import Graphs, batch_logits, fidelity, hf_logits
 

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from llm_onnx.errors import LlmOnnxError, ParityError
 from llm_onnx.families import get_config
-from llm_onnx.model.attention import attention_form
+from llm_onnx.modeling.attention import attention_form
 from tests.conftest import FAMILY_ARCHS, TINY_ARCHS
 from tests.ort_helpers import Graphs, batch_logits, hf_logits
 from tests.runtime.test_runtime_models import hf_greedy_run

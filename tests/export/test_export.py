@@ -18,7 +18,7 @@ import torch
 from llm_onnx.export import ExportOptions
 from llm_onnx.export.validate import load_stored
 from llm_onnx.families import get_config
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 from tests.conftest import FAMILY_ARCHS, TINY_ARCHS
 from tests.ort_helpers import Graphs, batch_logits, fidelity, hf_logits
 from tests.perturb import ATTENTION_OUTPUT, perturbed
@@ -142,7 +142,7 @@ def clearly_routed_rows(model, arch: str, k: int) -> tuple[list[list[int]], list
 def clear_routing_prefix(model, rows: list[list[int]], k: int) -> list[int]:
     """Per row, how many leading positions route clearly in every MoE layer of the torch
     reference: the k-th chosen expert's router logit leads the next one's by ROUTING_GAP."""
-    from llm_onnx.model.mlp import Gemma4Router, SparseMoE
+    from llm_onnx.modeling.mlp import Gemma4Router, SparseMoE
 
     gaps: list[np.ndarray] = []
 

@@ -286,7 +286,7 @@ def test_the_decoders_eager_op_equals_the_kernel_and_the_export(packed, rope):
     is a power of two); the same outputs and the same cache bytes at every step."""
     import torch
 
-    from llm_onnx.model import ops
+    from llm_onnx.modeling import ops
 
     q, k, v = tokens(sum(STEPS))
     ks, vs = calibrated("PER_CHANNEL", k, v)

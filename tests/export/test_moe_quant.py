@@ -14,8 +14,8 @@ from llm_onnx.export import ExportOptions, export_model
 from llm_onnx.export import modules
 from llm_onnx.export.calibrate import calibrate
 from llm_onnx.families import get_config
-from llm_onnx.model.config import MoEConfig
-from llm_onnx.model.decoder import Fusion
+from llm_onnx.modeling.config import MoEConfig
+from llm_onnx.modeling.decoder import Fusion
 from tests.hf_models import save_hf_checkpoint
 from tests.ort_helpers import Graphs, batch_logits, fidelity, hf_logits
 

@@ -21,7 +21,7 @@ import torch
 
 from llm_onnx.export import ExportOptions
 from llm_onnx.families import get_config
-from llm_onnx.model.config import MoEConfig
+from llm_onnx.modeling.config import MoEConfig
 from tests.export.test_export import (PROMPT_LENS, STEPS, clearly_routed_rows, rows_for,
                                       torch_logits, torch_reference)
 from tests.ort_helpers import Graphs, batch_logits, hf_logits
@@ -60,7 +60,7 @@ class MoEBlock(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from llm_onnx.export import quant
-        from llm_onnx.model import ops
+        from llm_onnx.modeling import ops
 
         h = x * 2.0
         logits = h @ self.gate.t()  # (N, E)
@@ -168,7 +168,7 @@ def test_unrenormalized_router_int4_matches_torch_with_dequantized_weights(expor
     """Rung 4 at int4 with fp32 activations (QMoE): ONNX Runtime computes the dequantized math,
     up to each row's first near-tie in the routing (as test_export's quantized rung); the same
     reference with renormalising routers is outside the tolerance."""
-    from llm_onnx.model.mlp import SparseMoE
+    from llm_onnx.modeling.mlp import SparseMoE
 
     folder = export_unrenormalized("int4", **EXACT_INT4)
     reference = torch_reference(folder, UNRENORMALIZED,

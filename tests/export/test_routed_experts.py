@@ -12,7 +12,7 @@ import torch
 from llm_onnx.export import quant
 from llm_onnx.export.custom_ops import translation_table
 from llm_onnx.export.modules import RoutedGeGLUExperts
-from llm_onnx.model.mlp import GeGLUExperts
+from llm_onnx.modeling.mlp import GeGLUExperts
 from tests.model.test_geglu_experts import _reference
 
 E, D, I, K = 6, 64, 32, 2

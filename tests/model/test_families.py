@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from llm_onnx.model import ops
+from llm_onnx.modeling import ops
 from llm_onnx.checkpoints import build_model, open_checkpoint
 from llm_onnx.checkpoints.sources import RandomSource
 from llm_onnx.errors import CheckpointError
@@ -214,7 +214,7 @@ def test_sinusoidal_table_equals_xglms(dim):
     """XGLM's fixed positions, computed by us (float64, then float32) and by transformers."""
     from transformers.models.xglm.modeling_xglm import XGLMSinusoidalPositionalEmbedding
 
-    from llm_onnx.model.rope import sinusoidal_table
+    from llm_onnx.modeling.rope import sinusoidal_table
 
     want = XGLMSinusoidalPositionalEmbedding.get_embedding(130, dim, None)
     got = sinusoidal_table(130, dim)

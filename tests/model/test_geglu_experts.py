@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from llm_onnx.model.mlp import GeGLUExperts
+from llm_onnx.modeling.mlp import GeGLUExperts
 
 
 def _reference(experts: GeGLUExperts, x, index, weight):

@@ -25,8 +25,8 @@ from llm_onnx.checkpoints import build_model, open_checkpoint
 from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.export import ExportOptions, export_model
 from llm_onnx.families import from_hf_config, get_config
-from llm_onnx.model.decoder import Fusion
-from llm_onnx.model.rope import attention_factor, inverse_frequencies, uses_long_factors
+from llm_onnx.modeling.decoder import Fusion
+from llm_onnx.modeling.rope import attention_factor, inverse_frequencies, uses_long_factors
 from tests.hf_models import save_hf_checkpoint
 from tests.ort_helpers import Graphs, batch_logits, hf_logits
 from tests.perturb import perturbed

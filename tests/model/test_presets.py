@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from llm_onnx.families import from_hf_config
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 from llm_onnx.errors import ConfigError
-from llm_onnx.model.shapes import num_parameters
+from llm_onnx.modeling.shapes import num_parameters
 from llm_onnx.families import PRESETS as REGISTRY, TINY, get_config
 
 CONFIGS = Path(__file__).parent.parent / "fixtures" / "configs"

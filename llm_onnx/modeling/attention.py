@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from llm_onnx.model import ops
-from llm_onnx.model.config import ModelConfig
-from llm_onnx.model.layers import Linear, RMSNorm
+from llm_onnx.modeling import ops
+from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.layers import Linear, RMSNorm
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from llm_onnx.model.config import ModelConfig, longrope_attention_factor
+from llm_onnx.modeling.config import ModelConfig, longrope_attention_factor
 
 
 def _scaling(cfg: ModelConfig) -> tuple[str, dict]:

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from llm_onnx.model import ops
-from llm_onnx.model.config import ModelConfig
-from llm_onnx.model.layers import Linear
+from llm_onnx.modeling import ops
+from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.layers import Linear
 
 # hidden_act (transformers' names) -> function. The tanh variants are one formula written three
 # ways; BLOOM's BloomGelu is that formula too.

@@ -37,13 +37,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from llm_onnx.model import ops
-from llm_onnx.model.attention import Attention
-from llm_onnx.model.config import ModelConfig
-from llm_onnx.model.layers import Linear, make_norm
-from llm_onnx.model.linear_attention import GatedDeltaNet, state_shapes
-from llm_onnx.model.mlp import _ACT, MLP, GeGLUExperts, Gemma4Router, SparseMoE
-from llm_onnx.model.positions import RotaryCache, SinusoidalPositions, global_rope, local_rope
+from llm_onnx.modeling import ops
+from llm_onnx.modeling.attention import Attention
+from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.layers import Linear, make_norm
+from llm_onnx.modeling.linear_attention import GatedDeltaNet, state_shapes
+from llm_onnx.modeling.mlp import _ACT, MLP, GeGLUExperts, Gemma4Router, SparseMoE
+from llm_onnx.modeling.positions import RotaryCache, SinusoidalPositions, global_rope, local_rope
 
 
 def owned_states(cfg: ModelConfig, present):

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from llm_onnx.model import ops
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling import ops
+from llm_onnx.modeling.config import ModelConfig
 
 
 class Linear(nn.Module):

@@ -1,9 +1,9 @@
 """The decoder in torch: ModelConfig, the modules, and the custom ops whose reference math is
 what ONNX Runtime's kernels compute.
 
-    from llm_onnx.model import ModelConfig, Decoder
+    from llm_onnx.modeling import ModelConfig, Decoder
 
-Names are imported lazily: ``llm_onnx.model.config`` (pure Python, used by presets and the CLI)
+Names are imported lazily: ``llm_onnx.modeling.config`` (pure Python, used by presets and the CLI)
 must not drag torch in.
 """
 

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from llm_onnx.model.config import LinearAttentionConfig, ModelConfig
-from llm_onnx.model.layers import Linear
+from llm_onnx.modeling.config import LinearAttentionConfig, ModelConfig
+from llm_onnx.modeling.layers import Linear
 
 L2_EPS = 1e-6  # transformers' l2norm inside the kernel (not rms_norm_eps)
 

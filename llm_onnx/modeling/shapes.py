@@ -7,7 +7,7 @@ Pure Python.
 
 from __future__ import annotations
 
-from llm_onnx.model.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig
 
 Shape = tuple[int, ...]
 

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from llm_onnx.model.config import ModelConfig
-from llm_onnx.model.rope import rope_cache, sinusoidal_table
+from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.rope import rope_cache, sinusoidal_table
 
 
 def local_rope(cfg: ModelConfig) -> ModelConfig:
