@@ -379,7 +379,7 @@ def cuda_blockers(config: ModelConfig, float16: bool) -> list[str]:
         reasons.append("its attention runs in float32 and ONNX Runtime's GroupQueryAttention has "
                        "float16/bfloat16 CUDA kernels only (every step would copy the KV cache "
                        "to the CPU and back)")
-    if config.position_embedding_type == "alibi":
+    if config.positions.position_embedding_type == "alibi":
         reasons.append("ALiBi's attention bias is refused by the CUDA GroupQueryAttention kernel")
     return reasons
 

@@ -52,13 +52,14 @@ def expert_bytes(m: Manifest) -> int:
     d, i, e = cfg.hidden_size, cfg.moe.moe_intermediate_size, cfg.moe.num_experts
     per_layer = e * 3 * i * d  # weights
     size = _float_size(m)
-    layers = sum(cfg.enable_moe_block or cfg.is_moe_layer(n) for n in range(cfg.num_hidden_layers))
+    beside = cfg.mlp.enable_moe_block  # Gemma 4: experts beside every layer's dense MLP
+    layers = sum(beside or cfg.is_moe_layer(n) for n in range(cfg.num_hidden_layers))
     if quant is None:
         per_layer *= size
         return per_layer * layers
     asked = quant.experts.block_size if quant.experts is not None else quant.block_size
     zero_points = quant.experts is not None and quant.experts.scheme == "zero_point"
-    if cfg.enable_moe_block:
+    if beside:
         up, down = fitting_block((d,), asked), fitting_block((i,), asked)
         assert up is not None and down is not None  # the exporter refuses experts without
         per_layer = e * (2 * i * (d * quant.bits // 8 + d // up * size)

@@ -32,7 +32,7 @@ def make_hf_model(cfg: ModelConfig, seed: int = 0):
     offset = family(cfg.architecture).norm_weight_offset  # Gemma: (1 + w) norms
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(("q_norm.weight", "k_norm.weight")) and cfg.attention_scale == 1.0:
+            if name.endswith(("q_norm.weight", "k_norm.weight")) and cfg.attention.attention_scale == 1.0:
                 # Gemma 4 scores q . k unscaled: its q/k norm weights set the softmax's
                 # temperature, drawn here as head_dim ** -0.5 (split between q and k) gives it
                 # (around 1, a head of 32 scores to +-30 and the softmax amplifies any rounding)

@@ -42,15 +42,19 @@ def _modules_after(statement: str) -> set[str]:
     return set(out.stdout.split())
 
 
+# The decoder's pure-Python config (ModelConfig and its groups), which the runtime reads
+PURE_CONFIG = ("llm_onnx.modeling.config", "llm_onnx.modeling.subconfigs")
+
+
 def test_runtime_does_not_import_torch():
     mods = _modules_after("import llm_onnx.runtime")
     assert "torch" not in mods
     assert not any(m.startswith(("llm_onnx.export", "llm_onnx.checkpoints", "llm_onnx.modeling.",
-                                 "transformers")) and m != "llm_onnx.modeling.config" for m in mods)
+                                 "transformers")) and m not in PURE_CONFIG for m in mods)
 
 
 def test_pure_python_layers_import_neither_torch_nor_onnxruntime():
-    for module in ("llm_onnx.families", "llm_onnx.modeling.config", "llm_onnx.model_folder"):
+    for module in ("llm_onnx.families", *PURE_CONFIG, "llm_onnx.model_folder"):
         mods = _modules_after(f"import {module}")
         assert "torch" not in mods and "onnxruntime" not in mods, module
 
@@ -155,7 +159,7 @@ def test_layers_import_downwards_only():
 def test_the_decoder_modules_are_all_named():
     """A new torch module of the model is in DECODER, so the bans above cover it."""
     assert {m for m in module_imports() if m.startswith("llm_onnx.modeling.")} == {
-        *DECODER, "llm_onnx.modeling.config", "llm_onnx.modeling.ops", "llm_onnx.modeling.rope",
+        *DECODER, *PURE_CONFIG, "llm_onnx.modeling.ops", "llm_onnx.modeling.rope",
         "llm_onnx.modeling.shapes"}
 
 

@@ -96,12 +96,13 @@ def gguf_arch(cfg: ModelConfig) -> gguf.MODEL_ARCH:
     arch = ARCHS[cfg.architecture]
     if arch == gguf.MODEL_ARCH.SMOLLM3:
         every_fourth = nope_every(cfg.num_hidden_layers, 4)
-        if cfg.no_rope_layers != every_fourth or cfg.sliding_window is not None:
+        if cfg.positions.no_rope_layers != every_fourth or cfg.sliding_window is not None:
             raise ValueError(
                 f"llama.cpp's smollm3 takes every fourth layer as NoPE (no_rope_layers "
                 f"{list(every_fourth)} for {cfg.num_hidden_layers} layers) and slides no window; "
                 f"a GGUF cannot record this config's no_rope_layers "
-                f"{list(cfg.no_rope_layers or ())} and sliding_window {cfg.sliding_window}.")
+                f"{list(cfg.positions.no_rope_layers or ())} and sliding_window "
+                f"{cfg.sliding_window}.")
     return arch
 
 
@@ -119,7 +120,7 @@ def tensor_shapes(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...], str]]:
 
     out = [(name(T.TOKEN_EMBD), (v, d), QUANTIZED)]
     if arch == gguf.MODEL_ARCH.GEMMA4:
-        full = cfg.global_head_dim or cfg.head_dim
+        full = cfg.attention.global_head_dim or cfg.head_dim
         if any(cfg.layer_window(i) is None for i in range(cfg.num_hidden_layers)):
             # read by full layers only: llama.cpp refuses a file with a tensor it does not read
             out = [(name(T.ROPE_FREQS), (full // 2,), ROPE_FREQS)] + out
@@ -224,11 +225,11 @@ def _add_gemma4_metadata(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
     """What llama.cpp's Gemma4Model converter writes beyond the common keys."""
     n = cfg.num_hidden_layers
     assert cfg.layer_types is not None and cfg.sliding_window is not None
-    full = cfg.global_head_dim or cfg.head_dim
+    full = cfg.attention.global_head_dim or cfg.head_dim
     writer.add_sliding_window(cfg.sliding_window)
     writer.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
-    writer.add_shared_kv_layers(cfg.num_kv_shared_layers)
-    writer.add_embedding_length_per_layer_input(cfg.hidden_size_per_layer_input)
+    writer.add_shared_kv_layers(cfg.attention.num_kv_shared_layers)
+    writer.add_embedding_length_per_layer_input(cfg.embedding.hidden_size_per_layer_input)
     writer.add_head_count_kv([cfg.layer_kv_heads(b) for b in range(n)])
     writer.add_key_length(full)
     writer.add_value_length(full)
@@ -236,7 +237,7 @@ def _add_gemma4_metadata(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
     writer.add_value_length_swa(cfg.head_dim)
     writer.add_rope_dimension_count(full)
     writer.add_rope_dimension_count_swa(cfg.head_dim)
-    writer.add_rope_freq_base_swa(cfg.rope_local_theta or 10_000.0)
+    writer.add_rope_freq_base_swa(cfg.positions.rope_local_theta or 10_000.0)
     if cfg.final_logit_softcapping:
         writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
 
@@ -244,7 +245,7 @@ def _add_gemma4_metadata(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
 def _rope_freqs(cfg: ModelConfig, pairs: int) -> np.ndarray:
     """Gemma 4's rope_freqs: 1 for the full layers' rotating pairs, 1e30 (no rotation) after."""
     share = (cfg.rope_scaling or {}).get("partial_rotary_factor", 1.0)
-    rotating = int((cfg.global_head_dim or cfg.head_dim) * share / 2)
+    rotating = int((cfg.attention.global_head_dim or cfg.head_dim) * share / 2)
     return np.array([1.0] * rotating + [1e30] * (pairs - rotating), np.float32)
 
 
@@ -353,7 +354,7 @@ def write_random_gguf(cfg: ModelConfig, qtype: str, path: Path, seed: int = 0) -
     assert qtype in QUANT_TYPES
     arch = gguf_arch(cfg)
     gemma4 = arch == gguf.MODEL_ARCH.GEMMA4
-    if gemma4 and (cfg.hidden_size_per_layer_input or cfg.num_kv_shared_layers):
+    if gemma4 and (cfg.embedding.hidden_size_per_layer_input or cfg.shares_kv):
         raise ValueError("random Gemma 4 GGUFs are written for configs without per-layer "
                          "embeddings or shared layers (26B-A4B's form)")
 

@@ -44,7 +44,8 @@ def model_config(name: str, layers: int | None):
         return cfg
     # what is given per layer is cut with the layers (kinds; SmolLM3's RoPE flags)
     kinds = cfg.layer_types[:layers] if cfg.layer_types is not None else None
-    rope = cfg.no_rope_layers[:layers] if cfg.no_rope_layers is not None else None
+    nope = cfg.positions.no_rope_layers
+    rope = nope[:layers] if nope is not None else None
     return cfg.replace(num_hidden_layers=layers, layer_types=kinds, no_rope_layers=rope)
 
 

@@ -279,11 +279,12 @@ def build_model(cfg: ModelConfig, source: TensorSource | None = None, *,
                                                      dtype=dtype, fusion=fusion,
                                                      max_positions=max_positions)
     # The RoPE tables are computed, not loaded: make them real even on a weightless model.
-    if cfg.position_embedding_type == "rope":
+    positions = cfg.positions
+    if positions.position_embedding_type == "rope":
         model.model.rotary.materialize()
-        if cfg.rope_local_theta is not None:
+        if positions.rope_local_theta is not None:
             model.model.rotary_local.materialize()
-    if cfg.position_embedding_type == "sinusoidal":
+    if positions.position_embedding_type == "sinusoidal":
         model.model.embed_positions.materialize()
     if source is not None:
         load_weights(model, source)

@@ -258,7 +258,7 @@ def gguf_config(reader, path: Path) -> ModelConfig:
     fam = gguf_family(reader, path)
     assert fam.gguf is not None
     fields = fam.gguf.config_fields(GGUFMeta(reader, path, fam.gguf.arch))
-    return ModelConfig(architecture=fam.architecture, **fields)
+    return ModelConfig.from_fields(dict(fields, architecture=fam.architecture))
 
 
 class GGUFSource:

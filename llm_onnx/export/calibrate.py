@@ -203,7 +203,7 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
             else:
                 pk, pv = model.run_layer(i, x, seqlens_k, total,
                                          *model.new_layer_cache(i, 1, t))
-                if cfg.num_kv_shared_layers and not layer.linear:
+                if cfg.shares_kv and not layer.linear:
                     sources[i] = (*layer.new_kv, pk, pv)
             for hook in stats.pop("hooks"):
                 hook.remove()
@@ -217,8 +217,8 @@ def calibrate(checkpoint: Checkpoint, fusion: Fusion, block_size: int, ids: list
             trim(sum(p.nbytes for p in layer.parameters() if not p.is_meta))
             drop(layer)
             progress(1)
-        if awq and cfg.embed_dim is None:  # the LM head's input: the final norm's output
-            if cfg.post_layernorm:
+        if awq and cfg.embedding.embed_dim is None:  # the LM head input: the final norm output
+            if cfg.residual.topology == "post":
                 h = x.residual
             else:
                 assert x.branch is not None
@@ -309,7 +309,7 @@ def _decide_layer(cal: Calibration, cfg: ModelConfig, layer: nn.Module, prefix: 
                   stats: dict, block_size: int) -> None:
     """Scales and search weights of one layer's groups (see the module docstring)."""
     mlp = layer.mlp
-    plain = not (cfg.parallel_attn or cfg.post_layernorm or cfg.sandwich_norm)
+    plain = cfg.residual.topology == "pre"
     if layer.linear:  # Qwen3.5's linear attention: every projection of the normed input (the
         # float in_proj_b / in_proj_a too, so the fold into the norm keeps them exact), and
         # out_proj, whose input the gated norm's weight scales per value-head channel

@@ -116,7 +116,7 @@ def resolve_experts(options: ExportOptions, checkpoint: Checkpoint) -> ExportOpt
     from llm_onnx.checkpoints.mxfp4 import reads_mxfp4
 
     cfg = checkpoint.config
-    if cfg.moe is None or cfg.enable_moe_block or not options.quantized:
+    if cfg.moe is None or cfg.mlp.enable_moe_block or not options.quantized:
         return options
     cpu = not options.cuda
     scheme = options.experts_scheme or (

@@ -37,7 +37,8 @@ def rotates_values(cfg: ModelConfig, i: int) -> bool:
     normed or key-equal values, not Qwen3.5's gated output, which is multiplied per channel)."""
     return (not cfg.is_linear_layer(i) and not cfg.is_kv_shared(i)
             and rotates_keys(cfg.layer_head_dim(i))
-            and not cfg.value_norm and not cfg.attention_output_gate and not cfg.layer_k_eq_v(i))
+            and not cfg.attention.value_norm and not cfg.attention.attention_output_gate
+            and not cfg.layer_k_eq_v(i))
 
 
 class RotatedValues:

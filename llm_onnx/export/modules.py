@@ -354,20 +354,21 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
                                            accuracy_level=options.experts_accuracy_level or 0,
                                            zero_points=options.experts_scheme == "zero_point"))
     cfg = model.config
-    if cfg.position_embedding_type == "rope":
+    positions = cfg.positions
+    if positions.position_embedding_type == "rope":
         model.model.rotary = RotaryTables(global_rope(cfg), model.max_positions, model.dtype)
-        if cfg.rope_local_theta is not None:  # Gemma 3's sliding layers
+        if positions.rope_local_theta is not None:  # Gemma 3's sliding layers
             model.model.rotary_local = RotaryTables(local_rope(cfg), model.max_positions,
                                                     model.dtype)
-    if cfg.position_embedding_type == "sinusoidal":
+    if positions.position_embedding_type == "sinusoidal":
         table = model.model.embed_positions
         model.model.embed_positions = SinusoidalTable(table.rows, table.dim, table.zero_row)
     emb_bits = options.head_bits if bits is not None else None
     width = cfg.embed_width  # OPT-350m's embeddings are narrower than its layers
     emb_block = fitting_block((width,), options.block_size)
-    if cfg.hidden_size_per_layer_input and emb_bits is not None:
+    if cfg.embedding.hidden_size_per_layer_input and emb_bits is not None:
         # Gemma 4's per-layer table (E2B: 262144 x 8960), quantized as the token table is
-        per_layer = cfg.num_hidden_layers * cfg.hidden_size_per_layer_input
+        per_layer = cfg.num_hidden_layers * cfg.embedding.hidden_size_per_layer_input
         block = fitting_block((per_layer,), options.block_size)
         if block is not None:
             model.model.embed_tokens_per_layer = QuantEmbedding(

@@ -51,7 +51,7 @@ def validate(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
         experts = small.moe.num_experts if small.moe is not None and cfg.moe is not None else None
         scratch_ckpt = replace(checkpoint, config=small,
                                source=_ScratchSource(checkpoint.source, small.vocab_size, experts,
-                                                     cfg.hidden_size_per_layer_input))
+                                                     cfg.embedding.hidden_size_per_layer_input))
         small_plan = ExportPlan.build(small, plan.options, min(plan.max_len, 64), plan.embedding)
         small_plan.calibration = plan.calibration  # layer 0's scales, the same tensors
         with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".llm-onnx-parity-") as tmp:
@@ -187,7 +187,8 @@ def _scratch_config(cfg: ModelConfig) -> ModelConfig:
     layers = min(SCRATCH_LAYERS, cfg.num_hidden_layers)
     # what is given per layer is cut with the layers (kinds; SmolLM3's RoPE flags)
     kinds = cfg.layer_types[:layers] if cfg.layer_types is not None else None
-    rope = cfg.no_rope_layers[:layers] if cfg.no_rope_layers is not None else None
+    nope = cfg.positions.no_rope_layers
+    rope = nope[:layers] if nope is not None else None
     small = cfg.replace(num_hidden_layers=layers, layer_types=kinds, no_rope_layers=rope,
                         vocab_size=min(SCRATCH_VOCAB, cfg.vocab_size),
                         num_kv_shared_layers=0)  # (Gemma 4's shared layers come last)

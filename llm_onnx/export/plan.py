@@ -67,7 +67,7 @@ def check_kv_cache(cfg: ModelConfig, options: ExportOptions, form: AttentionForm
         raise ConfigError(f"--kv-cache int8: this model's attention is exported in plain ONNX "
                           f"ops ({form.why}), and the int8 cache is GroupQueryAttention's. "
                           "Export it with --kv-cache float.")
-    if cfg.num_kv_shared_layers:
+    if cfg.shares_kv:
         raise ConfigError("--kv-cache int8: KV-shared layers (Gemma 4) would quantize with "
                           "their source layer's scales, which is not built yet. Export it with "
                           "--kv-cache float.")
@@ -239,7 +239,7 @@ class ExportPlan:
                              for act, paths in activations.items())
         words = {"zero_point": f"uint{options.bits} zero points",
                  "offset": "float block minimums (Q4_1's form)", "symmetric": "symmetric"}
-        kept = ["norms", ("router (router.proj)" if cfg.enable_moe_block else
+        kept = ["norms", ("router (router.proj)" if cfg.mlp.enable_moe_block else
                           "router (mlp.gate)") if cfg.moe else None,
                 "shared expert gate (mlp.shared_expert_gate)"
                 if cfg.moe and cfg.moe.shared_expert_intermediate_size else None,
@@ -248,7 +248,7 @@ class ExportPlan:
                 None if options.head_bits else
                 "embedding" if self.embedding is not None else "embedding and lm_head",
                 "position table (model.embed_positions)"
-                if cfg.position_embedding_type == "learned" else None]
+                if cfg.positions.position_embedding_type == "learned" else None]
         return mf.Precision(
             options.precision, target=options.target or "cpu",
             weights=f"int{options.bits} per block of {options.block_size}, "

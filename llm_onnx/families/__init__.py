@@ -95,7 +95,7 @@ class Family:
     def config(self, hf: HFConfig) -> ModelConfig:
         fields = dict(self.config_fields(hf), architecture=self.architecture)
         try:
-            return ModelConfig(**fields)
+            return ModelConfig.from_fields(fields)
         except TypeError as e:  # a field of the wrong kind
             raise ConfigError(f"{hf.source}: {e}.") from e
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from llm_onnx.families.layouts import QKV, Part, fused_qkv_shape, per_head_part
-from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.config import (AttentionConfig, EmbeddingConfig, MLPConfig, ModelConfig,
+                                      NormConfig, PositionConfig)
 
 ARCHITECTURE = "BloomForCausalLM"
 HF_CONFIG_CLASS = "BloomConfig"
@@ -16,9 +17,12 @@ BLOOM_560M = ModelConfig(
     architecture=ARCHITECTURE,
     vocab_size=250_880, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
     num_key_value_heads=16, head_dim=64, intermediate_size=4096, max_position_embeddings=2048,
-    hidden_act="gelu_new", gated_mlp=False, position_embedding_type="alibi", norm_type="layer",
-    layer_norm_epsilon=1e-5, embedding_layernorm=True, attention_bias=True, o_proj_bias=True,
-    mlp_bias=True, tie_word_embeddings=True,
+    hidden_act="gelu_new", tie_word_embeddings=True,
+    attention=AttentionConfig(attention_bias=True, o_proj_bias=True),
+    mlp=MLPConfig(gated_mlp=False, mlp_bias=True),
+    norm=NormConfig(norm_type="layer", layer_norm_epsilon=1e-5),
+    positions=PositionConfig(position_embedding_type="alibi"),
+    embedding=EmbeddingConfig(embedding_layernorm=True),
 )
 # 6 heads: not a power of two, so the second series of ALiBi slopes is used too. Untied: a tiny
 # random BLOOM with a tied head only ever repeats its last token (the embedding LayerNorm makes
@@ -55,7 +59,7 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     return dict(architectures=[cfg.architecture], bos_token_id=None, eos_token_id=None,
                 vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
                 n_layer=cfg.num_hidden_layers, n_head=cfg.num_attention_heads,
-                layer_norm_epsilon=cfg.layer_norm_epsilon,
+                layer_norm_epsilon=cfg.norm.layer_norm_epsilon,
                 tie_word_embeddings=cfg.tie_word_embeddings)
 
 

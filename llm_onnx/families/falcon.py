@@ -10,7 +10,7 @@ from typing import Any
 from llm_onnx.families.bloom import bloom_like_layer
 from llm_onnx.families.layouts import Part
 from llm_onnx.families.llama import rope_fields
-from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.config import MLPConfig, ModelConfig, NormConfig, ResidualConfig
 
 ARCHITECTURE = "FalconForCausalLM"
 HF_CONFIG_CLASS = "FalconConfig"
@@ -19,8 +19,9 @@ FALCON_7B = ModelConfig(
     architecture=ARCHITECTURE,
     vocab_size=65_024, hidden_size=4544, num_hidden_layers=32, num_attention_heads=71,
     num_key_value_heads=1, head_dim=64, intermediate_size=18_176, max_position_embeddings=2048,
-    rope_theta=10_000.0, hidden_act="gelu", gated_mlp=False, norm_type="layer",
-    layer_norm_epsilon=1e-5, parallel_attn=True, tie_word_embeddings=True,
+    rope_theta=10_000.0, hidden_act="gelu", tie_word_embeddings=True,
+    mlp=MLPConfig(gated_mlp=False), norm=NormConfig(norm_type="layer", layer_norm_epsilon=1e-5),
+    residual=ResidualConfig(topology="parallel"),
 )
 FALCON_TINY = FALCON_7B.replace(
     vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -43,7 +44,7 @@ def config_fields(hf: Any) -> dict[str, Any]:
         max_position_embeddings=hf.get("max_position_embeddings", 2048),
         hidden_act=hf.get("activation", "gelu"), gated_mlp=False, norm_type="layer",
         layer_norm_epsilon=float(hf.get("layer_norm_epsilon", 1e-5)),
-        parallel_attn=bool(hf.get("parallel_attn", True)),
+        topology="parallel" if hf.get("parallel_attn", True) else "pre",
         attention_bias=bias, o_proj_bias=bias, mlp_bias=bias,
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
         **rope_fields(hf),
@@ -56,10 +57,11 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
                 num_hidden_layers=cfg.num_hidden_layers,
                 num_attention_heads=cfg.num_attention_heads,
                 multi_query=cfg.num_key_value_heads == 1, new_decoder_architecture=False,
-                parallel_attn=cfg.parallel_attn, alibi=False, bias=cfg.attention_bias,
+                parallel_attn=cfg.residual.topology == "parallel", alibi=False,
+                bias=cfg.attention.attention_bias,
                 ffn_hidden_size=cfg.intermediate_size, activation=cfg.hidden_act,
                 max_position_embeddings=cfg.max_position_embeddings, rope_theta=cfg.rope_theta,
-                layer_norm_epsilon=cfg.layer_norm_epsilon,
+                layer_norm_epsilon=cfg.norm.layer_norm_epsilon,
                 tie_word_embeddings=cfg.tie_word_embeddings)
 
 

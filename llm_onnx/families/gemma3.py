@@ -14,7 +14,8 @@ from typing import Any
 from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.families.llama import GGUF_GLOBALS, GGUF_LAYER, base_hf_config, gguf_fields
-from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.config import (AttentionConfig, EmbeddingConfig, ModelConfig,
+                                      PositionConfig, ResidualConfig)
 
 ARCHITECTURE = "Gemma3ForCausalLM"
 HF_CONFIG_CLASS = "Gemma3TextConfig"
@@ -31,10 +32,12 @@ GEMMA3_1B = ModelConfig(
     architecture=ARCHITECTURE,
     vocab_size=262_144, hidden_size=1152, num_hidden_layers=26, num_attention_heads=4,
     num_key_value_heads=1, head_dim=256, intermediate_size=6912, max_position_embeddings=32_768,
-    rms_norm_eps=1e-6, rope_theta=1_000_000.0, rope_local_theta=10_000.0,
-    hidden_act="gelu_pytorch_tanh", qk_norm=True, tie_word_embeddings=True,
-    embedding_multiplier=math.sqrt(1152), attention_scale=256 ** -0.5, sandwich_norm=True,
-    sliding_window=512, layer_types=pattern_layers(26, 6),
+    rms_norm_eps=1e-6, rope_theta=1_000_000.0, hidden_act="gelu_pytorch_tanh",
+    tie_word_embeddings=True, sliding_window=512, layer_types=pattern_layers(26, 6),
+    attention=AttentionConfig(qk_norm=True, attention_scale=256 ** -0.5),
+    residual=ResidualConfig(topology="sandwich"),
+    positions=PositionConfig(rope_local_theta=10_000.0),
+    embedding=EmbeddingConfig(embedding_multiplier=math.sqrt(1152)),
 )
 # Three layers (sliding, sliding, full with pattern 3), a window of 4, a query_pre_attn_scalar
 # that is not head_dim, a full-layer RoPE scaling and a soft cap: every mechanism in play.
@@ -93,7 +96,7 @@ def config_fields(hf: Any) -> dict[str, Any]:
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
         embedding_multiplier=math.sqrt(hidden),
         attention_scale=float(hf.get("query_pre_attn_scalar", 256)) ** -0.5,
-        sandwich_norm=True, sliding_window=hf.get("sliding_window", 4096),
+        topology="sandwich", sliding_window=hf.get("sliding_window", 4096),
         layer_types=(tuple(types) if types else
                      pattern_layers(layers, hf.get("sliding_window_pattern", 6))),
         final_logit_softcapping=hf.get("final_logit_softcapping"),
@@ -104,10 +107,11 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     fields = base_hf_config(cfg)
     fields.pop("hidden_act")
     fields.pop("rope_theta")
+    scale = cfg.attention.attention_scale
     return dict(fields, hidden_activation=cfg.hidden_act, bos_token_id=None, eos_token_id=None,
                 pad_token_id=None, rope_theta=cfg.rope_theta,
-                rope_local_base_freq=cfg.rope_local_theta, rope_scaling=cfg.rope_scaling,
-                query_pre_attn_scalar=round(cfg.attention_scale ** -2) if cfg.attention_scale else None,
+                rope_local_base_freq=cfg.positions.rope_local_theta, rope_scaling=cfg.rope_scaling,
+                query_pre_attn_scalar=round(scale ** -2) if scale else None,
                 sliding_window=cfg.sliding_window, layer_types=list(cfg.layer_types or ()),
                 final_logit_softcapping=cfg.final_logit_softcapping,
                 attn_logit_softcapping=None)
@@ -131,7 +135,7 @@ def checkpoint_layer(cfg: ModelConfig, i: int) -> dict[str, Part]:
     for proj in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
         out[f"{p}.{proj}.weight"] = Part(f"{p}.{proj}.weight")
-        if cfg.attention_bias and proj.startswith("self_attn"):
+        if cfg.attention.attention_bias and proj.startswith("self_attn"):
             out[f"{p}.{proj}.bias"] = Part(f"{p}.{proj}.bias")
     return out
 
@@ -170,7 +174,7 @@ def gemma3_gguf_fields(meta: Any) -> dict[str, Any]:
         rope_local_theta=float(meta.get("rope.freq_base_swa") or 10_000.0), rope_scaling=scaling,
         hidden_act="gelu_pytorch_tanh", qk_norm=True, embedding_multiplier=math.sqrt(hidden),
         attention_scale=(hidden // heads if layers == 62 else fields["head_dim"]) ** -0.5,
-        sandwich_norm=True, sliding_window=window or None, layer_types=types,
+        topology="sandwich", sliding_window=window or None, layer_types=types,
         final_logit_softcapping=float(softcap) if softcap else None,
     )
 

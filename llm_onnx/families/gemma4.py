@@ -37,7 +37,8 @@ from typing import Any
 
 from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.families.layouts import GGUFNames, Part
-from llm_onnx.modeling.config import ModelConfig, MoEConfig
+from llm_onnx.modeling.config import (AttentionConfig, EmbeddingConfig, MLPConfig, ModelConfig,
+                                      MoEConfig, PositionConfig, ResidualConfig)
 from llm_onnx.modeling.shapes import layer_shapes
 
 ARCHITECTURE = "Gemma4ForCausalLM"
@@ -66,12 +67,16 @@ GEMMA4_26B_A4B = ModelConfig(
     architecture=ARCHITECTURE,
     vocab_size=262_144, hidden_size=2816, num_hidden_layers=30, num_attention_heads=16,
     num_key_value_heads=8, head_dim=256, intermediate_size=2112, max_position_embeddings=262_144,
-    rms_norm_eps=1e-6, rope_theta=1_000_000.0, rope_local_theta=10_000.0,
-    rope_scaling=proportional(), hidden_act="gelu_pytorch_tanh", qk_norm=True,
-    tie_word_embeddings=True, embedding_multiplier=math.sqrt(2816), attention_scale=1.0,
-    sandwich_norm=True, sliding_window=1024, layer_types=pattern_layers(30, 6),
-    final_logit_softcapping=30.0, global_head_dim=512, num_global_key_value_heads=2,
-    attention_k_eq_v=True, value_norm=True, layer_scalar=True, enable_moe_block=True,
+    rms_norm_eps=1e-6, rope_theta=1_000_000.0, rope_scaling=proportional(),
+    hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True, sliding_window=1024,
+    layer_types=pattern_layers(30, 6), final_logit_softcapping=30.0,
+    attention=AttentionConfig(qk_norm=True, attention_scale=1.0, value_norm=True,
+                              global_head_dim=512, num_global_key_value_heads=2,
+                              attention_k_eq_v=True),
+    mlp=MLPConfig(enable_moe_block=True),
+    residual=ResidualConfig(topology="sandwich", layer_scalar=True),
+    positions=PositionConfig(rope_local_theta=10_000.0),
+    embedding=EmbeddingConfig(embedding_multiplier=math.sqrt(2816)),
     moe=MoEConfig(num_experts=128, num_experts_per_tok=8, moe_intermediate_size=704),
 )
 # google/gemma-4-31B-it: dense, 60 layers
@@ -204,7 +209,7 @@ def config_fields(hf: Any) -> dict[str, Any]:
         hidden_act=hf.get("hidden_activation", "gelu_pytorch_tanh"), qk_norm=True,
         attention_bias=bias, o_proj_bias=bias,
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
-        embedding_multiplier=math.sqrt(hidden), attention_scale=1.0, sandwich_norm=True,
+        embedding_multiplier=math.sqrt(hidden), attention_scale=1.0, topology="sandwich",
         sliding_window=hf.get("sliding_window", 512), layer_types=types,
         final_logit_softcapping=hf.get("final_logit_softcapping"),
         global_head_dim=global_head_dim if global_head_dim != head_dim else None,
@@ -221,7 +226,7 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     """Gemma4TextConfig's fields for ``cfg`` (transformers takes global_head_dim and
     num_global_key_value_heads as arguments and writes per_layer_config)."""
     scaling = cfg.rope_scaling or {"rope_type": "proportional", "partial_rotary_factor": 1.0}
-    moe = cfg.moe
+    moe, att = cfg.moe, cfg.attention
     out = dict(
         architectures=[ARCHITECTURE], vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
@@ -229,24 +234,26 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
         num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
         hidden_activation=cfg.hidden_act, max_position_embeddings=cfg.max_position_embeddings,
         rms_norm_eps=cfg.rms_norm_eps, tie_word_embeddings=cfg.tie_word_embeddings,
-        attention_bias=cfg.attention_bias, sliding_window=cfg.sliding_window,
+        attention_bias=att.attention_bias, sliding_window=cfg.sliding_window,
         layer_types=list(cfg.layer_types or ()),
         final_logit_softcapping=cfg.final_logit_softcapping,
         rope_parameters={
-            "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_local_theta},
+            "sliding_attention": {"rope_type": "default",
+                                  "rope_theta": cfg.positions.rope_local_theta},
             "full_attention": dict(scaling, rope_theta=cfg.rope_theta)},
-        global_head_dim=cfg.global_head_dim or cfg.head_dim,
-        attention_k_eq_v=cfg.attention_k_eq_v,
-        num_kv_shared_layers=cfg.num_kv_shared_layers,
-        hidden_size_per_layer_input=cfg.hidden_size_per_layer_input,
+        global_head_dim=att.global_head_dim or cfg.head_dim,
+        attention_k_eq_v=att.attention_k_eq_v,
+        num_kv_shared_layers=att.num_kv_shared_layers,
+        hidden_size_per_layer_input=cfg.embedding.hidden_size_per_layer_input,
         vocab_size_per_layer_input=cfg.vocab_size,
-        use_double_wide_mlp=cfg.use_double_wide_mlp, enable_moe_block=cfg.enable_moe_block,
+        use_double_wide_mlp=cfg.mlp.use_double_wide_mlp,
+        enable_moe_block=cfg.mlp.enable_moe_block,
         num_experts=moe.num_experts if moe else None,
         top_k_experts=moe.num_experts_per_tok if moe else None,
         moe_intermediate_size=moe.moe_intermediate_size if moe else None,
         bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    if cfg.num_global_key_value_heads is not None:
-        out["num_global_key_value_heads"] = cfg.num_global_key_value_heads
+    if att.num_global_key_value_heads is not None:
+        out["num_global_key_value_heads"] = att.num_global_key_value_heads
     return out
 
 
@@ -315,7 +322,7 @@ def gemma4_gguf_fields(meta: Any) -> dict[str, Any]:
         rope_scaling=proportional(share) if share != 1.0 else None,
         hidden_act="gelu_pytorch_tanh", qk_norm=True,
         tie_word_embeddings="output.weight" not in meta.tensor_names,
-        embedding_multiplier=math.sqrt(hidden), attention_scale=1.0, sandwich_norm=True,
+        embedding_multiplier=math.sqrt(hidden), attention_scale=1.0, topology="sandwich",
         sliding_window=int(meta.need("attention.sliding_window")), layer_types=types,
         final_logit_softcapping=float(softcap) if softcap else None,
         global_head_dim=head_full if head_full != head_swa else None,

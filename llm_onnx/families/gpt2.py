@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from llm_onnx.families.layouts import QKV, Part, concat_part, fused_qkv_shape, transpose
-from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.config import (AttentionConfig, MLPConfig, ModelConfig, NormConfig,
+                                      PositionConfig)
 
 ARCHITECTURE = "GPT2LMHeadModel"
 HF_CONFIG_CLASS = "GPT2Config"
@@ -16,9 +17,11 @@ GPT2 = ModelConfig(
     architecture=ARCHITECTURE,
     vocab_size=50_257, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
     num_key_value_heads=12, head_dim=64, intermediate_size=3072, max_position_embeddings=1024,
-    hidden_act="gelu_new", gated_mlp=False, position_embedding_type="learned", norm_type="layer",
-    layer_norm_epsilon=1e-5, attention_bias=True, o_proj_bias=True, mlp_bias=True,
-    tie_word_embeddings=True,
+    hidden_act="gelu_new", tie_word_embeddings=True,
+    attention=AttentionConfig(attention_bias=True, o_proj_bias=True),
+    mlp=MLPConfig(gated_mlp=False, mlp_bias=True),
+    norm=NormConfig(norm_type="layer", layer_norm_epsilon=1e-5),
+    positions=PositionConfig(position_embedding_type="learned"),
 )
 # Multi-head attention fixes head_dim = hidden / heads here; n_inner != 4 * hidden.
 GPT2_TINY = GPT2.replace(
@@ -53,7 +56,7 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
                 vocab_size=cfg.vocab_size, n_embd=cfg.hidden_size, n_layer=cfg.num_hidden_layers,
                 n_head=cfg.num_attention_heads, n_inner=cfg.intermediate_size,
                 n_positions=cfg.max_position_embeddings, activation_function=cfg.hidden_act,
-                layer_norm_epsilon=cfg.layer_norm_epsilon,
+                layer_norm_epsilon=cfg.norm.layer_norm_epsilon,
                 tie_word_embeddings=cfg.tie_word_embeddings)
 
 

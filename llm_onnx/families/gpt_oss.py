@@ -31,7 +31,7 @@ from llm_onnx.families.llama import (
     base_hf_config,
     gguf_fields,
 )
-from llm_onnx.modeling.config import ModelConfig, MoEConfig
+from llm_onnx.modeling.config import AttentionConfig, ModelConfig, MoEConfig
 
 ARCHITECTURE = "GptOssForCausalLM"
 HF_CONFIG_CLASS = "GptOssConfig"
@@ -60,8 +60,9 @@ GPT_OSS_120B = ModelConfig(
     vocab_size=201_088, hidden_size=2880, num_hidden_layers=36, num_attention_heads=64,
     num_key_value_heads=8, head_dim=64, intermediate_size=2880, max_position_embeddings=131_072,
     rms_norm_eps=1e-5, rope_theta=150_000.0, rope_scaling=YARN, tie_word_embeddings=False,
-    attention_bias=True, o_proj_bias=True, attention_sinks=True, sliding_window=128,
-    layer_types=alternating_layers(36), moe=_moe(128, 2880),
+    sliding_window=128, layer_types=alternating_layers(36),
+    attention=AttentionConfig(attention_bias=True, o_proj_bias=True, attention_sinks=True),
+    moe=_moe(128, 2880),
 )
 # openai/gpt-oss-20b: 24 layers, 32 experts; the rest as the 120b
 GPT_OSS_20B = GPT_OSS_120B.replace(num_hidden_layers=24, layer_types=alternating_layers(24),
@@ -125,7 +126,7 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
                 sliding_window=cfg.sliding_window, layer_types=list(cfg.layer_types or ()),
                 rope_parameters={**(cfg.rope_scaling or {"rope_type": "default"}),
                                  "rope_theta": theta},
-                attention_bias=cfg.attention_bias, bos_token_id=None, eos_token_id=None,
+                attention_bias=cfg.attention.attention_bias, bos_token_id=None, eos_token_id=None,
                 pad_token_id=None)
 
 

@@ -101,13 +101,13 @@ def base_hf_config(cfg: ModelConfig) -> dict[str, Any]:
         num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
         intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.max_position_embeddings,
         rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
-        tie_word_embeddings=cfg.tie_word_embeddings, attention_bias=cfg.attention_bias,
+        tie_word_embeddings=cfg.tie_word_embeddings, attention_bias=cfg.attention.attention_bias,
         hidden_act=cfg.hidden_act,
     )
 
 
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
-    return dict(base_hf_config(cfg), mlp_bias=cfg.mlp_bias)
+    return dict(base_hf_config(cfg), mlp_bias=cfg.mlp.mlp_bias)
 
 
 # llama.cpp's names: blk.N.<suffix> -> model.layers.N.<canonical suffix>

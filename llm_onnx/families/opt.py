@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from llm_onnx.families.layouts import Part, fairseq_layer
-from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.config import (AttentionConfig, MLPConfig, ModelConfig, NormConfig,
+                                      PositionConfig)
 
 ARCHITECTURE = "OPTForCausalLM"
 HF_CONFIG_CLASS = "OPTConfig"
@@ -19,13 +20,15 @@ OPT_125M = ModelConfig(
     architecture=ARCHITECTURE,
     vocab_size=50_272, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
     num_key_value_heads=12, head_dim=64, intermediate_size=3072, max_position_embeddings=2048,
-    hidden_act="relu", gated_mlp=False, position_embedding_type="learned", position_offset=2,
-    norm_type="layer", layer_norm_epsilon=1e-5, attention_bias=True, o_proj_bias=True,
-    mlp_bias=True, tie_word_embeddings=True,
+    hidden_act="relu", tie_word_embeddings=True,
+    attention=AttentionConfig(attention_bias=True, o_proj_bias=True),
+    mlp=MLPConfig(gated_mlp=False, mlp_bias=True),
+    norm=NormConfig(norm_type="layer", layer_norm_epsilon=1e-5),
+    positions=PositionConfig(position_embedding_type="learned", position_offset=2),
 )
 OPT_350M = OPT_125M.replace(
     hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16,
-    head_dim=64, intermediate_size=4096, post_layernorm=True, embed_dim=512,
+    head_dim=64, intermediate_size=4096, topology="post", embed_dim=512,
 )
 # The post-LN variant with its projections first (the tests run the first tiny preset through
 # every rung); the pre-LN one through the torch rungs. Multi-head: head_dim = hidden / heads.
@@ -64,7 +67,7 @@ def config_fields(hf: Any) -> dict[str, Any]:
         layer_norm_epsilon=1e-5,  # OPT's nn.LayerNorm default; config.json has no field for it
         attention_bias=True, o_proj_bias=True, mlp_bias=True,
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
-        post_layernorm=not hf.get("do_layer_norm_before", True),
+        topology="pre" if hf.get("do_layer_norm_before", True) else "post",
         embed_dim=embed if embed != hidden else None,
     )
 
@@ -75,7 +78,7 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
                 num_hidden_layers=cfg.num_hidden_layers,
                 num_attention_heads=cfg.num_attention_heads, ffn_dim=cfg.intermediate_size,
                 max_position_embeddings=cfg.max_position_embeddings,
-                activation_function=cfg.hidden_act, do_layer_norm_before=not cfg.post_layernorm,
+                activation_function=cfg.hidden_act, do_layer_norm_before=cfg.residual.topology != "post",
                 word_embed_proj_dim=cfg.embed_width, enable_bias=True,
                 tie_word_embeddings=cfg.tie_word_embeddings)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from llm_onnx.families.layouts import GGUFNames
 from llm_onnx.families.llama import GGUF_GLOBALS, GGUF_LAYER, base_fields, base_hf_config, gguf_fields
-from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.config import AttentionConfig, ModelConfig
 
 ARCHITECTURE = "Qwen2ForCausalLM"
 HF_CONFIG_CLASS = "Qwen2Config"
@@ -20,7 +20,7 @@ QWEN2_5_7B = ModelConfig(
     vocab_size=152_064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
     num_key_value_heads=4, head_dim=128, intermediate_size=18_944, rope_theta=1_000_000.0,
     rms_norm_eps=1e-6, max_position_embeddings=32_768, tie_word_embeddings=False,
-    attention_bias=True,
+    attention=AttentionConfig(attention_bias=True),
 )
 # head_dim != hidden / heads and kv heads < heads expose layout bugs; biases on q/k/v only.
 QWEN2_TINY = QWEN2_5_7B.replace(

@@ -7,7 +7,7 @@ from typing import Any
 
 from llm_onnx.families.layouts import GGUFNames
 from llm_onnx.families.llama import GGUF_GLOBALS, GGUF_LAYER, base_fields, base_hf_config, gguf_fields
-from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.config import AttentionConfig, ModelConfig
 
 ARCHITECTURE = "Qwen3ForCausalLM"
 HF_CONFIG_CLASS = "Qwen3Config"
@@ -18,7 +18,8 @@ QWEN3_8B = ModelConfig(
     architecture=ARCHITECTURE,
     vocab_size=151_936, hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
     num_key_value_heads=8, head_dim=128, intermediate_size=12_288, rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6, max_position_embeddings=40_960, tie_word_embeddings=False, qk_norm=True,
+    rms_norm_eps=1e-6, max_position_embeddings=40_960, tie_word_embeddings=False,
+    attention=AttentionConfig(qk_norm=True),
 )
 QWEN3_TINY = QWEN3_8B.replace(
     vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -29,7 +29,7 @@ from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.families.gemma3 import plus_one
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.families.llama import GGUF_GLOBALS
-from llm_onnx.modeling.config import LinearAttentionConfig, ModelConfig
+from llm_onnx.modeling.config import AttentionConfig, LinearAttentionConfig, ModelConfig
 
 ARCHITECTURE = "Qwen3_5ForCausalLM"
 HF_CONFIG_CLASS = "Qwen3_5TextConfig"
@@ -52,8 +52,8 @@ QWEN3_5_9B = ModelConfig(
     vocab_size=248_320, hidden_size=4096, num_hidden_layers=32, num_attention_heads=16,
     num_key_value_heads=4, head_dim=256, intermediate_size=12_288, rope_theta=10_000_000.0,
     partial_rotary_factor=0.25, rms_norm_eps=1e-6, max_position_embeddings=262_144,
-    tie_word_embeddings=False, qk_norm=True, attention_output_gate=True,
-    layer_types=interval_layers(32),
+    tie_word_embeddings=False, layer_types=interval_layers(32),
+    attention=AttentionConfig(qk_norm=True, attention_output_gate=True),
     linear_attention=LinearAttentionConfig(num_key_heads=16, num_value_heads=32, key_head_dim=128,
                                            value_head_dim=128, conv_kernel=4),
 )
@@ -148,7 +148,7 @@ def hybrid_hf_config(cfg: ModelConfig) -> dict[str, Any]:
         num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
         max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
         tie_word_embeddings=cfg.tie_word_embeddings, hidden_act=cfg.hidden_act,
-        attention_bias=cfg.attention_bias, layer_types=list(cfg.layer_types),
+        attention_bias=cfg.attention.attention_bias, layer_types=list(cfg.layer_types),
         linear_num_key_heads=la.num_key_heads, linear_num_value_heads=la.num_value_heads,
         linear_key_head_dim=la.key_head_dim, linear_value_head_dim=la.value_head_dim,
         linear_conv_kernel_dim=la.conv_kernel,

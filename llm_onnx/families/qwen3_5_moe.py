@@ -15,7 +15,8 @@ from llm_onnx.families.llama import GGUF_GLOBALS
 from llm_onnx.families.qwen3_5 import (CHECKPOINT_GLOBALS, GGUF_HYBRID_LAYER, gguf_relayout,
                                        hybrid_fields, hybrid_gguf_fields, hybrid_hf_config,
                                        interval_layers, mixer_parts, text_config)
-from llm_onnx.modeling.config import LinearAttentionConfig, ModelConfig, MoEConfig
+from llm_onnx.modeling.config import (AttentionConfig, LinearAttentionConfig, ModelConfig,
+                                      MoEConfig)
 
 ARCHITECTURE = "Qwen3_5MoeForCausalLM"
 HF_CONFIG_CLASS = "Qwen3_5MoeTextConfig"
@@ -32,8 +33,8 @@ QWEN3_6_35B_A3B = ModelConfig(
     vocab_size=248_320, hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
     num_key_value_heads=2, head_dim=256, intermediate_size=512, rope_theta=10_000_000.0,
     partial_rotary_factor=0.25, rms_norm_eps=1e-6, max_position_embeddings=262_144,
-    tie_word_embeddings=False, qk_norm=True, attention_output_gate=True,
-    layer_types=interval_layers(40),
+    tie_word_embeddings=False, layer_types=interval_layers(40),
+    attention=AttentionConfig(qk_norm=True, attention_output_gate=True),
     linear_attention=LinearAttentionConfig(num_key_heads=16, num_value_heads=32, key_head_dim=128,
                                            value_head_dim=128, conv_kernel=4),
     moe=MoEConfig(num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512,

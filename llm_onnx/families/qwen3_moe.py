@@ -9,7 +9,7 @@ from llm_onnx.families.layouts import GGUFNames
 from llm_onnx.families.llama import GGUF_GLOBALS, base_hf_config
 from llm_onnx.families.qwen3 import GGUF_QWEN3_LAYER, config_fields as qwen3_fields, qwen3_gguf_fields
 from llm_onnx.errors import ConfigError
-from llm_onnx.modeling.config import ModelConfig, MoEConfig
+from llm_onnx.modeling.config import AttentionConfig, ModelConfig, MoEConfig
 
 ARCHITECTURE = "Qwen3MoeForCausalLM"
 HF_CONFIG_CLASS = "Qwen3MoeConfig"
@@ -18,7 +18,8 @@ QWEN3_30B_A3B = ModelConfig(
     architecture=ARCHITECTURE,
     vocab_size=151_936, hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
     num_key_value_heads=4, head_dim=128, intermediate_size=6144, rope_theta=1_000_000.0,
-    rms_norm_eps=1e-6, max_position_embeddings=40_960, tie_word_embeddings=False, qk_norm=True,
+    rms_norm_eps=1e-6, max_position_embeddings=40_960, tie_word_embeddings=False,
+    attention=AttentionConfig(qk_norm=True),
     moe=MoEConfig(num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
                   norm_topk_prob=True),
 )

@@ -18,7 +18,7 @@ from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.families import llama
 from llm_onnx.families.layouts import GGUFNames
 from llm_onnx.families.llama import GGUF_GLOBALS, GGUF_LAYER, base_hf_config, gguf_fields
-from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.config import ModelConfig, PositionConfig
 
 ARCHITECTURE = "SmolLM3ForCausalLM"
 HF_CONFIG_CLASS = "SmolLM3Config"
@@ -34,7 +34,7 @@ SMOLLM3_3B = ModelConfig(
     vocab_size=128_256, hidden_size=2048, num_hidden_layers=36, num_attention_heads=16,
     num_key_value_heads=4, head_dim=128, intermediate_size=11_008, rope_theta=5_000_000.0,
     rms_norm_eps=1e-6, max_position_embeddings=65_536, tie_word_embeddings=True,
-    no_rope_layers=nope_every(36, 4),
+    positions=PositionConfig(no_rope_layers=nope_every(36, 4)),
 )
 # A rotating layer, then a NoPE one (interval 2); head_dim != hidden / heads, kv heads < heads.
 SMOLLM3_TINY = SMOLLM3_3B.replace(
@@ -83,8 +83,9 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if cfg.rope_scaling is not None:
         rope = {**dict(cfg.rope_scaling), "rope_theta": cfg.rope_theta}
-    out = dict(base_hf_config(cfg), mlp_bias=cfg.mlp_bias, rope_parameters=rope,
-               no_rope_layers=list(cfg.no_rope_layers or [1] * cfg.num_hidden_layers),
+    nope = cfg.positions.no_rope_layers
+    out = dict(base_hf_config(cfg), mlp_bias=cfg.mlp.mlp_bias, rope_parameters=rope,
+               no_rope_layers=list(nope or [1] * cfg.num_hidden_layers),
                use_sliding_window=cfg.sliding_window is not None,
                sliding_window=cfg.sliding_window,
                # SmolLM3Config's pad id (128004) sizes the embedding's padding row, which a

@@ -13,7 +13,8 @@ from typing import Any
 
 from llm_onnx.errors import ConfigError
 from llm_onnx.families.layouts import Part, fairseq_layer
-from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.config import (AttentionConfig, EmbeddingConfig, MLPConfig, ModelConfig,
+                                      NormConfig, PositionConfig)
 
 ARCHITECTURE = "XGLMForCausalLM"
 HF_CONFIG_CLASS = "XGLMConfig"
@@ -22,10 +23,13 @@ XGLM_1_7B = ModelConfig(
     architecture=ARCHITECTURE,
     vocab_size=256_008, hidden_size=2048, num_hidden_layers=24, num_attention_heads=16,
     num_key_value_heads=16, head_dim=128, intermediate_size=8192, max_position_embeddings=2048,
-    hidden_act="gelu", gated_mlp=False, position_embedding_type="sinusoidal", position_offset=2,
-    position_padding_idx=1, embedding_multiplier=math.sqrt(2048), norm_type="layer",
-    layer_norm_epsilon=1e-5, attention_bias=True, o_proj_bias=True, mlp_bias=True,
-    tie_word_embeddings=True,
+    hidden_act="gelu", tie_word_embeddings=True,
+    attention=AttentionConfig(attention_bias=True, o_proj_bias=True),
+    mlp=MLPConfig(gated_mlp=False, mlp_bias=True),
+    norm=NormConfig(norm_type="layer", layer_norm_epsilon=1e-5),
+    positions=PositionConfig(position_embedding_type="sinusoidal", position_offset=2,
+                             position_padding_idx=1),
+    embedding=EmbeddingConfig(embedding_multiplier=math.sqrt(2048)),
 )
 XGLM_TINY = XGLM_1_7B.replace(
     vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -76,12 +80,12 @@ def config_fields(hf: Any) -> dict[str, Any]:
 
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     return dict(architectures=[cfg.architecture], bos_token_id=None, eos_token_id=None,
-                pad_token_id=cfg.position_padding_idx, vocab_size=cfg.vocab_size,
+                pad_token_id=cfg.positions.position_padding_idx, vocab_size=cfg.vocab_size,
                 d_model=cfg.hidden_size,
                 num_layers=cfg.num_hidden_layers, attention_heads=cfg.num_attention_heads,
                 ffn_dim=cfg.intermediate_size, max_position_embeddings=cfg.max_position_embeddings,
                 activation_function=cfg.hidden_act,
-                scale_embedding=cfg.embedding_multiplier != 1.0,
+                scale_embedding=cfg.embedding.embedding_multiplier != 1.0,
                 tie_word_embeddings=cfg.tie_word_embeddings)
 
 

@@ -43,7 +43,7 @@ def attention_form(cfg: ModelConfig) -> AttentionForm:
             return AttentionForm("plain", f"head_dim {head_dim} is not a multiple of 16, which "
                                           "ONNX Runtime's GroupQueryAttention requires")
     half = cfg.rotary_dim // 2
-    if cfg.position_embedding_type == "rope" and half % 8:
+    if cfg.positions.position_embedding_type == "rope" and half % 8:
         return AttentionForm("rotary outside",
                              f"the rotary width {cfg.rotary_dim} (head_dim {cfg.head_dim} x "
                              f"partial_rotary_factor {cfg.partial_rotary_factor:g}) halves to "
@@ -87,33 +87,34 @@ class Attention(nn.Module):
         # layer with attention_k_eq_v takes its key projection as the values too.
         self.shared = cfg.is_kv_shared(layer)
         self.k_eq_v = cfg.layer_k_eq_v(layer)
-        self.value_norm, self.eps = cfg.value_norm, cfg.rms_norm_eps
+        self.value_norm, self.eps = cfg.attention.value_norm, cfg.rms_norm_eps
         # Qwen3.5: q_proj also emits a gate per head, rows [query_h | gate_h] for each head h
-        self.output_gate = cfg.attention_output_gate
+        self.output_gate = cfg.attention.attention_output_gate
         self.fuse_qkv = fuse_qkv and not (self.output_gate or self.shared or self.k_eq_v)
         if self.fuse_qkv:  # one matmul; rows q, then k, then v (GQA's packed QKV layout)
-            self.qkv_proj = Linear(d, self.q_width + 2 * self.kv_width, cfg.attention_bias, dtype)
+            self.qkv_proj = Linear(d, self.q_width + 2 * self.kv_width,
+                                   cfg.attention.attention_bias, dtype)
         else:
             self.q_proj = Linear(d, self.q_width * (2 if self.output_gate else 1),
-                                 cfg.attention_bias, dtype)
+                                 cfg.attention.attention_bias, dtype)
             if not self.shared:
-                self.k_proj = Linear(d, self.kv_width, cfg.attention_bias, dtype)
+                self.k_proj = Linear(d, self.kv_width, cfg.attention.attention_bias, dtype)
             if not (self.shared or self.k_eq_v):
-                self.v_proj = Linear(d, self.kv_width, cfg.attention_bias, dtype)
-        self.o_proj = Linear(self.q_width, d, cfg.o_proj_bias, dtype)
-        self.qk_norm = cfg.qk_norm
-        if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE
+                self.v_proj = Linear(d, self.kv_width, cfg.attention.attention_bias, dtype)
+        self.o_proj = Linear(self.q_width, d, cfg.attention.o_proj_bias, dtype)
+        self.qk_norm = cfg.attention.qk_norm
+        if cfg.attention.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             if not self.shared:
                 self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.scale = cfg.attention_scale or self.head_dim ** -0.5
+        self.scale = cfg.attention.attention_scale or self.head_dim ** -0.5
         # Mistral: each query sees its last `sliding_window` keys, itself included, which is what
         # GroupQueryAttention's local_window_size means (measured: see ops.attention_ref).
         # Gemma 3: only its sliding layers.
         self.window = cfg.layer_window(layer) or -1
-        if cfg.attention_sinks:  # gpt-oss: one learned logit per query head in every softmax
+        if cfg.attention.attention_sinks:  # gpt-oss: a learned logit per query head in each softmax
             self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=dtype), requires_grad=False)
-        self.has_sinks = cfg.attention_sinks
+        self.has_sinks = cfg.attention.attention_sinks
         # SmolLM3: its NoPE layers (no_rope_layers) attend without rotating q and k, so their
         # GroupQueryAttention gets no cos/sin caches (do_rotary=0) beside rotating layers.
         self.rope = cfg.layer_uses_rope(layer)

@@ -49,7 +49,7 @@ from llm_onnx.modeling.positions import RotaryCache, SinusoidalPositions, global
 def owned_states(cfg: ModelConfig, present):
     """``present`` (two per layer, every layer) less Gemma 4's KV-shared layers' pairs: what the
     next step takes as its past (works on lists of tensors or of numpy arrays)."""
-    if not cfg.num_kv_shared_layers:
+    if not cfg.shares_kv:
         return list(present)
     return [t for i in range(cfg.num_hidden_layers) if not cfg.is_kv_shared(i)
             for t in present[2 * i:2 * i + 2]]
@@ -76,10 +76,11 @@ class DecoderLayer(nn.Module):
                  kv_int8: bool = False) -> None:
         super().__init__()
         self.dtype = dtype
-        self.parallel = cfg.parallel_attn
-        self.shared_norm = cfg.parallel_attn and cfg.parallel_attn_shared_norm
-        self.post_norm = cfg.post_layernorm
-        self.sandwich = cfg.sandwich_norm
+        topology = cfg.residual.topology
+        self.parallel = topology == "parallel"
+        self.shared_norm = self.parallel and cfg.residual.parallel_attn_shared_norm
+        self.post_norm = topology == "post"
+        self.sandwich = topology == "sandwich"
         self.input_layernorm = make_norm(cfg, cfg.hidden_size)
         self.linear = cfg.is_linear_layer(index)
         if self.linear:  # Qwen3.5: Gated DeltaNet in place of attention
@@ -94,7 +95,7 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm = make_norm(cfg, cfg.hidden_size)
         self.mlp = (SparseMoE(cfg, dtype, fusion.gate_up) if cfg.is_moe_layer(index)
                     else MLP(cfg, dtype, fusion.gate_up, cfg.layer_intermediate(index)))
-        self.moe_block = cfg.enable_moe_block
+        self.moe_block = cfg.mlp.enable_moe_block
         if self.moe_block:  # Gemma 4: experts beside the dense MLP, each branch normed
             moe = cfg.moe
             assert moe is not None
@@ -104,15 +105,15 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm_2 = make_norm(cfg, cfg.hidden_size)
             self.post_feedforward_layernorm_1 = make_norm(cfg, cfg.hidden_size)
             self.post_feedforward_layernorm_2 = make_norm(cfg, cfg.hidden_size)
-        self.per_layer = cfg.hidden_size_per_layer_input
+        self.per_layer = cfg.embedding.hidden_size_per_layer_input
         if self.per_layer:  # Gemma 4: the per-layer embedding, gated in after the MLP
             self.per_layer_input_gate = Linear(cfg.hidden_size, self.per_layer, False, dtype)
             self.per_layer_projection = Linear(self.per_layer, cfg.hidden_size, False, dtype)
             self.post_per_layer_input_norm = make_norm(cfg, cfg.hidden_size)
             self.act = _ACT[cfg.hidden_act]
-        if cfg.layer_scalar:  # Gemma 4: the layer's output times a stored scalar
+        if cfg.residual.layer_scalar:  # Gemma 4: the layer's output times a stored scalar
             self.layer_scalar = nn.Parameter(torch.ones(1), requires_grad=False)
-        self.scaled = cfg.layer_scalar
+        self.scaled = cfg.residual.layer_scalar
 
     def mix(self, h: Tensor, seqlens_k: Tensor, total: Tensor, cos: Tensor | None,
             sin: Tensor | None, positions: Tensor, past_key: Tensor, past_value: Tensor,
@@ -187,32 +188,33 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.embed_width, dtype=dtype)
         self.embed_tokens.weight.requires_grad_(False)
-        if cfg.embed_dim is not None:  # OPT-350m: embeddings narrower than the layers
-            self.project_in = Linear(cfg.embed_dim, cfg.hidden_size, False, dtype)
-            self.project_out = Linear(cfg.hidden_size, cfg.embed_dim, False, dtype)
-        if cfg.position_embedding_type == "rope":  # (Gemma 4: at its full layers' head size)
+        if cfg.embedding.embed_dim is not None:  # OPT-350m: embeddings narrower than the layers
+            self.project_in = Linear(cfg.embedding.embed_dim, cfg.hidden_size, False, dtype)
+            self.project_out = Linear(cfg.hidden_size, cfg.embedding.embed_dim, False, dtype)
+        pos, emb = cfg.positions, cfg.embedding
+        if pos.position_embedding_type == "rope":  # (Gemma 4: at its full layers' head size)
             self.rotary = RotaryCache(global_rope(cfg), max_positions, dtype)
-            if cfg.rope_local_theta is not None:  # Gemma 3's sliding layers
+            if cfg.positions.rope_local_theta is not None:  # Gemma 3's sliding layers
                 self.rotary_local = RotaryCache(local_rope(cfg), max_positions, dtype)
-        if cfg.position_embedding_type == "learned":  # GPT-2, OPT: a table of absolute positions
-            self.embed_positions = nn.Embedding(cfg.max_position_embeddings + cfg.position_offset,
+        if pos.position_embedding_type == "learned":  # GPT-2, OPT: a table of absolute positions
+            self.embed_positions = nn.Embedding(cfg.max_position_embeddings + pos.position_offset,
                                                 cfg.hidden_size, dtype=torch.float32)
             self.embed_positions.weight.requires_grad_(False)
-        if cfg.position_embedding_type == "sinusoidal":  # XGLM
+        if cfg.positions.position_embedding_type == "sinusoidal":  # XGLM
             self.embed_positions = SinusoidalPositions(
-                cfg.max_position_embeddings + cfg.position_offset, cfg.hidden_size,
-                cfg.position_padding_idx)
-        if cfg.embedding_layernorm:  # BLOOM
+                cfg.max_position_embeddings + cfg.positions.position_offset, cfg.hidden_size,
+                cfg.positions.position_padding_idx)
+        if cfg.embedding.embedding_layernorm:  # BLOOM
             self.embed_layernorm = make_norm(cfg, cfg.hidden_size)
-        if cfg.hidden_size_per_layer_input:  # Gemma 4: per-layer embeddings, one packed table
-            width = cfg.num_hidden_layers * cfg.hidden_size_per_layer_input
+        if emb.hidden_size_per_layer_input:  # Gemma 4: per-layer embeddings, one packed table
+            width = cfg.num_hidden_layers * emb.hidden_size_per_layer_input
             self.embed_tokens_per_layer = nn.Embedding(cfg.vocab_size, width, dtype=dtype)
             self.embed_tokens_per_layer.weight.requires_grad_(False)
             self.per_layer_model_projection = Linear(cfg.hidden_size, width, False, dtype)
-            self.per_layer_projection_norm = make_norm(cfg, cfg.hidden_size_per_layer_input)
+            self.per_layer_projection_norm = make_norm(cfg, emb.hidden_size_per_layer_input)
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, i, dtype, fusion, kv_int8) for i in range(cfg.num_hidden_layers))
-        if not cfg.post_layernorm:
+        if cfg.residual.topology != "post":
             self.norm = make_norm(cfg, cfg.hidden_size)
 
 
@@ -254,7 +256,7 @@ class Decoder(nn.Module):
             if cfg.tie_word_embeddings:
                 self.lm_head.weight = self.model.embed_tokens.weight
         self.alibi_slopes = (ops.alibi_slopes(cfg.num_attention_heads)
-                             if cfg.position_embedding_type == "alibi" else [])
+                             if cfg.positions.position_embedding_type == "alibi" else [])
 
     @property
     def cache_dtype(self) -> torch.dtype:
@@ -267,29 +269,29 @@ class Decoder(nn.Module):
         cfg, m = self.config, self.model
         positions, last = ops.device_positions(input_ids, seqlens_k)
         rope = local = (None, None)
-        if cfg.position_embedding_type == "rope":
+        if cfg.positions.position_embedding_type == "rope":
             rope = (m.rotary.cos_cache, m.rotary.sin_cache)
-            if cfg.rope_local_theta is not None:
+            if cfg.positions.rope_local_theta is not None:
                 local = (m.rotary_local.cos_cache, m.rotary_local.sin_cache)
         residual = m.embed_tokens(input_ids).float()  # (B, T, D) fp32 residual stream
-        if cfg.embedding_multiplier != 1.0:  # XGLM: sqrt(d_model)
-            residual = residual * cfg.embedding_multiplier
-        if cfg.embed_dim is not None:  # OPT-350m
+        if cfg.embedding.embedding_multiplier != 1.0:  # XGLM: sqrt(d_model)
+            residual = residual * cfg.embedding.embedding_multiplier
+        if cfg.embedding.embed_dim is not None:  # OPT-350m
             residual = m.project_in(residual.to(self.dtype)).float()
         branch: Tensor | None = None
-        if cfg.position_embedding_type in ("learned", "sinusoidal"):  # added by layer 0
-            branch = m.embed_positions(positions + cfg.position_offset if cfg.position_offset
-                                       else positions)
-        if cfg.embedding_layernorm:  # BLOOM
+        if cfg.positions.position_embedding_type in ("learned", "sinusoidal"):  # added by layer 0
+            offset = cfg.positions.position_offset
+            branch = m.embed_positions(positions + offset if offset else positions)
+        if cfg.embedding.embedding_layernorm:  # BLOOM
             residual = m.embed_layernorm(residual)
         bias = None
-        if cfg.position_embedding_type == "alibi":  # BLOOM: one bias for all layers
+        if cfg.positions.position_embedding_type == "alibi":  # BLOOM: one bias for all layers
             bias = ops.alibi_bias(input_ids, total_sequence_length, self.alibi_slopes).to(self.dtype)
         valid = None
         if cfg.linear_attention is not None:  # default: up to each row's last new token
             valid = (last + 1).to(torch.int32) if valid_tokens is None else valid_tokens
         per_layer = None
-        if cfg.hidden_size_per_layer_input:  # Gemma 4
+        if cfg.embedding.hidden_size_per_layer_input:  # Gemma 4
             per_layer = self.per_layer_inputs(input_ids, residual)
         return LayerInputs(branch, residual, positions, last, rope, local, bias, valid, per_layer)
 
@@ -298,7 +300,7 @@ class Decoder(nn.Module):
         embedding projected, / sqrt(D)) + the per-layer table's row * sqrt(P)) / sqrt(2)."""
         cfg, m = self.config, self.model
         b, t = input_ids.shape
-        p = cfg.hidden_size_per_layer_input
+        p = cfg.embedding.hidden_size_per_layer_input
         table = m.embed_tokens_per_layer(input_ids).float() * p ** 0.5
         proj = m.per_layer_model_projection(embedded.to(self.dtype)).float() \
             * cfg.hidden_size ** -0.5
@@ -344,7 +346,7 @@ class Decoder(nn.Module):
             h = h.gather(1, index[:, :, None].expand(-1, -1, h.shape[-1]))  # (B, W, D)
         elif last_only:  # row b's last new token (clamped for padded decode rows)
             h = h.gather(1, last[:, None, None].expand(-1, 1, h.shape[-1]))  # (B, 1, D)
-        if cfg.embed_dim is not None:
+        if cfg.embedding.embed_dim is not None:
             h = m.project_out(h.to(self.dtype))
         logits = self.lm_head(h.to(self.dtype)).float()  # type: ignore[operator]
         if cfg.final_logit_softcapping is not None:  # Gemma
@@ -375,9 +377,9 @@ class Decoder(nn.Module):
                 continue
             past_k, past_v = next(slots), next(slots)
             present += self.run_layer(i, x, seqlens_k, total_sequence_length, past_k, past_v)
-            if cfg.num_kv_shared_layers and not cfg.is_linear_layer(i):
+            if cfg.shares_kv and not cfg.is_linear_layer(i):
                 sources[i] = (*self.model.layers[i].new_kv, past_k, past_v)
-        if self.config.post_layernorm:  # the last layer's output is already normalized
+        if cfg.residual.topology == "post":  # the last layer's output is already normalized
             return x.residual, x.last, present
         assert x.branch is not None
         h, _ = self.model.norm.add(x.branch.float(), x.residual)

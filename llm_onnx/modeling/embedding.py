@@ -66,7 +66,7 @@ class EmbeddingDecoder(Decoder):
         valid = sequence_lengths.to(torch.int32) if cfg.linear_attention is not None else None
         h, _, _ = self.hidden_states(input_ids, seqlens_k, total, *self.scratch_past(input_ids),
                                      valid_tokens=valid)
-        if cfg.embed_dim is not None:  # OPT-350m: the bare model's output is projected out
+        if cfg.embedding.embed_dim is not None:  # OPT-350m: the bare output is projected out
             h = self.model.project_out(h.to(self.dtype)).float()
         return pool(h, lengths, self.pooling, self.normalize)
 

@@ -59,6 +59,6 @@ class LayerNorm(nn.Module):
 
 
 def make_norm(cfg: ModelConfig, width: int) -> RMSNorm | LayerNorm:
-    if cfg.norm_type == "layer":  # GPT-2, BLOOM, Falcon
-        return LayerNorm(width, cfg.layer_norm_epsilon)
+    if cfg.norm.norm_type == "layer":  # GPT-2, BLOOM, Falcon
+        return LayerNorm(width, cfg.norm.layer_norm_epsilon)
     return RMSNorm(width, cfg.rms_norm_eps)

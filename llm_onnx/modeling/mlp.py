@@ -27,15 +27,15 @@ class MLP(nn.Module):
                  width: int | None = None) -> None:
         super().__init__()
         d, i = cfg.hidden_size, width or cfg.intermediate_size
-        self.gated = cfg.gated_mlp
-        self.fuse_gate_up = fuse_gate_up and cfg.gated_mlp
+        self.gated = cfg.mlp.gated_mlp
+        self.fuse_gate_up = fuse_gate_up and cfg.mlp.gated_mlp
         if self.fuse_gate_up:
-            self.gate_up_proj = Linear(d, 2 * i, cfg.mlp_bias, dtype)
+            self.gate_up_proj = Linear(d, 2 * i, cfg.mlp.mlp_bias, dtype)
         elif self.gated:
-            self.gate_proj = Linear(d, i, cfg.mlp_bias, dtype)
+            self.gate_proj = Linear(d, i, cfg.mlp.mlp_bias, dtype)
         if not self.fuse_gate_up:
-            self.up_proj = Linear(d, i, cfg.mlp_bias, dtype)
-        self.down_proj = Linear(i, d, cfg.mlp_bias, dtype)
+            self.up_proj = Linear(d, i, cfg.mlp.mlp_bias, dtype)
+        self.down_proj = Linear(i, d, cfg.mlp.mlp_bias, dtype)
         self.act = _ACT[cfg.hidden_act]
 
     def forward(self, x: Tensor) -> Tensor:

@@ -13,16 +13,17 @@ from llm_onnx.modeling.rope import rope_cache, sinusoidal_table
 
 def local_rope(cfg: ModelConfig) -> ModelConfig:
     """The config whose RoPE tables Gemma 3's sliding layers take: the local base, unscaled."""
-    assert cfg.rope_local_theta is not None
-    return cfg.replace(rope_theta=cfg.rope_local_theta, rope_scaling=None)
+    assert cfg.positions.rope_local_theta is not None
+    return cfg.replace(rope_theta=cfg.positions.rope_local_theta, rope_scaling=None)
 
 
 def global_rope(cfg: ModelConfig) -> ModelConfig:
     """The config whose RoPE tables the full (or only) layers take: Gemma 4's full layers
     rotate heads of their own size (global_head_dim)."""
-    if cfg.global_head_dim is None or cfg.global_head_dim == cfg.head_dim:
+    head_dim = cfg.attention.global_head_dim
+    if head_dim is None or head_dim == cfg.head_dim:
         return cfg
-    return cfg.replace(head_dim=cfg.global_head_dim)
+    return cfg.replace(head_dim=head_dim)
 
 
 class RotaryCache(nn.Module):

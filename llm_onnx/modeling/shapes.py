@@ -20,7 +20,7 @@ def _linear(out: dict[str, Shape], prefix: str, n_out: int, n_in: int, bias: boo
 
 def _norm(out: dict[str, Shape], prefix: str, cfg: ModelConfig, width: int) -> None:
     out[f"{prefix}.weight"] = (width,)
-    if cfg.norm_type == "layer":
+    if cfg.norm.norm_type == "layer":
         out[f"{prefix}.bias"] = (width,)
 
 
@@ -45,22 +45,25 @@ def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape]:
         out[f"{p}.linear_attn.norm.weight"] = (la.value_head_dim,)
         _linear(out, f"{p}.linear_attn.out_proj", d, la.value_dim, False)
     else:
-        gated = 2 if cfg.attention_output_gate else 1  # Qwen3.5: a gate beside each query head
-        _linear(out, f"{p}.self_attn.q_proj", gated * q_width, d, cfg.attention_bias)
+        att = cfg.attention
+        gated = 2 if att.attention_output_gate else 1  # Qwen3.5: a gate beside each query head
+        _linear(out, f"{p}.self_attn.q_proj", gated * q_width, d, att.attention_bias)
         if not shared:
-            _linear(out, f"{p}.self_attn.k_proj", kv_width, d, cfg.attention_bias)
+            _linear(out, f"{p}.self_attn.k_proj", kv_width, d, att.attention_bias)
         if not (shared or cfg.layer_k_eq_v(i)):  # (Gemma 4's k_eq_v: the keys are the values)
-            _linear(out, f"{p}.self_attn.v_proj", kv_width, d, cfg.attention_bias)
-        _linear(out, f"{p}.self_attn.o_proj", d, q_width, cfg.o_proj_bias)
-        if cfg.attention_sinks:  # gpt-oss
+            _linear(out, f"{p}.self_attn.v_proj", kv_width, d, att.attention_bias)
+        _linear(out, f"{p}.self_attn.o_proj", d, q_width, att.o_proj_bias)
+        if att.attention_sinks:  # gpt-oss
             out[f"{p}.self_attn.sinks"] = (cfg.num_attention_heads,)
-        if cfg.qk_norm:
+        if att.qk_norm:
             out[f"{p}.self_attn.q_norm.weight"] = (hd,)
             if not shared:
                 out[f"{p}.self_attn.k_norm.weight"] = (hd,)
-    if not (cfg.parallel_attn and cfg.parallel_attn_shared_norm):  # (OPT post-LN: after the MLP)
-        _norm(out, f"{p}.post_attention_layernorm", cfg, d)  # (Gemma 3: on attention's output)
-    if cfg.sandwich_norm:
+    topology = cfg.residual.topology
+    if not (topology == "parallel" and cfg.residual.parallel_attn_shared_norm):
+        # (OPT post-LN: after the MLP; Gemma 3: on attention's output)
+        _norm(out, f"{p}.post_attention_layernorm", cfg, d)
+    if topology == "sandwich":
         _norm(out, f"{p}.pre_feedforward_layernorm", cfg, d)
         _norm(out, f"{p}.post_feedforward_layernorm", cfg, d)
     if cfg.is_moe_layer(i):
@@ -79,11 +82,12 @@ def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape]:
             out[f"{p}.mlp.shared_expert_gate.weight"] = (1, d)
     else:
         width = cfg.layer_intermediate(i)  # (Gemma 4 E2B: KV-shared layers' doubled)
-        if cfg.gated_mlp:
-            _linear(out, f"{p}.mlp.gate_proj", width, d, cfg.mlp_bias)
-        _linear(out, f"{p}.mlp.up_proj", width, d, cfg.mlp_bias)
-        _linear(out, f"{p}.mlp.down_proj", d, width, cfg.mlp_bias)
-    if cfg.enable_moe_block:  # Gemma 4: experts beside the dense MLP, stacked
+        bias = cfg.mlp.mlp_bias
+        if cfg.mlp.gated_mlp:
+            _linear(out, f"{p}.mlp.gate_proj", width, d, bias)
+        _linear(out, f"{p}.mlp.up_proj", width, d, bias)
+        _linear(out, f"{p}.mlp.down_proj", d, width, bias)
+    if cfg.mlp.enable_moe_block:  # Gemma 4: experts beside the dense MLP, stacked
         moe = cfg.moe
         assert moe is not None
         e, w = moe.num_experts, moe.moe_intermediate_size
@@ -95,36 +99,38 @@ def layer_shapes(cfg: ModelConfig, i: int) -> dict[str, Shape]:
         for norm in ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1",
                      "post_feedforward_layernorm_2"):
             _norm(out, f"{p}.{norm}", cfg, d)
-    if cfg.hidden_size_per_layer_input:  # Gemma 4's per-layer embeddings
-        _linear(out, f"{p}.per_layer_input_gate", cfg.hidden_size_per_layer_input, d, False)
-        _linear(out, f"{p}.per_layer_projection", d, cfg.hidden_size_per_layer_input, False)
+    per_layer = cfg.embedding.hidden_size_per_layer_input
+    if per_layer:  # Gemma 4's per-layer embeddings
+        _linear(out, f"{p}.per_layer_input_gate", per_layer, d, False)
+        _linear(out, f"{p}.per_layer_projection", d, per_layer, False)
         _norm(out, f"{p}.post_per_layer_input_norm", cfg, d)
-    if cfg.layer_scalar:
+    if cfg.residual.layer_scalar:
         out[f"{p}.layer_scalar"] = (1,)
     return out
 
 
 def checkpoint_shapes(cfg: ModelConfig) -> dict[str, Shape]:
     """All tensors of a checkpoint, in a stable order (embeddings, layers, final norm, head)."""
+    emb, pos = cfg.embedding, cfg.positions
     out: dict[str, Shape] = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.embed_width)}
-    if cfg.embed_dim is not None:  # OPT-350m
-        out["model.project_in.weight"] = (cfg.hidden_size, cfg.embed_dim)
-    if cfg.position_embedding_type == "learned":  # (a sinusoidal table is computed, not stored)
-        out["model.embed_positions.weight"] = (cfg.max_position_embeddings + cfg.position_offset,
+    if emb.embed_dim is not None:  # OPT-350m
+        out["model.project_in.weight"] = (cfg.hidden_size, emb.embed_dim)
+    if pos.position_embedding_type == "learned":  # (a sinusoidal table is computed, not stored)
+        out["model.embed_positions.weight"] = (cfg.max_position_embeddings + pos.position_offset,
                                                cfg.hidden_size)
-    if cfg.embedding_layernorm:
+    if emb.embedding_layernorm:
         _norm(out, "model.embed_layernorm", cfg, cfg.hidden_size)
-    if cfg.hidden_size_per_layer_input:  # Gemma 4: one table packing every layer's rows
-        width = cfg.num_hidden_layers * cfg.hidden_size_per_layer_input
+    if emb.hidden_size_per_layer_input:  # Gemma 4: one table packing every layer's rows
+        width = cfg.num_hidden_layers * emb.hidden_size_per_layer_input
         out["model.embed_tokens_per_layer.weight"] = (cfg.vocab_size, width)
         _linear(out, "model.per_layer_model_projection", width, cfg.hidden_size, False)
-        _norm(out, "model.per_layer_projection_norm", cfg, cfg.hidden_size_per_layer_input)
+        _norm(out, "model.per_layer_projection_norm", cfg, emb.hidden_size_per_layer_input)
     for i in range(cfg.num_hidden_layers):
         out.update(layer_shapes(cfg, i))
-    if not cfg.post_layernorm:  # post-LN layers end normalized: no final norm
+    if cfg.residual.topology != "post":  # post-LN layers end normalized: no final norm
         _norm(out, "model.norm", cfg, cfg.hidden_size)
-    if cfg.embed_dim is not None:
-        out["model.project_out.weight"] = (cfg.embed_dim, cfg.hidden_size)
+    if emb.embed_dim is not None:
+        out["model.project_out.weight"] = (emb.embed_dim, cfg.hidden_size)
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = (cfg.vocab_size, cfg.embed_width)
     return out

@@ -122,7 +122,7 @@ def test_random_smollm3_gguf_is_dense_tied_and_reads_back_with_its_nope_layers(t
     assert fields["smollm3.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-6)
     assert not any("expert" in k for k in fields)
     ckpt = open_checkpoint(path)
-    assert ckpt.config.no_rope_layers == (1, 1, 1, 0, 1) and ckpt.config.tie_word_embeddings
+    assert ckpt.config.positions.no_rope_layers == (1, 1, 1, 0, 1) and ckpt.config.tie_word_embeddings
     assert ckpt.config == cfg
     assert "lm_head.weight" not in ckpt.source.names()
     shapes = {"self_attn.q_proj": (4 * 16, 96), "self_attn.k_proj": (2 * 16, 96),
@@ -138,7 +138,8 @@ def test_moe_full_takes_smollm3_cut_to_layers_and_refuses_the_expert_options(cap
     """python -m benchmarks.full_size --config smollm3_3b --layers 6 keeps SmolLM3's NoPE flags for the 6 layers
     (the GGUF's every fourth); a dense preset refuses the expert options, and a preset whose GGUF
     llama.cpp could not read is refused before an export, unless llama.cpp is left out."""
-    assert workers.model_config("smollm3_3b", 6).no_rope_layers == (1, 1, 1, 0, 1, 1)
+    assert workers.model_config("smollm3_3b", 6).positions.no_rope_layers == (
+        1, 1, 1, 0, 1, 1)
     p = argparse.ArgumentParser()
     ok = argparse.Namespace(config="smollm3_3b", layers=6, llama=True,
                             qmoe_int8_activations=False, experts_accuracy_level=0)

@@ -93,18 +93,18 @@ def gemma4_metadata(writer, cfg: ModelConfig) -> dict[str, np.ndarray]:
     types = cfg.layer_types
     writer.add_sliding_window(cfg.sliding_window)
     writer.add_sliding_window_pattern([t == "sliding_attention" for t in types])
-    writer.add_shared_kv_layers(cfg.num_kv_shared_layers)
-    writer.add_embedding_length_per_layer_input(cfg.hidden_size_per_layer_input)
-    full = cfg.global_head_dim or cfg.head_dim
+    writer.add_shared_kv_layers(cfg.attention.num_kv_shared_layers)
+    writer.add_embedding_length_per_layer_input(cfg.embedding.hidden_size_per_layer_input)
+    full = cfg.attention.global_head_dim or cfg.head_dim
     writer.add_key_length_swa(cfg.head_dim)
     writer.add_value_length_swa(cfg.head_dim)
     writer.add_head_count_kv([cfg.layer_kv_heads(i) for i in range(cfg.num_hidden_layers)])
-    if cfg.use_double_wide_mlp:
+    if cfg.mlp.use_double_wide_mlp:
         writer.add_feed_forward_length([cfg.layer_intermediate(i)
                                         for i in range(cfg.num_hidden_layers)])
     if cfg.final_logit_softcapping:
         writer.add_final_logit_softcapping(cfg.final_logit_softcapping)
-    writer.add_rope_freq_base_swa(cfg.rope_local_theta)
+    writer.add_rope_freq_base_swa(cfg.positions.rope_local_theta)
     share = (cfg.rope_scaling or {}).get("partial_rotary_factor", 1.0)
     rotating = int(full * share / 2)
     return {"rope_freqs.weight": np.array([1.0] * rotating + [1e30] * (full // 2 - rotating),
@@ -255,7 +255,7 @@ def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path,
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_block_count(cfg.num_hidden_layers + (arch in HYBRID))  # + the MTP block
-    if not (arch == "gemma4" and cfg.use_double_wide_mlp):
+    if not (arch == "gemma4" and cfg.mlp.use_double_wide_mlp):
         writer.add_feed_forward_length(cfg.intermediate_size)
     writer.add_head_count(cfg.num_attention_heads)
     if arch != "gemma4":
@@ -268,8 +268,8 @@ def write_gguf(folder: Path, cfg: ModelConfig, arch: str, path: Path,
     if arch in HYBRID:
         hybrid_metadata(writer, cfg)
     if arch != "phi3":  # (gemma4: the full layers' head size; the sliding ones' as *_swa)
-        writer.add_key_length(cfg.global_head_dim or cfg.head_dim)
-        writer.add_value_length(cfg.global_head_dim or cfg.head_dim)
+        writer.add_key_length(cfg.attention.global_head_dim or cfg.head_dim)
+        writer.add_value_length(cfg.attention.global_head_dim or cfg.head_dim)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_rope_freq_base(cfg.rope_theta)
     writer.add_vocab_size(cfg.vocab_size)

@@ -75,7 +75,7 @@ FAMILY_OPS = {
 @pytest.mark.parametrize("arch", FAMILY_ARCHS)
 def test_graphs_use_contrib_ops(arch, precision, tiny_export):
     cfg = get_config(arch)
-    expected = FAMILY_OPS.get(arch, RMS_OPS if cfg.norm_type == "rms" else None)
+    expected = FAMILY_OPS.get(arch, RMS_OPS if cfg.norm.norm_type == "rms" else None)
     assert expected is not None, f"say in FAMILY_OPS which ONNX Runtime ops {arch} maps to"
     folder = tiny_export(arch, precision)
     for graph in ("prefill.onnx", "decode.onnx"):
@@ -101,10 +101,10 @@ def test_graphs_use_contrib_ops(arch, precision, tiny_export):
             assert bool(n.input[7:9] and all(n.input[7:9])) == rope
             assert attribute(n, "local_window_size") == (cfg.layer_window(layer) or -1)
             bias = n.input[10] if len(n.input) > 10 else ""
-            assert bool(bias) == (cfg.position_embedding_type == "alibi")
+            assert bool(bias) == (cfg.positions.position_embedding_type == "alibi")
             assert attribute(n, "kv_num_heads") == cfg.layer_kv_heads(layer)  # (Gemma 4)
             sink = n.input[11] if len(n.input) > 11 else ""  # gpt-oss: head_sink
-            assert bool(sink) == cfg.attention_sinks
+            assert bool(sink) == cfg.attention.attention_sinks
         for n in (n for n in found if n.op_type in ("MoE", "QMoE")):  # the experts' SwiGLU
             moe = cfg.moe
             bias = [n.input[i] if len(n.input) > i else "" for i in
@@ -115,7 +115,7 @@ def test_graphs_use_contrib_ops(arch, precision, tiny_export):
             limit = attribute(n, "swiglu_limit")
             assert limit == (float("inf") if moe.swiglu_limit is None
                              else pytest.approx(moe.swiglu_limit))
-        if cfg.position_embedding_type == "alibi":  # one ALiBi bias, shared by all layers
+        if cfg.positions.position_embedding_type == "alibi":  # one ALiBi bias, shared by all layers
             assert len({n.input[10] for n in gqa}) == 1
 
 

@@ -120,7 +120,7 @@ def test_awq_folds_leave_the_float_model_unchanged(arch, fused, tiny_hf):
              if not torch.equal(p, dict(plain.named_parameters())[n])]
     assert cal.importance and all(torch.isfinite(v).all() for v in cal.importance.values())
     cfg = ckpt.config
-    if not (cfg.parallel_attn or cfg.post_layernorm or cfg.sandwich_norm):
+    if cfg.residual.topology == "pre":
         assert any("layernorm" in n for n in moved), moved  # a norm fold happened
 
 

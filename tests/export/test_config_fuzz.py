@@ -141,7 +141,7 @@ def configs(draw, arch: str):
         changes["enable_moe_block"] = draw(st.booleans())
         if not changes["enable_moe_block"]:
             changes["moe"] = None
-    if base.no_rope_layers is not None:  # SmolLM3: NoPE layers beside rotating ones
+    if base.positions.no_rope_layers is not None:  # SmolLM3: NoPE layers beside rotating ones
         layers = draw(st.integers(2, 3))
         flags = [draw(st.sampled_from([0, 1])) for _ in range(layers - 2)] + [1, 0]
         changes["num_hidden_layers"] = layers

@@ -112,7 +112,7 @@ def _state_source(hf):
     return Source()
 
 
-@pytest.mark.parametrize("variant", [dict(num_key_value_heads=4), dict(parallel_attn=False),
+@pytest.mark.parametrize("variant", [dict(num_key_value_heads=4), dict(topology="pre"),
                                      dict(attention_bias=True, o_proj_bias=True, mlp_bias=True)],
                          ids=["multi_head", "sequential", "bias"])
 def test_falcon_variants_match_transformers(variant, tmp_path):

@@ -19,8 +19,9 @@ def test_every_sixth_layer_is_full_with_the_global_base():
     full = [i for i in range(cfg.num_hidden_layers) if cfg.layer_window(i) is None]
     assert full == [5, 11, 17, 23]  # gemma-3-1b: 5 sliding layers, then a full one
     assert not cfg.layer_is_local(5) and cfg.layer_is_local(0)
-    assert (cfg.rope_theta, cfg.rope_local_theta, cfg.layer_window(0)) == (1e6, 1e4, 512)
-    assert cfg.attention_scale == 256 ** -0.5 and cfg.embedding_multiplier == 1152 ** 0.5
+    assert (cfg.rope_theta, cfg.positions.rope_local_theta, cfg.layer_window(0)) == (1e6, 1e4, 512)
+    assert cfg.attention.attention_scale == 256 ** -0.5
+    assert cfg.embedding.embedding_multiplier == 1152 ** 0.5
 
 
 def test_transformers_5_rope_parameters_and_layer_types_read_the_same():

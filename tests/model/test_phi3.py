@@ -175,7 +175,7 @@ def test_config_mapping():
     assert from_hf_config(phi3_json(rope_scaling=None, rope_parameters=params,
                                     partial_rotary_factor=None)) == phi4
     # No biases in Phi-3 whatever attention_bias says (transformers does not read it).
-    assert not from_hf_config(phi3_json(attention_bias=True)).attention_bias
+    assert not from_hf_config(phi3_json(attention_bias=True)).attention.attention_bias
 
 
 @pytest.mark.parametrize("scaling, fragment", [

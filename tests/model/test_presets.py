@@ -61,9 +61,11 @@ def test_vendor_figures_spot_check():
     assert (g.layer_kv_shape(0), g.layer_kv_shape(5), g.moe.num_experts,
             g.moe.num_experts_per_tok) == ((8, 256), (2, 512), 128, 8)
     f = get_config("falcon_7b")
-    assert (f.num_key_value_heads, f.parallel_attn, f.position_embedding_type) == (1, True, "rope")
+    assert (f.num_key_value_heads, f.residual.topology, f.positions.position_embedding_type) == (
+        1, "parallel", "rope")
     b = get_config("bloom_560m")
-    assert (b.position_embedding_type, b.embedding_layernorm, b.norm_type) == ("alibi", True, "layer")
+    assert (b.positions.position_embedding_type, b.embedding.embedding_layernorm,
+            b.norm.norm_type) == ("alibi", True, "layer")
 
 
 def test_every_family_has_a_tiny_preset():

@@ -27,7 +27,7 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
 def test_the_nope_layer_is_what_transformers_runs(tiny_hf):
     hf, folder = tiny_hf("smollm3_tiny")
     ckpt = open_checkpoint(folder)
-    assert ckpt.config.no_rope_layers == (1, 0) == tuple(hf.config.no_rope_layers)
+    assert ckpt.config.positions.no_rope_layers == (1, 0) == tuple(hf.config.no_rope_layers)
     ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = hf(ids).logits
@@ -65,12 +65,13 @@ def test_config_json_is_read_with_transformers_defaults(extra):
     data = {**SPARSE, **extra}
     ours = from_hf_config(data)
     assert ours == from_hf_config(_as_transformers_writes_it(data))
-    assert len(ours.no_rope_layers) == 6 and 0 in ours.no_rope_layers
+    nope = ours.positions.no_rope_layers
+    assert nope is not None and len(nope) == 6 and 0 in nope
 
 
 def test_defaults_spelled_out():
     cfg = from_hf_config(SPARSE)
-    assert cfg.no_rope_layers == (1, 1, 1, 0, 1, 1)
+    assert cfg.positions.no_rope_layers == (1, 1, 1, 0, 1, 1)
     assert (cfg.num_key_value_heads, cfg.tie_word_embeddings, cfg.rope_theta,
             cfg.max_position_embeddings, cfg.sliding_window) == (4, True, 2e6, 32768, None)
     window = from_hf_config({**SPARSE, "use_sliding_window": True, "sliding_window": 8})
@@ -115,4 +116,4 @@ def test_the_parity_gates_scratch_model_keeps_the_first_layers_flags():
     from llm_onnx.export.parity import _scratch_config
 
     small = _scratch_config(get_config("smollm3_3b"))
-    assert small.num_hidden_layers == 1 and small.no_rope_layers == (1,)
+    assert small.num_hidden_layers == 1 and small.positions.no_rope_layers == (1,)
