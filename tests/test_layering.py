@@ -132,7 +132,7 @@ def import_cycles(graph: dict[str, set[str]]) -> list[str]:
 
 
 # The torch modules of the decoder (the stack and its parts).
-DECODER = ("llm_onnx.modeling.decoder", "llm_onnx.modeling.layers",
+DECODER = ("llm_onnx.modeling.decoder", "llm_onnx.modeling.layer", "llm_onnx.modeling.layers",
            "llm_onnx.modeling.attention", "llm_onnx.modeling.mlp", "llm_onnx.modeling.positions",
            "llm_onnx.modeling.linear_attention", "llm_onnx.modeling.embedding")
 

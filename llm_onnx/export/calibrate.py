@@ -42,10 +42,12 @@ from llm_onnx.export.folder import HeapTrim
 from llm_onnx.export.kv_rotation import rotates_values
 from llm_onnx.export.kv_scales import layer_scales, watch_layer
 from llm_onnx.modeling import ops
+from llm_onnx.modeling.attention import SharedKVAttention
 from llm_onnx.modeling.config import ModelConfig
 from llm_onnx.modeling.decoder import Fusion
 from llm_onnx.modeling.layers import Linear
-from llm_onnx.modeling.mlp import GeGLUExperts, Experts
+from llm_onnx.modeling.mlp import (Experts, GeGLUExperts, PackedGatedMLP, PlainMLP,
+                                   SharedExpertMoE)
 
 ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 MAX_TOKENS = 512  # calibration tokens used (one sequence)
@@ -319,7 +321,7 @@ def _decide_layer(cal: Calibration, cfg: ModelConfig, layer: nn.Module, prefix: 
                       block_size, layer.linear_attn.la.num_value_heads)
     else:
         attn = layer.self_attn
-        qkv = ["self_attn.qkv_proj"] if attn.fuse_qkv else \
+        qkv = ["self_attn.qkv_proj"] if attn.spec.packed_qkv else \
             [f"self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj")
              if hasattr(attn, p)]  # (Gemma 4: no v_proj with k_eq_v, only q in shared layers)
         _group(cal, layer, prefix, qkv, stats, block_size,
@@ -328,7 +330,7 @@ def _decide_layer(cal: Calibration, cfg: ModelConfig, layer: nn.Module, prefix: 
     if not hasattr(mlp, "down_proj"):  # MoE: the experts' search weights are per expert
         # (StreamedExperts.decide); no scales are folded into them, nor into the norm they
         # share with a shared expert, whose down_proj still folds into its up_proj
-        if getattr(mlp, "shared", False):
+        if isinstance(mlp, SharedExpertMoE):
             _mlp_groups(cal, cfg, layer, prefix, "mlp.shared_expert.", stats, block_size, None)
         return
     _mlp_groups(cal, cfg, layer, prefix, "mlp.", stats, block_size,
@@ -339,15 +341,16 @@ def _mlp_groups(cal: Calibration, cfg: ModelConfig, layer: nn.Module, prefix: st
                 stats: dict, block_size: int, norm: str | None) -> None:
     """A dense MLP's groups (``at``: its path in the layer, "mlp." or "mlp.shared_expert.")."""
     mlp = layer.get_submodule(at.rstrip("."))
-    up = [f"{at}gate_up_proj"] if mlp.fuse_gate_up else \
-        ([f"{at}gate_proj", f"{at}up_proj"] if mlp.gated else [f"{at}up_proj"])
+    packed, gated = isinstance(mlp, PackedGatedMLP), not isinstance(mlp, PlainMLP)
+    up = [f"{at}gate_up_proj"] if packed else \
+        ([f"{at}gate_proj", f"{at}up_proj"] if gated else [f"{at}up_proj"])
     _group(cal, layer, prefix, up, stats, block_size, norm=norm)
     # down's input is act(gate) * up (or act(up)): a scale folds into up's rows when the
     # activation commutes with it (gated, or ReLU: positively homogeneous)
     rows = None
-    if mlp.gated or cfg.hidden_act == "relu":
+    if gated or cfg.hidden_act == "relu":
         width = mlp.down_proj.in_features
-        rows = (f"{at}gate_up_proj", width) if mlp.fuse_gate_up else (f"{at}up_proj", 0)
+        rows = (f"{at}gate_up_proj", width) if packed else (f"{at}up_proj", 0)
     _group(cal, layer, prefix, [f"{at}down_proj"], stats, block_size, rows=rows)
 
 
@@ -406,12 +409,13 @@ def _group_o(cal: Calibration, cfg: ModelConfig, layer: nn.Module, prefix: str, 
     query heads sharing one KV head share its scale."""
     attn = layer.self_attn
     h = _finite(stats["self_attn.o_proj"].float())
-    if attn.value_norm or attn.k_eq_v or attn.shared:
+    spec = attn.spec
+    if spec.value_norm or spec.key_is_value or isinstance(attn, SharedKVAttention):
         # Gemma 4: the values are RMS-normed (and may be the keys, or another layer's): a
         # scale on v's rows would not pass through, so o_proj keeps its importance alone
         _apply(cal, prefix, ["self_attn.o_proj"], h, torch.ones_like(h), 0.0)
         return
-    heads, kv, d = attn.num_heads, attn.kv_heads, attn.head_dim
+    heads, kv, d = spec.heads, spec.kv_heads, spec.head_dim
     per_kv = h.reshape(kv, heads // kv, d).mean(1)  # (kv, d)
     shared = per_kv[:, None, :].expand(kv, heads // kv, d).reshape(-1)
     alpha, s = _pick([attn.o_proj.weight.float()], h, block_size, shared=shared)
@@ -419,8 +423,8 @@ def _group_o(cal: Calibration, cfg: ModelConfig, layer: nn.Module, prefix: str, 
     if alpha == 0.0:
         return
     inv_v = 1 / s.reshape(kv, heads // kv, d)[:, 0, :].reshape(-1)
-    if attn.fuse_qkv:
-        _fold_rows(cal, layer, prefix, "self_attn.qkv_proj", attn.q_width + attn.kv_width, inv_v)
+    if spec.packed_qkv:
+        _fold_rows(cal, layer, prefix, "self_attn.qkv_proj", spec.q_width + spec.kv_width, inv_v)
     else:
         _fold_rows(cal, layer, prefix, "self_attn.v_proj", 0, inv_v)
 

@@ -110,13 +110,14 @@ def layer_scales(layer: nn.Module, prefix: str, seen: Seen | None,
         return {}
     attn = layer.self_attn
     attn.observe = None
-    rope = rope if attn.rope and rope is not None and rope[0] is not None else None
-    shape = (-1, attn.kv_heads, attn.head_dim)
+    spec = attn.spec
+    rope = rope if spec.rope != "none" and rope is not None and rope[0] is not None else None
+    shape = (-1, spec.kv_heads, spec.head_dim)
     k = torch.cat([k.reshape(shape) for k, _ in seen])
     v = torch.cat([v.reshape(shape) for _, v in seen])
     rotary = 2 * rope[0].shape[-1] if rope is not None else 0
     return {f"{prefix}self_attn.k_scale":
-            rotated_key_scale(k, rope, ROTATED_KEY_HEADROOM) if rotates_keys(attn.head_dim)
+            rotated_key_scale(k, rope, ROTATED_KEY_HEADROOM) if rotates_keys(spec.head_dim)
             else kv_scale(k, rotary, KEY_HEADROOM),
             f"{prefix}self_attn.v_scale":
             kv_scale(v, 0, ROTATED_VALUE_HEADROOM if values_rotated else VALUE_HEADROOM)}

@@ -1,11 +1,22 @@
-"""Attention: the module (q/k/v/o projections, Qwen3's q/k norms, Qwen3.5's output gate,
-gpt-oss's sinks, RoPE outside or inside GroupQueryAttention or none on SmolLM3's NoPE layers,
-plain ONNX ops for the head sizes the kernel refuses) and the choice of the fastest form ONNX
-Runtime runs for a config (``attention_form``)."""
+"""Attention, the token mixer of every layer that keeps a KV cache, in two parts:
+
+    Attention           q/k/v projections over the layer's own cache (which it extends)
+    SharedKVAttention   queries only, over an earlier layer's cache (Gemma 4's KV-shared layers)
+
+Each is built from an ``AttentionSpec``, decided once from the config and the export's choices
+(``attention_spec``): how q, k and v are projected (one packed matmul, three, or keys that are
+the values), the steps between the projections and the kernel (Qwen3's q/k norms, Gemma 4's
+value norm, RoPE as its own op, the int8 cache's change of basis), and the kernel
+(GroupQueryAttention with or without RoPE inside, or plain ONNX ops for the head sizes it
+refuses). Their forwards run the chosen steps in order and never look at the config.
+
+``attention_form`` chooses the fastest form ONNX Runtime runs for a config.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +24,7 @@ from torch import Tensor, nn
 
 from llm_onnx.modeling import ops
 from llm_onnx.modeling.config import ModelConfig
-from llm_onnx.modeling.layers import Linear, RMSNorm
+from llm_onnx.modeling.layers import Fusion, Linear, MixerInputs, RMSNorm
 
 
 @dataclass(frozen=True)
@@ -72,154 +83,330 @@ def rotates_keys(head_dim: int) -> bool:
     return not head_dim & (head_dim - 1)
 
 
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fused_rotary: bool,
-                 fuse_qkv: bool, layer: int = 0, plain: bool = False,
-                 kv_int8: bool = False) -> None:
+@dataclass(frozen=True)
+class AttentionSpec:
+    """One layer's attention, decided once (``attention_spec``).
+
+    rope: "inside" (GroupQueryAttention rotates, do_rotary), "outside" (RotaryEmbedding ops
+    before the kernel) or "none" (learned or ALiBi positions, SmolLM3's NoPE layers).
+    window: the keys each query sees, itself included (GroupQueryAttention's
+    local_window_size: Mistral, the sliding layers of Gemma and gpt-oss); -1: all.
+    """
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    scale: float
+    window: int
+    rope: str
+    plain: bool  # plain ONNX ops instead of GroupQueryAttention (attention_form)
+    packed_qkv: bool  # q, k and v as one matmul, rows q | k | v (GroupQueryAttention's layout)
+    bias: bool  # on the q/k/v projections
+    o_bias: bool
+    qk_norm: bool  # Qwen3: RMSNorm over each head's q and k, before RoPE
+    value_norm: bool  # Gemma 4: a weightless RMSNorm over each value head
+    key_is_value: bool  # Gemma 4's full layers: no v_proj, the keys' projection is the value
+    output_gate: bool  # Qwen3.5: q_proj also emits a gate per head, rows [query_h | gate_h]
+    sinks: bool  # gpt-oss: one learned logit per query head in every softmax
+    kv_int8: bool  # an int8 cache with per-channel scales (k_scale, v_scale)
+    rotate_keys: bool  # ... whose keys are stored in the Hadamard basis (``hadamard``)
+    eps: float  # the norms' epsilon
+
+    @property
+    def q_width(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
+
+
+def attention_spec(cfg: ModelConfig, layer: int, fusion: Fusion,
+                   kv_int8: bool = False) -> AttentionSpec:
+    """Layer ``layer``'s attention under ``fusion`` (Gemma 4's full layers: their own head size
+    and KV head count; KV-shared layers never pack, having no keys to project)."""
+    att = cfg.attention
+    head_dim, shared = cfg.layer_head_dim(layer), cfg.is_kv_shared(layer)
+    k_eq_v = cfg.layer_k_eq_v(layer)
+    if kv_int8 and (fusion.plain_attention or shared):
+        raise ValueError("an int8 KV cache needs GroupQueryAttention and a layer of its own keys "
+                         "and values")
+    rotate = kv_int8 and rotates_keys(head_dim)
+    uses_rope = cfg.layer_uses_rope(layer)
+    # RoPE inside the kernel unless plain ops or the int8 cache's rotated keys rule it out
+    inside = fusion.rotary and uses_rope and not fusion.plain_attention and not rotate
+    return AttentionSpec(
+        heads=cfg.num_attention_heads, kv_heads=cfg.layer_kv_heads(layer), head_dim=head_dim,
+        scale=att.attention_scale or head_dim ** -0.5, window=cfg.layer_window(layer) or -1,
+        rope="inside" if inside else "outside" if uses_rope else "none",
+        plain=fusion.plain_attention,
+        packed_qkv=fusion.qkv and not (att.attention_output_gate or shared or k_eq_v),
+        bias=att.attention_bias, o_bias=att.o_proj_bias, qk_norm=att.qk_norm,
+        value_norm=att.value_norm, key_is_value=k_eq_v, output_gate=att.attention_output_gate,
+        sinks=att.attention_sinks, kv_int8=kv_int8, rotate_keys=rotate, eps=cfg.rms_norm_eps)
+
+
+QKV = tuple[Tensor, Tensor | None, Tensor | None]
+Step = Callable[["_AttentionBase", Tensor, Tensor | None, Tensor | None, MixerInputs], QKV]
+
+
+class _AttentionBase(nn.Module):
+    """What both attention parts share: the query side (q_proj, Qwen3.5's gate, q_norm), the
+    kernel and o_proj."""
+
+    sinks: nn.Parameter | None
+
+    def __init__(self, spec: AttentionSpec) -> None:
         super().__init__()
-        # Gemma 4: full-attention layers have their own head size and KV head count
-        self.num_heads, self.kv_heads, self.head_dim = (
-            cfg.num_attention_heads, cfg.layer_kv_heads(layer), cfg.layer_head_dim(layer))
-        self.q_width, self.kv_width = self.num_heads * self.head_dim, self.kv_heads * self.head_dim
-        d = cfg.hidden_size
-        # Gemma 4: a KV-shared layer projects only its queries and attends over the cache of
-        # an earlier layer (its keys and values are handed in: forward's ``reuse``); a full
-        # layer with attention_k_eq_v takes its key projection as the values too.
-        self.shared = cfg.is_kv_shared(layer)
-        self.k_eq_v = cfg.layer_k_eq_v(layer)
-        self.value_norm, self.eps = cfg.attention.value_norm, cfg.rms_norm_eps
-        # Qwen3.5: q_proj also emits a gate per head, rows [query_h | gate_h] for each head h
-        self.output_gate = cfg.attention.attention_output_gate
-        self.fuse_qkv = fuse_qkv and not (self.output_gate or self.shared or self.k_eq_v)
-        if self.fuse_qkv:  # one matmul; rows q, then k, then v (GQA's packed QKV layout)
-            self.qkv_proj = Linear(d, self.q_width + 2 * self.kv_width,
-                                   cfg.attention.attention_bias, dtype)
+        self.spec = spec
+
+    def add_output(self, hidden: int, dtype: torch.dtype) -> None:
+        """o_proj (registered after the projections, as the checkpoints order them)."""
+        self.o_proj = Linear(self.spec.q_width, hidden, self.spec.o_bias, dtype)
+
+    def add_sinks(self, dtype: torch.dtype) -> None:
+        """gpt-oss: one learned logit per query head in every softmax (None: none)."""
+        self.sinks = (nn.Parameter(torch.empty(self.spec.heads, dtype=dtype), requires_grad=False)
+                      if self.spec.sinks else None)
+
+    def split_gate(self, q: Tensor) -> tuple[Tensor, Tensor | None]:
+        """Qwen3.5: (B, T, H, 2D) -> query and gate, each (B, T, H*D); else (q, None)."""
+        if not self.spec.output_gate:
+            return q, None
+        b, t, _ = q.shape
+        d = self.spec.head_dim
+        qg = q.reshape(b, t, self.spec.heads, 2 * d)
+        return qg[..., :d].reshape(b, t, self.spec.q_width), qg[..., d:].reshape(
+            b, t, self.spec.q_width)
+
+    def kernel(self, q: Tensor, k: Tensor | None, v: Tensor | None, past_key: Tensor,
+               past_value: Tensor, x: MixerInputs) -> tuple[Tensor, Tensor, Tensor]:
+        """(output (B, T, H*D), present key, present value)."""
+        s = self.spec
+        if s.plain:
+            assert k is not None and v is not None
+            return ops.plain_attention(q, k, v, past_key, past_value, x.seqlens_k, x.total,
+                                       x.positions, s.heads, s.kv_heads, s.scale, s.window,
+                                       x.bias, self.sinks)
+        cos, sin = (x.cos, x.sin) if s.rope == "inside" else (None, None)
+        return ops.group_query_attention(
+            q, k, v, past_key, past_value, x.seqlens_k, x.total, cos, sin, s.heads, s.kv_heads,
+            s.scale, s.window, False, x.bias, self.sinks, *self.cache_scales())
+
+    def cache_scales(self) -> tuple[Tensor, ...]:
+        return ()
+
+    def output(self, out: Tensor, gate: Tensor | None) -> Tensor:
+        """o_proj, after Qwen3.5's gate per channel."""
+        if gate is not None:
+            out = out * torch.sigmoid(gate.float()).to(out.dtype)
+        return self.o_proj(out)
+
+
+# ----------------------------------------------------------------------------- steps
+# Between the projections and the kernel: each takes and returns (q, k, v), each (B, T, N*D).
+
+
+def _qk_norm(self: _AttentionBase, q: Tensor, k: Tensor | None, v: Tensor | None,
+             x: MixerInputs) -> QKV:
+    """Qwen3: RMSNorm over each head of q and k (float32 statistics), back in their dtype."""
+    assert k is not None
+    s = self.spec
+    b, t, _ = q.shape
+    dtype = q.dtype
+    q = self.q_norm(q.reshape(b, t, s.heads, s.head_dim)).reshape(b, t, -1)
+    k = self.k_norm(k.reshape(b, t, s.kv_heads, s.head_dim)).reshape(b, t, -1)
+    return q.to(dtype), k.to(dtype), v
+
+
+def _value_norm(self: _AttentionBase, q: Tensor, k: Tensor | None, v: Tensor | None,
+                x: MixerInputs) -> QKV:
+    """Gemma 4: a weightless RMSNorm over each value head."""
+    assert v is not None
+    s = self.spec
+    b, t, _ = v.shape
+    vf = v.reshape(b, t, s.kv_heads, s.head_dim).float()
+    v_normed = (vf * torch.rsqrt(vf.pow(2).mean(-1, keepdim=True) + s.eps)).reshape(b, t, -1)
+    return q, k, v_normed.to(v.dtype)
+
+
+def _watch(self: _AttentionBase, q: Tensor, k: Tensor | None, v: Tensor | None,
+           x: MixerInputs) -> QKV:
+    """The calibration's hook (``Attention.observe``): the keys before RoPE and the values,
+    each (B, T, Hkv*D), as the kernel takes them (sliced from a packed q when k is None)."""
+    if self.observe is not None:
+        qw, kw = self.spec.q_width, self.spec.kv_width
+        self.observe(*((k, v) if k is not None else (q[..., qw:qw + kw], q[..., qw + kw:])))
+    return q, k, v
+
+
+def _rope(self: _AttentionBase, q: Tensor, k: Tensor | None, v: Tensor | None,
+          x: MixerInputs) -> QKV:
+    """RoPE as its own op on q and k (RotaryEmbedding)."""
+    assert k is not None and x.cos is not None and x.sin is not None
+    q = ops.rotary_embedding(q, x.positions, x.cos, x.sin, self.spec.heads, False)
+    k = ops.rotary_embedding(k, x.positions, x.cos, x.sin, self.spec.kv_heads, False)
+    return q, k, v
+
+
+def _rotate_keys(self: _AttentionBase, q: Tensor, k: Tensor | None, v: Tensor | None,
+                 x: MixerInputs) -> QKV:
+    """The int8 cache's basis: (B, T, N, D) @ H for q and k (H symmetric)."""
+    assert k is not None
+    s = self.spec
+    b, t, _ = q.shape
+    q = (q.reshape(b, t, s.heads, s.head_dim) @ self.key_rotation).reshape(b, t, -1)
+    k = (k.reshape(b, t, s.kv_heads, s.head_dim) @ self.key_rotation).reshape(b, t, -1)
+    return q, k, v
+
+
+def _q_norm(self: _AttentionBase, q: Tensor, k: Tensor | None, v: Tensor | None,
+            x: MixerInputs) -> QKV:
+    """A KV-shared layer's q norm (its keys were normed by their own layer)."""
+    b, t, _ = q.shape
+    return self.q_norm(q.reshape(b, t, self.spec.heads, self.spec.head_dim)).reshape(
+        b, t, -1).to(q.dtype), k, v
+
+
+def _q_rope(self: _AttentionBase, q: Tensor, k: Tensor | None, v: Tensor | None,
+            x: MixerInputs) -> QKV:
+    """A KV-shared layer's RoPE as its own op: on q only (its keys were rotated)."""
+    assert x.cos is not None and x.sin is not None
+    return ops.rotary_embedding(q, x.positions, x.cos, x.sin, self.spec.heads, False), k, v
+
+
+# ----------------------------------------------------------------------------- the parts
+
+
+class Attention(_AttentionBase):
+    """Attention over the layer's own KV cache: project q, k, v, run the spec's steps, attend
+    (writing the new keys and values into the cache), o_proj."""
+
+    def __init__(self, spec: AttentionSpec, hidden: int, dtype: torch.dtype) -> None:
+        super().__init__(spec)
+        s = spec
+        if s.packed_qkv:  # one matmul; rows q, then k, then v (GQA's packed QKV layout)
+            self.qkv_proj = Linear(hidden, s.q_width + 2 * s.kv_width, s.bias, dtype)
         else:
-            self.q_proj = Linear(d, self.q_width * (2 if self.output_gate else 1),
-                                 cfg.attention.attention_bias, dtype)
-            if not self.shared:
-                self.k_proj = Linear(d, self.kv_width, cfg.attention.attention_bias, dtype)
-            if not (self.shared or self.k_eq_v):
-                self.v_proj = Linear(d, self.kv_width, cfg.attention.attention_bias, dtype)
-        self.o_proj = Linear(self.q_width, d, cfg.attention.o_proj_bias, dtype)
-        self.qk_norm = cfg.attention.qk_norm
-        if cfg.attention.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE
-            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-            if not self.shared:
-                self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.scale = cfg.attention.attention_scale or self.head_dim ** -0.5
-        # Mistral: each query sees its last `sliding_window` keys, itself included, which is what
-        # GroupQueryAttention's local_window_size means (measured: see ops.attention_ref).
-        # Gemma 3: only its sliding layers.
-        self.window = cfg.layer_window(layer) or -1
-        if cfg.attention.attention_sinks:  # gpt-oss: a learned logit per query head in each softmax
-            self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=dtype), requires_grad=False)
-        self.has_sinks = cfg.attention.attention_sinks
-        # SmolLM3: its NoPE layers (no_rope_layers) attend without rotating q and k, so their
-        # GroupQueryAttention gets no cos/sin caches (do_rotary=0) beside rotating layers.
-        self.rope = cfg.layer_uses_rope(layer)
-        self.plain = plain
-        self.fused_rotary = fused_rotary and self.rope and not plain
+            self.q_proj = Linear(hidden, s.q_width * (2 if s.output_gate else 1), s.bias, dtype)
+            self.k_proj = Linear(hidden, s.kv_width, s.bias, dtype)
+            if not s.key_is_value:
+                self.v_proj = Linear(hidden, s.kv_width, s.bias, dtype)
+        self.add_output(hidden, dtype)
+        if s.qk_norm:
+            self.q_norm = RMSNorm(s.head_dim, s.eps)
+            self.k_norm = RMSNorm(s.head_dim, s.eps)
+        self.add_sinks(dtype)
         # An int8 KV cache (--kv-cache int8): GroupQueryAttention's per-channel scales, (Hkv*D,)
         # KV-head-major, float32 whatever the compute dtype, calibrated at export (calibrate.py)
-        self.kv_int8 = kv_int8
-        if kv_int8:
-            if plain or self.shared:
-                raise ValueError("an int8 KV cache needs GroupQueryAttention and a layer of its "
-                                 "own keys and values")
-            self.k_scale = nn.Parameter(torch.empty(self.kv_width, dtype=torch.float32),
+        if s.kv_int8:
+            self.k_scale = nn.Parameter(torch.empty(s.kv_width, dtype=torch.float32),
                                         requires_grad=False)
-            self.v_scale = nn.Parameter(torch.empty(self.kv_width, dtype=torch.float32),
+            self.v_scale = nn.Parameter(torch.empty(s.kv_width, dtype=torch.float32),
                                         requires_grad=False)
-        # ... whose keys are stored in the Hadamard basis (``hadamard``), where each channel
-        # mixes all of a head's: queries and keys are rotated after RoPE, so RoPE runs outside
-        # the kernel here. Values are rotated in the weights (export/kv_rotation.py).
-        self.rotate_keys = kv_int8 and rotates_keys(self.head_dim)
-        if self.rotate_keys:
-            self.fused_rotary = False
-            self.key_rotation = nn.Parameter(torch.empty(self.head_dim, self.head_dim,
-                                                         dtype=dtype), requires_grad=False)
+        # ... whose keys are stored in the Hadamard basis, where each channel mixes all of a
+        # head's: queries and keys are rotated after RoPE (so RoPE runs outside the kernel).
+        # Values are rotated in the weights (export/kv_rotation.py).
+        if s.rotate_keys:
+            self.key_rotation = nn.Parameter(torch.empty(s.head_dim, s.head_dim, dtype=dtype),
+                                             requires_grad=False)
+        # q, k and v apart where a step or the plain kernel needs them (a packed projection
+        # sliced; else GroupQueryAttention takes the packed rows as they are)
+        apart = s.qk_norm or s.rope == "outside" or s.plain or s.rotate_keys
+        self.project = (_packed_apart if apart else _packed) if s.packed_qkv else \
+            _key_is_value if s.key_is_value else _apart
+        steps: list[Step] = []
+        if s.qk_norm:
+            steps.append(_qk_norm)
+        if s.value_norm:
+            steps.append(_value_norm)
+        steps.append(_watch)
+        if s.rope == "outside":
+            steps.append(_rope)
+        if s.rotate_keys:
+            steps.append(_rotate_keys)
+        self.steps = tuple(steps)
         # The calibration's hook (calibrate.py): called with each run's keys before RoPE and
         # values, each (B, T, Hkv*D), as the attention kernel takes them. None when exporting.
-        self.observe = None
+        self.observe: Callable[[Tensor, Tensor], None] | None = None
+        # the new keys and values the last forward handed its kernel (what Gemma 4's KV-shared
+        # layers reuse)
+        self.new_kv: tuple[Tensor | None, Tensor | None] | None = None
 
-    def forward(self, x: Tensor, seqlens_k: Tensor, total: Tensor, cos: Tensor | None,
-                sin: Tensor | None, positions: Tensor, past_key: Tensor | None,
-                past_value: Tensor | None, bias: Tensor | None = None,
-                reuse: tuple[Tensor, Tensor] | None = None,
-                ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor]]:
-        """bias: ALiBi's (1, H, T, S) attention bias, or None. ``reuse`` (a KV-shared layer,
-        Gemma 4): the new keys and values its source layer handed to the attention kernel;
-        ``past_key``/``past_value`` are then the source's present cache, which the kernel reads
-        (it writes the same keys and values at the same positions again). Returns the output,
-        the present cache and the new keys and values as handed to the kernel."""
-        b, t, _ = x.shape
-        k: Tensor | None
-        v: Tensor | None
-        if self.fuse_qkv:
-            q, k, v = self.qkv_proj(x), None, None  # (B, T, H*D + 2*Hkv*D)
-        elif self.shared:
-            q, k, v = self.q_proj(x), None, None
-        else:  # (B, T, H*D), (B, T, Hkv*D) x2; Gemma 4's k_eq_v: the key projection twice
-            q, k = self.q_proj(x), self.k_proj(x)
-            v = k if self.k_eq_v else self.v_proj(x)
-        gate = None
-        if self.output_gate:  # Qwen3.5: (B, T, H, 2D) -> query and gate, each (B, T, H*D)
-            qg = q.reshape(b, t, self.num_heads, 2 * self.head_dim)
-            q = qg[..., :self.head_dim].reshape(b, t, self.q_width)
-            gate = qg[..., self.head_dim:].reshape(b, t, self.q_width)
-        if self.shared:  # Gemma 4: queries only; keys and values as the source handed them
-            assert reuse is not None and past_key is not None and past_value is not None
-            if self.qk_norm:
-                q = self.q_norm(q.reshape(b, t, self.num_heads, self.head_dim)).reshape(
-                    b, t, -1).to(x.dtype)
-            if self.rope and not self.fused_rotary:
-                assert cos is not None and sin is not None
-                q = ops.rotary_embedding(q, positions, cos, sin, self.num_heads, False)
-            k, v = reuse
-        elif (self.qk_norm or (self.rope and not self.fused_rotary) or self.plain
-              or self.rotate_keys):
-            if k is None:
-                # Slices, not split(): torch.split exports as SplitToSequence, which has no
-                # CUDA kernel in ONNX Runtime (the node would run on the CPU).
-                qw, kw = self.q_width, self.kv_width
-                q, k, v = q[..., :qw], q[..., qw:qw + kw], q[..., qw + kw:]
-            if self.qk_norm:
-                q = self.q_norm(q.reshape(b, t, self.num_heads, self.head_dim)).reshape(b, t, -1)
-                k = self.k_norm(k.reshape(b, t, self.kv_heads, self.head_dim)).reshape(b, t, -1)
-                q, k = q.to(x.dtype), k.to(x.dtype)
-        if self.value_norm and not self.shared:  # Gemma 4: weightless RMSNorm per value head
-            assert v is not None
-            vf = v.reshape(b, t, self.kv_heads, self.head_dim).float()
-            v = (vf * torch.rsqrt(vf.pow(2).mean(-1, keepdim=True) + self.eps)).reshape(
-                b, t, -1).to(x.dtype)
-        if self.observe is not None and not self.shared:
-            qw, kw = self.q_width, self.kv_width  # (packed QKV when k is None)
-            self.observe(*((k, v) if k is not None else (q[..., qw:qw + kw], q[..., qw + kw:])))
-        if self.rope and not self.fused_rotary and not self.shared:
-            assert k is not None and v is not None and cos is not None and sin is not None
-            q = ops.rotary_embedding(q, positions, cos, sin, self.num_heads, False)
-            k = ops.rotary_embedding(k, positions, cos, sin, self.kv_heads, False)
-        if self.rotate_keys:  # (B, T, N, D) @ H: the int8 cache's basis (H symmetric)
-            assert k is not None
-            q = (q.reshape(b, t, self.num_heads, self.head_dim) @ self.key_rotation).reshape(
-                b, t, -1)
-            k = (k.reshape(b, t, self.kv_heads, self.head_dim) @ self.key_rotation).reshape(
-                b, t, -1)
-        assert past_key is not None and past_value is not None
-        if self.plain:
-            assert k is not None and v is not None
-            out, pk, pv = ops.plain_attention(
-                q, k, v, past_key, past_value, seqlens_k, total, positions, self.num_heads,
-                self.kv_heads, self.scale, self.window, bias, self.sinks if self.has_sinks else None)
-        else:
-            if not self.fused_rotary:
-                cos = sin = None  # RoPE applied above, or none at all (learned positions, ALiBi)
-            out, pk, pv = ops.group_query_attention(
-                q, k, v, past_key, past_value, seqlens_k, total, cos, sin,
-                self.num_heads, self.kv_heads, self.scale, self.window, False, bias,
-                self.sinks if self.has_sinks else None,
-                *((self.k_scale, self.v_scale) if self.kv_int8 else ()))
-        if gate is not None:  # Qwen3.5: the output gated per channel, before o_proj
-            out = out * torch.sigmoid(gate.float()).to(out.dtype)
-        return self.o_proj(out), pk, pv, (k, v)  # type: ignore[return-value]
+    def cache_scales(self) -> tuple[Tensor, ...]:
+        return (self.k_scale, self.v_scale) if self.spec.kv_int8 else ()
+
+    def forward(self, x: Tensor, inputs: MixerInputs, past_key: Tensor, past_value: Tensor,
+                reuse: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, D) -> (output (B, T, D), present key, present value)."""
+        q, k, v = self.project(self, x)
+        q, gate = self.split_gate(q)
+        for step in self.steps:
+            q, k, v = step(self, q, k, v, inputs)
+        out, pk, pv = self.kernel(q, k, v, past_key, past_value, inputs)
+        self.new_kv = (k, v)
+        return self.output(out, gate), pk, pv
+
+
+def _packed(self: Attention, x: Tensor) -> QKV:
+    return self.qkv_proj(x), None, None  # (B, T, H*D + 2*Hkv*D)
+
+
+def _packed_apart(self: Attention, x: Tensor) -> QKV:
+    # Slices, not split(): torch.split exports as SplitToSequence, which has no CUDA kernel in
+    # ONNX Runtime (the node would run on the CPU).
+    qkv = self.qkv_proj(x)
+    qw, kw = self.spec.q_width, self.spec.kv_width
+    return qkv[..., :qw], qkv[..., qw:qw + kw], qkv[..., qw + kw:]
+
+
+def _apart(self: Attention, x: Tensor) -> QKV:
+    q, k = self.q_proj(x), self.k_proj(x)  # (B, T, H*D), (B, T, Hkv*D)
+    return q, k, self.v_proj(x)
+
+
+def _key_is_value(self: Attention, x: Tensor) -> QKV:
+    q, k = self.q_proj(x), self.k_proj(x)  # Gemma 4's full layers: the key projection twice
+    return q, k, k
+
+
+class SharedKVAttention(_AttentionBase):
+    """Gemma 4's KV-shared layers: queries only, over the cache of an earlier layer of the same
+    kind (``ModelConfig.kv_source``). Its kernel takes that layer's present cache as its past
+    and the new keys and values that layer handed its own kernel (``reuse``), writes them again
+    at the same positions, unchanged, and attends."""
+
+    def __init__(self, spec: AttentionSpec, hidden: int, dtype: torch.dtype) -> None:
+        super().__init__(spec)
+        self.q_proj = Linear(hidden, spec.q_width * (2 if spec.output_gate else 1), spec.bias,
+                             dtype)
+        self.add_output(hidden, dtype)
+        if spec.qk_norm:
+            self.q_norm = RMSNorm(spec.head_dim, spec.eps)
+        self.add_sinks(dtype)
+        steps: list[Step] = []
+        if spec.qk_norm:
+            steps.append(_q_norm)
+        if spec.rope == "outside":
+            steps.append(_q_rope)
+        self.steps = tuple(steps)
+
+    def forward(self, x: Tensor, inputs: MixerInputs, past_key: Tensor, past_value: Tensor,
+                reuse: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """``past_key``/``past_value``: the source layer's present cache; ``reuse``: its new
+        keys and values."""
+        assert reuse is not None
+        q, gate = self.split_gate(self.q_proj(x))
+        for step in self.steps:
+            q, _, _ = step(self, q, None, None, inputs)
+        k, v = reuse
+        out, pk, pv = self.kernel(q, k, v, past_key, past_value, inputs)
+        return self.output(out, gate), pk, pv
+
+
+def make_attention(cfg: ModelConfig, layer: int, dtype: torch.dtype, fusion: Fusion,
+                   kv_int8: bool = False) -> Attention | SharedKVAttention:
+    """Layer ``layer``'s attention part."""
+    spec = attention_spec(cfg, layer, fusion, kv_int8)
+    part = SharedKVAttention if cfg.is_kv_shared(layer) else Attention
+    return part(spec, cfg.hidden_size, dtype)

@@ -1,19 +1,20 @@
-"""The decoder: one configurable module family for every supported family (llm_onnx/families/).
+"""The decoder: the stack every supported family (llm_onnx/families/) is built as.
 
-The older families differ from Llama by flags of the config, each one line here or in the
-modules it is built of: LayerNorm instead of RMSNorm, a plain GELU or ReLU MLP instead of
-SwiGLU, learned absolute positions (GPT-2, OPT with its offset), a fixed sinusoidal table (XGLM)
-or ALiBi (BLOOM) instead of RoPE, a LayerNorm after the embedding (BLOOM), attention and MLP in
-parallel from one norm (Falcon), a sliding attention window (Mistral), post-LN layers and
-embeddings narrower than the layers (OPT-350m). Qwen3.5's linear-attention layers (Gated
-DeltaNet) take the place of attention in the layers ``layer_types`` names so.
+This module is the stack: the token embedding and what comes with it (learned, sinusoidal or
+ALiBi positions, the RoPE tables, BLOOM's embedding norm, OPT-350m's projections, Gemma 4's
+per-layer embeddings), the layers, the final norm and the LM head. Each layer is assembled in
+layer.py from parts chosen once, from the config, when it is built: a residual topology
+(pre-norm, post-norm, parallel, sandwich) around a token mixer (attention, KV-shared
+attention, Gated DeltaNet) and a feed-forward (dense MLP, routed experts, Gemma 4's dense MLP
+with experts beside it). The parts live beside it:
 
-This module is the stack (the layers, the embeddings, the head); its parts live beside it:
-
-    layers.py     Linear, RMSNorm, LayerNorm
-    attention.py  Attention, and attention_form (which form ONNX Runtime runs for a config)
-    mlp.py        MLP, and Qwen3-MoE's SparseMoE over stacked Experts (and a shared expert)
-    linear_attention.py  GatedDeltaNet, the linear-attention layer of Qwen3.5 and Qwen3-Next
+    layer.py      DecoderLayer and its topologies; MIXERS and make_feed_forward choose the parts
+    attention.py  Attention, SharedKVAttention (AttentionSpec), and attention_form (which form
+                  ONNX Runtime runs for a config)
+    linear_attention.py  GatedDeltaNet, the linear-attention mixer of Qwen3.5 and Qwen3-Next
+    mlp.py        the dense MLPs, the routed experts (with a shared expert), Gemma 4's router and
+                  GeGLU experts
+    layers.py     Linear, RMSNorm, LayerNorm; Fusion and MixerInputs
     positions.py  the computed position tables (RoPE's caches, XGLM's sinusoidal table)
 
 The model is a pure function
@@ -23,8 +24,9 @@ The model is a pure function
 with no cache buffers of its own, so prefill and decode are the same code traced with different
 shapes. ``past`` is [key_0, value_0, key_1, value_1, ...], each (B, Hkv, P, D) (see ops.py for the
 position conventions); a linear-attention layer's pair is its conv state (B, K-1, C) and its
-recurrent state (B, Hv, dk, dv) instead, which ``valid_tokens`` (B,) says how far to advance. Module attributes copy Hugging Face's names, so checkpoints load by name and
-ONNX initializers read ``model.layers.0.self_attn.q_proj...``.
+recurrent state (B, Hv, dk, dv) instead, which ``valid_tokens`` (B,) says how far to advance.
+Module attributes copy Hugging Face's names, so checkpoints load by name and ONNX initializers
+read ``model.layers.0.self_attn.q_proj...``.
 
 Precision: the residual stream, norms, router softmax and logits stay fp32; projections and
 attention run in ``dtype`` (fp32 or fp16). With fp32 every cast below is a no-op.
@@ -38,12 +40,13 @@ import torch
 from torch import Tensor, nn
 
 from llm_onnx.modeling import ops
-from llm_onnx.modeling.attention import Attention
 from llm_onnx.modeling.config import ModelConfig
-from llm_onnx.modeling.layers import Linear, make_norm
-from llm_onnx.modeling.linear_attention import GatedDeltaNet, state_shapes
-from llm_onnx.modeling.mlp import _ACT, MLP, GeGLUExperts, Gemma4Router, SparseMoE
+from llm_onnx.modeling.layer import layer_class, make_layer
+from llm_onnx.modeling.layers import Fusion, Linear, MixerInputs, make_norm
+from llm_onnx.modeling.linear_attention import state_shapes
 from llm_onnx.modeling.positions import RotaryCache, SinusoidalPositions, global_rope, local_rope
+
+__all__ = ["Decoder", "DecoderModel", "Fusion", "LayerInputs", "owned_states"]
 
 
 def owned_states(cfg: ModelConfig, present):
@@ -55,156 +58,29 @@ def owned_states(cfg: ModelConfig, present):
             for t in present[2 * i:2 * i + 2]]
 
 
-@dataclass(frozen=True)
-class Fusion:
-    """Which computations run fused. Same math either way; the parity tests run both.
-
-    rotary: RoPE inside GroupQueryAttention (else a separate RotaryEmbedding op);
-    qkv: q, k and v projections as one matmul; gate_up: the MLP's gate and up as one matmul;
-    plain_attention: attention in plain ONNX ops instead of GroupQueryAttention (for the head
-    sizes its kernel refuses: see attention_form), RoPE then always a separate op.
-    """
-
-    rotary: bool = True
-    qkv: bool = False
-    gate_up: bool = False
-    plain_attention: bool = False
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, index: int, dtype: torch.dtype, fusion: Fusion,
-                 kv_int8: bool = False) -> None:
-        super().__init__()
-        self.dtype = dtype
-        topology = cfg.residual.topology
-        self.parallel = topology == "parallel"
-        self.shared_norm = self.parallel and cfg.residual.parallel_attn_shared_norm
-        self.post_norm = topology == "post"
-        self.sandwich = topology == "sandwich"
-        self.input_layernorm = make_norm(cfg, cfg.hidden_size)
-        self.linear = cfg.is_linear_layer(index)
-        if self.linear:  # Qwen3.5: Gated DeltaNet in place of attention
-            self.linear_attn = GatedDeltaNet(cfg, dtype)
-        else:
-            self.self_attn = Attention(cfg, dtype, fusion.rotary, fusion.qkv, index,
-                                       fusion.plain_attention, kv_int8)
-        if not self.shared_norm:
-            self.post_attention_layernorm = make_norm(cfg, cfg.hidden_size)
-        if self.sandwich:  # Gemma 3
-            self.pre_feedforward_layernorm = make_norm(cfg, cfg.hidden_size)
-            self.post_feedforward_layernorm = make_norm(cfg, cfg.hidden_size)
-        self.mlp = (SparseMoE(cfg, dtype, fusion.gate_up) if cfg.is_moe_layer(index)
-                    else MLP(cfg, dtype, fusion.gate_up, cfg.layer_intermediate(index)))
-        self.moe_block = cfg.mlp.enable_moe_block
-        if self.moe_block:  # Gemma 4: experts beside the dense MLP, each branch normed
-            moe = cfg.moe
-            assert moe is not None
-            self.router = Gemma4Router(cfg, dtype)
-            self.experts = GeGLUExperts(moe.num_experts, cfg.hidden_size,
-                                        moe.moe_intermediate_size, dtype)
-            self.pre_feedforward_layernorm_2 = make_norm(cfg, cfg.hidden_size)
-            self.post_feedforward_layernorm_1 = make_norm(cfg, cfg.hidden_size)
-            self.post_feedforward_layernorm_2 = make_norm(cfg, cfg.hidden_size)
-        self.per_layer = cfg.embedding.hidden_size_per_layer_input
-        if self.per_layer:  # Gemma 4: the per-layer embedding, gated in after the MLP
-            self.per_layer_input_gate = Linear(cfg.hidden_size, self.per_layer, False, dtype)
-            self.per_layer_projection = Linear(self.per_layer, cfg.hidden_size, False, dtype)
-            self.post_per_layer_input_norm = make_norm(cfg, cfg.hidden_size)
-            self.act = _ACT[cfg.hidden_act]
-        if cfg.residual.layer_scalar:  # Gemma 4: the layer's output times a stored scalar
-            self.layer_scalar = nn.Parameter(torch.ones(1), requires_grad=False)
-        self.scaled = cfg.residual.layer_scalar
-
-    def mix(self, h: Tensor, seqlens_k: Tensor, total: Tensor, cos: Tensor | None,
-            sin: Tensor | None, positions: Tensor, past_key: Tensor, past_value: Tensor,
-            bias: Tensor | None, valid: Tensor | None,
-            reuse: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """The layer's attention, or its linear attention (past_key, past_value: its states).
-        The new keys and values it handed to its attention kernel go to ``self.new_kv`` (what
-        Gemma 4's KV-shared layers reuse)."""
-        if self.linear:
-            assert valid is not None
-            return self.linear_attn(h, valid, past_key, past_value)
-        out, pk, pv, self.new_kv = self.self_attn(h, seqlens_k, total, cos, sin, positions,
-                                                  past_key, past_value, bias, reuse)
-        return out, pk, pv
-
-    def forward(self, branch: Tensor | None, residual: Tensor, seqlens_k: Tensor, total: Tensor,
-                cos: Tensor | None, sin: Tensor | None, positions: Tensor, past_key: Tensor,
-                past_value: Tensor, bias: Tensor | None = None, valid: Tensor | None = None,
-                reuse: tuple[Tensor, Tensor] | None = None, per_layer: Tensor | None = None,
-                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """branch: what the previous layer adds to the residual stream (None: nothing);
-        residual: the fp32 stream; reuse: a KV-shared layer's source keys and values (Gemma 4);
-        per_layer: this layer's per-layer input (B, T, P) (Gemma 4). Returns (branch, residual,
-        present key, present value)."""
-        if self.post_norm:  # OPT-350m: x = norm(x + attn(x)); x = norm(x + mlp(x))
-            if branch is not None:  # layer 0: the position embeddings
-                residual = residual + branch.float()
-            attn, pk, pv = self.mix(residual.to(self.dtype), seqlens_k, total, cos, sin,
-                                    positions, past_key, past_value, bias, valid)
-            h, _ = self.input_layernorm.add(attn.float(), residual)
-            out, _ = self.post_attention_layernorm.add(self.mlp(h.to(self.dtype)).float(), h)
-            return None, out, pk, pv
-        if branch is None:
-            h = self.input_layernorm(residual)
-        else:
-            h, residual = self.input_layernorm.add(branch.float(), residual)
-        attn, pk, pv = self.mix(h.to(self.dtype), seqlens_k, total, cos, sin, positions,
-                                past_key, past_value, bias, valid, reuse)
-        if self.sandwich:  # Gemma 3: x += norm(attn(norm(x))); x += norm(mlp(norm(x)))
-            h, residual = self.pre_feedforward_layernorm.add(
-                self.post_attention_layernorm(attn.float()), residual)
-            out = self.mlp(h.to(self.dtype)).float()
-            if self.moe_block:  # Gemma 4: + norm(experts(norm(x))), routed from x itself
-                out = self.post_feedforward_layernorm_1(out)
-                b, t, d = residual.shape
-                flat = residual.reshape(b * t, d)  # (N, D) fp32
-                index, weight = self.router(flat)
-                routed = self.experts(self.pre_feedforward_layernorm_2(flat).to(self.dtype),
-                                      index, weight).float()
-                out = out + self.post_feedforward_layernorm_2(routed.reshape(b, t, d))
-            branch = self.post_feedforward_layernorm(out)
-            if self.per_layer:  # Gemma 4: x += norm(proj(act(gate(x)) * per_layer_input))
-                assert per_layer is not None
-                residual = residual + branch
-                gated = self.act(self.per_layer_input_gate(residual.to(self.dtype))) \
-                    * per_layer.to(self.dtype)
-                branch = self.post_per_layer_input_norm(self.per_layer_projection(gated).float())
-            if self.scaled:  # Gemma 4: (residual + branch) * layer_scalar
-                branch, residual = branch * self.layer_scalar, residual * self.layer_scalar
-            return branch, residual, pk, pv
-        if self.parallel:  # Falcon / GPT-J: x + attn(ln(x)) + mlp(ln(x)), one norm or two
-            if not self.shared_norm:
-                h = self.post_attention_layernorm(residual)
-            return attn.float() + self.mlp(h.to(self.dtype)).float(), residual, pk, pv
-        h, residual = self.post_attention_layernorm.add(attn.float(), residual)
-        return self.mlp(h.to(self.dtype)), residual, pk, pv
-
-
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fusion: Fusion,
                  max_positions: int, kv_int8: bool = False) -> None:
         super().__init__()
+        pos, emb = cfg.positions, cfg.embedding
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.embed_width, dtype=dtype)
         self.embed_tokens.weight.requires_grad_(False)
-        if cfg.embedding.embed_dim is not None:  # OPT-350m: embeddings narrower than the layers
-            self.project_in = Linear(cfg.embedding.embed_dim, cfg.hidden_size, False, dtype)
-            self.project_out = Linear(cfg.hidden_size, cfg.embedding.embed_dim, False, dtype)
-        pos, emb = cfg.positions, cfg.embedding
+        if emb.embed_dim is not None:  # OPT-350m: embeddings narrower than the layers
+            self.project_in = Linear(emb.embed_dim, cfg.hidden_size, False, dtype)
+            self.project_out = Linear(cfg.hidden_size, emb.embed_dim, False, dtype)
         if pos.position_embedding_type == "rope":  # (Gemma 4: at its full layers' head size)
             self.rotary = RotaryCache(global_rope(cfg), max_positions, dtype)
-            if cfg.positions.rope_local_theta is not None:  # Gemma 3's sliding layers
+            if pos.rope_local_theta is not None:  # Gemma 3's sliding layers
                 self.rotary_local = RotaryCache(local_rope(cfg), max_positions, dtype)
         if pos.position_embedding_type == "learned":  # GPT-2, OPT: a table of absolute positions
             self.embed_positions = nn.Embedding(cfg.max_position_embeddings + pos.position_offset,
                                                 cfg.hidden_size, dtype=torch.float32)
             self.embed_positions.weight.requires_grad_(False)
-        if cfg.positions.position_embedding_type == "sinusoidal":  # XGLM
+        if pos.position_embedding_type == "sinusoidal":  # XGLM
             self.embed_positions = SinusoidalPositions(
-                cfg.max_position_embeddings + cfg.positions.position_offset, cfg.hidden_size,
-                cfg.positions.position_padding_idx)
-        if cfg.embedding.embedding_layernorm:  # BLOOM
+                cfg.max_position_embeddings + pos.position_offset, cfg.hidden_size,
+                pos.position_padding_idx)
+        if emb.embedding_layernorm:  # BLOOM
             self.embed_layernorm = make_norm(cfg, cfg.hidden_size)
         if emb.hidden_size_per_layer_input:  # Gemma 4: per-layer embeddings, one packed table
             width = cfg.num_hidden_layers * emb.hidden_size_per_layer_input
@@ -213,8 +89,8 @@ class DecoderModel(nn.Module):
             self.per_layer_model_projection = Linear(cfg.hidden_size, width, False, dtype)
             self.per_layer_projection_norm = make_norm(cfg, emb.hidden_size_per_layer_input)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, dtype, fusion, kv_int8) for i in range(cfg.num_hidden_layers))
-        if cfg.residual.topology != "post":
+            make_layer(cfg, i, dtype, fusion, kv_int8) for i in range(cfg.num_hidden_layers))
+        if layer_class(cfg).final_norm:  # (post-norm layers end normalized)
             self.norm = make_norm(cfg, cfg.hidden_size)
 
 
@@ -267,31 +143,32 @@ class Decoder(nn.Module):
               valid_tokens: Tensor | None = None) -> LayerInputs:
         """Everything before the layers: the residual stream and what every layer takes."""
         cfg, m = self.config, self.model
+        pos, emb = cfg.positions, cfg.embedding
         positions, last = ops.device_positions(input_ids, seqlens_k)
         rope = local = (None, None)
-        if cfg.positions.position_embedding_type == "rope":
+        if pos.position_embedding_type == "rope":
             rope = (m.rotary.cos_cache, m.rotary.sin_cache)
-            if cfg.positions.rope_local_theta is not None:
+            if pos.rope_local_theta is not None:
                 local = (m.rotary_local.cos_cache, m.rotary_local.sin_cache)
         residual = m.embed_tokens(input_ids).float()  # (B, T, D) fp32 residual stream
-        if cfg.embedding.embedding_multiplier != 1.0:  # XGLM: sqrt(d_model)
-            residual = residual * cfg.embedding.embedding_multiplier
-        if cfg.embedding.embed_dim is not None:  # OPT-350m
+        if emb.embedding_multiplier != 1.0:  # XGLM: sqrt(d_model)
+            residual = residual * emb.embedding_multiplier
+        if emb.embed_dim is not None:  # OPT-350m
             residual = m.project_in(residual.to(self.dtype)).float()
         branch: Tensor | None = None
-        if cfg.positions.position_embedding_type in ("learned", "sinusoidal"):  # added by layer 0
-            offset = cfg.positions.position_offset
-            branch = m.embed_positions(positions + offset if offset else positions)
-        if cfg.embedding.embedding_layernorm:  # BLOOM
+        if pos.position_embedding_type in ("learned", "sinusoidal"):  # added by layer 0
+            branch = m.embed_positions(positions + pos.position_offset if pos.position_offset
+                                       else positions)
+        if emb.embedding_layernorm:  # BLOOM
             residual = m.embed_layernorm(residual)
         bias = None
-        if cfg.positions.position_embedding_type == "alibi":  # BLOOM: one bias for all layers
+        if pos.position_embedding_type == "alibi":  # BLOOM: one bias for all layers
             bias = ops.alibi_bias(input_ids, total_sequence_length, self.alibi_slopes).to(self.dtype)
         valid = None
         if cfg.linear_attention is not None:  # default: up to each row's last new token
             valid = (last + 1).to(torch.int32) if valid_tokens is None else valid_tokens
         per_layer = None
-        if cfg.embedding.hidden_size_per_layer_input:  # Gemma 4
+        if emb.hidden_size_per_layer_input:  # Gemma 4
             per_layer = self.per_layer_inputs(input_ids, residual)
         return LayerInputs(branch, residual, positions, last, rope, local, bias, valid, per_layer)
 
@@ -315,9 +192,10 @@ class Decoder(nn.Module):
         ``past_value`` and the source's new keys and values as ``reuse``."""
         cos, sin = x.local if self.config.layer_is_local(i) else x.rope
         per_layer = x.per_layer[:, :, i] if x.per_layer is not None else None
+        inputs = MixerInputs(seqlens_k, total_sequence_length, x.positions, cos, sin, x.bias,
+                             x.valid)
         x.branch, x.residual, pk, pv = self.model.layers[i](
-            x.branch, x.residual, seqlens_k, total_sequence_length, cos, sin, x.positions,
-            past_key, past_value, x.bias, x.valid, reuse, per_layer)
+            x.branch, x.residual, inputs, past_key, past_value, reuse, per_layer)
         return pk, pv
 
     def forward(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
@@ -379,7 +257,7 @@ class Decoder(nn.Module):
             present += self.run_layer(i, x, seqlens_k, total_sequence_length, past_k, past_v)
             if cfg.shares_kv and not cfg.is_linear_layer(i):
                 sources[i] = (*self.model.layers[i].new_kv, past_k, past_v)
-        if cfg.residual.topology == "post":  # the last layer's output is already normalized
+        if not layer_class(cfg).final_norm:  # the last layer's output is already normalized
             return x.residual, x.last, present
         assert x.branch is not None
         h, _ = self.model.norm.add(x.branch.float(), x.residual)

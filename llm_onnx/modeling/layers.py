@@ -1,7 +1,10 @@
 """The decoder's basic layers: Linear in Hugging Face's (out, in) layout, and RMSNorm and
-LayerNorm with fp32 statistics whose ``add`` fuses the residual sum before them."""
+LayerNorm with fp32 statistics whose ``add`` fuses the residual sum before them; and what every
+part is built or called with (Fusion, MixerInputs)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -9,6 +12,39 @@ from torch import Tensor, nn
 
 from llm_onnx.modeling import ops
 from llm_onnx.modeling.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """Which computations run fused. Same math either way; the parity tests run both.
+
+    rotary: RoPE inside GroupQueryAttention (else a separate RotaryEmbedding op);
+    qkv: q, k and v projections as one matmul; gate_up: the MLP's gate and up as one matmul;
+    plain_attention: attention in plain ONNX ops instead of GroupQueryAttention (for the head
+    sizes its kernel refuses: see attention_form), RoPE then always a separate op.
+    """
+
+    rotary: bool = True
+    qkv: bool = False
+    gate_up: bool = False
+    plain_attention: bool = False
+
+
+@dataclass
+class MixerInputs:
+    """What a layer's token mixer reads besides its input: each row's last valid index
+    (``seqlens_k``) and the batch's total length (GroupQueryAttention's conventions), the new
+    tokens' positions, the RoPE tables this layer takes (None without RoPE), ALiBi's bias and
+    the tokens each row really runs (``valid``: linear-attention layers advance their state
+    over those only)."""
+
+    seqlens_k: Tensor
+    total: Tensor
+    positions: Tensor
+    cos: Tensor | None = None
+    sin: Tensor | None = None
+    bias: Tensor | None = None
+    valid: Tensor | None = None
 
 
 class Linear(nn.Module):
@@ -59,6 +95,7 @@ class LayerNorm(nn.Module):
 
 
 def make_norm(cfg: ModelConfig, width: int) -> RMSNorm | LayerNorm:
+    """The norm ``cfg.norm`` names, over ``width`` channels."""
     if cfg.norm.norm_type == "layer":  # GPT-2, BLOOM, Falcon
         return LayerNorm(width, cfg.norm.layer_norm_epsilon)
     return RMSNorm(width, cfg.rms_norm_eps)

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from llm_onnx.modeling.config import LinearAttentionConfig, ModelConfig
-from llm_onnx.modeling.layers import Linear
+from llm_onnx.modeling.layers import Linear, MixerInputs
 
 L2_EPS = 1e-6  # transformers' l2norm inside the kernel (not rms_norm_eps)
 
@@ -177,10 +177,13 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedNorm(la.value_head_dim, cfg.rms_norm_eps)
         self.out_proj = Linear(la.value_dim, d, False, dtype)
 
-    def forward(self, x: Tensor, valid: Tensor, conv_state: Tensor, recurrent_state: Tensor,
-                ) -> tuple[Tensor, Tensor, Tensor]:
-        """x (B, T, D), valid (B,) int32 -> (out (B, T, D), conv state, recurrent state)."""
+    def forward(self, x: Tensor, inputs: MixerInputs, conv_state: Tensor,
+                recurrent_state: Tensor, reuse: None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, D) -> (out (B, T, D), conv state, recurrent state), advanced over the
+        ``inputs.valid`` (B,) int32 tokens each row really runs."""
         la = self.la
+        valid = inputs.valid
+        assert valid is not None
         t = x.shape[1]
         weight = self.conv1d.weight.reshape(la.conv_dim, la.conv_kernel)
         mixed, conv = causal_conv(self.in_proj_qkv(x), conv_state, weight, valid)

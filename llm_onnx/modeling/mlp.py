@@ -1,5 +1,7 @@
-"""The feed-forward blocks: the dense MLP (gated SwiGLU or plain GELU / ReLU) and Qwen3-MoE's
-sparse mixture of experts (an fp32 router over experts stacked in ONNX Runtime's MoE layout)."""
+"""The feed-forward parts: the dense MLP (plain, gated, or gated with gate and up packed), the
+routed experts (an fp32 router over experts stacked in ONNX Runtime's MoE layout, with or
+without a shared expert), and Gemma 4's router and GeGLU experts, which its layers run beside
+the dense MLP (layer.SandwichLayer's dense_plus_experts)."""
 
 from __future__ import annotations
 
@@ -19,37 +21,66 @@ _ACT = {"silu": F.silu, "gelu": ops.gelu, "gelu_new": ops.fast_gelu,
         "gelu_pytorch_tanh": ops.fast_gelu, "gelu_fast": ops.fast_gelu, "relu": F.relu}
 
 
-class MLP(nn.Module):
-    """Gated (SwiGLU): down(silu(gate(x)) * up(x)), gate and up possibly one matmul (rows gate,
-    then up). Plain (GPT-2, BLOOM, Falcon): down(gelu(up(x)))."""
+class PlainMLP(nn.Module):
+    """GPT-2, BLOOM, Falcon, OPT, XGLM: down(act(up(x)))."""
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fuse_gate_up: bool,
-                 width: int | None = None) -> None:
+    def __init__(self, d: int, width: int, act: str, bias: bool, dtype: torch.dtype) -> None:
         super().__init__()
-        d, i = cfg.hidden_size, width or cfg.intermediate_size
-        self.gated = cfg.mlp.gated_mlp
-        self.fuse_gate_up = fuse_gate_up and cfg.mlp.gated_mlp
-        if self.fuse_gate_up:
-            self.gate_up_proj = Linear(d, 2 * i, cfg.mlp.mlp_bias, dtype)
-        elif self.gated:
-            self.gate_proj = Linear(d, i, cfg.mlp.mlp_bias, dtype)
-        if not self.fuse_gate_up:
-            self.up_proj = Linear(d, i, cfg.mlp.mlp_bias, dtype)
-        self.down_proj = Linear(i, d, cfg.mlp.mlp_bias, dtype)
-        self.act = _ACT[cfg.hidden_act]
+        self.up_proj = Linear(d, width, bias, dtype)
+        self.down_proj = Linear(width, d, bias, dtype)
+        self.act = _ACT[act]
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.gated:
-            return self.down_proj(self.act(self.up_proj(x)))
-        if self.fuse_gate_up and self.act is F.silu:
-            return self.down_proj(ops.swiglu(self.gate_up_proj(x)))  # one Split, not a sequence
-        if self.fuse_gate_up:
-            gate_up = self.gate_up_proj(x)  # sliced, not chunk(): see attention.Attention
-            half = gate_up.shape[-1] // 2
-            gate, up = gate_up[..., :half], gate_up[..., half:]
-        else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(self.act(self.up_proj(x)))
+
+
+class GatedMLP(nn.Module):
+    """Llama's SwiGLU (Gemma's GeGLU): down(act(gate(x)) * up(x))."""
+
+    def __init__(self, d: int, width: int, act: str, bias: bool, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.gate_proj = Linear(d, width, bias, dtype)
+        self.up_proj = Linear(d, width, bias, dtype)
+        self.down_proj = Linear(width, d, bias, dtype)
+        self.act = _ACT[act]
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_proj(x), self.up_proj(x)
         return self.down_proj(self.act(gate) * up)
+
+
+class PackedGatedMLP(nn.Module):
+    """The gated MLP with gate and up as one matmul (rows gate, then up): SwiGLU as one op
+    (Split, Sigmoid, Mul), another activation on the two halves sliced (not chunk(): see
+    attention._packed_apart)."""
+
+    def __init__(self, d: int, width: int, act: str, bias: bool, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.gate_up_proj = Linear(d, 2 * width, bias, dtype)
+        self.down_proj = Linear(width, d, bias, dtype)
+        self.act = _ACT[act]
+        self.activate = _swiglu if self.act is F.silu else _sliced
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.activate(self, self.gate_up_proj(x)))
+
+
+def _swiglu(self: PackedGatedMLP, gate_up: Tensor) -> Tensor:
+    return ops.swiglu(gate_up)  # one Split, not a sequence
+
+
+def _sliced(self: PackedGatedMLP, gate_up: Tensor) -> Tensor:
+    half = gate_up.shape[-1] // 2
+    gate, up = gate_up[..., :half], gate_up[..., half:]
+    return self.act(gate) * up
+
+
+def make_mlp(cfg: ModelConfig, dtype: torch.dtype, fuse_gate_up: bool,
+             width: int | None = None) -> nn.Module:
+    """The dense MLP ``cfg.mlp`` describes, ``width`` wide (default: intermediate_size)."""
+    part = (PackedGatedMLP if fuse_gate_up else GatedMLP) if cfg.mlp.gated_mlp else PlainMLP
+    return part(cfg.hidden_size, width or cfg.intermediate_size, cfg.hidden_act,
+                cfg.mlp.mlp_bias, dtype)
 
 
 class Experts(nn.Module):
@@ -85,13 +116,12 @@ class Experts(nn.Module):
 
 
 class SparseMoE(nn.Module):
-    """Qwen3-MoE MLP: fp32 softmax router over E experts, top-k, optional renormalisation.
-    gpt-oss: the router and the experts have biases, and the experts' SwiGLU is clamped (its
-    softmax over the top-k logits is the renormalised top-k of the full softmax).
-    Qwen3.5-MoE, Qwen3-Next: plus a shared expert every token takes, scaled by
-    sigmoid(shared_expert_gate(x)) and added to the routed sum."""
+    """Qwen3-MoE's routed experts: fp32 softmax router over E experts, top-k, optional
+    renormalisation. gpt-oss: the router and the experts have biases, and the experts' SwiGLU
+    is clamped (its softmax over the top-k logits is the renormalised top-k of the full
+    softmax)."""
 
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fuse_gate_up: bool = False) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
         super().__init__()
         moe = cfg.moe
         assert moe is not None
@@ -99,20 +129,41 @@ class SparseMoE(nn.Module):
         self.gate = Linear(cfg.hidden_size, moe.num_experts, moe.bias, dtype)  # router
         self.experts = Experts(moe.num_experts, cfg.hidden_size, moe.moe_intermediate_size, dtype,
                                moe.bias, (moe.swiglu_alpha, moe.swiglu_beta, moe.swiglu_limit))
-        self.shared = moe.shared_expert_intermediate_size is not None
-        if self.shared:
-            self.shared_expert = MLP(cfg, dtype, fuse_gate_up, moe.shared_expert_intermediate_size)
-            self.shared_expert_gate = Linear(cfg.hidden_size, 1, False, dtype)  # (1, D)
 
     def forward(self, x: Tensor) -> Tensor:
         b, t, d = x.shape
         flat = x.reshape(b * t, d)  # (N, D)
+        return self.route(flat).reshape(b, t, d)
+
+    def route(self, flat: Tensor) -> Tensor:
+        """(N, D) -> (N, D): the chosen experts' weighted sum."""
         logits = self.gate(flat).float()  # (N, E), router in fp32
-        out = self.experts(flat, logits.to(flat.dtype), self.top_k, self.normalize)
-        if self.shared:  # a (N, 1) gate per token
-            gate = torch.sigmoid(self.shared_expert_gate(flat).float())
-            out = (out.float() + gate * self.shared_expert(flat).float()).to(flat.dtype)
-        return out.reshape(b, t, d)
+        return self.experts(flat, logits.to(flat.dtype), self.top_k, self.normalize)
+
+
+class SharedExpertMoE(SparseMoE):
+    """Qwen3.5-MoE, Qwen3-Next: the routed experts plus a shared expert every token takes,
+    scaled by sigmoid(shared_expert_gate(x)) and added to the routed sum."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fuse_gate_up: bool = False) -> None:
+        super().__init__(cfg, dtype)
+        assert cfg.moe is not None
+        self.shared_expert = make_mlp(cfg, dtype, fuse_gate_up,
+                                      cfg.moe.shared_expert_intermediate_size)
+        self.shared_expert_gate = Linear(cfg.hidden_size, 1, False, dtype)  # (1, D)
+
+    def route(self, flat: Tensor) -> Tensor:
+        out = super().route(flat)
+        gate = torch.sigmoid(self.shared_expert_gate(flat).float())  # a (N, 1) gate per token
+        return (out.float() + gate * self.shared_expert(flat).float()).to(flat.dtype)
+
+
+def make_moe(cfg: ModelConfig, dtype: torch.dtype, fuse_gate_up: bool) -> SparseMoE:
+    """The routed experts ``cfg.moe`` describes."""
+    assert cfg.moe is not None
+    if cfg.moe.shared_expert_intermediate_size is not None:
+        return SharedExpertMoE(cfg, dtype, fuse_gate_up)
+    return SparseMoE(cfg, dtype)
 
 
 class GeGLUExperts(nn.Module):

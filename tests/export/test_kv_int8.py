@@ -199,7 +199,8 @@ def test_layer_scales_keep_headroom_over_the_calibrated_amax():
     torch.manual_seed(1)
     for d, values_rotated, hk, hv in ((8, True, 1.0, 1.1), (8, False, 1.0, 2.0),
                                       (12, False, 1.25, 2.0)):
-        attn = types.SimpleNamespace(rope=False, kv_heads=2, head_dim=d, observe=None)
+        spec = types.SimpleNamespace(rope="none", kv_heads=2, head_dim=d)  # an AttentionSpec's
+        attn = types.SimpleNamespace(spec=spec, observe=None)
         layer = types.SimpleNamespace(self_attn=attn)
         k, v = torch.randn(1, 5, 2 * d), torch.randn(1, 5, 2 * d)
         got = layer_scales(layer, "p.", [(k, v)], None, values_rotated)
