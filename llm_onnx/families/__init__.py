@@ -1,21 +1,12 @@
 """Model families: one module each, and the registry everything that lists families derives from.
 
 A family module (``llama.py``, ``qwen3.py``, ...) says what its architecture is and how it differs
-from Llama, in one place:
-
-    ARCHITECTURE   the Hugging Face class (``Qwen3ForCausalLM``), the registry key
-    config_fields  its config.json -> ModelConfig fields
-    PRESETS        named full-size configs (equal to the vendors' config.json) and tiny test shapes
-    HF_REPOS       where the vendors publish the presets (looked up in the local HF cache only)
-    checkpoint     tensor names and layouts when they are not Llama's (GPT-2, BLOOM, Falcon)
-    GGUF           llama.cpp's architecture name and tensor names, when GGUF files are read
-    hf_config      the transformers config.json of a ModelConfig (the tests' reference twin)
-    NORM_WEIGHT_OFFSET  Gemma: norms multiply by (1 + stored weight), so the twin's random norm
-                   weights are drawn around 0 rather than 1
-    ALIASES        other Hugging Face classes whose checkpoints hold this model (Qwen3.5's
-                   multimodal class, whose text model is read)
-    CHECKPOINT_NESTED  (canonical prefix, nested prefix): checkpoints that keep the text model's
-                   tensors under a longer prefix (``model.language_model.``) are read as well
+from Llama, in one place, and declares it in one record, ``FAMILY = Family(...)`` (family.py):
+its Hugging Face class, its config.json mapping (``config_fields``, flat ModelConfig fields),
+its presets, its checkpoint and GGUF tensor names where they are not Llama's, and the
+transformers twin the tests compare against. Its presets read as a list of the parts the family
+uses: the ModelConfig groups it sets (attention, mlp, norm, residual, positions, embedding, moe,
+linear_attention; llm_onnx/modeling/subconfigs.py).
 
     from llm_onnx import families
     families.get_config("qwen3_8b")                 # a preset, or a ConfigError naming close ones
@@ -23,110 +14,65 @@ from Llama, in one place:
     families.SUPPORTED_ARCHITECTURES, families.GGUF_ARCHITECTURES, families.PRESETS
 
 Pure Python: presets and the CLI's help load without torch. Adding a family is adding its module
-here: every module of this package that defines ARCHITECTURE is registered
-(docs/adding-an-architecture.md).
+and its line in FAMILIES (docs/adding-an-architecture.md); a record's fields are checked as any
+dataclass's, so a misspelt one is an error, not a silently missing feature.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
 import json
-import pkgutil
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from llm_onnx.errors import ConfigError
+from llm_onnx.families import (
+    bloom,
+    falcon,
+    gemma3,
+    gemma4,
+    gpt2,
+    gpt_oss,
+    llama,
+    mistral,
+    opt,
+    phi3,
+    qwen2,
+    qwen3,
+    qwen3_5,
+    qwen3_5_moe,
+    qwen3_moe,
+    qwen3_next,
+    smollm3,
+    xglm,
+)
+from llm_onnx.families.family import Family, HFConfig
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.modeling.config import ModelConfig
 
-__all__ = ["Family", "GGUFNames", "HFConfig", "Part", "REGISTRY", "PRESETS", "TINY", "HF_REPOS",
-           "SUPPORTED_ARCHITECTURES", "GGUF_ARCHITECTURES", "ALIASES", "family", "get_config",
-           "from_hf_config", "load_hf_config", "suggest"]
+__all__ = ["FAMILIES", "Family", "GGUFNames", "HFConfig", "Part", "REGISTRY", "PRESETS", "TINY",
+           "HF_REPOS", "SUPPORTED_ARCHITECTURES", "GGUF_ARCHITECTURES", "ALIASES", "family",
+           "get_config", "from_hf_config", "load_hf_config", "suggest"]
 
-class HFConfig:
-    """One checkpoint's config.json, read field by field; errors name the file and the field."""
-
-    def __init__(self, data: dict[str, Any], source: str) -> None:
-        self.data, self.source = data, source
-        archs = data.get("architectures") or []
-        self.architecture = archs[0] if archs else None
-
-    def get(self, key: str, default: Any = None) -> Any:
-        value = self.data.get(key)
-        return default if value is None else value
-
-    def require(self, key: str) -> Any:
-        if self.data.get(key) is None:
-            raise ConfigError(f"{self.source}: missing field '{key}' needed by "
-                              f"{self.architecture}.")
-        return self.data[key]
-
-    def refuse(self, **unsupported: Any) -> None:
-        """ConfigError if a field has a value whose variant of the architecture is not built."""
-        for key, value in unsupported.items():
-            if key in self.data and self.data[key] == value:
-                raise ConfigError(f"{self.source}: {key}={json.dumps(value)} is not supported "
-                                  f"for {self.architecture}.")
+# Every family, explicitly: adding one is its module plus a line here.
+FAMILIES: tuple[Family, ...] = (
+    bloom.FAMILY, falcon.FAMILY, gemma3.FAMILY, gemma4.FAMILY, gpt2.FAMILY, gpt_oss.FAMILY,
+    llama.FAMILY, mistral.FAMILY, opt.FAMILY, phi3.FAMILY, qwen2.FAMILY, qwen3.FAMILY,
+    qwen3_5.FAMILY, qwen3_5_moe.FAMILY, qwen3_moe.FAMILY, qwen3_next.FAMILY, smollm3.FAMILY,
+    xglm.FAMILY,
+)
 
 
-@dataclass(frozen=True)
-class Family:
-    """What one family module declares (see the module docstring)."""
-
-    architecture: str
-    config_fields: Callable[[HFConfig], dict[str, Any]]
-    presets: dict[str, ModelConfig]
-    hf_config: Callable[[ModelConfig], dict[str, Any]]
-    hf_config_class: str  # transformers' config class (LlamaConfig, ...), for the tests' twin
-    hf_repos: dict[str, str] = field(default_factory=dict)
-    # canonical name -> the checkpoint's name (or a Part, to re-lay it out); None: Llama's names
-    checkpoint_globals: dict[str, str | Part] | None = None
-    checkpoint_layer: Callable[[ModelConfig, int], dict[str, Part]] | None = None
-    checkpoint_skip: str | None = None  # regex of checkpoint tensors that are not weights
-    gguf: GGUFNames | None = None
-    summary: str = ""
-    norm_weight_offset: float = 0.0  # Gemma: its norms multiply by (offset + stored weight)
-    aliases: tuple[str, ...] = ()  # other classes whose checkpoints hold this model
-    checkpoint_nested: tuple[str, str] | None = None  # (canonical prefix, nested prefix)
-
-    def config(self, hf: HFConfig) -> ModelConfig:
-        fields = dict(self.config_fields(hf), architecture=self.architecture)
-        try:
-            return ModelConfig.from_fields(fields)
-        except TypeError as e:  # a field of the wrong kind
-            raise ConfigError(f"{hf.source}: {e}.") from e
-
-    @property
-    def renames(self) -> bool:
-        """Whether its checkpoints name or lay out tensors differently from Llama's."""
-        return self.checkpoint_globals is not None
-
-
-def _load() -> dict[str, Family]:
+def _registry(families: tuple[Family, ...]) -> dict[str, Family]:
     registry: dict[str, Family] = {}
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        module: ModuleType = importlib.import_module(f"{__name__}.{info.name}")
-        if not hasattr(module, "ARCHITECTURE"):
-            continue  # a helper module (layouts)
-        fam = Family(
-            architecture=module.ARCHITECTURE, config_fields=module.config_fields,
-            presets=module.PRESETS, hf_config=module.hf_config,
-            hf_config_class=module.HF_CONFIG_CLASS, hf_repos=getattr(module, "HF_REPOS", {}),
-            checkpoint_globals=getattr(module, "CHECKPOINT_GLOBALS", None),
-            checkpoint_layer=getattr(module, "checkpoint_layer", None),
-            checkpoint_skip=getattr(module, "CHECKPOINT_SKIP", None),
-            gguf=getattr(module, "GGUF", None), summary=(module.__doc__ or "").strip(),
-            norm_weight_offset=getattr(module, "NORM_WEIGHT_OFFSET", 0.0),
-            aliases=tuple(getattr(module, "ALIASES", ())),
-            checkpoint_nested=getattr(module, "CHECKPOINT_NESTED", None))
+    for fam in families:
+        if fam.architecture in registry:
+            raise ValueError(f"two families declare {fam.architecture}")
         registry[fam.architecture] = fam
     return registry
 
 
-REGISTRY: dict[str, Family] = _load()
+REGISTRY: dict[str, Family] = _registry(FAMILIES)
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(REGISTRY)
 GGUF_ARCHITECTURES: dict[str, str] = {f.gguf.arch: a for a, f in REGISTRY.items() if f.gguf}
 PRESETS: dict[str, ModelConfig] = {k: v for f in REGISTRY.values() for k, v in f.presets.items()}

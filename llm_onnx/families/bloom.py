@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import QKV, Part, fused_qkv_shape, per_head_part
 from llm_onnx.modeling.config import (AttentionConfig, EmbeddingConfig, MLPConfig, ModelConfig,
                                       NormConfig, PositionConfig)
@@ -91,3 +92,9 @@ def bloom_like_layer(cfg: ModelConfig, i: int, per_head: bool) -> dict[str, Part
         out[f"{p}.input_layernorm.{kind}"] = Part(f"{h}.input_layernorm.{kind}")
         out[f"{p}.post_attention_layernorm.{kind}"] = Part(f"{h}.post_attention_layernorm.{kind}")
     return out
+
+
+FAMILY = Family(
+    architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
+    config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
+    checkpoint_globals=CHECKPOINT_GLOBALS, checkpoint_layer=checkpoint_layer)

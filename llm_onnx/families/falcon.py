@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llm_onnx.families.family import Family
 from llm_onnx.families.bloom import bloom_like_layer
 from llm_onnx.families.layouts import Part
 from llm_onnx.families.llama import rope_fields
@@ -71,3 +72,9 @@ CHECKPOINT_GLOBALS = {"model.embed_tokens.weight": "word_embeddings.weight",
 
 def checkpoint_layer(cfg: ModelConfig, i: int) -> dict[str, Part]:
     return bloom_like_layer(cfg, i, per_head=cfg.num_key_value_heads > 1)
+
+
+FAMILY = Family(
+    architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
+    config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
+    checkpoint_globals=CHECKPOINT_GLOBALS, checkpoint_layer=checkpoint_layer)

@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from llm_onnx.errors import CheckpointError, ConfigError
+from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.families.llama import GGUF_GLOBALS, GGUF_LAYER, base_hf_config, gguf_fields
 from llm_onnx.modeling.config import (AttentionConfig, EmbeddingConfig, ModelConfig,
@@ -188,3 +189,10 @@ GGUF = GGUFNames(
            "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
            "attn_q_norm.weight": "self_attn.q_norm.weight",
            "attn_k_norm.weight": "self_attn.k_norm.weight"})
+
+
+FAMILY = Family(
+    architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
+    config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
+    checkpoint_globals=CHECKPOINT_GLOBALS, checkpoint_layer=checkpoint_layer, gguf=GGUF,
+    norm_weight_offset=NORM_WEIGHT_OFFSET)

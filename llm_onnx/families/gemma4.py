@@ -36,6 +36,7 @@ import math
 from typing import Any
 
 from llm_onnx.errors import CheckpointError, ConfigError
+from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.modeling.config import (AttentionConfig, EmbeddingConfig, MLPConfig, ModelConfig,
                                       MoEConfig, PositionConfig, ResidualConfig)
@@ -365,3 +366,11 @@ GGUF = GGUFNames(
            "post_norm.weight": "post_per_layer_input_norm.weight"},
     # the experts' gate and up apart, (E, I, D) each, as llama.cpp also reads them
     joined={"experts.gate_up_proj": (("ffn_gate_exps.weight", "ffn_up_exps.weight"), 1)})
+
+
+FAMILY = Family(
+    architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
+    config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
+    checkpoint_globals=CHECKPOINT_GLOBALS, checkpoint_layer=checkpoint_layer,
+    checkpoint_skip=CHECKPOINT_SKIP, gguf=GGUF, aliases=ALIASES,
+    checkpoint_nested=CHECKPOINT_NESTED)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import QKV, Part, concat_part, fused_qkv_shape, transpose
 from llm_onnx.modeling.config import (AttentionConfig, MLPConfig, ModelConfig, NormConfig,
                                       PositionConfig)
@@ -82,3 +83,10 @@ def checkpoint_layer(cfg: ModelConfig, i: int) -> dict[str, Part]:
         out[f"{p}.input_layernorm.{kind}"] = Part(f"{h}.ln_1.{kind}")
         out[f"{p}.post_attention_layernorm.{kind}"] = Part(f"{h}.ln_2.{kind}")
     return out
+
+
+FAMILY = Family(
+    architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
+    config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
+    checkpoint_globals=CHECKPOINT_GLOBALS, checkpoint_layer=checkpoint_layer,
+    checkpoint_skip=CHECKPOINT_SKIP)

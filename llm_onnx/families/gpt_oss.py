@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from llm_onnx.errors import ConfigError
+from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.families.llama import (
     GGUF_GLOBALS,
@@ -225,3 +226,9 @@ GGUF = GGUFNames(
     experts={"ffn_gate_exps.weight": "gate_proj.weight", "ffn_up_exps.weight": "up_proj.weight",
              "ffn_down_exps.weight": "down_proj.weight", "ffn_gate_exps.bias": "gate_proj.bias",
              "ffn_up_exps.bias": "up_proj.bias", "ffn_down_exps.bias": "down_proj.bias"})
+
+
+FAMILY = Family(
+    architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
+    config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
+    checkpoint_globals=CHECKPOINT_GLOBALS, checkpoint_layer=checkpoint_layer, gguf=GGUF)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import GGUFNames
 from llm_onnx.modeling.config import ModelConfig
 
@@ -148,3 +149,9 @@ def gguf_fields(meta: Any) -> dict[str, Any]:
 
 GGUF = GGUFNames(arch="llama", config_fields=gguf_fields, layer=GGUF_LAYER,
                  globals=GGUF_GLOBALS, unpermute_qk=True)
+
+
+FAMILY = Family(
+    architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
+    config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
+    gguf=GGUF, aliases=ALIASES)

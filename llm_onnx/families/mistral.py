@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llm_onnx.families.family import Family
 from llm_onnx.families.llama import base_fields, base_hf_config
 from llm_onnx.modeling.config import ModelConfig
 
@@ -37,3 +38,9 @@ def config_fields(hf: Any) -> dict[str, Any]:
 
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     return dict(base_hf_config(cfg), sliding_window=cfg.sliding_window)
+
+
+FAMILY = Family(
+    architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
+    config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
+    aliases=ALIASES)

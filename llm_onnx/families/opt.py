@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import Part, fairseq_layer
 from llm_onnx.modeling.config import (AttentionConfig, MLPConfig, ModelConfig, NormConfig,
                                       PositionConfig)
@@ -94,3 +95,9 @@ CHECKPOINT_GLOBALS = {"model.embed_tokens.weight": "model.decoder.embed_tokens.w
 def checkpoint_layer(cfg: ModelConfig, i: int) -> dict[str, Part]:
     # Pre-LN: the two norms come before attention and before the MLP; post-LN: after each.
     return fairseq_layer(f"model.decoder.layers.{i}", f"model.layers.{i}")
+
+
+FAMILY = Family(
+    architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
+    config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
+    checkpoint_globals=CHECKPOINT_GLOBALS, checkpoint_layer=checkpoint_layer)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from llm_onnx.errors import CheckpointError, ConfigError
+from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import (QKV, GGUFNames, Part, concat_part, fused_gate_up_shape,
                                        fused_qkv_shape, halves_part)
 from llm_onnx.families.llama import GGUF_GLOBALS, gguf_fields
@@ -197,3 +198,9 @@ GGUF = GGUFNames(
            "ffn_norm.weight": "post_attention_layernorm.weight",
            "ffn_up.weight": "mlp.gate_up_proj.weight",
            "ffn_down.weight": "mlp.down_proj.weight"})
+
+
+FAMILY = Family(
+    architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
+    config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
+    checkpoint_globals=CHECKPOINT_GLOBALS, checkpoint_layer=checkpoint_layer, gguf=GGUF)

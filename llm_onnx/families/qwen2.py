@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import GGUFNames
 from llm_onnx.families.llama import GGUF_GLOBALS, GGUF_LAYER, base_fields, base_hf_config, gguf_fields
 from llm_onnx.modeling.config import AttentionConfig, ModelConfig
@@ -47,3 +48,9 @@ def qwen2_gguf_fields(meta: Any) -> dict[str, Any]:
 # llama.cpp's qwen2 files use Llama's names (attn_q.bias, ...) without permuting q/k rows.
 GGUF = GGUFNames(arch="qwen2", config_fields=qwen2_gguf_fields, layer=GGUF_LAYER,
                  globals=GGUF_GLOBALS)
+
+
+FAMILY = Family(
+    architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
+    config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
+    gguf=GGUF, aliases=ALIASES)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import GGUFNames
 from llm_onnx.families.llama import GGUF_GLOBALS, GGUF_LAYER, base_fields, base_hf_config, gguf_fields
 from llm_onnx.modeling.config import AttentionConfig, ModelConfig
@@ -49,3 +50,9 @@ def qwen3_gguf_fields(meta: Any) -> dict[str, Any]:
 
 GGUF = GGUFNames(arch="qwen3", config_fields=qwen3_gguf_fields, layer=GGUF_QWEN3_LAYER,
                  globals=GGUF_GLOBALS)
+
+
+FAMILY = Family(
+    architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
+    config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
+    gguf=GGUF, aliases=ALIASES)

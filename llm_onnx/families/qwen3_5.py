@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from llm_onnx.errors import CheckpointError, ConfigError
+from llm_onnx.families.family import Family
 from llm_onnx.families.gemma3 import plus_one
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.families.llama import GGUF_GLOBALS
@@ -301,3 +302,11 @@ GGUF = GGUFNames(arch="qwen35", config_fields=gguf_fields,
                  layer={**GGUF_HYBRID_LAYER, **GGUF_DENSE_MLP}, globals=GGUF_GLOBALS,
                  norm_shift=1.0, norm_shift_skip=("ssm_norm.weight",),
                  relayout=gguf_relayout(tiled=True))
+
+
+FAMILY = Family(
+    architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
+    config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
+    checkpoint_globals=CHECKPOINT_GLOBALS, checkpoint_layer=checkpoint_layer,
+    checkpoint_skip=CHECKPOINT_SKIP, gguf=GGUF, norm_weight_offset=NORM_WEIGHT_OFFSET,
+    aliases=ALIASES, checkpoint_nested=CHECKPOINT_NESTED)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.families.llama import GGUF_GLOBALS
 from llm_onnx.families.qwen3_5 import (CHECKPOINT_GLOBALS, GGUF_HYBRID_LAYER, gguf_relayout,
@@ -146,3 +147,12 @@ GGUF = GGUFNames(arch="qwen35moe", config_fields=gguf_fields,
                  layer={**GGUF_HYBRID_LAYER, **GGUF_MOE}, globals=GGUF_GLOBALS,
                  experts=GGUF_EXPERTS, norm_shift=1.0, norm_shift_skip=("ssm_norm.weight",),
                  relayout=gguf_relayout(tiled=True))
+
+
+# checkpoint_globals: Qwen3.5's (imported from qwen3_5), the same global tensors
+FAMILY = Family(
+    architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
+    config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
+    checkpoint_globals=CHECKPOINT_GLOBALS, checkpoint_layer=checkpoint_layer,
+    checkpoint_skip=CHECKPOINT_SKIP, gguf=GGUF, norm_weight_offset=NORM_WEIGHT_OFFSET,
+    aliases=ALIASES, checkpoint_nested=CHECKPOINT_NESTED)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import GGUFNames
 from llm_onnx.families.llama import GGUF_GLOBALS, base_hf_config
 from llm_onnx.families.qwen3 import GGUF_QWEN3_LAYER, config_fields as qwen3_fields, qwen3_gguf_fields
@@ -67,3 +68,9 @@ GGUF = GGUFNames(arch="qwen3moe", config_fields=gguf_fields,
                  globals=GGUF_GLOBALS,
                  experts={"ffn_gate_exps.weight": "gate_proj", "ffn_up_exps.weight": "up_proj",
                           "ffn_down_exps.weight": "down_proj"})
+
+
+FAMILY = Family(
+    architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
+    config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
+    gguf=GGUF)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.families.llama import GGUF_GLOBALS
 from llm_onnx.families.qwen3_5 import (CHECKPOINT_GLOBALS, GGUF_DENSE_MLP, GGUF_HYBRID_LAYER,
@@ -114,3 +115,11 @@ GGUF = GGUFNames(arch="qwen3next", config_fields=gguf_fields,
                         "ssm_ba.weight": "linear_attn.in_proj_ba.weight"},
                  globals=GGUF_GLOBALS, experts=GGUF_EXPERTS, norm_shift=1.0,
                  norm_shift_skip=("ssm_norm.weight",), relayout=gguf_relayout(tiled=False))
+
+
+# checkpoint_globals: Qwen3.5's (imported from qwen3_5), the same global tensors
+FAMILY = Family(
+    architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
+    config_fields=config_fields, hf_config=hf_config, presets=PRESETS,
+    checkpoint_globals=CHECKPOINT_GLOBALS, checkpoint_layer=checkpoint_layer,
+    checkpoint_skip=CHECKPOINT_SKIP, gguf=GGUF, norm_weight_offset=NORM_WEIGHT_OFFSET)

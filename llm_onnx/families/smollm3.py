@@ -16,6 +16,7 @@ from typing import Any
 
 from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.families import llama
+from llm_onnx.families.family import Family, HFConfig
 from llm_onnx.families.layouts import GGUFNames
 from llm_onnx.families.llama import GGUF_GLOBALS, GGUF_LAYER, base_hf_config, gguf_fields
 from llm_onnx.modeling.config import ModelConfig, PositionConfig
@@ -52,8 +53,6 @@ _DEFAULT_THETA = 2_000_000.0  # SmolLM3Config.default_theta
 
 
 def config_fields(hf: Any) -> dict[str, Any]:
-    from llm_onnx.families import HFConfig
-
     data = {**_DEFAULTS, **hf.data}
     if "rope_theta" not in data and "rope_theta" not in (data.get("rope_parameters") or {}):
         data["rope_theta"] = _DEFAULT_THETA
@@ -112,3 +111,9 @@ def smollm3_gguf_fields(meta: Any) -> dict[str, Any]:
 # convert_hf_to_gguf's SmolLM3Model is its LlamaModel: q/k rows interleaved like Llama's
 GGUF = GGUFNames(arch="smollm3", config_fields=smollm3_gguf_fields, layer=GGUF_LAYER,
                  globals=GGUF_GLOBALS, unpermute_qk=True)
+
+
+FAMILY = Family(
+    architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
+    config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
+    gguf=GGUF)

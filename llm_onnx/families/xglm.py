@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from llm_onnx.errors import ConfigError
+from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import Part, fairseq_layer
 from llm_onnx.modeling.config import (AttentionConfig, EmbeddingConfig, MLPConfig, ModelConfig,
                                       NormConfig, PositionConfig)
@@ -96,3 +97,9 @@ CHECKPOINT_GLOBALS = {"model.embed_tokens.weight": "model.embed_tokens.weight",
 
 def checkpoint_layer(cfg: ModelConfig, i: int) -> dict[str, Part]:
     return fairseq_layer(f"model.layers.{i}", f"model.layers.{i}")
+
+
+FAMILY = Family(
+    architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
+    config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
+    checkpoint_globals=CHECKPOINT_GLOBALS, checkpoint_layer=checkpoint_layer)

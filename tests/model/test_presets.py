@@ -74,6 +74,22 @@ def test_every_family_has_a_tiny_preset():
     assert families == tiny_families
 
 
+def test_every_family_module_is_registered():
+    """The registry lists its families explicitly (families.FAMILIES): a family module whose
+    record is left out of it would be a family nobody can load, so each module of the package
+    but the helpers must declare a FAMILY that is there."""
+    import importlib
+    import pkgutil
+
+    from llm_onnx import families
+
+    helpers = {"family", "layouts"}
+    for info in pkgutil.iter_modules(families.__path__):
+        if info.name not in helpers:
+            module = importlib.import_module(f"llm_onnx.families.{info.name}")
+            assert module.FAMILY in families.FAMILIES, f"{info.name}.FAMILY is not in FAMILIES"
+
+
 # transformers fixes head_dim = hidden / heads for these; GPT-2 and BLOOM also kv heads = heads.
 FIXED_HEAD_DIM = {"GPT2LMHeadModel", "BloomForCausalLM", "FalconForCausalLM", "OPTForCausalLM",
                   "XGLMForCausalLM"}
