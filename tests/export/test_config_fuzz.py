@@ -1,7 +1,9 @@
 """Random valid configs of every registered family, exported at fp32 and run on ONNX Runtime
 against transformers with the same weights: every drawn config matches (logits through the graphs
 with a right-padded batch, greedy tokens through the runtime, which binds the cache in place) or
-is refused before any work with a one-line message. Never an ONNX Runtime internal error.
+is refused before any work with a one-line message. Never an ONNX Runtime internal error. Each
+config that exports is exported at int8 and int4 too, where the parity gate must pass: a valid
+checkpoint is never refused for its precision.
 
 Shapes ONNX Runtime's GroupQueryAttention refuses (head sizes that are not a multiple of 16,
 rotary widths whose half is not a multiple of 8) are drawn on purpose: the export then picks
@@ -34,6 +36,8 @@ from tests.runtime.test_runtime_models import hf_greedy_run
 from tests.tolerances import ORT_FP32
 
 ARCHS = TINY_ARCHS + FAMILY_ARCHS
+# Each drawn config is exported at fp32 (against transformers) and at these (the parity gate)
+QUANTIZED = ("int8", "int4")
 EXAMPLES = int(os.environ.get("LLM_ONNX_CONFIG_EXAMPLES") or
                (40 if os.environ.get("HYPOTHESIS_PROFILE") == "explore" else 1))
 
@@ -224,6 +228,13 @@ def _check(base, changes, tmp_path) -> None:
     for prompt, result in zip(prompts, model.generate(prompts, max_new_tokens=8, temperature=0)):
         tokens, reason = hf_greedy_run(hf, prompt, 8, model.eos_token_ids)
         assert (result.token_ids, result.finish_reason) == (tokens, reason)
+    # The same checkpoint quantized: valid, so never refused; the parity gate (ONNX Runtime
+    # against torch on the written tensors) passes at each precision.
+    for precision in QUANTIZED:
+        quantized = export_model(open_checkpoint(tmp_path / "hf"), tmp_path / precision,
+                                 ExportOptions(precision=precision, max_seq_len=48),
+                                 progress=False)
+        assert Graphs(quantized).manifest["parity"]["failures"] == []
 
 
 @pytest.mark.parametrize("arch", ARCHS)
