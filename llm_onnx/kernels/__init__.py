@@ -22,8 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-from llm_onnx.default_model import cache_root
-from llm_onnx.errors import KernelsError
+from llm_onnx.errors import KernelsError, ModelFolderError
 
 __all__ = ["KernelsError", "available", "library_path", "register", "require"]
 
@@ -39,6 +38,13 @@ LIBRARY_ENV = "LLM_ONNX_KERNELS_LIBRARY"
 ISA_ENV = "LLM_ONNX_KERNELS_ISA"
 BUILD_HINT = ("build them with `python -m llm_onnx.kernels build` (needs ONNX Runtime's headers, "
               "CMake and a C++ compiler: docs/kernels.md)")
+
+
+def cache_root() -> Path:
+    """llm-onnx's cache folder (default_model.cache_root's, which this module does not import:
+    the runtime imports it)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "llm-onnx"
 
 
 def library_name() -> str:
@@ -96,6 +102,25 @@ def register(session_options) -> Path:
     path = require()
     session_options.register_custom_ops_library(str(path))
     return path
+
+
+def register_for_folder(session_options, ops_version_needed: str, ops: tuple[str, ...],
+                        folder: Path | None) -> None:
+    """Register the library for a model folder whose manifest lists our operators, or raise
+    ModelFolderError (one line) saying how to build it or re-export without it."""
+    path = library_path()
+    where = f"{folder}: " if folder is not None else ""
+    if path is None:
+        raise ModelFolderError(f"{where}exported with llm-onnx's kernels ({', '.join(ops)}), "
+                               f"whose library is not built here; {BUILD_HINT}, or re-export "
+                               f"the folder with --kernels ort.")
+    have = ops_version(path)
+    if have != ops_version_needed:
+        raise ModelFolderError(f"{where}needs llm-onnx's kernels at operator version "
+                               f"{ops_version_needed}, the library at {path} has {have}; "
+                               f"rebuild it with this llm-onnx (python -m llm_onnx.kernels build "
+                               f"--force) or re-export the folder.")
+    session_options.register_custom_ops_library(str(path))
 
 
 def _query(path: Path, symbol: str) -> str:

@@ -15,9 +15,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from llm_onnx.default_model import cache_root
 from llm_onnx.errors import KernelsError
-from llm_onnx.kernels import SOURCES, build_dir, library_name, onnxruntime_version
+from llm_onnx.kernels import SOURCES, build_dir, cache_root, library_name, onnxruntime_version
 
 HEADER = "onnxruntime_cxx_api.h"
 FETCH_SCRIPT = Path(__file__).parent / "fetch_headers.sh"
