@@ -92,7 +92,7 @@ def build(force: bool = False, include_dir: Path | None = None, verbose: bool = 
         built = next((p for p in Path(tmp).rglob(library_name())), None)
         if built is None:
             raise KernelsError(f"the kernel build finished without {library_name()} in {tmp}")
-        staged = out.with_name(out.name + ".tmp")
+        staged = out.with_name(f"{out.name}.{os.getpid()}.tmp")  # (two builds may race)
         shutil.copy2(built, staged)
         os.replace(staged, out)  # atomic: a concurrent reader sees the old file or the new
     return out

@@ -34,7 +34,11 @@ opts=(-o "Dir=$work" -o "Dir::State::Lists=$work/lists" -o "Dir::State::status=$
       -o "APT::Architecture=$(dpkg --print-architecture)" -o "APT::Sandbox::User=$(id -un)")
 apt-get "${opts[@]}" -qq update >&2
 (cd "$work/debs" && apt-get "${opts[@]}" -qq download libonnxruntime-dev >&2)
-mkdir -p "$dest"
-dpkg-deb -x "$work"/debs/libonnxruntime-dev_*.deb "$dest"
-test -f "$dest/usr/include/onnxruntime/onnxruntime_c_api.h"
+# unpacked beside, then moved into place whole: a second copy of this script running at the
+# same time (two test workers) finds either nothing or the finished folder
+mkdir -p "$dest/usr/include"
+dpkg-deb -x "$work"/debs/libonnxruntime-dev_*.deb "$work/unpacked"
+test -f "$work/unpacked/usr/include/onnxruntime/onnxruntime_c_api.h"
+mv -T "$work/unpacked/usr/include/onnxruntime" "$dest/usr/include/onnxruntime" 2>/dev/null ||
+  test -f "$dest/usr/include/onnxruntime/onnxruntime_c_api.h"
 echo "$dest/usr/include/onnxruntime"

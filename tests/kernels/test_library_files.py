@@ -44,3 +44,19 @@ def test_the_build_folder_changes_with_the_sources(tmp_path, monkeypatch):
     (tmp_path / "a.cc").write_text("int b;")
     assert kernels.build_dir() != first
     assert kernels.onnxruntime_version() in first.name
+
+
+def test_info_says_where_the_library_is_or_how_to_build_it(tmp_path, monkeypatch, capsys):
+    from llm_onnx.kernels.__main__ import main
+
+    monkeypatch.setenv(kernels.LIBRARY_ENV, str(tmp_path / "absent.so"))
+    assert main(["info"]) == 1
+    assert "python -m llm_onnx.kernels build" in capsys.readouterr().err
+
+
+def test_info_lists_the_paths_this_cpu_gets(kernel_library, capsys):
+    from llm_onnx.kernels.__main__ import main
+
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert str(kernel_library) in out and out.rstrip().endswith("portable")
