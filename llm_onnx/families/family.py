@@ -10,6 +10,7 @@ from typing import Any, Callable
 from llm_onnx.errors import ConfigError
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.vision_config import VisionConfig
 
 __all__ = ["Family", "HFConfig"]
 
@@ -65,6 +66,9 @@ class Family:
             class whose text model is read, the bare model of an embedding checkpoint).
         checkpoint_nested: (canonical prefix, nested prefix): checkpoints that keep the text
             model's tensors under a longer prefix (``model.language_model.``) are read as well.
+        vision_config: the vision tower beside the text model, from config.json (None where
+            the checkpoint has none: a text-only class); families without one leave it None.
+            The tower's tensors keep their checkpoint names (qwen_vision.py).
     """
 
     architecture: str
@@ -81,6 +85,7 @@ class Family:
     norm_weight_offset: float = 0.0
     aliases: tuple[str, ...] = ()
     checkpoint_nested: tuple[str, str] | None = None
+    vision_config: Callable[[HFConfig], VisionConfig | None] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "summary", (self.summary or "").strip())
@@ -99,6 +104,11 @@ class Family:
             return ModelConfig.from_fields(fields)
         except TypeError as e:  # a field of the wrong kind
             raise ConfigError(f"{hf.source}: {e}.") from e
+
+    def vision(self, hf: HFConfig) -> VisionConfig | None:
+        """The checkpoint's vision tower (None: the family has none, or this config lacks
+        one)."""
+        return self.vision_config(hf) if self.vision_config is not None else None
 
     @property
     def renames(self) -> bool:
