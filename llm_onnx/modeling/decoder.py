@@ -48,7 +48,7 @@ from llm_onnx.modeling.config import ModelConfig
 from llm_onnx.modeling.layer import layer_class, make_layer
 from llm_onnx.modeling.layers import Fusion, Linear, MixerInputs, make_norm
 from llm_onnx.modeling.linear_attention import state_shapes
-from llm_onnx.modeling.multimodal import ImageInputs, mrope_tables, text_positions
+from llm_onnx.modeling.multimodal import ImageInputs, mrope_tables
 from llm_onnx.modeling.positions import RotaryCache, SinusoidalPositions, global_rope, local_rope
 from llm_onnx.modeling.vision_config import VisionConfig
 
@@ -267,14 +267,13 @@ class Decoder(nn.Module):
                      image_token_index: Tensor | None, deepstack_embeds: Tensor | None,
                      ) -> ImageInputs | None:
         """The image inputs of a decoder with a vision tower (None without one); left out,
-        text at the positions of ``seqlens_k`` (every row's past the same: eager use only)."""
+        text at the positions ``seqlens_k`` gives each row (as a decoder without images)."""
         vision = self.vision
         if vision is None:
             return None
-        b, t = input_ids.shape
         if position_ids is None:
-            past = int(total_sequence_length) - t
-            position_ids = text_positions(past, t, b).to(input_ids.device)
+            rows = ops.device_positions(input_ids, seqlens_k)[0]  # (B, T)
+            position_ids = rows[None].expand(3, *rows.shape)
         if image_embeds is None or image_token_index is None:
             image_embeds = torch.zeros(0, self.config.hidden_size, device=input_ids.device)
             image_token_index = torch.zeros(0, dtype=torch.int64, device=input_ids.device)
