@@ -172,14 +172,16 @@ def tiny_hf(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_export(tiny_hf, tmp_path_factory):
-    """``tiny_export(arch, precision, **export_options)`` -> model folder, exported once."""
+    """``tiny_export(arch, precision, **export_options)`` -> model folder, exported once; the
+    text model alone (a family with a vision tower too: its images are tests/runtime/
+    test_images.py's)."""
     from llm_onnx.checkpoints import open_checkpoint
     from llm_onnx.export import ExportOptions, export_model
 
     def get(arch: str, precision: str = "fp32", **options) -> Path:
         name = "-".join([arch, precision] + [f"{k}={v}" for k, v in sorted(options.items())])
         return exported_once(tmp_path_factory, name, lambda out: export_model(
-            open_checkpoint(tiny_hf(arch)[1]), out,
+            open_checkpoint(tiny_hf(arch)[1], text_only=True), out,
             ExportOptions(precision=precision, max_seq_len=64, **options), progress=False))
 
     return get

@@ -24,7 +24,11 @@ def images_spec(checkpoint: Checkpoint, plan: ExportPlan) -> mf.ImagesSpec:
     vision = plan.vision_config
     assert vision is not None and checkpoint.path is not None
     folder = checkpoint.path
-    processor = load_image_processor(folder)
+    try:
+        processor = load_image_processor(folder)
+    except ConfigError as e:
+        raise ConfigError(f"{e} A folder that takes images needs it; export the text model "
+                          "alone with --text-only.") from e
     if processor.family != "qwen_vl":
         raise ConfigError(f"{folder}: its image processor is {processor.image_processor_type}, "
                           "not the Qwen processor this vision tower takes.")
