@@ -314,12 +314,14 @@ def _set(root: nn.Module, path: str, module: nn.Module) -> None:
 
 def vision_export_form(model: nn.Module, options: ExportOptions) -> nn.Module:
     """The vision tower's projections in export forms, in place: float (MatMulLinear), or
-    quantized as the decoder's with ``options.quantize_vision`` in an int8/int4 export."""
-    bits = options.bits if options.quantize_vision else None
+    quantized as the decoder's with ``options.quantize_vision`` in an int8/int4 export (the
+    patch embedding, the pixels' first map, stays float either way)."""
     with torch.device("meta"):
         for path, module in list(model.named_modules()):
             if not isinstance(module, Linear):
                 continue
+            bits = options.bits if options.quantize_vision and not path.endswith(
+                "patch_embed.proj") else None
             bias, dtype = module.bias is not None, module.weight.dtype
             _set(model, path, MatMulLinear(module.in_features, module.out_features, bias, dtype)
                  if bits is None else NBitsLinear(
