@@ -43,7 +43,8 @@ def _modules_after(statement: str) -> set[str]:
 
 
 # The decoder's pure-Python config (ModelConfig and its groups), which the runtime reads
-PURE_CONFIG = ("llm_onnx.modeling.config", "llm_onnx.modeling.subconfigs")
+PURE_CONFIG = ("llm_onnx.modeling.config", "llm_onnx.modeling.subconfigs",
+               "llm_onnx.modeling.vision_config")
 
 
 def test_runtime_does_not_import_torch():
@@ -140,7 +141,9 @@ def import_cycles(graph: dict[str, set[str]]) -> list[str]:
 # The torch modules of the decoder (the stack and its parts).
 DECODER = ("llm_onnx.modeling.decoder", "llm_onnx.modeling.layer", "llm_onnx.modeling.layers",
            "llm_onnx.modeling.attention", "llm_onnx.modeling.mlp", "llm_onnx.modeling.positions",
-           "llm_onnx.modeling.linear_attention", "llm_onnx.modeling.embedding")
+           "llm_onnx.modeling.linear_attention", "llm_onnx.modeling.embedding",
+           "llm_onnx.modeling.vision_tower", "llm_onnx.modeling.vision_ops",
+           "llm_onnx.modeling.multimodal")
 
 
 def test_layers_import_downwards_only():

@@ -157,6 +157,7 @@ def chat(system, no_think, template_var, **kwargs) -> None:
                                                                       template_var))
     reader = Prompt(sys.stdin.isatty())
     limit = overrides.get("max_new_tokens", 256)
+    attached: list[str] = []  # /image paths waiting for the next message
     try:
         while (line := reader.read()) is not None:
             if not line.strip():
@@ -172,18 +173,24 @@ def chat(system, no_think, template_var, **kwargs) -> None:
                 session.reset()
                 click.echo("(conversation cleared)", err=True)
             elif command.name == "image":
-                click.echo(_image_note(model, command.args), err=True)
+                note = _image_note(model, command.args)
+                if note is None:
+                    attached += command.args
+                    note = (f"(attached {', '.join(command.args)}: "
+                            "it goes with your next message)")
+                click.echo(note, err=True)
             else:
-                _answer(session, command.text, overrides, limit)
+                _answer(session, command.text, overrides, limit, attached)
+                attached = []
     finally:
         reader.save()
 
 
-def _answer(session, text: str, overrides: dict, limit: int) -> None:
+def _answer(session, text: str, overrides: dict, limit: int, images: list[str] = ()) -> None:
     """One turn, streamed; Ctrl-C stops it and the conversation keeps what was shown."""
     from llm_onnx.errors import GenerationError
 
-    pieces = session.stream(text, **overrides)
+    pieces = session.stream(text, images=list(images), **overrides)
     try:
         echo_pieces(pieces)
     except KeyboardInterrupt:
@@ -198,10 +205,13 @@ def _answer(session, text: str, overrides: dict, limit: int) -> None:
         click.echo(mark, err=True)
 
 
-def _image_note(model, args: tuple[str, ...]) -> str:
+def _image_note(model, args: tuple[str, ...]) -> str | None:
+    """Why /image ARGS cannot be attached (None: they can)."""
     if not args:
         return "/image needs a path: /image photo.jpg"
     missing = [a for a in args if not Path(a).is_file()]
     if missing:
         return f"/image {missing[0]}: no such file."
-    return "this model folder takes text only; export it from the multimodal checkpoint."
+    if getattr(model, "image_inputs", None) is None:
+        return "this model folder takes text only; export it from the multimodal checkpoint."
+    return None

@@ -134,6 +134,12 @@ def _rerun_with_huge_pages() -> None:
 @click.option("--normalize/--no-normalize", default=None,
               help="--task embed: L2-normalise the embeddings, or not, instead of what the "
                    "checkpoint says.")
+@click.option("--text-only", is_flag=True,
+              help="A checkpoint with a vision tower (Qwen3-VL, Qwen3.5): export the text "
+                   "model alone, without vision.onnx (by default a folder that takes images).")
+@click.option("--quantize-vision", is_flag=True,
+              help="int8/int4: quantize the vision tower's projections too (by default they "
+                   "stay float; docs/images.md).")
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs torch parity gate.")
 @click.option("--allow-parity-failure", is_flag=True,
               help="Keep the folder even if the parity gate finds it broken (the KL of the "
@@ -156,8 +162,9 @@ def _rerun_with_huge_pages() -> None:
 @_handle_errors
 def export(config_name, checkpoint, random_weights, seed, precision, out, max_seq_len, block_size,
            float_embeddings, embedding_bits, accuracy_level, experts_accuracy_level,
-           experts_block_size, experts_scheme, quant_scheme, quant_method, calibration_text, kv_cache, kernels, all_logits, plain_attention, target, task,
-           pooling, normalize, no_validate, allow_parity_failure, verbose, force,
+           experts_block_size, experts_scheme, quant_scheme, quant_method, calibration_text,
+           kv_cache, kernels, all_logits, plain_attention, target, task, pooling, normalize,
+           text_only, quantize_vision, no_validate, allow_parity_failure, verbose, force,
            no_huge_pages, offline) -> None:
     """Export a model to an ONNX model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
     manifest.json; embed.onnx with --task embed), then check it against torch in ONNX Runtime.
@@ -177,6 +184,8 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
       llm-onnx export --checkpoint ./Qwen3-8B --precision int4 --kv-cache int8
       llm-onnx export --checkpoint ./Qwen3-Embedding-0.6B --task embed --precision fp32
       llm-onnx export --checkpoint ./my-st-model --task embed --pooling mean --no-normalize
+      llm-onnx export --checkpoint ./Qwen3-VL-2B-Instruct --precision int8   # takes images
+      llm-onnx export --checkpoint ./Qwen3-VL-2B-Instruct --text-only        # text alone
     """
     from llm_onnx.export.folder import check_output
 
@@ -200,7 +209,7 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
         out = Path("models") / f"{name}-{precision}"
         check_output(out, force)
     ckpt = resolve_checkpoint(config_name, checkpoint, random_weights, seed, task,
-                              offline=offline)
+                              offline=offline, text_only=text_only)
     precision = precision or _default_precision()
     options = ExportOptions(precision=precision, block_size=int(block_size),
                             embedding_bits=None if float_embeddings else
@@ -219,7 +228,8 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
                             validate=not no_validate,
                             allow_parity_failure=allow_parity_failure,
                             target=None if target == "auto" else target,
-                            task=task, pooling=pooling, normalize=normalize)
+                            task=task, pooling=pooling, normalize=normalize,
+                            quantize_vision=quantize_vision)
     out = out or Path("models") / f"{ckpt.name}-{precision}"
     folder = export_model(ckpt, out, options, force=force, progress=True)
     click.echo(f"Exported {ckpt.name} ({precision}) to {folder}")
@@ -246,6 +256,11 @@ def _print_parity(folder: Path) -> None:
                f"{p.kl_max_position:.2g} worst (limit {limits.get('kl_position', float('nan')):g}); "
                f"same top token at {round(p.greedy_agreement * positions)}/{positions} "
                f"positions; logits max|diff| {p.logits_max_abs_diff:.3g}.")
+    if p.vision_relative_diff is not None:
+        click.echo(f"Parity (images): vision.onnx's embeddings max|diff| relative "
+                   f"{p.vision_relative_diff:.2g}; a prompt with an image: KL "
+                   f"{p.image_prompt_kl_divergence:.2g} mean, same top token at "
+                   f"{p.image_prompt_greedy_agreement:.0%} of its positions.")
     for failure in p.failures:
         click.echo(f"Warning: the parity gate found this export broken: {failure} (kept: "
                    "--allow-parity-failure).", err=True)
@@ -278,11 +293,12 @@ def _download_name(config_name: str | None, checkpoint: str | None,
 
 def resolve_checkpoint(config_name: str | None, checkpoint: Path | str | None,
                        random_weights: bool, seed: int = 0, task: str = "generate", *,
-                       offline: bool = False):  # -> Checkpoint
+                       offline: bool = False, text_only: bool = False):  # -> Checkpoint
     """--checkpoint PATH | --checkpoint ORG/NAME[@REV][:QUANT] | --config NAME --random-weights |
     --config NAME (its vendor's repository, as a Hub name). A Hub name is read from the Hugging
     Face cache, or downloaded into it (never with ``offline``); a local path of the same name
-    wins. ``task`` "embed" reads checkpoints without an LM head."""
+    wins. ``task`` "embed" reads checkpoints without an LM head; ``text_only`` leaves a vision
+    tower out."""
     from llm_onnx.checkpoints.hub import HubName, fetch_checkpoint, parse_hub_name
     from llm_onnx.checkpoints.load import open_checkpoint, random_checkpoint
     from llm_onnx.errors import CheckpointError, ConfigError
@@ -297,11 +313,11 @@ def resolve_checkpoint(config_name: str | None, checkpoint: Path | str | None,
         hub = parse_hub_name(str(checkpoint))
         if local is None:
             assert hub is not None  # _local_path says a Hub name
-            ckpt = open_checkpoint(fetch_checkpoint(hub, offline), task)
+            ckpt = open_checkpoint(fetch_checkpoint(hub, offline), task, text_only=text_only)
             ckpt.name = hub.name
             return ckpt
         try:
-            return open_checkpoint(local, task)
+            return open_checkpoint(local, task, text_only=text_only)
         except CheckpointError as e:
             if hub is None or not local.exists():
                 raise
@@ -318,6 +334,6 @@ def resolve_checkpoint(config_name: str | None, checkpoint: Path | str | None,
     if repo is None:
         raise ConfigError(f"No published weights are known for {config_name}. Pass --checkpoint "
                           "PATH, or --random-weights for random weights of its shape.")
-    ckpt = open_checkpoint(fetch_checkpoint(HubName(repo), offline), task)
+    ckpt = open_checkpoint(fetch_checkpoint(HubName(repo), offline), task, text_only=text_only)
     ckpt.name = config_name
     return ckpt

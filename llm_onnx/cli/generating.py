@@ -329,6 +329,10 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
                    "holding a JSON list; the answer is printed as token ids too when the folder "
                    "has no tokenizer (a --random-weights export). Implies --raw.")
 @click.option("--raw", is_flag=True, help="Do not apply the chat template.")
+@click.option("--image", "images", multiple=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="An image for the prompt (repeatable; a folder that takes images: "
+                   "docs/images.md). With the chat template the images come before the text.")
 @click.option("--system", help="System message (chat template only).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object: text, token_ids, finish_reason, timings (and "
@@ -337,8 +341,8 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 @_constraint_options
 @_sampling_options
 @_handle_errors
-def generate(prompt, prompt_file, prompt_ids, raw, system, as_json, no_think, template_var,
-             **kwargs) -> None:
+def generate(prompt, prompt_file, prompt_ids, raw, images, system, as_json, no_think,
+             template_var, **kwargs) -> None:
     """Generate an answer to PROMPT and stream it to stdout (a reasoning model's thinking goes
     to stderr). --json-schema, --json-object, --regex, --grammar and --choice constrain the
     answer (after a reasoning model's thinking).
@@ -355,6 +359,7 @@ def generate(prompt, prompt_file, prompt_ids, raw, system, as_json, no_think, te
       llm-onnx generate --speculative ngram --prompt-file edit-this-paragraph.txt
       llm-onnx generate --model models/qwen3-8b-fp32 --draft-model models/qwen3-8b-int4 "Hi"
       llm-onnx generate --model models/qwen3_8b-int8 --prompt-ids 9707,11,1879 --max-new-tokens 8
+      llm-onnx generate --model models/qwen3-vl-2b-int8 --image photo.jpg "What is in it?"
     """
     import json as _json
 
@@ -365,7 +370,7 @@ def generate(prompt, prompt_file, prompt_ids, raw, system, as_json, no_think, te
             raise GenerationError("Give the prompt as text or with --prompt-ids, not both.")
         ids = parse_ids(prompt_ids)
         model, overrides = _load_model(kwargs)
-        result = model.generate(ids, **overrides)
+        result = model.generate(ids, images=[str(i) for i in images] or None, **overrides)
         if as_json:
             click.echo(_json.dumps(result.to_dict(), ensure_ascii=False))
         elif model.tokenizer is None:
@@ -380,14 +385,19 @@ def generate(prompt, prompt_file, prompt_ids, raw, system, as_json, no_think, te
                               "--raw does not use.")
     template_vars = _template_vars(model, no_think, template_var)
     if not raw and model.chat_template:
+        content = [{"type": "image", "image": str(i)} for i in images] + [
+            {"type": "text", "text": text}] if images else text
         messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": text}]
+            {"role": "user", "content": content}]
         if as_json:
             result = model.chat(messages, template_vars=template_vars, **overrides)
         else:
             pieces = model.stream_chat(messages, template_vars=template_vars, **overrides)
-    elif as_json:
-        result = model.generate(text, **overrides)
+    elif as_json or images:  # (a raw prompt with images: the answer when it is complete)
+        result = model.generate(text, images=[str(i) for i in images] or None, **overrides)
+        if not as_json:
+            click.echo(result.text)
+            return
     else:
         pieces = model.stream(text, **overrides)
     if as_json:

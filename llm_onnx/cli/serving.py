@@ -73,6 +73,10 @@ def _tool_dialect(ctx: click.Context, param: click.Parameter, value: str | None)
               help="How the model writes tool calls: a tool dialect's name, such as hermes, "
                    "mistral or gemma4 (default: read off the chat template; a wrong name lists "
                    "them).")
+@click.option("--allowed-media-domains", "media_domains", multiple=True, metavar="HOST",
+              help="Fetch image URLs from HOST and its subdomains (repeatable; by default none: "
+                   "images come as data: URLs). Each fetch is bounded: 20 MiB, 10 s, no "
+                   "redirects.")
 @click.option("--strict-fields", is_flag=True,
               help="Refuse (400) every request field the server would accept and ignore, but "
                    "its API's hints and metadata (user, metadata, cache keys): unknown fields, "
@@ -94,8 +98,8 @@ def _tool_dialect(ctx: click.Context, param: click.Parameter, value: str | None)
 def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, max_cache_memory,
           stored_responses, stored_responses_memory, api_key,
           model_name, provider, threads, drain_timeout, cors_origins, log_level, chat_template,
-          tool_call_format, strict_fields, web_ui, use_ray, replicas, autoscale, address,
-          **speculation) -> None:
+          tool_call_format, media_domains, strict_fields, web_ui, use_ray, replicas, autoscale,
+          address, **speculation) -> None:
     """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests.
 
     Endpoints: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (OpenAI's
@@ -133,6 +137,7 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, m
         raise click.UsageError("--replicas, --autoscale and --address need --ray.")
     try:
         from llm_onnx.serve import server
+        from llm_onnx.serve.media import MediaPolicy
         from llm_onnx.serve.service import Service
     except ImportError as e:
         raise click.ClickException(f"llm-onnx serve needs the serve extra ({e.name} is missing): "
@@ -151,7 +156,8 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, m
                       max_cache_bytes=int(max_cache_memory * 2**30) if max_cache_memory else None,
                       stored_responses=stored_responses,
                       stored_bytes=int(stored_responses_memory * 2**20),
-                      strict_fields=strict_fields)
+                      strict_fields=strict_fields,
+                      media=MediaPolicy(tuple(d.lower().strip(".") for d in media_domains)))
     auth = "API key required" if service.api_key else "no API key"
     if service.scheduler is None:  # an embedding model: POST /v1/embeddings, no chat page
         click.echo(f"Serving embeddings of {service.name} ({loaded.engine.describe()}, "

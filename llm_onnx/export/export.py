@@ -1,6 +1,6 @@
 """export_model: checkpoint -> model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
-manifest.json; embed.onnx instead of the first two for an embedding model), written atomically
-and checked by the parity gate.
+manifest.json; embed.onnx instead of the first two for an embedding model; vision.onnx beside
+them for a checkpoint with a vision tower), written atomically and checked by the parity gate.
 
 Data flow, with bounded memory (the model never exists in memory as a whole):
 
@@ -30,6 +30,7 @@ from llm_onnx.errors import ExportError
 from llm_onnx.export.calibrate import (KV_MAX_TOKENS, MAX_TOKENS, Calibration, calibrate,
                                        calibration_ids, read_text)
 from llm_onnx.export.folder import atomic_folder, check_output, release_memory
+from llm_onnx.export.images import images_spec
 from llm_onnx.export.kv_rotation import rotated_values
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.parity import validate
@@ -50,6 +51,10 @@ def write_folder(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
     wf = WeightFile(folder / mf.WEIGHTS)
     try:
         write_weights(plan.model, plan.write_producers(), checkpoint.source, wf, progress.advance)
+        if plan.vision is not None:  # the tower's tensors, by their checkpoint names
+            assert checkpoint.vision_source is not None
+            write_weights(plan.vision, plan.vision_producers, checkpoint.vision_source, wf,
+                          progress.advance)
     finally:
         wf.close()
     for kind, graph in graphs.items():
@@ -194,6 +199,7 @@ def build_manifest(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
             precision.quantization, source=describe_source(checkpoint, plan.options),
             calibration=plan.calibration.description
             if plan.calibration and _awq(plan.options) else None))
+    images = images_spec(checkpoint, plan) if plan.vision is not None else None
     return mf.Manifest(
         name=checkpoint.name,
         source=mf.SourceSpec(checkpoint.kind, str(checkpoint.path) if checkpoint.path else None),
@@ -208,6 +214,7 @@ def build_manifest(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
             add_bos_token=bool(tok_cfg.get("add_bos_token", False)),
             chat_template=chat_template, special_tokens=special),
         generation=generation, parity=parity, tools=_tools(),
+        modalities=("text", "image") if images is not None else ("text",), images=images,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         # weights.data was hashed while it was written, not read back
         files={n: mf.FileEntry((folder / n).stat().st_size,
@@ -303,7 +310,9 @@ def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | Non
     embedding, bound = embedding_spec(checkpoint, options)
     max_len = min(options.max_seq_len or bound or cfg.max_position_embeddings,
                   cfg.max_position_embeddings)
-    plan = ExportPlan.build(cfg, options, max_len, embedding)
+    plan = ExportPlan.build(cfg, options, max_len, embedding, checkpoint.vision)
+    if plan.vision is not None:  # its processor and tokens checked before anything is written
+        images_spec(checkpoint, plan)
     bar = Progress(enabled=progress, total=2 + 1 + 1)
     try:
         with atomic_folder(out) as scratch:

@@ -337,6 +337,25 @@ def _set(root: nn.Module, path: str, module: nn.Module) -> None:
     setattr(root.get_submodule(parent) if parent else root, attr, module)
 
 
+def vision_export_form(model: nn.Module, options: ExportOptions) -> nn.Module:
+    """The vision tower's projections in export forms, in place: float (MatMulLinear), or
+    quantized as the decoder's with ``options.quantize_vision`` in an int8/int4 export (the
+    patch embedding, the pixels' first map, stays float either way)."""
+    with torch.device("meta"):
+        for path, module in list(model.named_modules()):
+            if not isinstance(module, Linear):
+                continue
+            bits = options.bits if options.quantize_vision and not path.endswith(
+                "patch_embed.proj") else None
+            bias, dtype = module.bias is not None, module.weight.dtype
+            _set(model, path, MatMulLinear(module.in_features, module.out_features, bias, dtype)
+                 if bits is None else NBitsLinear(
+                     module.in_features, module.out_features, bias, dtype, bits,
+                     options.block_size, options.level_for(bits), False, "symmetric"
+                     if options.scheme == "offset" else options.scheme))
+    return model
+
+
 def to_export_form(model: Decoder, options: ExportOptions) -> Decoder:
     """Swap the eager modules of a meta-device Decoder for their export forms, in place."""
     with torch.device("meta"):

@@ -81,6 +81,10 @@ class ExportOptions:
             cache; how it pools is read from the checkpoint: checkpoints/pooling.py).
         pooling, normalize: an embedding export's pooling ("last", "mean", "cls") and L2
             normalisation, instead of what the checkpoint's files say.
+        quantize_vision: an int8/int4 export quantizes the vision tower's projections as the
+            decoder's (MatMulNBits). Default: the tower keeps float weights (float32, float16
+            for fp16 and CUDA exports): a prompt's image tokens all come from it, and its
+            weights are a small share of a model's (docs/images.md has the figures).
         target: the execution provider the folder is built for. "cpu": quantized projections
             compute in float32 (or int8 at accuracy_level 4). "cuda": every compute node has a
             CUDA kernel, so quantized folders compute in float16 (GroupQueryAttention and QMoE
@@ -112,6 +116,7 @@ class ExportOptions:
     normalize: bool | None = None
     kv_cache: str = "float"
     kernels: str = "ort"
+    quantize_vision: bool = False
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -195,6 +200,9 @@ class ExportOptions:
         if self.kernels == "llm_onnx" and (not self.quantized or self.cuda):
             raise ConfigError("kernels llm_onnx runs quantized experts on the CPU: export int4 or "
                               "int8 for --target cpu, or drop --kernels.")
+        if self.quantize_vision and not self.quantized:
+            raise ConfigError("quantize_vision quantizes the vision tower as an int8/int4 "
+                              f"export's projections; a {self.precision} export keeps it float.")
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise ConfigError(f"max_seq_len must be at least 2, got {self.max_seq_len}.")
 

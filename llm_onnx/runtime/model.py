@@ -34,11 +34,13 @@ from llm_onnx.runtime.chat.render import Message, check_template_vars, continue_
 from llm_onnx.runtime.chat.request import (ChatRequest, check_tool_choice, check_tools,
                                            read_chat_template)
 from llm_onnx.runtime.chat_session import ChatSession
-from llm_onnx.runtime.core.embedder import EmbeddingEngine
+from llm_onnx.runtime.core.embedder import EmbeddingEngine, embedding_input_ids
 from llm_onnx.runtime.core.engine import RuntimeOptions, not_generating
 from llm_onnx.runtime.core.engines import open_engine
 from llm_onnx.runtime.generation.generator import Generator
-from llm_onnx.runtime.generation.options import GenerationOptions, row_options
+from llm_onnx.runtime.generation.images import ImageInputs, RowImages
+from llm_onnx.runtime.chat.image_parts import split_images, text_only_error
+from llm_onnx.runtime.generation.options import GenerationOptions, is_batch, row_options
 from llm_onnx.runtime.generation.results import Result, TokenLogprob
 from llm_onnx.runtime.generation.speculative import (SpeculativeOptions, check_same_tokenizer,
                                                      speculative_options)
@@ -99,6 +101,9 @@ class Model:
         else:
             self.set_speculative(speculative, num_speculative_tokens=num_speculative_tokens,
                                  draft_model=draft_model)
+        vision = getattr(engine, "vision", None)
+        self.image_inputs = ImageInputs(m, vision, lambda text: self.encode(
+            text, add_special_tokens=False)) if vision is not None else None
         self.load_s = time.perf_counter() - start
 
     @classmethod
@@ -159,6 +164,7 @@ class Model:
                generation: GenerationDefaults, tool_call_format: str | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
+        self.image_inputs: ImageInputs | None = None  # a folder that takes images: its way
         self.eos_token_ids = tuple(int(i) for i in eos)
         self._constraints: Constraints | None = None
         self._constraints_lock = threading.Lock()
@@ -299,15 +305,21 @@ class Model:
                          prefill_chunk=prefill_chunk, speculative=speculative, **overrides)
 
     def generate(self, prompt: Prompt | Sequence[Prompt], options: GenerationOptions | None = None,
-                 **overrides: Any) -> Result | list[Result]:
+                 *, images: Sequence[Any] | None = None, **overrides: Any) -> Result | list[Result]:
         """Generate for one prompt (text or token ids) or a batch of them (a list of prompts,
         any lengths, decoded together). Keywords override fields of ``options``. Row i of a batch
-        samples with ``seed + i``."""
+        samples with ``seed + i``. ``images`` (one prompt, a folder that takes images): paths,
+        bytes, data: URLs, PIL images or arrays, one per image placeholder of the prompt (with
+        none, each image's block goes before the text)."""
         self.require_generation()
         opts = self.options(options, overrides)
-        batch = _is_batch(prompt)
+        batch = is_batch(prompt)
+        if images and batch:
+            raise GenerationError("images go with one prompt; generate a batch without them.")
         prompts = [self.prompt_ids(p) for p in (prompt if batch else [prompt])]  # type: ignore[union-attr]
-        gen = self._start(prompts, opts)
+        rows = [self.image_row(prompts[0], [(src, f"images[{k}]") for k, src in
+                                            enumerate(images)])] if images else None
+        gen = self._start([r.ids for r in rows] if rows else prompts, opts, rows)
         for _ in gen.events():
             pass
         results = [gen.result(row) for row in range(len(prompts))]
@@ -348,8 +360,12 @@ class Model:
         A constraint (``json_schema=``, ...) applies to the answer after any thinking."""
         request, opts = self._chat_request(messages, options, overrides, tools, tool_choice,
                                            parallel_tool_calls, template_vars)
-        result = self.generate(self.encode_chat(request.prompt), opts)
-        return request.read(result)  # type: ignore[arg-type]
+        ids = self.prompt_ids(self.encode_chat(request.prompt))
+        rows = [self.image_row(ids, request.images)] if request.images else None
+        gen = self._start([rows[0].ids] if rows else [ids], opts, rows)
+        for _ in gen.events():
+            pass
+        return request.read(gen.result())
 
     def stream_chat(self, messages: Sequence[Message], options: GenerationOptions | None = None, *,
                     tools: Tools | None = None, tool_choice: ToolChoice | None = None,
@@ -361,7 +377,9 @@ class Model:
         request, opts = self._chat_request(messages, options, overrides, tools, tool_choice,
                                            parallel_tool_calls, template_vars)
         reply = request.stream()
-        gen = self._start([self.prompt_ids(self.encode_chat(request.prompt))], opts)
+        ids = self.prompt_ids(self.encode_chat(request.prompt))
+        rows = [self.image_row(ids, request.images)] if request.images else None
+        gen = self._start([rows[0].ids] if rows else [ids], opts, rows)
 
         def pieces() -> Iterator[ChatPiece | ToolCallDelta]:
             for event in gen.events():
@@ -380,10 +398,19 @@ class Model:
         checked = check_tools(list(tools) if tools is not None and not isinstance(
             tools, (str, bytes, dict)) else tools)
         choice = check_tool_choice(tool_choice, checked)
+        messages, images = split_images(messages, getattr(self.engine, "manifest", None))
         prompt = self.render_chat(messages, tools=checked if choice != "none" else None,
                                   template_vars=template_vars)
-        request = ChatRequest(self, prompt, opts.constraint, checked, choice, parallel)
+        request = ChatRequest(self, prompt, opts.constraint, checked, choice, parallel, images)
         return request, request.options_for(opts)
+
+    def image_row(self, ids: Sequence[int], images: Sequence[tuple[Any, str]]) -> RowImages:
+        """A prompt's images (each with the name its errors give) in place: what a generator's
+        row runs (generation/images.py)."""
+        if self.image_inputs is None:
+            raise text_only_error(getattr(getattr(self.engine, "manifest", None), "folder",
+                                          "this model folder"), images[0][1])
+        return self.image_inputs.row(ids, images)
 
     def chat_prompt(self, messages: Sequence[Message], *, tools: Tools | None = None,
                     template_vars: dict[str, Any] | None = None) -> list[int]:
@@ -445,31 +472,8 @@ class Model:
         items = [inputs] if single else list(inputs)  # type: ignore[arg-type]
         if not items:
             raise GenerationError("embed needs at least one input.")
-        return [self._embedding_ids(item, i) for i, item in enumerate(items)], single
-
-    def _embedding_ids(self, item: Any, index: int) -> list[int]:
-        """Input ``index`` of an embed call as checked token ids (GenerationError naming it)."""
-        if isinstance(item, str):
-            if not item:
-                raise GenerationError(f"input {index} is an empty string.")
-            ids = self.encode(item)
-        elif isinstance(item, (list, tuple, np.ndarray)) and all(
-                isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in item):
-            ids = [int(i) for i in item]
-            bad = [i for i in ids if not 0 <= i < self.engine.vocab_size]
-            if bad:
-                raise GenerationError(f"input {index}: token id {bad[0]} is outside the "
-                                      f"vocabulary (0..{self.engine.vocab_size - 1}).")
-        else:
-            raise GenerationError(f"input {index} must be a string or a list of token ids, "
-                                  f"got {type(item).__name__}.")
-        if not ids:
-            raise GenerationError(f"input {index} has no tokens.")
-        if len(ids) > self.context_length:
-            raise GenerationError(f"input {index} has {len(ids)} tokens but the model's context "
-                                  f"is {self.context_length} tokens; shorten it (embeddings "
-                                  "are not truncated).")
-        return ids
+        return [embedding_input_ids(item, i, self.encode, self.engine.vocab_size,
+                                    self.context_length) for i, item in enumerate(items)], single
 
     def encode_chat(self, prompt: str) -> list[int]:
         """A rendered chat prompt's token ids (the template wrote any special tokens)."""
@@ -480,20 +484,15 @@ class Model:
         model does not think, the reply is all answer)."""
         return self.dialect.splitter(prompt)
 
-    def _start(self, prompts: list[list[int]], opts: GenerationOptions) -> Generator:
+    def _start(self, prompts: list[list[int]], opts: GenerationOptions,
+               images: list[RowImages] | None = None) -> Generator:
         """A generator with one row per prompt, every prompt in place. One prompt: the cache is
         sized to it and its answer; several: to the longest and its answer, once."""
         longest = max(len(p) for p in prompts)
         gen = self.generator(opts, batch=len(prompts),
                              max_length=None if len(prompts) == 1 else longest + opts.max_new_tokens)
         for row, ids in enumerate(prompts):
-            gen.append_tokens(ids, row=row, options=row_options(opts, row))
+            gen.append_tokens(ids, row=row, options=row_options(opts, row),
+                              images=images[row] if images else None)
         return gen
 
-
-def _is_batch(prompt: Any) -> bool:
-    if isinstance(prompt, str):
-        return False
-    items = list(prompt)
-    return bool(items) and all(isinstance(p, str) or not isinstance(p, (int, np.integer))
-                               for p in items)

@@ -16,6 +16,7 @@ from llm_onnx.runtime.model import Model
 from llm_onnx.serve import embeddings, pipeline, structured
 from llm_onnx.serve.errors import bad
 from llm_onnx.serve.logprobs import TokenText
+from llm_onnx.serve.media import MediaPolicy
 from llm_onnx.serve.metrics import Metrics
 from llm_onnx.serve.plan import Plan
 from llm_onnx.serve.policy import Fields, Reporter, attach
@@ -38,14 +39,17 @@ class Service:
         served_by: what serves it, for the model card ("llm-onnx serve", "Ray Serve").
         strict_fields: every field the server would accept and ignore but its API's hints
             and metadata is a 400 naming it (policy.py; ``--strict-fields``).
+        media: where images may come from (``--allowed-media-domains``; serve/media.py).
     """
 
     def __init__(self, model: Model, *, name: str | None = None, api_key: str | None = None,
                  max_batch: int = 8, max_queue: int | None = 64, prefill_chunk: int = 256,
                  max_length: int | None = None, served_by: str = "llm-onnx serve",
                  max_cache_bytes: int | None = None, stored_responses: int = 1000,
-                 stored_bytes: int = 64 << 20, strict_fields: bool = False) -> None:
+                 stored_bytes: int = 64 << 20, strict_fields: bool = False,
+                 media: MediaPolicy | None = None) -> None:
         self.model = model
+        self.media = media or MediaPolicy()  # where images may come from (serve/media.py)
         self.strict_fields = strict_fields
         self.served_by = served_by
         manifest = getattr(model.engine, "manifest", None)

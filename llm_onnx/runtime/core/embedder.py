@@ -17,6 +17,7 @@ divided by their L2 norm again when the model's embeddings are normalised (manif
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -121,3 +122,30 @@ class EmbeddingEngine(Engine):
 
     def row_bytes(self, positions: int) -> int:
         return 0
+
+
+def embedding_input_ids(item: Any, index: int, encode: Any, vocab: int, context: int,
+                    ) -> list[int]:
+    """Input ``index`` of an embed call as checked token ids (GenerationError naming it);
+    ``encode``: text -> ids."""
+    if isinstance(item, str):
+        if not item:
+            raise GenerationError(f"input {index} is an empty string.")
+        ids = encode(item)
+    elif isinstance(item, (list, tuple, np.ndarray)) and all(
+            isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in item):
+        ids = [int(i) for i in item]
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise GenerationError(f"input {index}: token id {bad[0]} is outside the "
+                                  f"vocabulary (0..{vocab - 1}).")
+    else:
+        raise GenerationError(f"input {index} must be a string or a list of token ids, "
+                              f"got {type(item).__name__}.")
+    if not ids:
+        raise GenerationError(f"input {index} has no tokens.")
+    if len(ids) > context:
+        raise GenerationError(f"input {index} has {len(ids)} tokens but the model's context "
+                              f"is {context} tokens; shorten it (embeddings "
+                              "are not truncated).")
+    return ids

@@ -8,6 +8,7 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -177,3 +178,13 @@ def row_options(options: GenerationOptions, index: int) -> GenerationOptions:
     if index == 0 or options.seed is None:
         return options
     return dataclasses.replace(options, seed=options.seed + index)
+
+
+def is_batch(prompt: Any) -> bool:
+    """Whether ``prompt`` is a list of prompts (texts or id lists), not one prompt."""
+    if isinstance(prompt, str):
+        return False
+    items = list(prompt)
+    return bool(items) and all(isinstance(p, str) or not isinstance(p, (int, np.integer))
+                               for p in items)
+
