@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Generator as PyGenerator
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -328,10 +329,17 @@ class Model:
 
     def stream(self, prompt: Prompt, options: GenerationOptions | None = None,
                **overrides: Any) -> Iterator[str]:
-        """Text pieces of one prompt's answer as they become valid UTF-8."""
+        """Text pieces of one prompt's answer as they become valid UTF-8; the iterator's return
+        value (``StopIteration.value``, or ``yield from``'s) is the finished Result."""
         self.require_generation()
         opts = self.options(options, overrides)
-        return self._start([self.prompt_ids(prompt)], opts).texts()
+        gen = self._start([self.prompt_ids(prompt)], opts)
+
+        def pieces() -> PyGenerator[str, None, Result]:
+            yield from gen.texts()
+            return gen.result()
+
+        return pieces()
 
     def chat(self, messages: Sequence[Message], options: GenerationOptions | None = None, *,
              tools: Tools | None = None, tool_choice: ToolChoice | None = None,
@@ -357,16 +365,19 @@ class Model:
                     **overrides: Any) -> Iterator[ChatPiece | ToolCallDelta]:
         """``chat``, streamed: text pieces as they become valid UTF-8, each a ``ChatPiece`` (a
         str whose ``reasoning`` says whether it is thinking or answer); with tools, tool calls
-        as ``ToolCallDelta`` items (index, then id and name, then pieces of the arguments)."""
+        as ``ToolCallDelta`` items (index, then id and name, then pieces of the arguments). The
+        iterator's return value (``StopIteration.value``) is the finished Result, as ``chat``
+        returns it."""
         request, opts = self._chat_request(messages, options, overrides, tools, tool_choice,
                                            parallel_tool_calls, template_vars)
         reply = request.stream()
         gen = self._start([self.prompt_ids(self.encode_chat(request.prompt))], opts)
 
-        def pieces() -> Iterator[ChatPiece | ToolCallDelta]:
+        def pieces() -> PyGenerator[ChatPiece | ToolCallDelta, None, Result]:
             for event in gen.events():
                 if event.row == 0 and (event.text or event.finish_reason):
                     yield from reply.push(event.text, last=event.finish_reason is not None)
+            return request.read(gen.result())  # type: ignore[arg-type]
 
         return pieces()
 
