@@ -266,8 +266,37 @@ def measure(args) -> dict:
             systems[f"llama.cpp {quant} greedy"] = {
                 **score(got["answers"], decode(got["answers"]), eos, limit),
                 **fidelity(ref_lp, got["logprobs"], paths)}
+    report["checks"] = checks(report, chat.engine.manifest.config)
     report["setup_seconds"] = setup.times
     return report
+
+
+def checks(report: dict, cfg) -> list[dict]:
+    """The targets (benchmarks.core.targets) at the precision `llm-onnx export` picks on the
+    CPU when none is given."""
+    from benchmarks.core import targets
+    from llm_onnx.export.options import default_precision
+
+    precision = default_precision(cfg, cuda=False)
+    ours = report["systems"].get(f"llm-onnx {precision} greedy")
+    if ours is None:
+        return []
+    ref = report["systems"]["transformers fp32"]
+    out = []
+
+    def check(name: str, ok: bool, detail: str) -> None:
+        out.append({"check": name, "status": "MET" if ok else "MISS", "detail": detail})
+
+    check(f"loops at the default precision ({precision})",
+          ours["looped"] <= ref["looped"] + targets.ANSWERS_EXTRA_LOOPS,
+          f"{ours['looped']} against transformers' {ref['looped']}")
+    check(f"correct answers at the default precision ({precision})",
+          ours["correct"] >= ref["correct"] - targets.ANSWERS_FEWER_CORRECT,
+          f"{ours['correct']} against transformers' {ref['correct']}")
+    readme = ours["answers"][0]
+    check("the README's question", readme["correct"] and not readme["cut"],
+          repr(readme["text"][:60]))
+    return out
 
 
 def print_report(report: dict) -> None:
@@ -295,6 +324,9 @@ def print_report(report: dict) -> None:
         print(" ".join(marks) + f"  {report['first_token_margins'][q]:5.2f}  "
               f"{prompt['question']}")
     print("  " + "; ".join(f"{i}: {name}" for i, name in enumerate(greedy)))
+    print("\ntargets (benchmarks/core/targets.py):")
+    for c in report.get("checks", []):
+        print(f"  {c['status']:4}  {c['check']}: {c['detail']}")
     print(f"\n{report['prompts'][0]['question']}")
     for name, s in report["systems"].items():
         print(f"  {name:32} {s['answers'][0]['text'][:90]!r}")
