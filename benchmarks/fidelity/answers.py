@@ -7,15 +7,17 @@ transformers and its top-1 agreement. Counts per system: correct answers (an acc
 word in the reply's first 200 characters), answers that looped (ran to the token limit ending
 in a repeated phrase: llm_onnx.runtime.generation.loops) and answers cut without a loop.
 
-    python -m benchmarks.fidelity.answers [--work DIR] [--max-new-tokens 256]
-                                          [--variants greedy rp1.1 card] [--skip llama]
+    python -m benchmarks.fidelity.answers [--work DIR] [--max-new-tokens 256] [--threads 2]
+                                          [--variants greedy rp1.1 card peer] [--skip llama]
                                           [--json OUT.json]
 
 Our exports also answer with the variants: "rp1.1" (greedy, --repetition-penalty 1.1), "card"
 (what the model card samples with: temperature 0.2, top-p 0.9) and "peer" (llama.cpp's default
-sampling: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), each sampled with seeds 0-2. Builds what
-it needs once under --work, as `python -m benchmarks.peers` does (the same Setup: llama.cpp's
-venv is compiled there once). See docs/quantization.md#small-models-that-answer.
+sampling: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), each sampled with seeds 0-2.
+Builds what it needs once under --work, as `python -m benchmarks.peers` does (the same Setup:
+llama.cpp's venv is compiled there once; transformers' answers are kept there too). --threads 1
+suits a machine shared with other work: llama.cpp's threads spin while they wait for a core.
+See docs/quantization.md#small-models-that-answer.
 """
 
 from __future__ import annotations
