@@ -13,8 +13,8 @@ QUANT_METHODS = ("minmax", "search", "awq")
 KV_CACHES = ("float", "int8")
 # On the CPU, a checkpoint whose fp32 weights take at most this many bytes exports at fp32 unless
 # told otherwise: fp32 still decodes at reading speed there (SmolLM2-135M, 540 MB: 39 tok/s on
-# 2 cores), while quantizing so small a model costs answers (benchmarks.fidelity.answers: int8
-# 13 of 20 right against fp32's 15, and the README's question flips at int8 and int4).
+# 2 cores), while quantizing so small a model costs answers (the README's question loops at int8
+# and int4: docs/quantization.md#small-models-that-answer).
 SMALL_FP32_BYTES = 1 << 30
 
 
