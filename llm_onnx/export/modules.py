@@ -24,7 +24,6 @@ from torch import Tensor, nn
 
 from llm_onnx.modeling import ops
 from llm_onnx.model_folder import fitting_block
-from llm_onnx.errors import ExportError
 from llm_onnx.export import quant
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.weights import (Produce, WeightFile, np_dtype, write_cast,
@@ -320,6 +319,9 @@ def to_export_form(model: Decoder, options: ExportOptions) -> Decoder:
 
 def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
     bits = options.bits
+    # experts whose sizes no power-of-two block >= 16 divides stay float (the plan's manifest
+    # lists them): a valid checkpoint exports at every precision
+    model.float_experts = []
     for path, module in list(model.named_modules()):
         if isinstance(module, Linear) and path != "lm_head":
             bias = module.bias is not None
@@ -339,8 +341,8 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
             eb = options.experts_block_size or options.block_size
             up, down = fitting_block((d,), eb), fitting_block((two_i // 2,), eb)
             if up is None or down is None:
-                raise ExportError(f"{path}: expert sizes {d} and {two_i // 2} have no "
-                                  "power-of-two block >= 16. Export fp32 or fp16.")
+                model.float_experts.append(path)
+                continue
             form = QuantGeGLUExperts if options.target == "cuda" else RoutedGeGLUExperts
             _set(model, path, form(module, bits, up, down, options.level_for(bits)))
         elif isinstance(module, Experts) and bits is not None:
@@ -348,8 +350,8 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
             block = fitting_block((d, two_i // 2), options.experts_block_size
                                   or options.block_size)
             if block is None:
-                raise ExportError(f"{path}: expert sizes {d} and {two_i // 2} have no common "
-                                  "power-of-two block >= 16; QMoE needs one. Export fp32 or fp16.")
+                model.float_experts.append(path)
+                continue
             _set(model, path, QuantExperts(module, bits, block, search=options.method == "awq",
                                            accuracy_level=options.experts_accuracy_level or 0,
                                            zero_points=options.experts_scheme == "zero_point"))

@@ -248,7 +248,10 @@ class ExportPlan:
                 None if options.head_bits else
                 "embedding" if self.embedding is not None else "embedding and lm_head",
                 "position table (model.embed_positions)"
-                if cfg.positions.position_embedding_type == "learned" else None]
+                if cfg.positions.position_embedding_type == "learned" else None,
+                f"experts whose sizes no power-of-two block >= 16 divides "
+                f"({', '.join(summarise(self.model.float_experts))})"
+                if self.model.float_experts else None]
         return mf.Precision(
             options.precision, target=options.target or "cpu",
             weights=f"int{options.bits} per block of {options.block_size}, "
