@@ -283,6 +283,14 @@ class ExportPlan:
         return None
 
 
+def kernels_spec(model: torch.nn.Module) -> mf.KernelsSpec | None:
+    """The operators of llm-onnx's kernel library the export forms in ``model`` emit."""
+    from llm_onnx.kernels import DOMAIN, OPS_VERSION
+
+    ops = sorted({m.kernel_op for m in model.modules() if getattr(m, "kernel_op", None)})
+    return mf.KernelsSpec(DOMAIN, OPS_VERSION, tuple(ops)) if ops else None
+
+
 def _writes(module: torch.nn.Module) -> bool:
     """Whether write_weights writes tensors for this module (see weights.py)."""
     return hasattr(module, "write_tensors") or any(True for _ in module.parameters(recurse=False))
