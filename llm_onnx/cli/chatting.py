@@ -4,7 +4,8 @@ Line editing and history (GNU readline where Python has it; the history is kept 
 ``$XDG_STATE_HOME/llm-onnx/chat_history``), Ctrl-C stops an answer and returns to the prompt
 with the conversation kept (the answer as far as it was shown), Ctrl-C at the prompt clears the
 line, Ctrl-D leaves, a line ending in a backslash or a block between two lines of three double
-quotes is one message, and a turn cut by the token limit says so. Commands start with a slash
+quotes is one message, and a turn cut by the token limit says so (and, when it ran there in
+a loop, what to try: generating.loop_mark). Commands start with a slash
 (a message that starts with one is sent as ``//...``).
 """
 
@@ -20,7 +21,8 @@ import click
 
 from llm_onnx.cli.app import _handle_errors, main
 from llm_onnx.cli.generating import (_constraint_options, _load_model, _sampling_options,
-                                     _template_options, _template_vars, cut_mark, echo_pieces)
+                                     _template_options, _template_vars, cut_mark, echo_pieces,
+                                     loop_mark)
 
 HELP = """Commands:
   /help            this list
@@ -200,7 +202,8 @@ def _answer(session, text: str, overrides: dict, limit: int, images: list[str] =
     except GenerationError as e:  # e.g. the conversation outgrew the context: say so, go on
         click.echo(f"Error: {e}", err=True)
         return
-    mark = cut_mark(session.last, limit)
+    # an answer that ran to the limit in a loop says so (and what to try), else that it was cut
+    mark = loop_mark(session.last, session.model) or cut_mark(session.last, limit)
     if mark:
         click.echo(mark, err=True)
 

@@ -14,10 +14,13 @@ from llm_onnx.families import PRESETS
 from llm_onnx.cli.app import _handle_errors, main
 
 
-def _default_precision() -> str:
+def _default_precision(cfg) -> str | None:
+    """--precision when none is given (export.options.default_precision); None while the
+    checkpoint's size decides it and is not known yet."""
+    from llm_onnx.export.options import default_precision
     from llm_onnx.runtime.core.providers import cuda_status
 
-    return "fp16" if cuda_status()[0] else "int8"
+    return default_precision(cfg, cuda=cuda_status()[0])
 
 
 def _rerun_with_huge_pages() -> None:
@@ -55,7 +58,9 @@ def _rerun_with_huge_pages() -> None:
               help="With --config: seeded random weights of the preset's full shape.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random-weights.")
 @click.option("--precision", type=click.Choice(PRECISIONS),
-              help="Weights precision. Default: fp16 with a usable CUDA GPU, else int8.")
+              help="Weights precision. Default: fp16 with a usable CUDA GPU; on the CPU fp32 "
+                   "for a model of at most 1 GiB of fp32 weights (about 270M parameters, where "
+                   "int8 costs small models answers), else int8.")
 @click.option("--out", type=click.Path(path_type=Path),
               help="Model folder to write. Default: models/<name>-<precision>.")
 @click.option("--max-seq-len", type=click.IntRange(min=2),
@@ -205,12 +210,13 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
         raise ConfigError("Give --float-embeddings or --embedding-bits, not both.")
     name = _download_name(config_name, checkpoint, random_weights)
     if out is None and name is not None:  # before a download, not after it
-        precision = precision or _default_precision()
-        out = Path("models") / f"{name}-{precision}"
-        check_output(out, force)
+        early = precision or _default_precision(_preset_config(config_name))
+        if early is not None:  # (a Hub name's size is known once its config is there)
+            out = Path("models") / f"{name}-{early}"
+            check_output(out, force)
     ckpt = resolve_checkpoint(config_name, checkpoint, random_weights, seed, task,
                               offline=offline, text_only=text_only)
-    precision = precision or _default_precision()
+    precision = precision or _default_precision(ckpt.config)
     options = ExportOptions(precision=precision, block_size=int(block_size),
                             embedding_bits=None if float_embeddings else
                             (int(embedding_bits) if embedding_bits else "auto"),
@@ -264,6 +270,14 @@ def _print_parity(folder: Path) -> None:
     for failure in p.failures:
         click.echo(f"Warning: the parity gate found this export broken: {failure} (kept: "
                    "--allow-parity-failure).", err=True)
+
+
+def _preset_config(config_name: str | None):
+    """A preset's ModelConfig (None for no preset, or an unknown name: resolve_checkpoint says
+    so)."""
+    from llm_onnx.families import PRESETS
+
+    return PRESETS.get(config_name) if config_name else None
 
 
 def _local_path(checkpoint: str | None) -> Path | None:

@@ -230,11 +230,48 @@ def cut_mark(result, limit: int) -> str | None:
                        dim=True)
 
 
-def echo_pieces(pieces) -> None:
+def loop_mark(result, model) -> str | None:
+    """The line that says an answer ran to the token limit repeating one phrase (a repetition
+    loop: llm_onnx.runtime.generation.loops), and what to try instead; None when it did not."""
+    from llm_onnx.runtime.generation.loops import find_loop
+
+    if result is None or result.finish_reason != "length":
+        return None
+    loop = find_loop(result.token_ids)
+    if loop is None:
+        return None
+    phrase = f"a {loop.period}-token phrase"
+    if model.tokenizer is not None:
+        text = model.tokenizer.decode(result.token_ids[loop.start:loop.start + loop.period])
+        if text.strip():
+            phrase = repr(text if len(text) <= 40 else text[:37] + "...")
+    return click.style(f"[looped: {phrase} over and over, {loop.span} of {len(result.token_ids)} "
+                       f"tokens, to the limit; try {_loop_remedies(model)}]", dim=True)
+
+
+def _loop_remedies(model) -> str:
+    """What breaks a loop, best first (docs/generate.md#when-an-answer-loops: a repetition
+    penalty of 1.1 ended SmolLM2-135M's loop on the README's question at int8 and int4)."""
+    tries = ["--repetition-penalty 1.1", "sampling (--temperature 0.8)"]
+    manifest = getattr(model.engine, "manifest", None)
+    precision = manifest.precision.precision if manifest is not None else None
+    if precision in ("int8", "int4"):  # a near-tie it flipped may be where the loop began
+        tries.append("an fp32 export")
+    return ", ".join(tries[:-1]) + " or " + tries[-1]
+
+
+def echo_pieces(pieces):
     """Print a reply as it streams: the answer to stdout, a reasoning model's thinking dimmed to
-    stderr (so a pipe gets the answer alone)."""
+    stderr (so a pipe gets the answer alone). Returns the stream's return value: the finished
+    Result of Model.stream and Model.stream_chat."""
     thinking = False
-    for piece in pieces:
+    pieces = iter(pieces)
+    while True:
+        try:
+            piece = next(pieces)
+        except StopIteration as end:
+            result = end.value
+            break
         if getattr(piece, "reasoning", False):
             click.echo(click.style(piece, dim=True), nl=False, err=True)
             thinking = True
@@ -246,6 +283,7 @@ def echo_pieces(pieces) -> None:
     if thinking:
         click.echo(err=True)
     click.echo()
+    return result
 
 
 _SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
@@ -377,6 +415,7 @@ def generate(prompt, prompt_file, prompt_ids, raw, images, system, as_json, no_t
             click.echo(" ".join(map(str, result.token_ids)))
         else:
             click.echo(result.text)
+        _echo_loop_mark(result, model)
         return
     text = _read_prompt(prompt, prompt_file)
     model, overrides = _load_model(kwargs)
@@ -402,5 +441,12 @@ def generate(prompt, prompt_file, prompt_ids, raw, images, system, as_json, no_t
         pieces = model.stream(text, **overrides)
     if as_json:
         click.echo(_json.dumps(result.to_dict(), ensure_ascii=False))
-        return
-    echo_pieces(pieces)
+    else:
+        result = echo_pieces(pieces)
+    _echo_loop_mark(result, model)
+
+
+def _echo_loop_mark(result, model) -> None:
+    mark = loop_mark(result, model)
+    if mark:
+        click.echo(mark, err=True)

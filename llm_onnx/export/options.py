@@ -12,6 +12,24 @@ TARGETS = ("cpu", "cuda")
 QUANT_METHODS = ("minmax", "search", "awq")
 KV_CACHES = ("float", "int8")
 KERNELS = ("ort", "llm_onnx")
+# On the CPU, a checkpoint whose fp32 weights take at most this many bytes exports at fp32 unless
+# told otherwise: fp32 still decodes at reading speed there (SmolLM2-135M, 540 MB: 39 tok/s on
+# 2 cores), while quantizing so small a model costs answers (the README's question loops at int8
+# and int4: docs/quantization.md#small-models-that-answer).
+SMALL_FP32_BYTES = 1 << 30
+
+
+def default_precision(cfg, *, cuda: bool) -> str | None:
+    """The precision of an export that names none: fp16 for a usable CUDA GPU; on the CPU fp32
+    for a checkpoint of at most SMALL_FP32_BYTES of fp32 weights (``cfg``: its ModelConfig),
+    else int8. None when that depends on ``cfg`` and it is not known yet (None)."""
+    if cuda:
+        return "fp16"
+    if cfg is None:
+        return None
+    from llm_onnx.modeling.shapes import num_parameters
+
+    return "fp32" if 4 * num_parameters(cfg) <= SMALL_FP32_BYTES else "int8"
 
 
 @dataclass(frozen=True, kw_only=True)

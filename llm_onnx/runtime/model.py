@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Generator as PyGenerator
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from llm_onnx.runtime.chat.render import Message, check_template_vars, continue_
 from llm_onnx.runtime.chat.request import (ChatRequest, check_tool_choice, check_tools,
                                            read_chat_template)
 from llm_onnx.runtime.chat_session import ChatSession
-from llm_onnx.runtime.core.embedder import EmbeddingEngine, embedding_input_ids
+from llm_onnx.runtime.core.embedder import EmbeddingEngine, embedding_input
 from llm_onnx.runtime.core.engine import RuntimeOptions, not_generating
 from llm_onnx.runtime.core.engines import open_engine
 from llm_onnx.runtime.generation.generator import Generator
@@ -340,10 +341,17 @@ class Model:
 
     def stream(self, prompt: Prompt, options: GenerationOptions | None = None,
                **overrides: Any) -> Iterator[str]:
-        """Text pieces of one prompt's answer as they become valid UTF-8."""
+        """Text pieces of one prompt's answer as they become valid UTF-8; the iterator's return
+        value (``StopIteration.value``, or ``yield from``'s) is the finished Result."""
         self.require_generation()
         opts = self.options(options, overrides)
-        return self._start([self.prompt_ids(prompt)], opts).texts()
+        gen = self._start([self.prompt_ids(prompt)], opts)
+
+        def pieces() -> PyGenerator[str, None, Result]:
+            yield from gen.texts()
+            return gen.result()
+
+        return pieces()
 
     def chat(self, messages: Sequence[Message], options: GenerationOptions | None = None, *,
              tools: Tools | None = None, tool_choice: ToolChoice | None = None,
@@ -373,7 +381,9 @@ class Model:
                     **overrides: Any) -> Iterator[ChatPiece | ToolCallDelta]:
         """``chat``, streamed: text pieces as they become valid UTF-8, each a ``ChatPiece`` (a
         str whose ``reasoning`` says whether it is thinking or answer); with tools, tool calls
-        as ``ToolCallDelta`` items (index, then id and name, then pieces of the arguments)."""
+        as ``ToolCallDelta`` items (index, then id and name, then pieces of the arguments). The
+        iterator's return value (``StopIteration.value``) is the finished Result, as ``chat``
+        returns it."""
         request, opts = self._chat_request(messages, options, overrides, tools, tool_choice,
                                            parallel_tool_calls, template_vars)
         reply = request.stream()
@@ -381,10 +391,11 @@ class Model:
         rows = [self.image_row(ids, request.images)] if request.images else None
         gen = self._start([rows[0].ids] if rows else [ids], opts, rows)
 
-        def pieces() -> Iterator[ChatPiece | ToolCallDelta]:
+        def pieces() -> PyGenerator[ChatPiece | ToolCallDelta, None, Result]:
             for event in gen.events():
                 if event.row == 0 and (event.text or event.finish_reason):
                     yield from reply.push(event.text, last=event.finish_reason is not None)
+            return request.read(gen.result())  # type: ignore[arg-type]
 
         return pieces()
 
@@ -472,8 +483,8 @@ class Model:
         items = [inputs] if single else list(inputs)  # type: ignore[arg-type]
         if not items:
             raise GenerationError("embed needs at least one input.")
-        return [embedding_input_ids(item, i, self.encode, self.engine.vocab_size,
-                                    self.context_length) for i, item in enumerate(items)], single
+        return [embedding_input(item, i, self.encode, self.engine.vocab_size, self.context_length)
+                for i, item in enumerate(items)], single
 
     def encode_chat(self, prompt: str) -> list[int]:
         """A rendered chat prompt's token ids (the template wrote any special tokens)."""

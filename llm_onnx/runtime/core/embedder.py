@@ -16,8 +16,7 @@ divided by their L2 norm again when the model's embeddings are normalised (manif
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -28,6 +27,33 @@ from llm_onnx.runtime.core.providers import CUDA
 
 BATCH_SIZE = 32  # rows per run
 BATCH_TOKENS = 8192  # rows x longest row per run
+
+
+def embedding_input(item: object, index: int, encode: Callable[[str], list[int]],
+                    vocab_size: int, context_length: int) -> list[int]:
+    """Input ``index`` of an embed call (a text, tokenized by ``encode``, or token ids) as
+    checked token ids; GenerationError naming it otherwise. Nothing is truncated."""
+    if isinstance(item, str):
+        if not item:
+            raise GenerationError(f"input {index} is an empty string.")
+        ids = encode(item)
+    elif isinstance(item, (list, tuple, np.ndarray)) and all(
+            isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in item):
+        ids = [int(i) for i in item]
+        bad = [i for i in ids if not 0 <= i < vocab_size]
+        if bad:
+            raise GenerationError(f"input {index}: token id {bad[0]} is outside the "
+                                  f"vocabulary (0..{vocab_size - 1}).")
+    else:
+        raise GenerationError(f"input {index} must be a string or a list of token ids, "
+                              f"got {type(item).__name__}.")
+    if not ids:
+        raise GenerationError(f"input {index} has no tokens.")
+    if len(ids) > context_length:
+        raise GenerationError(f"input {index} has {len(ids)} tokens but the model's context "
+                              f"is {context_length} tokens; shorten it (embeddings "
+                              "are not truncated).")
+    return ids
 
 
 def truncate(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
@@ -123,29 +149,3 @@ class EmbeddingEngine(Engine):
     def row_bytes(self, positions: int) -> int:
         return 0
 
-
-def embedding_input_ids(item: Any, index: int, encode: Any, vocab: int, context: int,
-                    ) -> list[int]:
-    """Input ``index`` of an embed call as checked token ids (GenerationError naming it);
-    ``encode``: text -> ids."""
-    if isinstance(item, str):
-        if not item:
-            raise GenerationError(f"input {index} is an empty string.")
-        ids = encode(item)
-    elif isinstance(item, (list, tuple, np.ndarray)) and all(
-            isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in item):
-        ids = [int(i) for i in item]
-        bad = [i for i in ids if not 0 <= i < vocab]
-        if bad:
-            raise GenerationError(f"input {index}: token id {bad[0]} is outside the "
-                                  f"vocabulary (0..{vocab - 1}).")
-    else:
-        raise GenerationError(f"input {index} must be a string or a list of token ids, "
-                              f"got {type(item).__name__}.")
-    if not ids:
-        raise GenerationError(f"input {index} has no tokens.")
-    if len(ids) > context:
-        raise GenerationError(f"input {index} has {len(ids)} tokens but the model's context "
-                              f"is {context} tokens; shorten it (embeddings "
-                              "are not truncated).")
-    return ids
