@@ -46,7 +46,7 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
     @app.post("/v1/messages", dependencies=[Depends(authorized)])
     async def create(request: Request) -> Response:
         plan, conv = mr.messages_plan(await pipeline.read_body(request), service.model,
-                                      service.name, service.generating().max_length,
+                                      service.names, service.generating().max_length,
                                       service.fields(request, mr.API))
         try:
             await service.prepare(plan)
@@ -71,7 +71,7 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
 
     @app.post("/v1/messages/count_tokens", dependencies=[Depends(authorized)])
     async def count_tokens(request: Request) -> JSONResponse:
-        count = mr.count_tokens(await pipeline.read_body(request), service.model, service.name,
+        count = mr.count_tokens(await pipeline.read_body(request), service.model, service.names,
                                 service.fields(request, mr.API))
         service.count(request, 200)
         return JSONResponse({"input_tokens": count})

@@ -42,6 +42,7 @@ from llm_onnx.serve.anthropic_messages_turns import chat_messages
 from llm_onnx.serve.errors import ApiError, bad
 from llm_onnx.serve.fields import (body_object, boolean, fit_length, integer, number, sampling,
                                    served_model, whole)
+from llm_onnx.serve.names import ModelNames
 from llm_onnx.serve.plan import CHAT, Plan
 from llm_onnx.serve.policy import Fields
 from llm_onnx.serve.system_turns import rendered
@@ -88,7 +89,7 @@ class Conversation:
             raise bad("messages", str(e)) from None
 
 
-def messages_plan(body: Any, model: Model, served: str, context: int,
+def messages_plan(body: Any, model: Model, served: str | ModelNames, context: int,
                   fields: Fields | None = None) -> tuple[Plan, Conversation]:
     """POST /v1/messages, checked (its constraint is composed by structured.prepare;
     ``fields``: the field policy, lenient by default)."""
@@ -108,7 +109,7 @@ def messages_plan(body: Any, model: Model, served: str, context: int,
     new = fit_length(body, ("max_tokens",), prompt, context, None, "messages", low=0,
                      cut=not fields.strict)
     stream = bool(boolean(body, "stream"))
-    plan = Plan(CHAT, served, [prompt], [replace(options, max_new_tokens=new)], 1, stream,
+    plan = Plan(CHAT, str(served), [prompt], [replace(options, max_new_tokens=new)], 1, stream,
                   chat=chat, constraint=conv.answer,
                   reuse_points=model.reuse_points(conv.messages, prompt, tools=conv.tools,
                                                   template_vars=conv.template_vars))
@@ -116,14 +117,15 @@ def messages_plan(body: Any, model: Model, served: str, context: int,
     return plan, conv
 
 
-def count_tokens(body: Any, model: Model, served: str, fields: Fields | None = None) -> int:
+def count_tokens(body: Any, model: Model, served: str | ModelNames,
+                 fields: Fields | None = None) -> int:
     """POST /v1/messages/count_tokens: the prompt's length."""
     fields = fields or Fields(API)
     body = _fields(body, COUNT_FIELDS, served, fields)
     return len(conversation(body, model, fields).render(model)[1])
 
 
-def _fields(body: Any, allowed: set[str], served: str, fields: Fields) -> dict:
+def _fields(body: Any, allowed: set[str], served: str | ModelNames, fields: Fields) -> dict:
     body = body_object(body)
     fields.check(body, allowed, IGNORED_FIELDS, TOLERATED_FIELDS, UNSUPPORTED_FIELDS,
                  unknown=lambda name: "Extra inputs are not permitted")

@@ -30,6 +30,7 @@ from llm_onnx.serve.logprobs import TokenText, chat_logprobs
 from llm_onnx.serve.openai_choices import (COMMON_FIELDS, IGNORED_FIELDS, MAX_N, Choices, Piece,
                                            finish_reason, respond)
 from llm_onnx.serve.plan import CHAT, Plan
+from llm_onnx.serve.names import ModelNames
 from llm_onnx.serve.policy import Fields
 from llm_onnx.serve.structured import answer_constraint, tool_fields
 from llm_onnx.serve.system_turns import rendered
@@ -49,7 +50,7 @@ UNSUPPORTED_FIELDS = {"functions": None, "function_call": "none", "web_search_op
 def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(request: Request) -> Response:
-        plan = chat_plan(await pipeline.read_body(request), service.model, service.name,
+        plan = chat_plan(await pipeline.read_body(request), service.model, service.names,
                          service.generating().max_length, service.fields(request, API))
         await service.prepare(plan)
         return await respond(service, request, plan, ChatChoices(plan, service.tokens))
@@ -59,7 +60,7 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
 # Parse
 # ---------------------------------------------------------------------------------------------
 
-def chat_plan(body: Any, model: Model, served: str, context: int,
+def chat_plan(body: Any, model: Model, served: str | ModelNames, context: int,
               fields: Fields | None = None) -> Plan:
     """POST /v1/chat/completions, checked (its constraint is composed by structured.prepare;
     ``fields``: the field policy, lenient by default)."""
