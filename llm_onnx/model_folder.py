@@ -95,6 +95,16 @@ class Quantization:
 
 
 @dataclass(frozen=True)
+class KernelsSpec:
+    """Operators of llm-onnx's own kernel library the graphs use (llm_onnx/kernels): a folder
+    with them loads only where the library is built, at this operator version."""
+
+    library: str  # the operators' domain, "llm_onnx"
+    ops_version: str
+    ops: tuple[str, ...]  # e.g. ("RoutedExperts",)
+
+
+@dataclass(frozen=True)
 class Precision:
     precision: str  # fp32 | fp16 | int8 | int4
     weights: str  # what the projections store, in words
@@ -281,6 +291,8 @@ class Manifest:
     # describes the attention inside the graph, which keeps its keys and values for one run
     task: str = "generate"
     embedding: EmbeddingSpec | None = None
+    # llm-onnx's own operators (--kernels llm_onnx); left out of the JSON without them
+    kernels: KernelsSpec | None = field(default=None, metadata={"omit_none": True})
     folder: Path | None = field(default=None, compare=False)
 
     # -------------------------------------------------------------- reading
@@ -309,8 +321,9 @@ class Manifest:
         data = {"format": FORMAT, "format_version": INT8_CACHE_VERSION
                 if self.kv_cache.dtype == "int8" else FORMAT_VERSION}
         for f in dataclasses.fields(self):
-            if f.name != "folder":
-                data[f.name] = plain(getattr(self, f.name))
+            value = getattr(self, f.name)
+            if f.name != "folder" and not (f.metadata.get("omit_none") and value is None):
+                data[f.name] = plain(value)
         return json.dumps(data, indent=2, ensure_ascii=False)
 
     @classmethod

@@ -67,6 +67,12 @@ def test_media_needs_no_torch_and_the_text_runtime_no_pillow():
     assert "PIL" not in _modules_after("import llm_onnx.runtime")
 
 
+def test_the_kernels_module_imports_neither_torch_nor_onnxruntime():
+    """The runtime asks it whether the library is there; onnxruntime only once it is used."""
+    mods = _modules_after("import llm_onnx.kernels")
+    assert "torch" not in mods and "onnxruntime" not in mods
+
+
 def test_presets_and_cli_help_do_not_import_torch():
     assert "torch" not in _modules_after("import llm_onnx.families")
     assert "torch" not in _modules_after("import llm_onnx.cli")
@@ -240,7 +246,8 @@ def test_serve_shared_modules_import_no_api():
 
 
 def test_no_file_past_500_lines():
-    long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
+    sources = [p for pattern in ("*.py", "*.cc", "*.h") for p in PACKAGE.rglob(pattern)]
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in sources
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
     assert long == {}
 

@@ -97,6 +97,12 @@ def _rerun_with_huge_pages() -> None:
 @click.option("--calibration-text", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help="awq and --kv-cache int8: a UTF-8 text file to calibrate on (its first 512 "
                    "tokens; 3,072 with --kv-cache int8; default: a built-in text).")
+@click.option("--kernels", type=click.Choice(["ort", "llm_onnx"]), default="ort",
+              show_default=True,
+              help="int8/int4 on CPU: ONNX Runtime's own operators only, or llm-onnx's kernel "
+                   "library too (built with `python -m llm_onnx.kernels build`; the folder then "
+                   "needs it to load): Qwen3-MoE-style experts run as its RoutedExperts "
+                   "(docs/kernels.md).")
 @click.option("--kv-cache", type=click.Choice(["float", "int8"]), default="float",
               show_default=True,
               help="How the KV cache stores keys and values. int8: a quarter of float32's "
@@ -151,7 +157,7 @@ def _rerun_with_huge_pages() -> None:
 @_handle_errors
 def export(config_name, checkpoint, random_weights, seed, precision, out, max_seq_len, block_size,
            float_embeddings, embedding_bits, accuracy_level, experts_accuracy_level,
-           experts_block_size, experts_scheme, quant_scheme, quant_method, calibration_text, kv_cache, all_logits, plain_attention, target, task,
+           experts_block_size, experts_scheme, quant_scheme, quant_method, calibration_text, kv_cache, kernels, all_logits, plain_attention, target, task,
            pooling, normalize, no_validate, allow_parity_failure, verbose, force,
            no_huge_pages, offline) -> None:
     """Export a model to an ONNX model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
@@ -210,7 +216,7 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
                             quant_scheme=quant_scheme,
                             quant_method=quant_method,
                             calibration_text=str(calibration_text) if calibration_text else None,
-                            max_seq_len=max_seq_len, kv_cache=kv_cache,
+                            max_seq_len=max_seq_len, kv_cache=kv_cache, kernels=kernels,
                             all_logits=all_logits, plain_attention=plain_attention,
                             validate=not no_validate,
                             allow_parity_failure=allow_parity_failure,

@@ -20,7 +20,7 @@ from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.tensor_typing import TFloat
 from onnxscript.onnx_types import FLOAT, INT32, INT64, UINT8
 
-from llm_onnx.export import quant  # noqa: F401  (registers torch.ops.llm_onnx.* of quantization)
+from llm_onnx.export import kernel_experts, quant  # noqa: F401  (register torch.ops.llm_onnx.*)
 from llm_onnx.export.kv_int8_attention import (
     PROMPT_STEP,
     group_query_attention_int8,
@@ -478,6 +478,7 @@ def translation_table() -> dict:
         t.gather_nbits.default: gather_nbits,
         t.qmoe.default: qmoe,
         t.geglu_experts_nbits.default: geglu_experts_nbits,
+        **kernel_experts.translations(),  # llm-onnx's own operators (llm_onnx/kernels)
     }
 
 

@@ -33,7 +33,7 @@ from llm_onnx.export.folder import atomic_folder, check_output, release_memory
 from llm_onnx.export.kv_rotation import rotated_values
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.parity import validate
-from llm_onnx.export.plan import ExportPlan
+from llm_onnx.export.plan import ExportPlan, kernels_spec
 from llm_onnx.export.progress import Progress
 from llm_onnx.export.weights import StoredTensor, WeightFile, write_weights
 from llm_onnx.modeling.shapes import num_parameters
@@ -129,6 +129,15 @@ def resolve_experts(options: ExportOptions, checkpoint: Checkpoint) -> ExportOpt
                    experts_accuracy_level=(4 if cpu else 0) if level is None else level)
 
 
+def require_kernels() -> None:
+    """--kernels llm_onnx: the parity gate runs the graphs, so the library must be built."""
+    from llm_onnx import kernels
+
+    if not kernels.available():
+        raise ExportError(f"--kernels llm_onnx needs llm-onnx's kernel library, which is not "
+                          f"built here: {kernels.BUILD_HINT}; or export with --kernels ort.")
+
+
 def describe_source(checkpoint: Checkpoint, options: ExportOptions) -> str | None:
     if not options.quantized:
         return None
@@ -192,7 +201,7 @@ def build_manifest(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
         precision=precision, graphs=plan.graph_specs,
         weights=mf.WeightsSpec(mf.WEIGHTS, (folder / mf.WEIGHTS).stat().st_size),
         kv_cache=plan.kv_cache, recurrent_state=plan.recurrent_state,
-        task=plan.options.task, embedding=plan.embedding,
+        task=plan.options.task, embedding=plan.embedding, kernels=kernels_spec(plan.model),
         tokenizer=mf.TokenizerSpec(
             files=tuple(tokenizer_files), bos_token_id=checkpoint.bos_token_id,
             eos_token_ids=tuple(checkpoint.eos_token_ids),
@@ -287,6 +296,8 @@ def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | Non
     check_output(out, force, checkpoint.path)  # before any weight is read
     cfg = checkpoint.config
     options = resolve_source(resolve_target(options or ExportOptions(), cfg), checkpoint)
+    if options.kernels == "llm_onnx":
+        require_kernels()
     if options.kv_int8:  # the values' change of basis (kv_rotation.py), before anything reads them
         checkpoint = replace(checkpoint, source=rotated_values(checkpoint.source, cfg))
     embedding, bound = embedding_spec(checkpoint, options)

@@ -6,6 +6,7 @@
   lm_head    -> HeadLinear    (float: FusedMatMul with transB, so a tied head reads the embedding)
   Embedding  -> QuantEmbedding (com.microsoft.GatherBlockQuantized)
   Experts    -> QuantExperts   (com.microsoft.QMoE)
+             -> KernelExperts  (--kernels llm_onnx: llm-onnx's own RoutedExperts, llm_onnx/kernels)
   RotaryCache -> RotaryTables  (the same tables, written rather than read)
 
 Each export form writes its own tensors (``write_tensors``): weights.py only walks the modules.
@@ -24,8 +25,7 @@ from torch import Tensor, nn
 
 from llm_onnx.modeling import ops
 from llm_onnx.model_folder import fitting_block
-from llm_onnx.errors import ExportError
-from llm_onnx.export import quant
+from llm_onnx.export import kernel_experts, quant
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.weights import (Produce, WeightFile, np_dtype, write_cast,
                                      write_experts_quantized, write_quantized)
@@ -190,6 +190,31 @@ class QuantExperts(nn.Module):
                            getattr(self, part).dtype)
 
 
+class KernelExperts(QuantExperts):
+    """QuantExperts (same buffers, same bytes written) run by RoutedExperts: the top-k is
+    taken in the graph, so norm_topk_prob False needs no scaling back (custom_ops.moe), and the
+    activations are always int8 (the manifest says accuracy level 4)."""
+
+    kernel_op = kernel_experts.OP
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["accuracy_level"] = 4
+        super().__init__(*args, **kwargs)
+
+    def forward(self, x: Tensor, router_logits: Tensor, k: int, normalize: bool) -> Tensor:
+        probs = torch.softmax(router_logits.float(), dim=-1)  # (N, E)
+        weight, index = torch.topk(probs, k, dim=-1)  # (N, K)
+        if normalize:
+            weight = weight / weight.sum(-1, keepdim=True)
+        biases = (self.gate_up_proj_bias, self.down_proj_bias) if self.bias else (None, None)
+        zps = (self.gate_up_zero_points, self.down_zero_points) if self.zero_points \
+            else (None, None)
+        return kernel_experts.routed_experts(
+            x, index, weight, self.gate_up_qweight, self.gate_up_scales, self.down_qweight,
+            self.down_scales, self.bits, self.block_size, "swiglu", True, *biases,
+            *self.activation, *zps)
+
+
 class _NBitsWeight(nn.Module):
     """A symmetric block-quantized (N, K) weight for com.microsoft.MatMulNBits (qweight, scales);
     written by the module holding it."""
@@ -320,6 +345,9 @@ def to_export_form(model: Decoder, options: ExportOptions) -> Decoder:
 
 def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
     bits = options.bits
+    # experts whose sizes no power-of-two block >= 16 divides stay float (the plan's manifest
+    # lists them): a valid checkpoint exports at every precision
+    model.float_experts = []
     for path, module in list(model.named_modules()):
         if isinstance(module, Linear) and path != "lm_head":
             bias = module.bias is not None
@@ -339,8 +367,8 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
             eb = options.experts_block_size or options.block_size
             up, down = fitting_block((d,), eb), fitting_block((two_i // 2,), eb)
             if up is None or down is None:
-                raise ExportError(f"{path}: expert sizes {d} and {two_i // 2} have no "
-                                  "power-of-two block >= 16. Export fp32 or fp16.")
+                model.float_experts.append(path)
+                continue
             form = QuantGeGLUExperts if options.target == "cuda" else RoutedGeGLUExperts
             _set(model, path, form(module, bits, up, down, options.level_for(bits)))
         elif isinstance(module, Experts) and bits is not None:
@@ -348,11 +376,12 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
             block = fitting_block((d, two_i // 2), options.experts_block_size
                                   or options.block_size)
             if block is None:
-                raise ExportError(f"{path}: expert sizes {d} and {two_i // 2} have no common "
-                                  "power-of-two block >= 16; QMoE needs one. Export fp32 or fp16.")
-            _set(model, path, QuantExperts(module, bits, block, search=options.method == "awq",
-                                           accuracy_level=options.experts_accuracy_level or 0,
-                                           zero_points=options.experts_scheme == "zero_point"))
+                model.float_experts.append(path)
+                continue
+            form = KernelExperts if options.kernels == "llm_onnx" else QuantExperts
+            _set(model, path, form(module, bits, block, search=options.method == "awq",
+                                   accuracy_level=options.experts_accuracy_level or 0,
+                                   zero_points=options.experts_scheme == "zero_point"))
     cfg = model.config
     positions = cfg.positions
     if positions.position_embedding_type == "rope":

@@ -11,6 +11,7 @@ PRECISIONS = ("fp32", "fp16", "int8", "int4")
 TARGETS = ("cpu", "cuda")
 QUANT_METHODS = ("minmax", "search", "awq")
 KV_CACHES = ("float", "int8")
+KERNELS = ("ort", "llm_onnx")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +69,10 @@ class ExportOptions:
             docs/notes/kv-int8-gqa.md); where the head size is a power of two, keys (after
             RoPE) and values are stored in the Hadamard basis (kv_rotation.py). Needs the
             GroupQueryAttention forms (not plain attention) and the CPU target for now.
+        kernels: whose operators run what ONNX Runtime's CPU op set does poorly: "ort" (its own
+            only) or "llm_onnx" (llm-onnx's kernel library, which must be built: Qwen3-MoE-style
+            experts run as RoutedExperts instead of QMoE, always with int8 activations; the
+            manifest records it and the folder needs the library to load; docs/kernels.md).
         validate: run the ORT vs torch parity gate after writing.
         allow_parity_failure: keep a folder the parity gate finds broken (its figures and the
             reasons go into the manifest's parity report) instead of refusing it.
@@ -106,6 +111,7 @@ class ExportOptions:
     pooling: str | None = None
     normalize: bool | None = None
     kv_cache: str = "float"
+    kernels: str = "ort"
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -184,6 +190,11 @@ class ExportOptions:
                               "CUDA GroupQueryAttention has int8-cache kernels not yet run "
                               "here). Export with --target cpu, or with --kv-cache float for "
                               "CUDA.")
+        if self.kernels not in KERNELS:
+            raise ConfigError(f"kernels must be one of {', '.join(KERNELS)}, got {self.kernels!r}.")
+        if self.kernels == "llm_onnx" and (not self.quantized or self.cuda):
+            raise ConfigError("kernels llm_onnx runs quantized experts on the CPU: export int4 or "
+                              "int8 for --target cpu, or drop --kernels.")
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise ConfigError(f"max_seq_len must be at least 2, got {self.max_seq_len}.")
 
@@ -229,7 +240,8 @@ class ExportOptions:
             return self.bits == 8
         return self.quantized and (self.bits == 8 or self.head_bits == 8
                                    or self.activation_level == 4
-                                   or self.experts_accuracy_level == 4)
+                                   or self.experts_accuracy_level == 4
+                                   or self.kernels == "llm_onnx")
 
     @property
     def scheme(self) -> str:

@@ -102,7 +102,8 @@ def _compare_folder(plan: ExportPlan, folder: Path, tensors: dict[str, StoredTen
     torch_steps, fed = run_reference(reference, cfg.vocab_size)
     del reference
     release_memory()
-    onnx_steps = run_onnx(folder, cfg, kv_dtype, cfg.vocab_size, fed)
+    onnx_steps = run_onnx(folder, cfg, kv_dtype, cfg.vocab_size, fed,
+                          kernels=options.kernels == "llm_onnx")
     strict = not options.allow_parity_failure
     report = compare(torch_steps, onnx_steps, limits, strict)
     if options.cuda and _cuda_usable():

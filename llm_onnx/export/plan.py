@@ -248,7 +248,10 @@ class ExportPlan:
                 None if options.head_bits else
                 "embedding" if self.embedding is not None else "embedding and lm_head",
                 "position table (model.embed_positions)"
-                if cfg.positions.position_embedding_type == "learned" else None]
+                if cfg.positions.position_embedding_type == "learned" else None,
+                f"experts whose sizes no power-of-two block >= 16 divides "
+                f"({', '.join(summarise(self.model.float_experts))})"
+                if self.model.float_experts else None]
         return mf.Precision(
             options.precision, target=options.target or "cpu",
             weights=f"int{options.bits} per block of {options.block_size}, "
@@ -278,6 +281,14 @@ class ExportPlan:
                 return mf.ExpertsQuantization(block_size=block, scheme="symmetric",
                                               accuracy_level=first.accuracy_level)
         return None
+
+
+def kernels_spec(model: torch.nn.Module) -> mf.KernelsSpec | None:
+    """The operators of llm-onnx's kernel library the export forms in ``model`` emit."""
+    from llm_onnx.kernels import DOMAIN, OPS_VERSION
+
+    ops = sorted({m.kernel_op for m in model.modules() if getattr(m, "kernel_op", None)})
+    return mf.KernelsSpec(DOMAIN, OPS_VERSION, tuple(ops)) if ops else None
 
 
 def _writes(module: torch.nn.Module) -> bool:

@@ -243,9 +243,11 @@ def _router_hooks(model: Decoder, gaps: list[torch.Tensor]) -> list:
     return hooks
 
 
-def run_onnx(folder: Path, cfg, kv_dtype: np.dtype, vocab: int, fed: list[np.ndarray]) -> _Steps:
+def run_onnx(folder: Path, cfg, kv_dtype: np.dtype, vocab: int, fed: list[np.ndarray],
+             kernels: bool = False) -> _Steps:
     """ORT: prefill.onnx on the batch, then decode.onnx on the tokens torch chose. One session
-    at a time, so a graph's fp32 copies of fp16 weights are never held twice."""
+    at a time, so a graph's fp32 copies of fp16 weights are never held twice. ``kernels``: the
+    graphs use llm-onnx's own operators (its library is registered)."""
     import gc
 
     import onnxruntime as ort
@@ -255,6 +257,10 @@ def run_onnx(folder: Path, cfg, kv_dtype: np.dtype, vocab: int, fed: list[np.nda
     cache = new_states(cfg, b, t + DECODE_STEPS + 1, kv_dtype)
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    if kernels:
+        from llm_onnx import kernels as library
+
+        library.register(so)
     steps = _Steps([], [], cfg=cfg)
     state_names = names.state_names(cfg.num_hidden_layers, cfg.linear_layers,
                                     [i for i in range(cfg.num_hidden_layers) if cfg.is_kv_shared(i)])

@@ -32,6 +32,31 @@ class HFConfig:
                               f"{self.architecture}.")
         return self.data[key]
 
+    def text(self) -> HFConfig:
+        """The text model's fields: ``text_config`` of a multimodal config, else the config."""
+        nested = self.data.get("text_config")
+        if nested is None:
+            return self
+        if not isinstance(nested, dict):
+            raise ConfigError(f"{self.source}: text_config must be an object.")
+        return type(self)(dict(nested, architectures=[self.architecture]),
+                          f"{self.source} (text_config)")
+
+    def layer_overrides(self) -> dict[int, dict[str, Any]]:
+        """transformers' ``per_layer_config`` (written by 5.23 and later, for any family): layer
+        index -> the fields that layer sets to a value of its own ({} when absent)."""
+        raw = self.data.get("per_layer_config")
+        if raw is None:
+            return {}
+        if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
+            raise ConfigError(f"{self.source}: per_layer_config must map layer indices to "
+                              "objects of fields.")
+        try:
+            return {int(k): dict(v) for k, v in raw.items()}
+        except ValueError:
+            raise ConfigError(f"{self.source}: per_layer_config's keys must be layer indices, "
+                              f"got {sorted(raw)!r}.") from None
+
     def refuse(self, **unsupported: Any) -> None:
         """ConfigError if a field has a value whose variant of the architecture is not built."""
         for key, value in unsupported.items():
@@ -65,6 +90,10 @@ class Family:
             class whose text model is read, the bare model of an embedding checkpoint).
         checkpoint_nested: (canonical prefix, nested prefix): checkpoints that keep the text
             model's tensors under a longer prefix (``model.language_model.``) are read as well.
+        per_layer_fields: the fields of transformers' ``per_layer_config`` that its
+            ``config_fields`` reads itself (Gemma 4: its full layers' head size and KV heads).
+            Any other field a layer overrides with a value of its own is refused, naming it;
+            one equal to the model's is the same model.
     """
 
     architecture: str
@@ -81,6 +110,7 @@ class Family:
     norm_weight_offset: float = 0.0
     aliases: tuple[str, ...] = ()
     checkpoint_nested: tuple[str, str] | None = None
+    per_layer_fields: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "summary", (self.summary or "").strip())
@@ -94,11 +124,22 @@ class Family:
                              "together (a table of its own names) or not at all (Llama's)")
 
     def config(self, hf: HFConfig) -> ModelConfig:
+        self._check_layer_overrides(hf.text())
         fields = dict(self.config_fields(hf), architecture=self.architecture)
         try:
             return ModelConfig.from_fields(fields)
         except TypeError as e:  # a field of the wrong kind
             raise ConfigError(f"{hf.source}: {e}.") from e
+
+    def _check_layer_overrides(self, hf: HFConfig) -> None:
+        for layer, overrides in sorted(hf.layer_overrides().items()):
+            for key, value in overrides.items():
+                if key in self.per_layer_fields or value == hf.data.get(key):
+                    continue
+                raise ConfigError(
+                    f"{hf.source}: per_layer_config gives layer {layer} its own {key} "
+                    f"({json.dumps(value)}; the model's is {json.dumps(hf.data.get(key))}), but "
+                    f"llm-onnx builds {self.architecture} with one {key} for every layer.")
 
     @property
     def renames(self) -> bool:

@@ -120,16 +120,6 @@ HF_REPOS = {"gemma4_e2b": "google/gemma-4-E2B-it", "gemma4_e4b": "google/gemma-4
             "gemma4_26b_a4b": "google/gemma-4-26B-A4B-it", "gemma4_31b": "google/gemma-4-31B-it"}
 
 
-def text_config(hf: Any) -> Any:
-    """The text model's fields: ``text_config`` of the multimodal config, else the config."""
-    nested = hf.data.get("text_config")
-    if nested is None:
-        return hf
-    if not isinstance(nested, dict):
-        raise ConfigError(f"{hf.source}: text_config must be an object.")
-    return type(hf)(dict(nested, architectures=[hf.architecture]), f"{hf.source} (text_config)")
-
-
 def _rope(hf: Any) -> tuple[float, float, dict[str, Any] | None]:
     """(full layers' base, sliding layers' base, full layers' scaling) from rope_parameters."""
     params = hf.get("rope_parameters") or {}
@@ -154,26 +144,35 @@ def _rope(hf: Any) -> tuple[float, float, dict[str, Any] | None]:
 
 
 def _global_shape(hf: Any, types: tuple[str, ...]) -> tuple[int, int | None]:
-    """The full layers' head size and KV heads (None: the sliding layers'): the vendors'
-    ``global_head_dim`` / ``num_global_key_value_heads`` (the latter read only with
-    attention_k_eq_v, as transformers does), or transformers' own ``per_layer_config``."""
-    per_layer = hf.get("per_layer_config")
-    if isinstance(per_layer, dict) and per_layer:
-        full = {int(i) for i, t in enumerate(types) if t == "full_attention"}
-        entries = {int(k): v for k, v in per_layer.items()}
-        if set(entries) != full or len({tuple(sorted(v.items())) for v in entries.values()}) != 1:
-            raise ConfigError(f"{hf.source}: per_layer_config must give the full-attention layers "
-                              "one head size and KV head count (as transformers writes it).")
-        shape = next(iter(entries.values()))
-        heads = shape.get("num_key_value_heads")
-        return int(shape.get("head_dim", hf.get("head_dim", 256))), \
-            int(heads) if heads is not None else None
+    """The full layers' head size and KV heads (None: the sliding layers'). transformers' own
+    ``per_layer_config`` (5.23 and later write it instead of ``global_head_dim``) is the whole
+    truth when present: a full layer it leaves out, or a field it leaves out, takes the model's
+    (so ``{}`` means one head size for all). Else the vendors' ``global_head_dim`` (absent:
+    transformers' default, 512; null: the model's ``head_dim``) and
+    ``num_global_key_value_heads`` (read only with attention_k_eq_v, as transformers does)."""
+    overrides = hf.layer_overrides()
+    if "per_layer_config" in hf.data:
+        full = [i for i, t in enumerate(types) if t == "full_attention"]
+        stray = sorted(i for i, o in overrides.items() if i not in full and o)
+        if stray:
+            raise ConfigError(f"{hf.source}: per_layer_config overrides sliding layer(s) "
+                              f"{stray}; {ARCHITECTURE}'s sliding layers share one shape.")
+        base = hf.get("head_dim", 256)
+        shapes = {(int(overrides.get(i, {}).get("head_dim") or base),
+                   overrides.get(i, {}).get("num_key_value_heads")) for i in full}
+        if len(shapes) != 1:
+            raise ConfigError(f"{hf.source}: per_layer_config must give the full-attention "
+                              "layers one head size and KV head count.")
+        head_dim, heads = shapes.pop()
+        return head_dim, int(heads) if heads is not None else None
     heads = hf.get("num_global_key_value_heads") if hf.get("attention_k_eq_v", False) else None
+    if "global_head_dim" in hf.data and hf.data["global_head_dim"] is None:
+        return int(hf.get("head_dim", 256)), int(heads) if heads is not None else None
     return int(hf.get("global_head_dim", 512)), int(heads) if heads is not None else None
 
 
 def config_fields(hf: Any) -> dict[str, Any]:
-    hf = text_config(hf)
+    hf = hf.text()
     if hf.get("use_bidirectional_attention") == "all":
         raise ConfigError(f"{hf.source}: use_bidirectional_attention=\"all\" is not supported "
                           f"for {ARCHITECTURE} (a causal LM attends causally).")
@@ -373,4 +372,5 @@ FAMILY = Family(
     config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
     checkpoint_globals=CHECKPOINT_GLOBALS, checkpoint_layer=checkpoint_layer,
     checkpoint_skip=CHECKPOINT_SKIP, gguf=GGUF, aliases=ALIASES,
-    checkpoint_nested=CHECKPOINT_NESTED)
+    checkpoint_nested=CHECKPOINT_NESTED,
+    per_layer_fields=("head_dim", "num_key_value_heads"))

@@ -1,7 +1,11 @@
 """Random valid configs of every registered family, exported at fp32 and run on ONNX Runtime
 against transformers with the same weights: every drawn config matches (logits through the graphs
 with a right-padded batch, greedy tokens through the runtime, which binds the cache in place) or
-is refused before any work with a one-line message. Never an ONNX Runtime internal error.
+is refused before any work with a one-line message. Never an ONNX Runtime internal error. Each
+config that exports is exported quantized too, where the parity gate must pass: a valid
+checkpoint is never refused for its precision. Under the CI profile the families take int8 and
+int4 in turn (registry order: half of them each, every run the same); the explore profile
+exports every draw at both.
 
 Shapes ONNX Runtime's GroupQueryAttention refuses (head sizes that are not a multiple of 16,
 rotary widths whose half is not a multiple of 8) are drawn on purpose: the export then picks
@@ -34,8 +38,13 @@ from tests.runtime.test_runtime_models import hf_greedy_run
 from tests.tolerances import ORT_FP32
 
 ARCHS = TINY_ARCHS + FAMILY_ARCHS
-EXAMPLES = int(os.environ.get("LLM_ONNX_CONFIG_EXAMPLES") or
-               (40 if os.environ.get("HYPOTHESIS_PROFILE") == "explore" else 1))
+EXPLORE = os.environ.get("HYPOTHESIS_PROFILE") == "explore"
+EXAMPLES = int(os.environ.get("LLM_ONNX_CONFIG_EXAMPLES") or (40 if EXPLORE else 1))
+# Each drawn config is exported at fp32 (against transformers) and quantized (the parity gate):
+# at both precisions when exploring, else at one, int8 and int4 by turns (CI's time budget: a
+# quantized export costs as much as the fp32 one, most of it torch's tracing)
+QUANTIZED = {arch: ("int8", "int4") if EXPLORE else (("int8", "int4")[i % 2],)
+             for i, arch in enumerate(ARCHS)}
 
 # Families whose transformers classes derive the head size from hidden_size / heads (Phi-3's
 # validates its RoPE factors against that size), and those
@@ -189,7 +198,7 @@ def configs(draw, arch: str):
     return base, changes
 
 
-def _check(base, changes, tmp_path) -> None:
+def _check(base, changes, tmp_path, quantized=()) -> None:
     from llm_onnx.checkpoints import open_checkpoint
     from llm_onnx.export import ExportOptions, export_model
     from llm_onnx.runtime import Model
@@ -224,6 +233,13 @@ def _check(base, changes, tmp_path) -> None:
     for prompt, result in zip(prompts, model.generate(prompts, max_new_tokens=8, temperature=0)):
         tokens, reason = hf_greedy_run(hf, prompt, 8, model.eos_token_ids)
         assert (result.token_ids, result.finish_reason) == (tokens, reason)
+    # The same checkpoint quantized: valid, so never refused; the parity gate (ONNX Runtime
+    # against torch on the written tensors) passes at each precision.
+    for precision in quantized:
+        quantized = export_model(open_checkpoint(tmp_path / "hf"), tmp_path / precision,
+                                 ExportOptions(precision=precision, max_seq_len=48),
+                                 progress=False)
+        assert Graphs(quantized).manifest["parity"]["failures"] == []
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -233,7 +249,7 @@ def test_random_configs_export_and_match_transformers(arch, tmp_path_factory):
     @given(configs(arch))
     def check(drawn):
         base, changes = drawn
-        _check(base, changes, tmp_path_factory.mktemp(arch))
+        _check(base, changes, tmp_path_factory.mktemp(arch), QUANTIZED[arch])
 
     check()
 
@@ -258,20 +274,21 @@ def test_shapes_the_fused_kernel_refuses(arch, changes, tmp_path):
 # Gemma 4's switches, each off somewhere and on somewhere (gemma4_tiny has every one on): none
 # of them; and keys that are values with experts but no shared layers, no per-layer inputs, one
 # head size for both kinds and a layer pattern ending in two full layers.
-@pytest.mark.parametrize("changes", [
-    dict(attention_k_eq_v=False, num_global_key_value_heads=None, num_kv_shared_layers=0,
+@pytest.mark.parametrize("changes, quantized", [
+    (dict(attention_k_eq_v=False, num_global_key_value_heads=None, num_kv_shared_layers=0,
          use_double_wide_mlp=False, hidden_size_per_layer_input=0, enable_moe_block=False,
-         moe=None),
-    dict(num_kv_shared_layers=0, use_double_wide_mlp=False, hidden_size_per_layer_input=0,
+         moe=None), "int8"),
+    (dict(num_kv_shared_layers=0, use_double_wide_mlp=False, hidden_size_per_layer_input=0,
          global_head_dim=None, layer_types=("sliding_attention", "sliding_attention",
-                                            "full_attention", "full_attention")),
+                                            "full_attention", "full_attention")), "int4"),
     # the released head sizes, 256 and 512, with RoPE on a quarter of the full layers' pairs
-    dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=256,
+    (dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=256,
          global_head_dim=512, intermediate_size=64, embedding_multiplier=8.0,
-         rope_scaling={"rope_type": "proportional", "partial_rotary_factor": 0.25}),
+         rope_scaling={"rope_type": "proportional", "partial_rotary_factor": 0.25}), "int8"),
 ], ids=["all-off", "k-eq-v-and-experts", "heads-256-and-512"])
-def test_gemma4_switches(changes, tmp_path):
-    _check(get_config("gemma4_tiny"), changes, tmp_path)
+def test_gemma4_switches(changes, quantized, tmp_path):
+    # each quantized too, by turns (the plain attention's shapes above: the precisions below)
+    _check(get_config("gemma4_tiny"), changes, tmp_path, (quantized,))
 
 
 @pytest.mark.parametrize("precision, options", [

@@ -294,3 +294,24 @@ def test_zero_points_keep_block_64_experts_closer_than_symmetric_blocks(tmp_path
         kl[scheme] = fidelity(want, _logits(_with_stored_experts(out, folder, scheme), rows),
                               margin=0.05)["kl"]
     assert kl["zero_point"] < kl["symmetric"], kl
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe_tiny", "gemma4_tiny"])
+def test_experts_no_block_divides_stay_float_and_agree(arch, tmp_path):
+    """A hidden size of 40 has no power-of-two block >= 16: such experts were refused at int8
+    and int4 ("QMoE needs one"); they stay float, the manifest says so, and the parity gate
+    passes (the projections around them quantized)."""
+    from llm_onnx.checkpoints import open_checkpoint
+    from llm_onnx.export import ExportOptions, export_model
+    from llm_onnx.families import get_config
+    from llm_onnx.model_folder import read_manifest
+    from tests.hf_models import save_hf_checkpoint
+
+    cfg = get_config(arch).replace(hidden_size=40)
+    save_hf_checkpoint(cfg, tmp_path / "hf", seed=5, tokenizer=True)
+    out = export_model(open_checkpoint(tmp_path / "hf"), tmp_path / "m",
+                       ExportOptions(precision="int4", max_seq_len=48), progress=False)
+    manifest = read_manifest(out)
+    kept = manifest.precision.quantization.kept_float
+    assert any(k.startswith("experts whose sizes no power-of-two block") for k in kept), kept
+    assert manifest.precision.quantization.experts is None and manifest.parity.failures == ()

@@ -23,6 +23,7 @@ import numpy as np
 import onnxruntime as ort
 
 from llm_onnx.errors import GenerationError, ProviderError
+from llm_onnx import kernels
 from llm_onnx import model_folder as names
 from llm_onnx.runtime.core.device_pick import DevicePicker
 from llm_onnx.runtime.core.kv_cache import KVCache, KVLayout, kv_dtype
@@ -184,6 +185,9 @@ class Engine:
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = OPTIMIZATION_LEVELS[self.options.optimization]
+        if self.manifest.kernels is not None:  # llm-onnx's own operators (ModelFolderError if absent)
+            kernels.register_for_folder(so, self.manifest.kernels.ops_version,
+                                        self.manifest.kernels.ops, self.manifest.folder)
         if self.options.profile_dir is not None:
             so.enable_profiling = True
             so.profile_file_prefix = str(Path(self.options.profile_dir) / path.stem)
