@@ -34,7 +34,7 @@ from llm_onnx.runtime.chat.render import Message, check_template_vars, continue_
 from llm_onnx.runtime.chat.request import (ChatRequest, check_tool_choice, check_tools,
                                            read_chat_template)
 from llm_onnx.runtime.chat_session import ChatSession
-from llm_onnx.runtime.core.embedder import EmbeddingEngine
+from llm_onnx.runtime.core.embedder import EmbeddingEngine, embedding_rows
 from llm_onnx.runtime.core.engine import RuntimeOptions, not_generating
 from llm_onnx.runtime.core.engines import open_engine
 from llm_onnx.runtime.generation.generator import Generator
@@ -440,36 +440,7 @@ class Model:
             raise GenerationError(f"{folder} is a generation model: its graphs return next-token "
                                   "logits, not embeddings. Export an embedding model with "
                                   "`llm-onnx export --task embed --checkpoint ...`.")
-        single = isinstance(inputs, str) or (not isinstance(inputs, (bytes, dict)) and bool(
-            inputs) and all(isinstance(i, (int, np.integer)) for i in inputs))  # type: ignore
-        items = [inputs] if single else list(inputs)  # type: ignore[arg-type]
-        if not items:
-            raise GenerationError("embed needs at least one input.")
-        return [self._embedding_ids(item, i) for i, item in enumerate(items)], single
-
-    def _embedding_ids(self, item: Any, index: int) -> list[int]:
-        """Input ``index`` of an embed call as checked token ids (GenerationError naming it)."""
-        if isinstance(item, str):
-            if not item:
-                raise GenerationError(f"input {index} is an empty string.")
-            ids = self.encode(item)
-        elif isinstance(item, (list, tuple, np.ndarray)) and all(
-                isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in item):
-            ids = [int(i) for i in item]
-            bad = [i for i in ids if not 0 <= i < self.engine.vocab_size]
-            if bad:
-                raise GenerationError(f"input {index}: token id {bad[0]} is outside the "
-                                      f"vocabulary (0..{self.engine.vocab_size - 1}).")
-        else:
-            raise GenerationError(f"input {index} must be a string or a list of token ids, "
-                                  f"got {type(item).__name__}.")
-        if not ids:
-            raise GenerationError(f"input {index} has no tokens.")
-        if len(ids) > self.context_length:
-            raise GenerationError(f"input {index} has {len(ids)} tokens but the model's context "
-                                  f"is {self.context_length} tokens; shorten it (embeddings "
-                                  "are not truncated).")
-        return ids
+        return embedding_rows(inputs, self.encode, self.engine.vocab_size, self.context_length)
 
     def encode_chat(self, prompt: str) -> list[int]:
         """A rendered chat prompt's token ids (the template wrote any special tokens)."""

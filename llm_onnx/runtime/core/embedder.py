@@ -16,7 +16,8 @@ divided by their L2 norm again when the model's embeddings are normalised (manif
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +38,45 @@ def truncate(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np
     if normalize:
         out /= np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
     return out
+
+
+def embedding_rows(inputs: Any, encode: Callable[[str], list[int]], vocab_size: int,
+                   context_length: int) -> tuple[list[list[int]], bool]:
+    """An embed call's inputs (a text or a list of token ids, or a list of them) as checked
+    token-id rows, and whether they were one input; a bad input is a GenerationError naming it."""
+    single = isinstance(inputs, str) or (not isinstance(inputs, (bytes, dict)) and bool(
+        inputs) and all(isinstance(i, (int, np.integer)) for i in inputs))
+    items = [inputs] if single else list(inputs)
+    if not items:
+        raise GenerationError("embed needs at least one input.")
+    return [_input_ids(item, i, encode, vocab_size, context_length)
+            for i, item in enumerate(items)], single
+
+
+def _input_ids(item: Any, index: int, encode: Callable[[str], list[int]], vocab_size: int,
+               context_length: int) -> list[int]:
+    """Input ``index`` of an embed call as checked token ids (GenerationError naming it)."""
+    if isinstance(item, str):
+        if not item:
+            raise GenerationError(f"input {index} is an empty string.")
+        ids = encode(item)
+    elif isinstance(item, (list, tuple, np.ndarray)) and all(
+            isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in item):
+        ids = [int(i) for i in item]
+        bad = [i for i in ids if not 0 <= i < vocab_size]
+        if bad:
+            raise GenerationError(f"input {index}: token id {bad[0]} is outside the "
+                                  f"vocabulary (0..{vocab_size - 1}).")
+    else:
+        raise GenerationError(f"input {index} must be a string or a list of token ids, "
+                              f"got {type(item).__name__}.")
+    if not ids:
+        raise GenerationError(f"input {index} has no tokens.")
+    if len(ids) > context_length:
+        raise GenerationError(f"input {index} has {len(ids)} tokens but the model's context "
+                              f"is {context_length} tokens; shorten it (embeddings "
+                              "are not truncated).")
+    return ids
 
 
 class EmbeddingEngine(Engine):

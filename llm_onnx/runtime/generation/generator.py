@@ -31,42 +31,21 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
-import tokenizers
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.structured.matcher import Constraints, MaskBatch
+from llm_onnx.runtime.structured.matcher import MaskBatch
 from llm_onnx.runtime.core.engine import EngineProtocol
 from llm_onnx.runtime.core.state import CacheProtocol
+from llm_onnx.runtime.generation.model_like import ModelLike
 from llm_onnx.runtime.generation.options import GenerationOptions
 from llm_onnx.runtime.generation.results import Result, TokenEvent
 from llm_onnx.runtime.generation.sequence import SequenceState, scoring_chunk
 from llm_onnx.runtime.generation.speculative import SpeculativeOptions, Speculator, speculative_options
 from llm_onnx.runtime.generation.prefix import Prefixes, last_run_start
 from llm_onnx.runtime.generation.stats import RunStats
-
-
-class ModelLike(Protocol):
-    """What a Generator needs of its model (llm_onnx.runtime.Model is one)."""
-
-    engine: EngineProtocol
-    tokenizer: tokenizers.Tokenizer | None
-    eos_token_ids: tuple[int, ...]
-
-    @property
-    def context_length(self) -> int: ...
-
-    @property
-    def constraints(self) -> Constraints: ...
-
-    def options(self, options: GenerationOptions | None = None,
-                overrides: dict[str, Any] | None = None, **fields: Any) -> GenerationOptions: ...
-
-    def load_draft_model(self, folder: str | Path) -> Any:
-        """A draft model loaded from ``folder`` (speculative method "draft")."""
-        ...
 
 
 class Generator:

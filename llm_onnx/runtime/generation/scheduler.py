@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from llm_onnx.errors import GenerationError, LlmOnnxError
-from llm_onnx.runtime.generation.generator import Generator, ModelLike
+from llm_onnx.runtime.generation.generator import Generator
+from llm_onnx.runtime.generation.model_like import ModelLike
 from llm_onnx.runtime.generation.options import GenerationOptions
 from llm_onnx.runtime.generation.results import Result, TokenEvent
 
