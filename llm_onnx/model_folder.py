@@ -21,9 +21,24 @@ from pathlib import Path
 
 from llm_onnx.errors import ModelFolderError
 from llm_onnx.graph_io import (  # noqa: F401 (re-exported: mf.INPUT_IDS, mf.state_names, ...)
-    EMBEDDINGS, INPUT_IDS, LOGITS, LOGITS_WINDOW, PAST_CONV, PAST_KEY, PAST_RECURRENT,
-    PAST_VALUE, PRESENT_CONV, PRESENT_KEY, PRESENT_RECURRENT, PRESENT_VALUE, SEQLENS_K,
-    SEQUENCE_LENGTHS, TOTAL_SEQUENCE_LENGTH, VALID_TOKENS, input_names, output_names,
+    EMBEDDINGS,
+    INPUT_IDS,
+    LOGITS,
+    LOGITS_WINDOW,
+    PAST_CONV,
+    PAST_KEY,
+    PAST_RECURRENT,
+    PAST_VALUE,
+    PRESENT_CONV,
+    PRESENT_KEY,
+    PRESENT_RECURRENT,
+    PRESENT_VALUE,
+    SEQLENS_K,
+    SEQUENCE_LENGTHS,
+    TOTAL_SEQUENCE_LENGTH,
+    VALID_TOKENS,
+    input_names,
+    output_names,
     state_names,
 )
 from llm_onnx.modeling.config import ModelConfig

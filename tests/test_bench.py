@@ -12,10 +12,9 @@ import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
 
+from llm_onnx.bench import BandwidthProbe, DeviceBandwidthProbe, profile_table, summarize_profile
 from llm_onnx.cli import main
 from llm_onnx.errors import GenerationError
-from llm_onnx.bench import (BandwidthProbe, DeviceBandwidthProbe, profile_table,
-                                    summarize_profile)
 
 
 def _run(ts, dur):
@@ -158,8 +157,8 @@ def test_plot_without_matplotlib_fails_at_once_and_writes_nothing(tiny_export, t
 
 
 def test_decode_curve_measures_every_context_and_batch_that_fits(tiny_export):
-    from llm_onnx.runtime import Model
     from llm_onnx.bench import curve_contexts, decode_curve
+    from llm_onnx.runtime import Model
 
     model = Model.load(tiny_export("llama_tiny"), provider="cpu", threads=1)
     contexts = curve_contexts(model.context_length, tokens=4)  # max_seq_len 64: 15, 30, 60

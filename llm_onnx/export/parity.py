@@ -16,10 +16,19 @@ from llm_onnx.checkpoints.load import Checkpoint
 from llm_onnx.export.folder import release_memory
 from llm_onnx.export.plan import ExportPlan
 from llm_onnx.export.progress import Progress
-from llm_onnx.export.validate import (compare, compare_embeddings, compare_logits,
-                                      compute_in_float32, load_stored, run_engine, run_onnx,
-                                      run_onnx_embeddings, run_reference,
-                                      run_reference_embeddings, thresholds)
+from llm_onnx.export.validate import (
+    compare,
+    compare_embeddings,
+    compare_logits,
+    compute_in_float32,
+    load_stored,
+    run_engine,
+    run_onnx,
+    run_onnx_embeddings,
+    run_reference,
+    run_reference_embeddings,
+    thresholds,
+)
 from llm_onnx.export.weights import StoredTensor
 from llm_onnx.modeling.config import ModelConfig
 from llm_onnx.modeling.shapes import Shape, num_parameters

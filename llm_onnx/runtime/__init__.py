@@ -28,8 +28,7 @@ from llm_onnx.runtime.core.engine import Engine, EngineProtocol, RuntimeOptions
 from llm_onnx.runtime.core.kv_cache import KVCache
 from llm_onnx.runtime.generation.generator import Generator
 from llm_onnx.runtime.generation.options import GenerationOptions
-from llm_onnx.runtime.generation.results import (Result, Timings, TokenEvent, TokenLogprob,
-                                                 ToolCall)
+from llm_onnx.runtime.generation.results import Result, Timings, TokenEvent, TokenLogprob, ToolCall
 from llm_onnx.runtime.model import Model
 from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
 

@@ -31,8 +31,12 @@ from llm_onnx.model_folder import GenerationDefaults
 from llm_onnx.runtime.chat.dialects import chat_dialect
 from llm_onnx.runtime.chat.dialects.base import ChatPiece, ThinkingReader, ToolCallDelta, ToolChoice
 from llm_onnx.runtime.chat.render import Message, check_template_vars, continue_final
-from llm_onnx.runtime.chat.request import (ChatRequest, check_tool_choice, check_tools,
-                                           read_chat_template)
+from llm_onnx.runtime.chat.request import (
+    ChatRequest,
+    check_tool_choice,
+    check_tools,
+    read_chat_template,
+)
 from llm_onnx.runtime.chat_session import ChatSession
 from llm_onnx.runtime.core.embedder import EmbeddingEngine, embedding_rows
 from llm_onnx.runtime.core.engine import RuntimeOptions, not_generating
@@ -40,8 +44,11 @@ from llm_onnx.runtime.core.engines import open_engine
 from llm_onnx.runtime.generation.generator import Generator
 from llm_onnx.runtime.generation.options import GenerationOptions, row_options
 from llm_onnx.runtime.generation.results import Result, TokenLogprob
-from llm_onnx.runtime.generation.speculative import (SpeculativeOptions, check_same_tokenizer,
-                                                     speculative_options)
+from llm_onnx.runtime.generation.speculative import (
+    SpeculativeOptions,
+    check_same_tokenizer,
+    speculative_options,
+)
 from llm_onnx.runtime.structured.constraint import constraint_shorthand
 from llm_onnx.runtime.structured.matcher import Constraints
 

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from llm_onnx.checkpoints import open_checkpoint
-from llm_onnx.export import ExportOptions, export_model
-from llm_onnx.export import modules
+from llm_onnx.export import ExportOptions, export_model, modules
 from llm_onnx.export.calibrate import calibrate
 from llm_onnx.families import get_config
 from llm_onnx.modeling.config import MoEConfig

@@ -16,15 +16,18 @@ import pytest
 from tokenizers import Tokenizer
 
 from llm_onnx.runtime import Model
-from llm_onnx.runtime.chat.dialects import (REASONING_DIALECTS, detect_reasoning_dialect,
-                                            detect_tool_dialect, tool_dialect)
+from llm_onnx.runtime.chat.dialects import (
+    REASONING_DIALECTS,
+    detect_reasoning_dialect,
+    detect_tool_dialect,
+    tool_dialect,
+)
 from llm_onnx.runtime.chat.dialects.base import ToolCallDelta
 from llm_onnx.runtime.chat.dialects.gemma4 import THOUGHT, read_call
 from llm_onnx.runtime.chat.dialects.think import split_reasoning, thinking_mode
 from llm_onnx.runtime.chat.render import render_chat
 from llm_onnx.runtime.chat.request import collect_calls
-from tests.gemma4_chat_model import (EOS, GEMMA4_TEMPLATE, SPECIAL_TOKENS,
-                                     save_gemma4_tokenizer)
+from tests.gemma4_chat_model import EOS, GEMMA4_TEMPLATE, SPECIAL_TOKENS, save_gemma4_tokenizer
 from tests.runtime.fakes import FakeEngine
 from tests.runtime.test_tool_calls import check_whole_and_streamed
 

@@ -15,8 +15,8 @@ import pytest
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime import Model
-from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
 from llm_onnx.runtime.generation.scheduler import Scheduler
+from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
 from tests.byte_model import EOS, byte_model_folder  # noqa: F401 (fixture)
 
 USER = [{"role": "user", "content": "Describe a person."}]

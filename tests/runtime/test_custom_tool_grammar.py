@@ -15,8 +15,7 @@ import pytest
 from llm_onnx.runtime import Model
 from llm_onnx.runtime.structured.constraint import ConstraintError
 from llm_onnx.runtime.structured.json_string_grammar import checked_grammar, json_string_grammar
-from tests.byte_model import HERMES_TEMPLATE, VOCAB, byte_model_folder  # noqa: F401 (fixture)
-from tests.byte_model import save_byte_tokenizer
+from tests.byte_model import HERMES_TEMPLATE, VOCAB, byte_model_folder, save_byte_tokenizer  # noqa: F401 (fixture)
 
 # Codex CLI's apply_patch grammar (as its binary sends it)
 APPLY_PATCH = r'''start: begin_patch hunk+ end_patch

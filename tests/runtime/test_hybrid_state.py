@@ -17,8 +17,7 @@ from llm_onnx.runtime import GenerationOptions, Model
 from llm_onnx.runtime.core.recurrent import CHECKPOINT_MARGIN, HybridCache
 from llm_onnx.runtime.generation.scheduler import Scheduler
 from llm_onnx.runtime.generation.speculative import SpeculativeOptions
-from tests.byte_model import (hybrid_byte_model_folder,  # noqa: F401 (fixtures)
-                              hybrid_byte_think_model_folder)
+from tests.byte_model import hybrid_byte_model_folder, hybrid_byte_think_model_folder  # noqa: F401 (fixtures)
 from tests.runtime.fakes import HistoryEngine, MarkovEngine
 
 ALWAYS = SpeculativeOptions(method="ngram", adaptive=False, ngram_min=1)

@@ -270,8 +270,14 @@ def test_the_docs_tables_name_every_declared_field():
     tolerates or refuses (a field added to a module without its row fails here)."""
     from pathlib import Path
 
-    from llm_onnx.serve import (anthropic_messages_request, embeddings, openai_chat,
-                                openai_choices, openai_completions, openai_responses_request)
+    from llm_onnx.serve import (
+        anthropic_messages_request,
+        embeddings,
+        openai_chat,
+        openai_choices,
+        openai_completions,
+        openai_responses_request,
+    )
 
     text = (Path(__file__).parents[2] / "docs" / "serving.md").read_text(encoding="utf-8")
     section = text[text.index("## The field policy"):text.index("### System messages after")]

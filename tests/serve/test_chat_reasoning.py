@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from llm_onnx.runtime import Model
-from tests.runtime.fakes import FakeEngine, tokenizer as fake_tokenizer
+from tests.runtime.fakes import FakeEngine
+from tests.runtime.fakes import tokenizer as fake_tokenizer
 from tests.serve.browser import ChatPage
 from tests.serve.conftest import ServerProcess
 from tests.thinking_model import thinking_model  # noqa: F401

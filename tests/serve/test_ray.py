@@ -14,12 +14,11 @@ import time
 import httpx
 import psutil
 import pytest
+import ray.serve  # noqa: E402,F401  (the [ray] extra is a required test dependency)
 
 from tests.byte_model import byte_model_folder  # noqa: F401 (fixture)
 from tests.serve.browser import ChatPage
 from tests.serve.conftest import ServerProcess, wait_until
-
-import ray.serve  # noqa: E402,F401  (the [ray] extra is a required test dependency)
 
 MODEL = "tiny-bytes"
 

@@ -16,10 +16,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 from llm_onnx.runtime import Model
-from tests.byte_model import (HERMES_TEMPLATE, byte_model_folder,  # noqa: F401 (fixtures)
-                              byte_think_model_folder)
+from tests.byte_model import HERMES_TEMPLATE, byte_model_folder, byte_think_model_folder  # noqa: F401 (fixtures)
 from tests.serve.conftest import ServerProcess
-from tests.thinking_model import QWEN3_TEMPLATE
 
 NAME = "tiny-bytes"
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city.",

@@ -22,20 +22,31 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import onnxruntime as ort
 
-from llm_onnx.errors import GenerationError, ProviderError
 from llm_onnx import model_folder as names
+from llm_onnx.errors import GenerationError, ProviderError
+from llm_onnx.model_folder import Manifest, load_manifest
 from llm_onnx.runtime.core.device_pick import DevicePicker
 from llm_onnx.runtime.core.kv_cache import KVCache, KVLayout, kv_dtype
-from llm_onnx.runtime.core.state import CacheProtocol
-from llm_onnx.model_folder import Manifest, load_manifest
 from llm_onnx.runtime.core.onnx_check import check_external_data
+from llm_onnx.runtime.core.providers import (
+    CPU,
+    CUDA,
+    captured_output,
+    parse_placement,
+    quiet_run_options,
+    quiet_session_options,
+    resolve_provider,
+)
 from llm_onnx.runtime.core.recurrent import HybridCache, StateLayout
-from llm_onnx.runtime.core.providers import (CPU, CUDA, captured_output, parse_placement,
-                                        quiet_run_options, quiet_session_options,
-                                        resolve_provider)
+
 # RuntimeOptions and the constants it uses live in runtime_options.py; importable from here too
 from llm_onnx.runtime.core.runtime_options import (  # noqa: F401
-    FPA_INTB_ENTRY, OPTIMIZATION_LEVELS, RuntimeOptions, default_threads)
+    FPA_INTB_ENTRY,
+    OPTIMIZATION_LEVELS,
+    RuntimeOptions,
+    default_threads,
+)
+from llm_onnx.runtime.core.state import CacheProtocol
 
 log = logging.getLogger("llm_onnx")
 

@@ -28,12 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
-from llm_onnx.errors import GenerationError
 from llm_onnx import model_folder as names
+from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.core.device_copy import Copy2D, HostMirror, cuda_copy2d
 from llm_onnx.runtime.core.device_pick import DevicePicker, PickBinding
 from llm_onnx.runtime.core.providers import quiet_run_options
-
 
 KV_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8}
 

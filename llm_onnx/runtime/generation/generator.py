@@ -36,16 +36,20 @@ from typing import Any
 import numpy as np
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.structured.matcher import MaskBatch
 from llm_onnx.runtime.core.engine import EngineProtocol
 from llm_onnx.runtime.core.state import CacheProtocol
 from llm_onnx.runtime.generation.model_like import ModelLike
 from llm_onnx.runtime.generation.options import GenerationOptions
+from llm_onnx.runtime.generation.prefix import Prefixes, last_run_start
 from llm_onnx.runtime.generation.results import Result, TokenEvent
 from llm_onnx.runtime.generation.sequence import SequenceState, scoring_chunk
-from llm_onnx.runtime.generation.speculative import SpeculativeOptions, Speculator, speculative_options
-from llm_onnx.runtime.generation.prefix import Prefixes, last_run_start
+from llm_onnx.runtime.generation.speculative import (
+    SpeculativeOptions,
+    Speculator,
+    speculative_options,
+)
 from llm_onnx.runtime.generation.stats import RunStats
+from llm_onnx.runtime.structured.matcher import MaskBatch
 
 
 class Generator:

@@ -19,11 +19,11 @@ import numpy as np
 import tokenizers
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.structured.matcher import RowConstraint
 from llm_onnx.runtime.generation.options import GenerationOptions
-from llm_onnx.runtime.generation.sampling import Sampler
 from llm_onnx.runtime.generation.results import Result, Timings, TokenEvent, TokenLogprob
+from llm_onnx.runtime.generation.sampling import Sampler
 from llm_onnx.runtime.generation.textstream import StopMatcher, StreamDecoder
+from llm_onnx.runtime.structured.matcher import RowConstraint
 
 
 def token_logprob(logits: np.ndarray, token_id: int, top: int) -> TokenLogprob:

@@ -10,8 +10,14 @@ import re
 from typing import Any
 
 from llm_onnx.runtime.structured.schema_check import subschemas
-from llm_onnx.runtime.structured.schema_settle import (ANNOTATIONS, bare, constants, killed,
-                                            required_of, resolve)
+from llm_onnx.runtime.structured.schema_settle import (
+    ANNOTATIONS,
+    bare,
+    constants,
+    killed,
+    required_of,
+    resolve,
+)
 
 
 def unique_items(schema: Any) -> Any:

@@ -74,13 +74,22 @@ import re
 from typing import Any
 
 from llm_onnx.runtime.structured.schema_check import subschemas
-from llm_onnx.runtime.structured.schema_keywords import (bare_refs, conditionals, dependencies, drop_format,
-                                              not_required, property_counts, property_names,
-                                              sibling_refs, unevaluated, unique_items,
-                                              unsatisfiable, without_largest_definition)
+from llm_onnx.runtime.structured.schema_keywords import (
+    bare_refs,
+    conditionals,
+    dependencies,
+    drop_format,
+    not_required,
+    property_counts,
+    property_names,
+    sibling_refs,
+    unevaluated,
+    unique_items,
+    unsatisfiable,
+    without_largest_definition,
+)
 from llm_onnx.runtime.structured.schema_one_of import exclusive_one_of
 from llm_onnx.runtime.structured.schema_settle import at, hoist_refs, resolve, settle
-
 
 _COMBINING = ("allOf", "if", "then", "else", "not", "dependentSchemas", "dependencies")
 

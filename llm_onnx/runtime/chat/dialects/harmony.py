@@ -30,13 +30,26 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from llm_onnx.runtime.chat.dialects.base import (ChatDialect, ChatPiece, ReasoningDialect, Reply,
-                                                 SpecialId, ToolCallDelta, ToolChoice,
-                                                 ToolDialect, call_schema, chosen_tools,
-                                                 new_call_id)
+from llm_onnx.runtime.chat.dialects.base import (
+    ChatDialect,
+    ChatPiece,
+    ReasoningDialect,
+    Reply,
+    SpecialId,
+    ToolCallDelta,
+    ToolChoice,
+    ToolDialect,
+    call_schema,
+    chosen_tools,
+    new_call_id,
+)
 from llm_onnx.runtime.generation.results import ToolCall
-from llm_onnx.runtime.structured.constraint import (JSON_OPTIONS, Constraint, ConstraintError,
-                                                    grammar_list)
+from llm_onnx.runtime.structured.constraint import (
+    JSON_OPTIONS,
+    Constraint,
+    ConstraintError,
+    grammar_list,
+)
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
 CONSTRAIN, RETURN, CALL = "<|constrain|>", "<|return|>", "<|call|>"

@@ -10,9 +10,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from llm_onnx.runtime.chat.dialects.base import (ChatDialect, ChatPiece, ReasoningDialect, Reply,
-                                                 SpecialId, ThinkingReader, ToolCallDelta,
-                                                 ToolChoice)
+from llm_onnx.runtime.chat.dialects.base import (
+    ChatDialect,
+    ChatPiece,
+    ReasoningDialect,
+    Reply,
+    SpecialId,
+    ThinkingReader,
+    ToolCallDelta,
+    ToolChoice,
+)
 from llm_onnx.runtime.generation.results import ToolCall
 from llm_onnx.runtime.structured.constraint import Constraint
 

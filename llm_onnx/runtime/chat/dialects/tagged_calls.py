@@ -26,9 +26,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from llm_onnx.runtime.chat.dialects.base import (ChatDialect, ReasoningDialect, SpecialId,
-                                                 ToolCallDelta, ToolChoice, ToolDialect,
-                                                 call_schema, chosen_tools, new_call_id)
+from llm_onnx.runtime.chat.dialects.base import (
+    ChatDialect,
+    ReasoningDialect,
+    SpecialId,
+    ToolCallDelta,
+    ToolChoice,
+    ToolDialect,
+    call_schema,
+    chosen_tools,
+    new_call_id,
+)
 from llm_onnx.runtime.chat.dialects.tagged import TaggedDialect
 from llm_onnx.runtime.generation.results import ToolCall
 from llm_onnx.runtime.structured.constraint import JSON_OPTIONS, Constraint, grammar_list
