@@ -22,7 +22,7 @@ from llm_onnx.runtime.chat.dialects.think import (
 from tests.runtime.fakes import FakeEngine
 from tests.runtime.fakes import tokenizer as fake_tokenizer
 from tests.runtime.test_runtime_models import hf_greedy_run
-from tests.thinking_model import END_THINK, FIRST_THOUGHT, THINK, thinking_model  # noqa: F401
+from tests.thinking_model import END_THINK, FIRST_THOUGHT, THINK
 
 USER = [{"role": "user", "content": "t30 t31 t32"}]
 NEW = 8

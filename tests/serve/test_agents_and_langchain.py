@@ -14,7 +14,7 @@ from typing import Annotated
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.byte_model import HERMES_TEMPLATE, byte_model_folder  # noqa: F401 (fixture)
+from tests.byte_model import HERMES_TEMPLATE
 from tests.serve.conftest import ServerProcess
 
 NAME = "tiny-bytes"
@@ -26,7 +26,7 @@ class Person(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server(byte_model_folder):  # noqa: F811
+def server(byte_model_folder):
     proc = ServerProcess(byte_model_folder, "--max-batch", "2", "--chat-template",
                          str(HERMES_TEMPLATE))
     yield proc

@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from llm_onnx.runtime import Model
-from tests.byte_model import HERMES_TEMPLATE, byte_model_folder, byte_think_model_folder  # noqa: F401 (fixtures)
+from tests.byte_model import HERMES_TEMPLATE
 from tests.serve.conftest import ServerProcess
 
 NAME = "tiny-bytes"
@@ -32,7 +32,7 @@ class Person(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server(byte_model_folder):  # noqa: F811
+def server(byte_model_folder):
     proc = ServerProcess(byte_model_folder, "--max-batch", "2", "--chat-template",
                          str(HERMES_TEMPLATE), "--stored-responses", "3")
     yield proc
@@ -40,7 +40,7 @@ def server(byte_model_folder):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def model(byte_model_folder):  # noqa: F811
+def model(byte_model_folder):
     return Model.load(byte_model_folder, provider="cpu", threads=1,
                       chat_template=str(HERMES_TEMPLATE), speculative="off")
 
@@ -214,7 +214,7 @@ THINKING_CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n'
                    "{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}")
 
 
-def test_a_reasoning_models_thinking_is_a_reasoning_item(byte_think_model_folder, tmp_path):  # noqa: F811
+def test_a_reasoning_models_thinking_is_a_reasoning_item(byte_think_model_folder, tmp_path):
     from openai import OpenAI
 
     template = tmp_path / "thinking.jinja"
