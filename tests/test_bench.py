@@ -190,7 +190,7 @@ def test_moe_decode_step_reads_the_top_k_experts_share(tiny_export):
 
     folder = tiny_export("qwen3_moe_tiny", "int4")
     m = read_manifest(folder)
-    V, D, L, E, K, I = 256, 64, 2, 4, 2, 32
+    V, D, L, E, K, I = 256, 64, 2, 4, 2, 32  # noqa: E741 (I: the intermediate size)
     assert (m.config.vocab_size, m.config.hidden_size, m.config.num_hidden_layers,
             m.config.moe.num_experts, m.config.moe.num_experts_per_tok,
             m.config.moe.moe_intermediate_size) == (V, D, L, E, K, I)
@@ -258,7 +258,7 @@ def test_gemma4_decode_step_reads_the_chosen_experts_share(tiny_export):
 
     folder = tiny_export("gemma4_tiny", "int8")  # (the folder test_architectures exports)
     m = read_manifest(folder)
-    D, L, E, K, I = 48, 4, 4, 2, 32
+    D, L, E, K, I = 48, 4, 4, 2, 32  # noqa: E741 (I: the intermediate size)
     assert (m.config.hidden_size, m.config.num_hidden_layers, m.config.moe.num_experts,
             m.config.moe.num_experts_per_tok, m.config.moe.moe_intermediate_size,
             m.config.tie_word_embeddings) == (D, L, E, K, I, True)

@@ -150,7 +150,8 @@ def _rerun_with_huge_pages() -> None:
 @_handle_errors
 def export(config_name, checkpoint, random_weights, seed, precision, out, max_seq_len, block_size,
            float_embeddings, embedding_bits, accuracy_level, experts_accuracy_level,
-           experts_block_size, experts_scheme, quant_scheme, quant_method, calibration_text, kv_cache, all_logits, plain_attention, target, task,
+           experts_block_size, experts_scheme, quant_scheme, quant_method, calibration_text,
+           kv_cache, all_logits, plain_attention, target, task,
            pooling, normalize, no_validate, allow_parity_failure, verbose, force,
            no_huge_pages, offline) -> None:
     """Export a model to an ONNX model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,

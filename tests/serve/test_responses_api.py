@@ -152,7 +152,8 @@ def test_stored_responses_are_read_deleted_and_bounded(client, server):
     ({"input": [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]},
      "input[0].call_id", "answers no call made"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "input[0].content[0]", "is an input_image part: this model folder takes text only; export it from the multimodal checkpoint."),
+     "input[0].content[0]", "is an input_image part: this model folder takes text only; export "
+     "it from the multimodal checkpoint."),
     ({"input": "Hi", "text": {"format": {"type": "yaml"}}}, "text.format.type", "text, json_obj"),
     ({"input": "Hi", "max_output_tokens": 0}, "max_output_tokens", ""),
     ({"input": []}, "input", "non-empty"),

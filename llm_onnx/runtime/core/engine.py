@@ -368,8 +368,9 @@ class Engine:
         Rows with ``active[i]`` false (free rows, rows between prefill chunks, inside the range)
         ride along: their token is written at their first invalid position, which they never
         read, and their length stays, so a free row keeps its cached prefix. A full idle row
-        gives up its last position for this (a cache with a spare position writes there). Riding along costs a row of compute: the generator
-        keeps running rows together at the bottom of the cache.
+        gives up its last position for this (a cache with a spare position writes there). Riding
+        along costs a row of compute: the generator keeps running rows together at the bottom of
+        the cache.
         """
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         n = tokens.shape[0]

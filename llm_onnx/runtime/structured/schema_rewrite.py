@@ -63,8 +63,9 @@ as written.
   place. A schema this leaves unsatisfiable is refused. A schema the engine finds too large
   loses its largest definition that may be absent, the same way, until it fits.
 
-``default_rewrite(schema)`` (objects closed and ordered, integers bounded) is the default; ``tighten(schema, message)`` applies the rewrite the
-engine's refusal ``message`` asks for (None when none applies: the schema is refused).
+``default_rewrite(schema)`` (objects closed and ordered, integers bounded) is the default;
+``tighten(schema, message)`` applies the rewrite the engine's refusal ``message`` asks for (None
+when none applies: the schema is refused).
 """
 
 from __future__ import annotations

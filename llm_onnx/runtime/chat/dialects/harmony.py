@@ -2,7 +2,7 @@
 channel.
 
     <|channel|>analysis<|message|>thinking...<|end|>
-    <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}<|call|>
+    <|start|>assistant<|channel|>commentary to=functions.weather <|constrain|>json<|message|>{"city": "Oslo"}<|call|>
     <|start|>assistant<|channel|>final<|message|>the answer<|return|>
 
 The prompt ends with ``<|start|>assistant``; the model writes the rest of each message's header
