@@ -104,6 +104,18 @@ class EngineProtocol(Protocol):
         ...
 
 
+class VerifyingEngine(EngineProtocol, Protocol):
+    """An engine with Engine's two optional abilities, which the generator uses only where the
+    engine says it has them: ``verify`` (every position's logits; ``verifies``) and greedy ids
+    picked on the device (``decode(greedy=True)``; ``picks_on_device``)."""
+
+    def verify(self, cache: CacheProtocol, row: int, ids: Sequence[int] | np.ndarray,
+               ) -> np.ndarray: ...
+
+    def decode(self, cache: CacheProtocol, tokens: np.ndarray, active: np.ndarray | None = None,
+               first_row: int = 0, greedy: bool = False) -> np.ndarray: ...
+
+
 class Engine:
     """A loaded model folder: manifest, ORT session(s), and runs of tokens through a KVCache.
     Thread-safe: each request (or scheduler) brings its own KVCache, which owns its bindings."""
@@ -139,7 +151,8 @@ class Engine:
         # and, with CUDA graphs on, prefill and ungraphed decode run without one (id -1).
         self.run_options = quiet_run_options(-1 if self.cuda_graph else None)
         # decode(greedy=True) picks on the device (DevicePicker): no logits to the host
-        self.picks_on_device, self._picker = self.provider == CUDA, None
+        self.picks_on_device = self.provider == CUDA
+        self._picker: DevicePicker | None = None
         # from 2 rows (H200, qwen3_8b): the pick 0.07 ms at 1-16 rows, the host's copy and
         # argmax 0.06 ms at 1 row, 1.3 at 32 (docs/gpu-report.md)
         self.pick_min_rows = 2
@@ -450,18 +463,18 @@ class Engine:
         # ORT runs a graph's first call twice (a warm-up run, then the capture), and recurrent
         # states updated in place would take that step twice: the states as they were, then
         # the call again (a replay, once). Seen on an H200: Qwen3.5's steps 11% off.
-        saved = cache.states_copy() if binding.replays == 0 and isinstance(cache, HybridCache) \
-            else None
+        hybrid = cache if binding.replays == 0 and isinstance(cache, HybridCache) else None
+        saved = hybrid.states_copy() if hybrid is not None else []
         try:
-            if saved is not None:
+            if hybrid is not None:
                 self._run(binding, tokens, seqlens, cache.length, active)
-                cache.states_restore(saved)
+                hybrid.states_restore(saved)
             return self._run(binding, tokens, seqlens, cache.length, active, greedy)
         except Exception as e:  # noqa: BLE001 - ORT's capture errors: decode without graphs
             if binding.replays:
                 raise
-            if saved is not None:
-                cache.states_restore(saved)
+            if hybrid is not None:
+                hybrid.states_restore(saved)
             self._no_graphs(f"capturing the decode graph of {rows} rows failed "
                             f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else e})")
             plain = cache.decode_binding(self.decode_session, 0, rows, self.vocab_size,
