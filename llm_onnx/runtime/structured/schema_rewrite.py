@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import copy
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 from llm_onnx.runtime.structured.schema_check import subschemas
 from llm_onnx.runtime.structured.schema_keywords import (
@@ -153,7 +153,7 @@ def _bound_digits(node: dict) -> bool:
     return changed
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
