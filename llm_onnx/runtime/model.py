@@ -80,6 +80,8 @@ class Model:
             for this one (implies speculative "draft").
     """
 
+    draft_model: Model | None  # the loaded draft model (speculative "draft"), else None
+
     def __init__(self, folder: Path | str, runtime: RuntimeOptions | None = None, *,
                  chat_template: Path | str | None = None,
                  tool_call_format: str | None = None,
@@ -89,6 +91,7 @@ class Model:
         start = time.perf_counter()
         engine = open_engine(folder, runtime)
         m = engine.manifest
+        assert m.folder is not None  # a manifest read from a folder knows it
         tok_file = m.folder / "tokenizer.json"
         tokenizer = tokenizers.Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
         embeds = isinstance(engine, EmbeddingEngine)
@@ -129,8 +132,8 @@ class Model:
         self.speculative_is_default = speculative is None and draft_model is None
         if speculative is None and draft_model is None:
             manifest = getattr(self.engine, "manifest", None)
-            precision = manifest.precision.precision if manifest is not None else None
-            speculative = DEFAULT_SPECULATIVE.get(precision, "off")
+            speculative = "off" if manifest is None else \
+                DEFAULT_SPECULATIVE.get(manifest.precision.precision, "off")
         opts = speculative_options(speculative, num_tokens=num_speculative_tokens,
                                    draft_model=draft_model)
         self.draft_model = None
@@ -313,7 +316,8 @@ class Model:
         self.require_generation()
         opts = self.options(options, overrides)
         batch = _is_batch(prompt)
-        prompts = [self.prompt_ids(p) for p in (prompt if batch else [prompt])]  # type: ignore[union-attr]
+        # a batch is a list of prompts (_is_batch), which the type of `prompt` cannot say
+        prompts = [self.prompt_ids(p) for p in (prompt if batch else [prompt])]  # type: ignore[arg-type]
         gen = self._start(prompts, opts)
         for _ in gen.events():
             pass

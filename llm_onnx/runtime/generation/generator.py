@@ -31,12 +31,12 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.core.engine import EngineProtocol
+from llm_onnx.runtime.core.engine import EngineProtocol, VerifyingEngine
 from llm_onnx.runtime.core.state import CacheProtocol
 from llm_onnx.runtime.generation.model_like import ModelLike
 from llm_onnx.runtime.generation.options import GenerationOptions
@@ -159,7 +159,8 @@ class Generator:
             raise GenerationError(f"the prompt has {len(prompt)} tokens but {what} is "
                                   f"{self.max_length} tokens (prompt and answer together).")
         limit = min(opts.max_new_tokens, self.max_length - len(prompt))
-        constraint, shown = None, frozenset()
+        constraint = None
+        shown: frozenset[int] = frozenset()
         if opts.constraint is not None:  # compiled (or taken from the cache) before any change
             constraints = self.model.constraints
             constraint = constraints.start(opts.constraint)
@@ -301,18 +302,18 @@ class Generator:
         docstring). Returns the tokens picked, one event per row that picked one."""
         return self.prefill_step() + self.decode_step()
 
-    def prefill_step(self, budget: int | None = None) -> list[TokenEvent]:
+    def prefill_step(self, budget: float | None = None) -> list[TokenEvent]:
         """Run waiting prompt tokens of rows with two or more, oldest row first, up to ``budget``
-        tokens (default ``prefill_chunk``; at least one chunk runs)."""
+        tokens (default ``prefill_chunk``; math.inf: all; at least one chunk runs)."""
         if self._cache is None:
             return []
         cache = self._cache
         left = budget or self.prefill_chunk or math.inf
         riding = set(self.decoding_rows)
-        waiting = [r for r in self.running_rows if r not in riding
-                   and len(self._seqs[r].tokens) - cache.length_of(r) >= 2]  # type: ignore[union-attr]
+        prompting = [r for r in self.running_rows if r not in riding
+                     and len(self._seqs[r].tokens) - cache.length_of(r) >= 2]  # type: ignore[union-attr]
         events = []
-        for row in sorted(waiting, key=self._admitted.__getitem__):
+        for row in sorted(prompting, key=self._admitted.__getitem__):
             if left <= 0:
                 break
             seq = self._seqs[row]
@@ -331,8 +332,9 @@ class Generator:
             last = start + n == len(seq.tokens)
             pending = self._start_masks([row]) if last else None
             began = time.perf_counter()
-            if scoring:  # every position's logits: the prompt's tokens are scored
-                window = self.engine.verify(cache, row, seq.tokens[start:start + n])
+            if scoring:  # every position's logits (append_tokens checked the engine verifies)
+                window = cast(VerifyingEngine, self.engine).verify(cache, row,
+                                                                   seq.tokens[start:start + n])
                 seq.score_prompt(start, window)
                 logits = window[-1]
             else:
@@ -389,7 +391,8 @@ class Generator:
         greedy = getattr(self.engine, "picks_on_device", False) and all(  # ids, not logits
             self._seqs[r].greedy_only for r in picking)  # type: ignore[union-attr]
         began = time.perf_counter()
-        logits = self.engine.decode(cache, tokens, active, first, greedy=True) if greedy \
+        logits = cast(VerifyingEngine, self.engine).decode(cache, tokens, active, first,
+                                                           greedy=True) if greedy \
             else self.engine.decode(cache, tokens, active, first)
         took = time.perf_counter() - began
         self.stats.decode_s += took

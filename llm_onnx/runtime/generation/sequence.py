@@ -95,6 +95,10 @@ class SequenceState:
         shown_special: special tokens whose text the reply keeps (tool-call markers).
     """
 
+    # the reply's text pieces and generated tokens' logprobs (reset by _restart_text)
+    _pieces: list[str]
+    _logprobs: list[TokenLogprob]
+
     def __init__(self, prompt: Sequence[int], options: GenerationOptions, *, vocab_size: int,
                  tokenizer: tokenizers.Tokenizer | None, eos_token_ids: Sequence[int], limit: int,
                  logprobs: int | None = None, rng: np.random.Generator | None = None,
@@ -326,8 +330,8 @@ class SequenceState:
         self._decoder = StreamDecoder(self.tokenizer, prompt, shown=self._shown_special) \
             if self.tokenizer else None
         self._stops = StopMatcher(self.options.stop)
-        self._pieces: list[str] = []
-        self._logprobs: list[TokenLogprob] = []
+        self._pieces = []
+        self._logprobs = []
 
     def _push_text(self, token: int) -> tuple[str, bool]:
         if self._decoder is None:
