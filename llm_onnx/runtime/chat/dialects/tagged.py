@@ -40,8 +40,13 @@ class CallStream(Protocol):
 class CallFormat(Protocol):
     """How the calls are written (tagged_calls.TaggedCalls)."""
 
-    name: str
-    free_form: bool  # a call can carry a custom tool's free text (tagged_calls.py)
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def free_form(self) -> bool:
+        """A call can carry a custom tool's free text (tagged_calls.py)."""
+        ...
 
     def grammar(self, tools: Sequence[dict], choice: ToolChoice, parallel: bool,
                 special_id: SpecialId, answer: Constraint | None = None) -> Constraint: ...

@@ -203,10 +203,10 @@ class TaggedCalls(ToolDialect):
             self._read_array(text, i, out)
             return out
         while True:
-            i = self.read_call(text, i, out)
-            if i is None:
+            after = self.read_call(text, i, out)
+            if after is None:
                 return out
-            i = skip_space(text, i)
+            i = skip_space(text, after)
             if not text.startswith(self.end, i):
                 return out
             i = skip_space(text, i + len(self.end))
@@ -226,10 +226,10 @@ class TaggedCalls(ToolDialect):
             return Scan(text)
         out = Scan("")
         while True:
-            i = self.read_call(text, i, out)
-            if i is None:
+            after = self.read_call(text, i, out)
+            if after is None:
                 return out
-            i = skip_space(text, i)
+            i = skip_space(text, after)
             if not text.startswith(self.separator, i):
                 return out
             i += len(self.separator)
