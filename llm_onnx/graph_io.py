@@ -23,6 +23,18 @@ VALID_TOKENS = "valid_tokens"  # (B,) int32, models with such layers: new tokens
 # embed.onnx: input_ids (B, T) int64 right-padded, and each row's real tokens; one vector a row
 SEQUENCE_LENGTHS = "sequence_lengths"  # (B,) int32, 1 <= n <= T
 EMBEDDINGS = "embeddings"  # (B, E) float32, pooled (and L2-normalised where the spec says)
+# A folder that takes images: prefill.onnx and decode.onnx also take (modeling/multimodal.py)
+POSITION_IDS = "position_ids"  # (3, B, T) int64: each new token's time, height, width position
+IMAGE_EMBEDS = "image_embeds"  # (M, D) float32: embeddings to place (vision.onnx's output too)
+IMAGE_TOKEN_INDEX = "image_token_index"  # (M,) int64: where, among the B*T new tokens
+DEEPSTACK_EMBEDS = "deepstack_embeds"  # (K, M, D) float32: Qwen3-VL's DeepStack features
+# vision.onnx: one image's patches in, its soft tokens' embeddings out (modeling/vision_tower.py)
+PIXEL_VALUES = "pixel_values"  # (N, C*T*P*P) float32, the processor's patches in its order
+POSITION_INDEX = "position_index"  # (N, 4) int64: rows of the learned position grid blended
+POSITION_WEIGHT = "position_weight"  # (N, 4) float32: their bilinear weights
+ROTARY_COS = "rotary_cos"  # (N, D/2) float32: each patch's 2-D RoPE (height, then width angles)
+ROTARY_SIN = "rotary_sin"
+VISION_INPUTS = (PIXEL_VALUES, POSITION_INDEX, POSITION_WEIGHT, ROTARY_COS, ROTARY_SIN)
 
 
 def state_names(num_layers: int, linear: Collection[int] = (),
@@ -49,13 +61,20 @@ def input_names(num_layers: int, linear: Collection[int] = (),
         past for past, _ in state_names(num_layers, linear, shared)]
 
 
+def image_input_names(deepstack: bool) -> list[str]:
+    """The inputs a decoder that takes images adds, in the graphs' order."""
+    return [POSITION_IDS, IMAGE_EMBEDS, IMAGE_TOKEN_INDEX] + ([DEEPSTACK_EMBEDS] if deepstack
+                                                              else [])
+
+
+def vision_output_names(deepstack: bool) -> list[str]:
+    return [IMAGE_EMBEDS] + ([DEEPSTACK_EMBEDS] if deepstack else [])
+
+
 def output_names(num_layers: int, linear: Collection[int] = ()) -> list[str]:
     """Every layer's presents (Gemma 4's KV-shared layers too: bound to their source's buffer,
     while their pasts are not inputs)."""
     return [LOGITS] + [present for _, present in state_names(num_layers, linear)]
 
 
-__all__ = ["INPUT_IDS", "SEQLENS_K", "TOTAL_SEQUENCE_LENGTH", "PAST_KEY", "PAST_VALUE", "LOGITS",
-           "LOGITS_WINDOW", "PRESENT_KEY", "PRESENT_VALUE", "PAST_CONV", "PAST_RECURRENT",
-           "PRESENT_CONV", "PRESENT_RECURRENT", "VALID_TOKENS", "SEQUENCE_LENGTHS", "EMBEDDINGS",
-           "state_names", "input_names", "output_names"]
+__all__ = ["INPUT_IDS", "SEQLENS_K", "TOTAL_SEQUENCE_LENGTH", "PAST_KEY", "PAST_VALUE", "LOGITS", "LOGITS_WINDOW", "PRESENT_KEY", "PRESENT_VALUE", "PAST_CONV", "PAST_RECURRENT", "PRESENT_CONV", "PRESENT_RECURRENT", "VALID_TOKENS", "SEQUENCE_LENGTHS", "EMBEDDINGS", "state_names", "input_names", "output_names", "POSITION_IDS", "IMAGE_EMBEDS", "IMAGE_TOKEN_INDEX", "DEEPSTACK_EMBEDS", "PIXEL_VALUES", "POSITION_INDEX", "POSITION_WEIGHT", "ROTARY_COS", "ROTARY_SIN", "VISION_INPUTS", "image_input_names", "vision_output_names"]

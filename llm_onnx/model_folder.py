@@ -1,10 +1,12 @@
 """The model folder contract: what `llm-onnx export` writes and the runtime reads.
 
 A model folder holds prefill.onnx, decode.onnx, weights.data (shared by both graphs), tokenizer
-files and manifest.json; an embedding model's folder (``task`` "embed", ``llm-onnx export --task
-embed``) holds embed.onnx and weights.data instead. This module types the manifest: frozen
-dataclasses with ``to_json`` / ``from_json``, the graphs' input and output names (graph_io,
-re-exported here), and the checks the runtime makes before it trusts a folder (format version,
+files and manifest.json; a folder that takes images also vision.onnx (its tensors in the same
+weights.data; ``images`` says how prompts take them); an embedding model's folder (``task``
+"embed", ``llm-onnx export --task embed``) holds embed.onnx and weights.data instead. This
+module types the manifest: frozen dataclasses with ``to_json`` / ``from_json`` (its sections in
+manifest_sections.py), the graphs' input and output names (graph_io), both re-exported here,
+and the checks the runtime makes before it trusts a folder (format version,
 files present, sizes and sha256). The exporter builds a ``Manifest``; everyone else reads its
 attributes. Imports neither torch nor onnxruntime.
 """
@@ -21,25 +23,17 @@ from pathlib import Path
 
 from llm_onnx.errors import ModelFolderError
 from llm_onnx.graph_io import (  # noqa: F401 (re-exported: mf.INPUT_IDS, mf.state_names, ...)
-    EMBEDDINGS,
-    INPUT_IDS,
-    LOGITS,
-    LOGITS_WINDOW,
-    PAST_CONV,
-    PAST_KEY,
-    PAST_RECURRENT,
-    PAST_VALUE,
-    PRESENT_CONV,
-    PRESENT_KEY,
-    PRESENT_RECURRENT,
-    PRESENT_VALUE,
-    SEQLENS_K,
-    SEQUENCE_LENGTHS,
-    TOTAL_SEQUENCE_LENGTH,
-    VALID_TOKENS,
-    input_names,
-    output_names,
-    state_names,
+    EMBEDDINGS, INPUT_IDS, LOGITS, LOGITS_WINDOW, PAST_CONV, PAST_KEY, PAST_RECURRENT,
+    PAST_VALUE, PRESENT_CONV, PRESENT_KEY, PRESENT_RECURRENT, PRESENT_VALUE, SEQLENS_K,
+    SEQUENCE_LENGTHS, TOTAL_SEQUENCE_LENGTH, VALID_TOKENS, input_names, output_names,
+    state_names, POSITION_IDS, IMAGE_EMBEDS, IMAGE_TOKEN_INDEX, DEEPSTACK_EMBEDS, PIXEL_VALUES,
+    POSITION_INDEX, POSITION_WEIGHT, ROTARY_COS, ROTARY_SIN, VISION_INPUTS, image_input_names,
+    vision_output_names,
+)
+from llm_onnx.manifest_sections import (  # noqa: F401 (re-exported: mf.KVCacheSpec, ...)
+    STATE_KINDS, EmbeddingSpec, ExpertsQuantization, FileEntry, GenerationDefaults, GraphSpec,
+    ImagesSpec, KernelsSpec, KVCacheSpec, ParityReport, Precision, Quantization,
+    RecurrentStateSpec, SourceSpec, TensorSpec, TokenizerSpec, WeightsSpec,
 )
 from llm_onnx.modeling.config import ModelConfig
 from llm_onnx.typed_json import plain, typed
@@ -48,229 +42,20 @@ FORMAT = "llm-onnx-model"
 FORMAT_VERSION = 2  # 2: typed sections, the real quantization scheme, special tokens
 # 3: only a folder with an int8 KV cache, which an older llm-onnx must refuse (others stay 2)
 INT8_CACHE_VERSION = 3
+# 4: only a folder that takes images (graphs with image inputs, which an older llm-onnx would
+# run as text and fail to bind)
+IMAGES_VERSION = 4
 MANIFEST = "manifest.json"
 PREFILL, DECODE, WEIGHTS = "prefill.onnx", "decode.onnx", "weights.data"
+VISION = "vision.onnx"
+MODALITIES = ("text", "image")
 EMBED = "embed.onnx"
 # What a folder's graphs compute: "generate" (next-token logits over a KV cache: prefill.onnx,
 # decode.onnx) or "embed" (one pooled vector per text in one run: embed.onnx)
 TASKS = ("generate", "embed")
 POOLINGS = ("last", "mean", "cls")  # EmbeddingSpec.pooling
 
-# ----------------------------------------------------------------------------- sections
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """A graph input or output: dims are numbers or symbolic names."""
-
-    name: str
-    dtype: str | None
-    shape: tuple[int | str, ...]
-
-
-@dataclass(frozen=True)
-class GraphSpec:
-    file: str
-    logits: str  # "last": each row's last position; "all": every position; "window": the last W,
-    # W the length of the input logits_window (default 1: its initializer); "none": embed.onnx
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-
-
-@dataclass(frozen=True)
-class ExpertsQuantization:
-    """How a mixture of experts' quantized experts are stored and computed (ONNX Runtime's QMoE,
-    or Gemma 4's MatMulNBits experts), which can differ from the other projections."""
-
-    block_size: int
-    scheme: str  # "zero_point" (a zero point per block) | "symmetric"
-    accuracy_level: int  # QMoE: 0 = float activations, 4 = int8 activations
-
-
-@dataclass(frozen=True)
-class Quantization:
-    """What a quantized export did to the weights (MatMulNBits, GatherBlockQuantized, QMoE)."""
-
-    bits: int
-    block_size: int
-    scheme: str  # "zero_point" (uint zero points), "offset" (float block minimums), "symmetric"
-    accuracy_level: int  # MatMulNBits: 0 = float activations, 4 = int8 activations
-    embedding_bits: int | None  # the embedding and LM head; None: kept float
-    scale_search: bool
-    quantized_tensors: int
-    quantized: tuple[str, ...]  # module paths, per-layer ones as layers.*
-    kept_float: tuple[str, ...]
-    # how blocks were fitted: "minmax" (the block's range), "search" (weighted least squares),
-    # "awq" (activation-aware scales folded into the weights + activation-weighted search)
-    method: str = "minmax"
-    calibration: str | None = None  # what awq calibrated on
-    source: str | None = None  # what the weights were quantized from, and why this scheme
-    # a mixture of experts' experts; left out of the JSON for models without (older readers
-    # refuse fields they do not know)
-    experts: ExpertsQuantization | None = field(default=None, metadata={"omit_none": True})
-
-
-@dataclass(frozen=True)
-class Precision:
-    precision: str  # fp32 | fp16 | int8 | int4
-    weights: str  # what the projections store, in words
-    activations: str  # what the projections compute in
-    residual_stream: str = "float32"
-    quantization: Quantization | None = None
-    # The execution provider the graphs were built for: "cuda" folders have a CUDA kernel for
-    # every compute node (float16 attention, float16 activations for quantized weights).
-    target: str = "cpu"
-
-
-@dataclass(frozen=True)
-class KVCacheSpec:
-    num_layers: int
-    num_key_value_heads: int
-    head_dim: int
-    dtype: str  # "float32" | "float16" | "int8" (then format_version INT8_CACHE_VERSION)
-    layout: str = "BNSH"
-    shared_buffer: bool = True  # past and present are bound to one buffer, updated in place
-    # The attention reading and writing it (attention.attention_form): "fused" (GroupQueryAttention
-    # with RoPE inside), "rotary outside" (RoPE as its own op) or "plain" (plain ONNX ops, for
-    # head sizes GroupQueryAttention refuses), and what ruled out the faster forms.
-    attention: str = "fused"
-    attention_why: str | None = None
-    # The layers that own a buffer (None: every layer; Qwen3.5: its full-attention layers only;
-    # Gemma 4: not its KV-shared layers, which read the buffer of ``sources``' layer)
-    layers: tuple[int, ...] | None = None
-    # Per layer of ``layer_indices``, (KV heads, head size) of its buffers, where they differ
-    # between layers (Gemma 4's full layers); None: every buffer (num_key_value_heads, head_dim)
-    shapes: tuple[tuple[int, int], ...] | None = None
-    # Gemma 4: {KV-shared layer (its number as a string, as JSON keys are): the layer whose
-    # buffer it reads}. Those layers have no past inputs; their present outputs are bound to
-    # the source layer's buffer too, where their kernel rewrites the same keys and values in
-    # place and attends over it (no copy)
-    sources: dict[str, int] | None = None
-    # An int8 cache: how its scales (initializers model.layers.N.self_attn.k|v_scale) were made
-    scales: str | None = None
-
-    @property
-    def layer_indices(self) -> tuple[int, ...]:
-        return self.layers if self.layers is not None else tuple(range(self.num_layers))
-
-    def buffer_shape(self, j: int) -> tuple[int, int]:
-        """(KV heads, head size) of the j-th buffer-owning layer's keys and values."""
-        if self.shapes is None:
-            return self.num_key_value_heads, self.head_dim
-        heads, head_dim = self.shapes[j]
-        return int(heads), int(head_dim)
-
-
-# The kinds of per-row recurrent state this llm-onnx reads (RecurrentStateSpec.kind).
-STATE_KINDS = ("gated_delta",)
-
-
-@dataclass(frozen=True)
-class RecurrentStateSpec:
-    """The per-row state of a model's linear-attention layers (Qwen3.5's Gated DeltaNet): each
-    of ``layers`` has a conv state (``conv_shape`` per row: the convolution's last K-1 inputs)
-    and a recurrent state (``recurrent_shape`` per row: (Hv, dk, dv)), both graph inputs and
-    outputs bound in place. Unlike a KV cache it has no positions: it cannot be cut back, so the
-    runtime keeps copies of it (checkpoints) where a row may be rewound to."""
-
-    kind: str  # "gated_delta"
-    layers: tuple[int, ...]
-    conv_shape: tuple[int, ...]
-    recurrent_shape: tuple[int, ...]
-    dtype: str = "float32"
-
-    @property
-    def row_bytes(self) -> int:
-        """Bytes of one row's state (every linear-attention layer, both tensors)."""
-        per = 1
-        for d in self.conv_shape:
-            per *= d
-        rec = 1
-        for d in self.recurrent_shape:
-            rec *= d
-        return len(self.layers) * (per + rec) * (2 if self.dtype == "float16" else 4)
-
-
-@dataclass(frozen=True)
-class EmbeddingSpec:
-    """What embed.onnx returns: each row's final hidden states (after the final norm) pooled
-    over its real tokens: ``pooling`` "last" (the last token's), "mean" (their average) or
-    "cls" (the first token's), then divided by their L2 norm when ``normalize``. ``dimensions``:
-    the vector's length (a caller may keep its first d and re-normalise: Matryoshka models).
-    ``rule``: where pooling and normalization were read from, in words."""
-
-    pooling: str
-    normalize: bool
-    dimensions: int
-    rule: str
-
-
-@dataclass(frozen=True)
-class TokenizerSpec:
-    files: tuple[str, ...]
-    bos_token_id: int | None
-    eos_token_ids: tuple[int, ...]
-    add_bos_token: bool
-    chat_template: str | None
-    special_tokens: dict[str, str]  # bos_token, eos_token, ... as the chat template sees them
-
-
-@dataclass(frozen=True)
-class GenerationDefaults:
-    """The checkpoint's generation_config.json (sampling defaults), where it had one."""
-
-    do_sample: bool | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    repetition_penalty: float | None = None
-
-
-@dataclass(frozen=True)
-class ParityReport:
-    """The export's check of ONNX Runtime against torch on the written tensors (or why not)."""
-
-    scope: str  # "whole model", the cut-down model it ran on, or "skipped"
-    prompts: int = 0
-    prompt_lengths: tuple[int, ...] = ()
-    decode_steps: int = 0
-    logits_max_abs_diff: float | None = None
-    logits_max_abs: float | None = None
-    relative_logits_diff: float | None = None  # a diagnostic: the gate judges the KL and top tokens
-    kl_divergence: float | None = None  # mean over the compared positions
-    kl_max_position: float | None = None  # at the worst one
-    greedy_agreement: float | None = None
-    clear_agreement: float | None = None  # where torch's top token led clearly
-    present_kv_max_abs_diff: float | None = None
-    present_state_max_abs_diff: float | None = None  # linear-attention layers' states
-    thresholds: dict[str, float] = field(default_factory=dict)
-    # Why the gate found the export broken, kept with --allow-parity-failure (empty: it passed)
-    failures: tuple[str, ...] = ()
-    # The same prompts through the runtime on CUDA (exports for a GPU, made where one is usable).
-    cuda_relative_logits_diff: float | None = None
-    cuda_kl_divergence: float | None = None
-    cuda_greedy_agreement: float | None = None
-    # An embedding model's embed.onnx (then the logits fields stay empty)
-    embeddings_max_abs_diff: float | None = None
-    embeddings_min_cosine: float | None = None
-
-
-@dataclass(frozen=True)
-class SourceSpec:
-    kind: str  # "hf" | "gguf" | "random"
-    path: str | None
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    bytes: int
-    sha256: str
-
-
-@dataclass(frozen=True)
-class WeightsSpec:
-    file: str
-    bytes: int
-
+# ----------------------------------------------------------------------------- the manifest
 
 @dataclass(frozen=True)
 class Manifest:
@@ -296,6 +81,11 @@ class Manifest:
     # describes the attention inside the graph, which keeps its keys and values for one run
     task: str = "generate"
     embedding: EmbeddingSpec | None = None
+    # What prompts may hold: ("text",), or ("text", "image") with ``images`` saying how
+    modalities: tuple[str, ...] = ("text",)
+    images: ImagesSpec | None = field(default=None, metadata={"omit_none": True})
+    # llm-onnx's own operators (--kernels llm_onnx); left out of the JSON without them
+    kernels: KernelsSpec | None = field(default=None, metadata={"omit_none": True})
     folder: Path | None = field(default=None, compare=False)
 
     # -------------------------------------------------------------- reading
@@ -307,6 +97,10 @@ class Manifest:
     @property
     def vocab_size(self) -> int:
         return self.config.vocab_size
+
+    @property
+    def takes_images(self) -> bool:
+        return self.images is not None
 
     def cuda_blockers(self) -> list[str]:
         """Why this folder cannot run wholly on CUDA (empty when it can); see cuda_blockers."""
@@ -321,10 +115,12 @@ class Manifest:
     # -------------------------------------------------------------- JSON
 
     def to_json(self) -> str:
-        data = {"format": FORMAT, "format_version": INT8_CACHE_VERSION
-                if self.kv_cache.dtype == "int8" else FORMAT_VERSION}
+        version = IMAGES_VERSION if self.images is not None else INT8_CACHE_VERSION \
+            if self.kv_cache.dtype == "int8" else FORMAT_VERSION
+        data = {"format": FORMAT, "format_version": version}
         for f in dataclasses.fields(self):
-            if f.name != "folder":
+            if f.name != "folder" and not (f.metadata.get("omit_none")
+                                           and getattr(self, f.name) is None):
                 data[f.name] = plain(getattr(self, f.name))
         return json.dumps(data, indent=2, ensure_ascii=False)
 
@@ -339,7 +135,7 @@ class Manifest:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ModelFolderError(f"{where}: {MANIFEST} is not an llm-onnx manifest.")
         version = data.get("format_version")
-        if version not in (FORMAT_VERSION, INT8_CACHE_VERSION):
+        if version not in (FORMAT_VERSION, INT8_CACHE_VERSION, IMAGES_VERSION):
             raise ModelFolderError(f"{where}: {MANIFEST} has format_version {version!r}; this "
                                    f"llm-onnx reads version {FORMAT_VERSION}. Re-export the "
                                    "model with this version.")
@@ -364,6 +160,12 @@ class Manifest:
                                    f"{spec.pooling if spec else None!r}) that this llm-onnx does "
                                    f"not run (it knows tasks {', '.join(TASKS)}, poolings "
                                    f"{', '.join(POOLINGS)}); upgrade llm-onnx or re-export it.")
+        modalities, images = values.get("modalities", ("text",)), values.get("images")
+        if set(modalities) - set(MODALITIES) or ("image" in modalities) != (images is not None):
+            raise ModelFolderError(f"{where}: {MANIFEST} says the folder takes "
+                                   f"{', '.join(modalities)} (images described: "
+                                   f"{images is not None}); this llm-onnx reads "
+                                   f"{', '.join(MODALITIES)}; upgrade llm-onnx or re-export it.")
         state = values.get("recurrent_state")
         if state is not None and state.kind not in STATE_KINDS:
             raise ModelFolderError(f"{where}: {MANIFEST} describes a recurrent state of kind "
@@ -449,7 +251,8 @@ def load_manifest(folder: Path, verify: bool = True) -> Manifest:
         if verify and _cached_sha256(path) != info.sha256:
             raise _fail(folder, f"{name} does not match its sha256 in {MANIFEST} "
                                 "(corrupt or modified; re-export the model).")
-    for graph in (EMBED, WEIGHTS) if manifest.task == "embed" else (PREFILL, DECODE, WEIGHTS):
+    graphs = (EMBED, WEIGHTS) if manifest.task == "embed" else (PREFILL, DECODE, WEIGHTS)
+    for graph in graphs + ((VISION,) if manifest.images is not None else ()):
         if graph not in manifest.files:
             raise _fail(folder, f"{MANIFEST} does not list {graph}.")
     return manifest

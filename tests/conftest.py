@@ -172,14 +172,16 @@ def tiny_hf(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_export(tiny_hf, tmp_path_factory):
-    """``tiny_export(arch, precision, **export_options)`` -> model folder, exported once."""
+    """``tiny_export(arch, precision, **export_options)`` -> model folder, exported once; the
+    text model alone (a family with a vision tower too: its images are tests/runtime/
+    test_images.py's)."""
     from llm_onnx.checkpoints import open_checkpoint
     from llm_onnx.export import ExportOptions, export_model
 
     def get(arch: str, precision: str = "fp32", **options) -> Path:
         name = "-".join([arch, precision] + [f"{k}={v}" for k, v in sorted(options.items())])
         return exported_once(tmp_path_factory, name, lambda out: export_model(
-            open_checkpoint(tiny_hf(arch)[1]), out,
+            open_checkpoint(tiny_hf(arch)[1], text_only=True), out,
             ExportOptions(precision=precision, max_seq_len=64, **options), progress=False))
 
     return get
@@ -216,6 +218,40 @@ def embedding_export(embedding_checkpoint, tmp_path_factory):
         return exported_once(tmp_path_factory, name, lambda out: export_model(
             open_checkpoint(embedding_checkpoint(kind), task="embed"), out,
             ExportOptions(precision=precision, task="embed", **options), progress=False))
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def vision_checkpoint(tmp_path_factory):
+    """``vision_checkpoint(kind)`` -> (transformers model, checkpoint folder) of a tiny random
+    multimodal model (tests/vision_models.py: "qwen3_vl", "qwen3_5", "qwen3_5_moe"), made once."""
+    from tests.vision_models import save_vision_checkpoint
+
+    made: dict[str, tuple] = {}
+
+    def get(kind: str):
+        if kind not in made:
+            folder = tmp_path_factory.mktemp(f"vl_{kind}")
+            made[kind] = (save_vision_checkpoint(kind, folder), folder)
+        return made[kind]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def vision_export(vision_checkpoint, tmp_path_factory):
+    """``vision_export(kind, precision, **export_options)`` -> a model folder that takes images
+    (vision.onnx beside prefill and decode), exported once."""
+    from llm_onnx.checkpoints import open_checkpoint
+    from llm_onnx.export import ExportOptions, export_model
+
+    def get(kind: str, precision: str = "fp32", **options) -> Path:
+        name = "-".join([f"vl-{kind}", precision] +
+                        [f"{k}={v}" for k, v in sorted(options.items())])
+        return exported_once(tmp_path_factory, name, lambda out: export_model(
+            open_checkpoint(vision_checkpoint(kind)[1]), out,
+            ExportOptions(precision=precision, max_seq_len=256, **options), progress=False))
 
     return get
 

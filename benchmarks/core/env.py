@@ -280,13 +280,14 @@ class Setup:
         linked_genai_folder(out, twin, intra_op_num_threads=self.args.threads)
         return out, twin
 
-    def llama(self, gguf: Path, hf: Path) -> tuple[Path, dict[str, Path]]:
+    def llama(self, gguf: Path, hf: Path,
+              quantized: tuple[str, ...] | None = None) -> tuple[Path, dict[str, Path]]:
         """llama-cpp-python's venv (--llama-amx) and llama.cpp's files (llama_models). With
         "auto", a native build that crashes on the q8_0 file is rebuilt without AMX."""
         choice = getattr(self.args, "llama_amx", "auto")
         amx = llama_amx(self.work, choice)
         python = self.venv("llama-cpp", LLAMA_PACKAGES, "llama_cpp", env=llama_build_env(amx))
-        files = self.llama_models(python, gguf, hf)
+        files = self.llama_models(python, gguf, hf, quantized)
         if "q8_0" in files:
             logfile = self.logs / "llama-smoke.log"
             python, amx = amx_checked(
@@ -298,11 +299,13 @@ class Setup:
         self.llama_build = llama_build_label(amx)
         return python, files
 
-    def llama_models(self, python: Path, gguf: Path, hf: Path) -> dict[str, Path]:
+    def llama_models(self, python: Path, gguf: Path, hf: Path,
+                     quantized: tuple[str, ...] | None = None) -> dict[str, Path]:
         """llama.cpp's files: an F32 GGUF and what llama.cpp's quantizer makes of it. SmolLM2: the
-        F32 file from the Q4_1 original (same metadata, tensors dequantized), q8_0, and the
-        original itself; --shape: the F32 file written from the random folder's safetensors
-        (SmolLM2's vocabulary padded), q8_0 and q4_0 (the quantizer's default mix)."""
+        F32 file from the Q4_1 original (same metadata, tensors dequantized), q8_0 (or the
+        ``quantized`` types), and the original itself; --shape: the F32 file written from the
+        random folder's safetensors (SmolLM2's vocabulary padded), q8_0 and q4_0 (the
+        quantizer's default mix)."""
         if self.shape:
             base, name, quantized = self.models / "llama", self.shape, ("q8_0", "q4_0")
             stamp = {"hf": json.loads((hf / ".bench-stamp.json").read_text()),
@@ -310,7 +313,7 @@ class Setup:
             step, opts = "hf-gguf", dict(src=hf, vocab_gguf=gguf, shape=self.shape)
         else:
             base, name = self.work / "models" / "llama", "smollm2-135m-instruct"
-            quantized = ("q8_0",)
+            quantized = quantized or ("q8_0",)
             stamp = {"gguf": file_id(gguf), "packages": LLAMA_PACKAGES}
             step, opts = "f32-gguf", dict(src=gguf)
         base.mkdir(parents=True, exist_ok=True)

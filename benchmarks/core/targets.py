@@ -23,6 +23,14 @@ INT4_AGREEMENT_SHARE = 0.5
 OFF_GRID_KL_VS_GENAI = 0.5
 OFF_GRID_TOP1_OF_384 = 290
 
+# --- python -m benchmarks.fidelity.answers: 20 factual questions, SmolLM2-135M ---------------
+
+# at the precision `llm-onnx export` picks on the CPU by default, greedy answers against
+# transformers fp32's: looped answers at most this many more, correct ones at most this many
+# fewer; and the README's question answered correctly
+ANSWERS_EXTRA_LOOPS = 0
+ANSWERS_FEWER_CORRECT = 0
+
 # --- python -m benchmarks.serving.load: streaming clients against one server -----------------
 
 SERVE_CLIENTS = 8  # the client count the targets are read at (int8 against llama-server q8_0)

@@ -16,22 +16,19 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from llm_onnx.checkpoints.pooling import GGUF_POOLINGS, transformer_folder
-from llm_onnx.checkpoints.relayout import family_source, is_bare_model
-from llm_onnx.checkpoints.sources import (
-    GGUFSource,
-    RandomSource,
-    SafetensorsSource,
-    TensorSource,
-    gguf_field,
-)
-from llm_onnx.errors import CheckpointError
-from llm_onnx.families import load_hf_config
+from llm_onnx.families import load_hf_config, load_vision_config
 from llm_onnx.modeling.attention import hadamard
 from llm_onnx.modeling.config import ModelConfig
 from llm_onnx.modeling.decoder import Decoder, Fusion
 from llm_onnx.modeling.embedding import EmbeddingDecoder
+from llm_onnx.checkpoints.pooling import GGUF_POOLINGS, transformer_folder
+from llm_onnx.checkpoints.relayout import family_source, is_bare_model
 from llm_onnx.modeling.shapes import checkpoint_shapes
+from llm_onnx.modeling.vision_config import VisionConfig
+from llm_onnx.checkpoints.vision import check_vision_tensors
+from llm_onnx.checkpoints.sources import (GGUFSource, RandomSource, SafetensorsSource,
+                                          TensorSource, gguf_field)
+from llm_onnx.errors import CheckpointError
 
 # Tokenizer and generation files carried from a Hugging Face folder into a model folder.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -54,6 +51,10 @@ class Checkpoint:
     # the bare model's tensors (Qwen3Model, LlamaModel: no LM head), as embedding models ship
     bare: bool = False
     gguf_pooling: str | None = None  # GGUF: its <arch>.pooling_type (embedding models)
+    # the vision tower beside the text model (Qwen3-VL, Qwen3.5), its tensors by their own
+    # names (checkpoints/vision.py); None: text only
+    vision: VisionConfig | None = None
+    vision_source: TensorSource | None = None
 
     def write_tokenizer(self, folder: Path) -> list[str]:
         for fname, content in self.tokenizer_files.items():
@@ -61,10 +62,11 @@ class Checkpoint:
         return sorted(self.tokenizer_files)
 
 
-def open_checkpoint(path: Path, task: str = "generate") -> Checkpoint:
+def open_checkpoint(path: Path, task: str = "generate", *, text_only: bool = False) -> Checkpoint:
     """A Hugging Face checkpoint folder (config.json + safetensors) or a .gguf file. ``task``
     "embed" needs no LM head (and ignores one); a sentence-transformers folder whose model sits
-    in a subfolder is read from there."""
+    in a subfolder is read from there. A multimodal checkpoint's vision tower is read beside
+    the text model (``Checkpoint.vision``) unless ``text_only`` (or ``task`` "embed")."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such file or folder.")
@@ -79,11 +81,16 @@ def open_checkpoint(path: Path, task: str = "generate") -> Checkpoint:
     raw = SafetensorsSource(model_folder)
     source = family_source(raw, cfg)  # GPT-2/BLOOM/Falcon, bare models: canonical names
     check_tensors(cfg, source, str(model_folder), head=task != "embed")
+    vision = None if text_only or task != "generate" else load_vision_config(model_folder)
+    if vision is not None:
+        vision.check_decoder(cfg.hidden_size, cfg.rotary_dim, cfg.num_hidden_layers)
+        check_vision_tensors(vision, raw, str(model_folder))
     files = {f: (model_folder / f).read_bytes() for f in TOKENIZER_FILES
              if (model_folder / f).is_file()}
     eos, bos = _hf_special_ids(model_folder)
     return Checkpoint(cfg, source, path.name, "hf", path, files, eos, bos,
-                      bare=is_bare_model(raw) or _names_bare_class(model_folder))
+                      bare=is_bare_model(raw) or _names_bare_class(model_folder),
+                      vision=vision, vision_source=raw if vision is not None else None)
 
 
 def _names_bare_class(folder: Path) -> bool:

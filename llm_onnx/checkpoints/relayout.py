@@ -44,6 +44,12 @@ class FamilySource:
                 table = {name: replace(part, source=nested + part.source[len(short):])
                          if part.source.startswith(short) else part
                          for name, part in table.items()}
+                # a tensor stored as itself, nested (Qwen3.5-MoE's experts one by one, as
+                # transformers saves the multimodal class), where the table reads a fused one
+                for name, part in list(table.items()):
+                    own = nested + name[len(short):]
+                    if part.source not in present and name.startswith(short) and own in present:
+                        table[name] = Part(own)
         self._checkpoint_names = {name: part.source for name, part in table.items()}
         self._parts = {name: part for name, part in table.items() if part.source in present}
         if "lm_head.weight" in present:

@@ -4,7 +4,8 @@ Line editing and history (GNU readline where Python has it; the history is kept 
 ``$XDG_STATE_HOME/llm-onnx/chat_history``), Ctrl-C stops an answer and returns to the prompt
 with the conversation kept (the answer as far as it was shown), Ctrl-C at the prompt clears the
 line, Ctrl-D leaves, a line ending in a backslash or a block between two lines of three double
-quotes is one message, and a turn cut by the token limit says so. Commands start with a slash
+quotes is one message, and a turn cut by the token limit says so (and, when it ran there in
+a loop, what to try: generating.loop_mark). Commands start with a slash
 (a message that starts with one is sent as ``//...``).
 """
 
@@ -19,15 +20,9 @@ from pathlib import Path
 import click
 
 from llm_onnx.cli.app import _handle_errors, main
-from llm_onnx.cli.generating import (
-    _constraint_options,
-    _load_model,
-    _sampling_options,
-    _template_options,
-    _template_vars,
-    cut_mark,
-    echo_pieces,
-)
+from llm_onnx.cli.generating import (_constraint_options, _load_model, _sampling_options,
+                                     _template_options, _template_vars, cut_mark, echo_pieces,
+                                     loop_mark)
 
 HELP = """Commands:
   /help            this list
@@ -164,6 +159,7 @@ def chat(system, no_think, template_var, **kwargs) -> None:
                                                                       template_var))
     reader = Prompt(sys.stdin.isatty())
     limit = overrides.get("max_new_tokens", 256)
+    attached: list[str] = []  # /image paths waiting for the next message
     try:
         while (line := reader.read()) is not None:
             if not line.strip():
@@ -179,18 +175,24 @@ def chat(system, no_think, template_var, **kwargs) -> None:
                 session.reset()
                 click.echo("(conversation cleared)", err=True)
             elif command.name == "image":
-                click.echo(_image_note(model, command.args), err=True)
+                note = _image_note(model, command.args)
+                if note is None:
+                    attached += command.args
+                    note = (f"(attached {', '.join(command.args)}: "
+                            "it goes with your next message)")
+                click.echo(note, err=True)
             else:
-                _answer(session, command.text, overrides, limit)
+                _answer(session, command.text, overrides, limit, attached)
+                attached = []
     finally:
         reader.save()
 
 
-def _answer(session, text: str, overrides: dict, limit: int) -> None:
+def _answer(session, text: str, overrides: dict, limit: int, images: list[str] = ()) -> None:
     """One turn, streamed; Ctrl-C stops it and the conversation keeps what was shown."""
     from llm_onnx.errors import GenerationError
 
-    pieces = session.stream(text, **overrides)
+    pieces = session.stream(text, images=list(images), **overrides)
     try:
         echo_pieces(pieces)
     except KeyboardInterrupt:
@@ -200,15 +202,19 @@ def _answer(session, text: str, overrides: dict, limit: int) -> None:
     except GenerationError as e:  # e.g. the conversation outgrew the context: say so, go on
         click.echo(f"Error: {e}", err=True)
         return
-    mark = cut_mark(session.last, limit)
+    # an answer that ran to the limit in a loop says so (and what to try), else that it was cut
+    mark = loop_mark(session.last, session.model) or cut_mark(session.last, limit)
     if mark:
         click.echo(mark, err=True)
 
 
-def _image_note(model, args: tuple[str, ...]) -> str:
+def _image_note(model, args: tuple[str, ...]) -> str | None:
+    """Why /image ARGS cannot be attached (None: they can)."""
     if not args:
         return "/image needs a path: /image photo.jpg"
     missing = [a for a in args if not Path(a).is_file()]
     if missing:
         return f"/image {missing[0]}: no such file."
-    return "this model folder takes text only; export it from the multimodal checkpoint."
+    if getattr(model, "image_inputs", None) is None:
+        return "this model folder takes text only; export it from the multimodal checkpoint."
+    return None

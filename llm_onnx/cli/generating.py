@@ -234,11 +234,48 @@ def cut_mark(result, limit: int) -> str | None:
                        dim=True)
 
 
-def echo_pieces(pieces) -> None:
+def loop_mark(result, model) -> str | None:
+    """The line that says an answer ran to the token limit repeating one phrase (a repetition
+    loop: llm_onnx.runtime.generation.loops), and what to try instead; None when it did not."""
+    from llm_onnx.runtime.generation.loops import find_loop
+
+    if result is None or result.finish_reason != "length":
+        return None
+    loop = find_loop(result.token_ids)
+    if loop is None:
+        return None
+    phrase = f"a {loop.period}-token phrase"
+    if model.tokenizer is not None:
+        text = model.tokenizer.decode(result.token_ids[loop.start:loop.start + loop.period])
+        if text.strip():
+            phrase = repr(text if len(text) <= 40 else text[:37] + "...")
+    return click.style(f"[looped: {phrase} over and over, {loop.span} of {len(result.token_ids)} "
+                       f"tokens, to the limit; try {_loop_remedies(model)}]", dim=True)
+
+
+def _loop_remedies(model) -> str:
+    """What breaks a loop, best first (docs/generate.md#when-an-answer-loops: a repetition
+    penalty of 1.1 ended SmolLM2-135M's loop on the README's question at int8 and int4)."""
+    tries = ["--repetition-penalty 1.1", "sampling (--temperature 0.8)"]
+    manifest = getattr(model.engine, "manifest", None)
+    precision = manifest.precision.precision if manifest is not None else None
+    if precision in ("int8", "int4"):  # a near-tie it flipped may be where the loop began
+        tries.append("an fp32 export")
+    return ", ".join(tries[:-1]) + " or " + tries[-1]
+
+
+def echo_pieces(pieces):
     """Print a reply as it streams: the answer to stdout, a reasoning model's thinking dimmed to
-    stderr (so a pipe gets the answer alone)."""
+    stderr (so a pipe gets the answer alone). Returns the stream's return value: the finished
+    Result of Model.stream and Model.stream_chat."""
     thinking = False
-    for piece in pieces:
+    pieces = iter(pieces)
+    while True:
+        try:
+            piece = next(pieces)
+        except StopIteration as end:
+            result = end.value
+            break
         if getattr(piece, "reasoning", False):
             click.echo(click.style(piece, dim=True), nl=False, err=True)
             thinking = True
@@ -250,6 +287,7 @@ def echo_pieces(pieces) -> None:
     if thinking:
         click.echo(err=True)
     click.echo()
+    return result
 
 
 _SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
@@ -333,6 +371,10 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
                    "holding a JSON list; the answer is printed as token ids too when the folder "
                    "has no tokenizer (a --random-weights export). Implies --raw.")
 @click.option("--raw", is_flag=True, help="Do not apply the chat template.")
+@click.option("--image", "images", multiple=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="An image for the prompt (repeatable; a folder that takes images: "
+                   "docs/images.md). With the chat template the images come before the text.")
 @click.option("--system", help="System message (chat template only).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object: text, token_ids, finish_reason, timings (and "
@@ -341,8 +383,8 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
 @_constraint_options
 @_sampling_options
 @_handle_errors
-def generate(prompt, prompt_file, prompt_ids, raw, system, as_json, no_think, template_var,
-             **kwargs) -> None:
+def generate(prompt, prompt_file, prompt_ids, raw, images, system, as_json, no_think,
+             template_var, **kwargs) -> None:
     """Generate an answer to PROMPT and stream it to stdout (a reasoning model's thinking goes
     to stderr). --json-schema, --json-object, --regex, --grammar and --choice constrain the
     answer (after a reasoning model's thinking).
@@ -359,6 +401,7 @@ def generate(prompt, prompt_file, prompt_ids, raw, system, as_json, no_think, te
       llm-onnx generate --speculative ngram --prompt-file edit-this-paragraph.txt
       llm-onnx generate --model models/qwen3-8b-fp32 --draft-model models/qwen3-8b-int4 "Hi"
       llm-onnx generate --model models/qwen3_8b-int8 --prompt-ids 9707,11,1879 --max-new-tokens 8
+      llm-onnx generate --model models/qwen3-vl-2b-int8 --image photo.jpg "What is in it?"
     """
     import json as _json
 
@@ -369,13 +412,14 @@ def generate(prompt, prompt_file, prompt_ids, raw, system, as_json, no_think, te
             raise GenerationError("Give the prompt as text or with --prompt-ids, not both.")
         ids = parse_ids(prompt_ids)
         model, overrides = _load_model(kwargs)
-        result = model.generate(ids, **overrides)
+        result = model.generate(ids, images=[str(i) for i in images] or None, **overrides)
         if as_json:
             click.echo(_json.dumps(result.to_dict(), ensure_ascii=False))
         elif model.tokenizer is None:
             click.echo(" ".join(map(str, result.token_ids)))
         else:
             click.echo(result.text)
+        _echo_loop_mark(result, model)
         return
     text = _read_prompt(prompt, prompt_file)
     model, overrides = _load_model(kwargs)
@@ -384,17 +428,29 @@ def generate(prompt, prompt_file, prompt_ids, raw, system, as_json, no_think, te
                               "--raw does not use.")
     template_vars = _template_vars(model, no_think, template_var)
     if not raw and model.chat_template:
+        content = [{"type": "image", "image": str(i)} for i in images] + [
+            {"type": "text", "text": text}] if images else text
         messages = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": text}]
+            {"role": "user", "content": content}]
         if as_json:
             result = model.chat(messages, template_vars=template_vars, **overrides)
         else:
             pieces = model.stream_chat(messages, template_vars=template_vars, **overrides)
-    elif as_json:
-        result = model.generate(text, **overrides)
+    elif as_json or images:  # (a raw prompt with images: the answer when it is complete)
+        result = model.generate(text, images=[str(i) for i in images] or None, **overrides)
+        if not as_json:
+            click.echo(result.text)
+            return
     else:
         pieces = model.stream(text, **overrides)
     if as_json:
         click.echo(_json.dumps(result.to_dict(), ensure_ascii=False))
-        return
-    echo_pieces(pieces)
+    else:
+        result = echo_pieces(pieces)
+    _echo_loop_mark(result, model)
+
+
+def _echo_loop_mark(result, model) -> None:
+    mark = loop_mark(result, model)
+    if mark:
+        click.echo(mark, err=True)

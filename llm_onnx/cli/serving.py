@@ -55,7 +55,11 @@ def _tool_dialect(ctx: click.Context, param: click.Parameter, value: str | None)
               help="... and at most this many MiB of them.")
 @click.option("--api-key", envvar="LLM_ONNX_API_KEY", show_envvar=True,
               help="Require 'Authorization: Bearer KEY' on every endpoint but /health.")
-@click.option("--model-name", help="The model id clients send (default: the folder's name).")
+@click.option("--model-name", "model_names", multiple=True, metavar="NAME[,NAME...]",
+              help="The model id clients send (default: the folder's name); repeatable or a "
+                   "comma-separated list: the first is the id /v1/models lists and answers "
+                   "carry, the others aliases. The folder's and the checkpoint's names are "
+                   "accepted too, in any case.")
 @click.option("--provider", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
               show_default=True, help="Execution provider.")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads (default: all cores).")
@@ -73,6 +77,10 @@ def _tool_dialect(ctx: click.Context, param: click.Parameter, value: str | None)
               help="How the model writes tool calls: a tool dialect's name, such as hermes, "
                    "mistral or gemma4 (default: read off the chat template; a wrong name lists "
                    "them).")
+@click.option("--allowed-media-domains", "media_domains", multiple=True, metavar="HOST",
+              help="Fetch image URLs from HOST and its subdomains (repeatable; by default none: "
+                   "images come as data: URLs). Each fetch is bounded: 20 MiB, 10 s, no "
+                   "redirects.")
 @click.option("--strict-fields", is_flag=True,
               help="Refuse (400) every request field the server would accept and ignore, but "
                    "its API's hints and metadata (user, metadata, cache keys): unknown fields, "
@@ -93,9 +101,9 @@ def _tool_dialect(ctx: click.Context, param: click.Parameter, value: str | None)
 @_handle_errors
 def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, max_cache_memory,
           stored_responses, stored_responses_memory, api_key,
-          model_name, provider, threads, drain_timeout, cors_origins, log_level, chat_template,
-          tool_call_format, strict_fields, web_ui, use_ray, replicas, autoscale, address,
-          **speculation) -> None:
+          model_names, provider, threads, drain_timeout, cors_origins, log_level, chat_template,
+          tool_call_format, media_domains, strict_fields, web_ui, use_ray, replicas, autoscale,
+          address, **speculation) -> None:
     """Serve a model over an OpenAI-compatible HTTP API, batching concurrent requests.
 
     Endpoints: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (OpenAI's
@@ -110,7 +118,9 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, m
 
     \b
     Examples:
-      llm-onnx serve --model models/smollm2-int8
+      llm-onnx export --checkpoint default --precision int8 --out models/smollm2-int8
+      llm-onnx serve --model models/smollm2-int8     # model id "smollm2-int8"
+      llm-onnx serve --model models/smollm2-int8 --model-name smollm2,gpt-4o-mini
       llm-onnx serve --model models/qwen3-8b-int4 --port 8080 --max-batch 16
       llm-onnx serve --chat-template chatml-tools     # SmolLM2 with tools
       LLM_ONNX_API_KEY=secret llm-onnx serve --host 0.0.0.0 --model models/smollm2-int8
@@ -125,7 +135,8 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, m
     """
     if use_ray:
         return _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len,
-                          max_cache_memory, api_key, model_name, provider, threads, replicas,
+                          max_cache_memory, api_key, ",".join(model_names), provider,
+                          threads, replicas,
                           autoscale, address, cors_origins, chat_template, tool_call_format,
                           web_ui, speculation, stored_responses,
                           int(stored_responses_memory * 2**20), strict_fields)
@@ -133,6 +144,7 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, m
         raise click.UsageError("--replicas, --autoscale and --address need --ray.")
     try:
         from llm_onnx.serve import server
+        from llm_onnx.serve.media import MediaPolicy
         from llm_onnx.serve.service import Service
     except ImportError as e:
         raise click.ClickException(f"llm-onnx serve needs the serve extra ({e.name} is missing): "
@@ -146,12 +158,13 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, m
         model = default_model_folder(progress=True, provider=provider)
     loaded = Model.load(model, provider=provider, threads=threads, chat_template=chat_template,
                         tool_call_format=tool_call_format, **speculation)
-    service = Service(loaded, name=model_name, api_key=api_key, max_batch=max_batch,
+    service = Service(loaded, name=model_names, api_key=api_key, max_batch=max_batch,
                       max_queue=max_queue, prefill_chunk=prefill_chunk, max_length=max_seq_len,
                       max_cache_bytes=int(max_cache_memory * 2**30) if max_cache_memory else None,
                       stored_responses=stored_responses,
                       stored_bytes=int(stored_responses_memory * 2**20),
-                      strict_fields=strict_fields)
+                      strict_fields=strict_fields,
+                      media=MediaPolicy(tuple(d.lower().strip(".") for d in media_domains)))
     auth = "API key required" if service.api_key else "no API key"
     if service.scheduler is None:  # an embedding model: POST /v1/embeddings, no chat page
         click.echo(f"Serving embeddings of {service.name} ({loaded.engine.describe()}, "
@@ -164,10 +177,17 @@ def serve(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_len, m
                    f"http://{host}:{port}/v1 - max batch {max_batch}, {auth}, {tools}. Ctrl-C to "
                    "stop.", err=True)
         click.echo(f"Cache: {cache_line(loaded.engine, service.scheduler)}", err=True)
+    click.echo(names_line(service.names), err=True)
     if web_ui:
         click.echo(f"Chat page: {_page_url(host, port)}", err=True)
     server.run(service, host=host, port=port, drain_timeout=drain_timeout, log_level=log_level,
                cors_origins=cors_origins, web_ui=web_ui)
+
+
+def names_line(names) -> str:
+    """The model ids clients may send (a ModelNames)."""
+    also = f" (also {', '.join(names.aliases)}; any case)" if names.aliases else " (any case)"
+    return f"Model name: {names.primary}{also}"
 
 
 def cache_line(engine, scheduler) -> str:
@@ -204,6 +224,7 @@ def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_l
         raise click.ClickException(f"llm-onnx serve --ray needs the ray extra ({e.name} is "
                                    "missing): pip install '.[ray]' in the checkout.") from None
     from llm_onnx.model_folder import load_manifest
+    from llm_onnx.serve.names import ModelNames
 
     if replicas and autoscale:
         raise click.UsageError("give --replicas or --autoscale, not both.")
@@ -227,7 +248,8 @@ def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_l
         from llm_onnx.runtime.chat.request import read_chat_template
 
         template = read_chat_template(chat_template, manifest.tokenizer.special_tokens)
-    config = ray_app.ReplicaConfig(model=str(folder), name=model_name or folder.name,
+    names = ModelNames.of(model_name, folder.name, manifest.name)
+    config = ray_app.ReplicaConfig(model=str(folder), name=",".join(names.all),
                                    api_key=api_key, max_batch=max_batch, max_queue=max_queue,
                                    prefill_chunk=prefill_chunk, max_seq_len=max_seq_len,
                                    max_cache_bytes=int(max_cache_memory * 2**30)
@@ -247,8 +269,9 @@ def _serve_ray(model, host, port, max_batch, max_queue, prefill_chunk, max_seq_l
         else f"{scaling.replicas} replica{'s' if scaling.replicas > 1 else ''}"
 
     def ready() -> None:
-        click.echo(f"Serving {config.name} on {where}: {count} of {threads or 1} thread(s) each, "
-                   f"at http://{host}:{port}/v1. Ctrl-C to stop.", err=True)
+        click.echo(f"Serving {names.primary} on {where}: {count} of {threads or 1} thread(s) "
+                   f"each, at http://{host}:{port}/v1. Ctrl-C to stop.", err=True)
+        click.echo(names_line(names), err=True)
         if web_ui:
             click.echo(f"Chat page: {_page_url(host, port)}", err=True)
 

@@ -20,7 +20,7 @@ from onnxscript import opset18 as op
 from onnxscript.function_libs.torch_lib.tensor_typing import TFloat
 from onnxscript.onnx_types import FLOAT, INT32, INT64, UINT8
 
-from llm_onnx.export import quant  # noqa: F401  (registers torch.ops.llm_onnx.* of quantization)
+from llm_onnx.export import kernel_experts, quant  # noqa: F401  (register torch.ops.llm_onnx.*)
 from llm_onnx.export.kv_int8_attention import (
     PROMPT_STEP,
     group_query_attention_int8,
@@ -30,6 +30,7 @@ from llm_onnx.export.kv_int8_attention import (
 )
 from llm_onnx.modeling import linear_attention as _la  # noqa: F401  (its torch.ops.llm_onnx.*)
 from llm_onnx.modeling import ops  # noqa: F401  (registers torch.ops.llm_onnx.* of the decoder)
+from llm_onnx.export.vision_translations import vision_translations
 
 msft = onnxscript.values.Opset("com.microsoft", 1)
 op18 = onnxscript.opset18
@@ -479,6 +480,8 @@ def translation_table() -> dict:
         t.gather_nbits.default: gather_nbits,
         t.qmoe.default: qmoe,
         t.geglu_experts_nbits.default: geglu_experts_nbits,
+        **kernel_experts.translations(),  # llm-onnx's own operators (llm_onnx/kernels)
+        **vision_translations(),
     }
 
 

@@ -1,6 +1,6 @@
 """export_model: checkpoint -> model folder (prefill.onnx, decode.onnx, weights.data, tokenizer,
-manifest.json; embed.onnx instead of the first two for an embedding model), written atomically
-and checked by the parity gate.
+manifest.json; embed.onnx instead of the first two for an embedding model; vision.onnx beside
+them for a checkpoint with a vision tower), written atomically and checked by the parity gate.
 
 Data flow, with bounded memory (the model never exists in memory as a whole):
 
@@ -36,10 +36,11 @@ from llm_onnx.export.calibrate import (
     read_text,
 )
 from llm_onnx.export.folder import atomic_folder, check_output, release_memory
+from llm_onnx.export.images import images_spec
 from llm_onnx.export.kv_rotation import rotated_values
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.parity import validate
-from llm_onnx.export.plan import ExportPlan
+from llm_onnx.export.plan import ExportPlan, kernels_spec
 from llm_onnx.export.progress import Progress
 from llm_onnx.export.weights import StoredTensor, WeightFile, write_weights
 from llm_onnx.modeling.shapes import num_parameters
@@ -56,6 +57,10 @@ def write_folder(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
     wf = WeightFile(folder / mf.WEIGHTS)
     try:
         write_weights(plan.model, plan.write_producers(), checkpoint.source, wf, progress.advance)
+        if plan.vision is not None:  # the tower's tensors, by their checkpoint names
+            assert checkpoint.vision_source is not None
+            write_weights(plan.vision, plan.vision_producers, checkpoint.vision_source, wf,
+                          progress.advance)
     finally:
         wf.close()
     for kind, graph in graphs.items():
@@ -135,6 +140,15 @@ def resolve_experts(options: ExportOptions, checkpoint: Checkpoint) -> ExportOpt
                    experts_accuracy_level=(4 if cpu else 0) if level is None else level)
 
 
+def require_kernels() -> None:
+    """--kernels llm_onnx: the parity gate runs the graphs, so the library must be built."""
+    from llm_onnx import kernels
+
+    if not kernels.available():
+        raise ExportError(f"--kernels llm_onnx needs llm-onnx's kernel library, which is not "
+                          f"built here: {kernels.BUILD_HINT}; or export with --kernels ort.")
+
+
 def describe_source(checkpoint: Checkpoint, options: ExportOptions) -> str | None:
     if not options.quantized:
         return None
@@ -191,6 +205,7 @@ def build_manifest(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
             precision.quantization, source=describe_source(checkpoint, plan.options),
             calibration=plan.calibration.description
             if plan.calibration and _awq(plan.options) else None))
+    images = images_spec(checkpoint, plan) if plan.vision is not None else None
     return mf.Manifest(
         name=checkpoint.name,
         source=mf.SourceSpec(checkpoint.kind, str(checkpoint.path) if checkpoint.path else None),
@@ -198,13 +213,14 @@ def build_manifest(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
         precision=precision, graphs=plan.graph_specs,
         weights=mf.WeightsSpec(mf.WEIGHTS, (folder / mf.WEIGHTS).stat().st_size),
         kv_cache=plan.kv_cache, recurrent_state=plan.recurrent_state,
-        task=plan.options.task, embedding=plan.embedding,
+        task=plan.options.task, embedding=plan.embedding, kernels=kernels_spec(plan.model),
         tokenizer=mf.TokenizerSpec(
             files=tuple(tokenizer_files), bos_token_id=checkpoint.bos_token_id,
             eos_token_ids=tuple(checkpoint.eos_token_ids),
             add_bos_token=bool(tok_cfg.get("add_bos_token", False)),
             chat_template=chat_template, special_tokens=special),
         generation=generation, parity=parity, tools=_tools(),
+        modalities=("text", "image") if images is not None else ("text",), images=images,
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         # weights.data was hashed while it was written, not read back
         files={n: mf.FileEntry((folder / n).stat().st_size,
@@ -294,12 +310,16 @@ def export_model(checkpoint: Checkpoint, out: Path, options: ExportOptions | Non
     check_output(out, force, checkpoint.path)  # before any weight is read
     cfg = checkpoint.config
     options = resolve_source(resolve_target(options or ExportOptions(), cfg), checkpoint)
+    if options.kernels == "llm_onnx":
+        require_kernels()
     if options.kv_int8:  # the values' change of basis (kv_rotation.py), before anything reads them
         checkpoint = replace(checkpoint, source=rotated_values(checkpoint.source, cfg))
     embedding, bound = embedding_spec(checkpoint, options)
     max_len = min(options.max_seq_len or bound or cfg.max_position_embeddings,
                   cfg.max_position_embeddings)
-    plan = ExportPlan.build(cfg, options, max_len, embedding)
+    plan = ExportPlan.build(cfg, options, max_len, embedding, checkpoint.vision)
+    if plan.vision is not None:  # its processor and tokens checked before anything is written
+        images_spec(checkpoint, plan)
     bar = Progress(enabled=progress, total=2 + 1 + 1)
     try:
         with atomic_folder(out) as scratch:

@@ -14,6 +14,11 @@ GroupQueryAttention updates in place when the runtime binds past and present to 
 A linear-attention layer (Qwen3.5) takes its conv and recurrent states instead, (B, K-1, C) and
 (B, Hv, dk, dv), also updated in place, and the graphs take valid_tokens (B,): how many of each
 row's new tokens advance those states.
+A decoder that takes images (Qwen3-VL, Qwen3.5 with their towers) adds position_ids (3, B, T),
+image_embeds (M, D), image_token_index (M,) and DeepStack's deepstack_embeds (K, M, D) to both.
+vision:  one image's patches (N, C*T*P*P) and their bookkeeping (position_index, position_weight,
+         rotary_cos, rotary_sin) in; image_embeds (N / merge², D) out (and deepstack_embeds);
+         N dynamic, in whole tokens.
 embed:   input_ids (B, T) right-padded and sequence_lengths (B,); embeddings (B, E), each row's
          final hidden states pooled over its real tokens (llm_onnx/modeling/embedding.py). The
          attention's keys and values live for the one run: no cache goes in or out.
@@ -28,12 +33,13 @@ import numpy as np
 import onnx_ir as ir
 import torch
 
-from llm_onnx import model_folder as names
-from llm_onnx.export.custom_ops import fix_domains, translation_table
-from llm_onnx.export.kv_int8_attention import inline_branch_calls
 from llm_onnx.modeling.decoder import Decoder
 from llm_onnx.modeling.embedding import EmbeddingDecoder
 from llm_onnx.modeling.linear_attention import state_shapes
+from llm_onnx.modeling.vision_tower import VisionEncoder
+from llm_onnx.export.custom_ops import fix_domains, translation_table
+from llm_onnx.export.kv_int8_attention import inline_branch_calls
+from llm_onnx import model_folder as names
 
 GRAPHS = ("prefill", "decode")
 
@@ -86,6 +92,9 @@ def trace_graph(model: Decoder, kind: str, *, all_logits: bool = False) -> ir.Mo
         kwargs["logits_window"] = torch.zeros(2, dtype=torch.int64, device="meta")
         dynamic["logits_window"] = {0: torch.export.Dim("window")}
         inputs.append(names.LOGITS_WINDOW)
+    if model.vision is not None:  # a decoder that takes images (modeling/multimodal.py)
+        _image_inputs(model, kwargs, dynamic, inputs, batch, ids_dims.get(1),
+                      example[0].shape[1])
     with warnings.catch_warnings(), _quiet_exporter():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
@@ -101,6 +110,58 @@ def trace_graph(model: Decoder, kind: str, *, all_logits: bool = False) -> ir.Mo
     fix_domains(graph_model)
     _static_vocab(graph_model, model)
     graph_model.graph.name = kind
+    graph_model.producer_name = "llm-onnx"
+    return graph_model
+
+
+def _image_inputs(model: Decoder, kwargs: dict, dynamic: dict, inputs: list[str], batch,
+                  sequence, seq_len: int) -> None:
+    """The image inputs' examples, dynamic dims and names (after the others: torch.export
+    orders keyword inputs as given)."""
+    vision = model.vision
+    assert vision is not None
+    width, count = model.config.hidden_size, torch.export.Dim("image_tokens")
+    kwargs["position_ids"] = torch.zeros(3, 2, seq_len, dtype=torch.int64, device="meta")
+    dynamic["position_ids"] = {1: batch, 2: sequence} if sequence is not None else {1: batch}
+    kwargs["image_embeds"] = torch.zeros(2, width, device="meta")
+    dynamic["image_embeds"] = {0: count}
+    kwargs["image_token_index"] = torch.zeros(2, dtype=torch.int64, device="meta")
+    dynamic["image_token_index"] = {0: count}
+    if vision.deepstack_layers:
+        kwargs["deepstack_embeds"] = torch.zeros(vision.deepstack_layers, 2, width,
+                                                 device="meta")
+        dynamic["deepstack_embeds"] = {1: count}
+    inputs += names.image_input_names(bool(vision.deepstack_layers))
+
+
+def trace_vision(model: VisionEncoder) -> ir.Model:
+    """Export the vision graph: one image's patches (a whole number of tokens) in; initializers
+    keep the module names (model.visual.*) and hold no data yet."""
+    cfg = model.config
+    tokens = torch.export.Dim("image_tokens")
+    patches = cfg.merge_unit * tokens
+    n = 2 * cfg.merge_unit
+    example = (torch.zeros(n, cfg.patch_width, device="meta"),
+               torch.zeros(n, 4, dtype=torch.int64, device="meta"),
+               torch.zeros(n, 4, device="meta"),
+               torch.zeros(n, cfg.head_dim // 2, device="meta"),
+               torch.zeros(n, cfg.head_dim // 2, device="meta"))
+    dynamic = {name: {0: patches} for name in ("pixel_values", "position_index",
+                                                "position_weight", "rotary_cos", "rotary_sin")}
+    deepstack = bool(cfg.deepstack_layers)
+    with warnings.catch_warnings(), _quiet_exporter():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            model, example, dynamo=True, dynamic_shapes=dynamic, optimize=False, verbose=False,
+            custom_translation_table=translation_table(), input_names=list(names.VISION_INPUTS),
+            output_names=names.vision_output_names(deepstack))
+    graph_model = program.model
+    fix_domains(graph_model)
+    for value in graph_model.graph.outputs:  # the width is the decoder's, not a symbol
+        shape = list(value.shape)
+        shape[-1] = cfg.out_hidden_size
+        value.shape = ir.Shape(shape)
+    graph_model.graph.name = "vision"
     graph_model.producer_name = "llm-onnx"
     return graph_model
 

@@ -6,6 +6,7 @@
   lm_head    -> HeadLinear    (float: FusedMatMul with transB, so a tied head reads the embedding)
   Embedding  -> QuantEmbedding (com.microsoft.GatherBlockQuantized)
   Experts    -> QuantExperts   (com.microsoft.QMoE)
+             -> KernelExperts  (--kernels llm_onnx: llm-onnx's own RoutedExperts, llm_onnx/kernels)
   RotaryCache -> RotaryTables  (the same tables, written rather than read)
 
 Each export form writes its own tensors (``write_tensors``): weights.py only walks the modules.
@@ -22,22 +23,17 @@ import math
 import torch
 from torch import Tensor, nn
 
-from llm_onnx.export import quant
-from llm_onnx.export.options import ExportOptions
-from llm_onnx.export.weights import (
-    Produce,
-    WeightFile,
-    np_dtype,
-    write_cast,
-    write_experts_quantized,
-    write_quantized,
-)
-from llm_onnx.model_folder import fitting_block
 from llm_onnx.modeling import ops
+from llm_onnx.model_folder import fitting_block
+from llm_onnx.export import kernel_experts, quant
+from llm_onnx.export.options import ExportOptions
+from llm_onnx.export.weights import (Produce, WeightFile, np_dtype, write_cast,
+                                     write_experts_quantized, write_quantized)
 from llm_onnx.modeling.decoder import Decoder
 from llm_onnx.modeling.layers import Linear
 from llm_onnx.modeling.mlp import Experts, GeGLUExperts
 from llm_onnx.modeling.positions import RotaryCache, SinusoidalPositions, global_rope, local_rope
+
 
 # Projections that stay float in quantized exports (see the module docstring).
 KEPT_FLOAT = ("mlp.gate", "mlp.shared_expert_gate", "linear_attn.in_proj_a",
@@ -194,6 +190,31 @@ class QuantExperts(nn.Module):
                            getattr(self, part).dtype)
 
 
+class KernelExperts(QuantExperts):
+    """QuantExperts (same buffers, same bytes written) run by RoutedExperts: the top-k is
+    taken in the graph, so norm_topk_prob False needs no scaling back (custom_ops.moe), and the
+    activations are always int8 (the manifest says accuracy level 4)."""
+
+    kernel_op = kernel_experts.OP
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs["accuracy_level"] = 4
+        super().__init__(*args, **kwargs)
+
+    def forward(self, x: Tensor, router_logits: Tensor, k: int, normalize: bool) -> Tensor:
+        probs = torch.softmax(router_logits.float(), dim=-1)  # (N, E)
+        weight, index = torch.topk(probs, k, dim=-1)  # (N, K)
+        if normalize:
+            weight = weight / weight.sum(-1, keepdim=True)
+        biases = (self.gate_up_proj_bias, self.down_proj_bias) if self.bias else (None, None)
+        zps = (self.gate_up_zero_points, self.down_zero_points) if self.zero_points \
+            else (None, None)
+        return kernel_experts.routed_experts(
+            x, index, weight, self.gate_up_qweight, self.gate_up_scales, self.down_qweight,
+            self.down_scales, self.bits, self.block_size, "swiglu", True, *biases,
+            *self.activation, *zps)
+
+
 class _NBitsWeight(nn.Module):
     """A symmetric block-quantized (N, K) weight for com.microsoft.MatMulNBits (qweight, scales);
     written by the module holding it."""
@@ -316,6 +337,25 @@ def _set(root: nn.Module, path: str, module: nn.Module) -> None:
     setattr(root.get_submodule(parent) if parent else root, attr, module)
 
 
+def vision_export_form(model: nn.Module, options: ExportOptions) -> nn.Module:
+    """The vision tower's projections in export forms, in place: float (MatMulLinear), or
+    quantized as the decoder's with ``options.quantize_vision`` in an int8/int4 export (the
+    patch embedding, the pixels' first map, stays float either way)."""
+    with torch.device("meta"):
+        for path, module in list(model.named_modules()):
+            if not isinstance(module, Linear):
+                continue
+            bits = options.bits if options.quantize_vision and not path.endswith(
+                "patch_embed.proj") else None
+            bias, dtype = module.bias is not None, module.weight.dtype
+            _set(model, path, MatMulLinear(module.in_features, module.out_features, bias, dtype)
+                 if bits is None else NBitsLinear(
+                     module.in_features, module.out_features, bias, dtype, bits,
+                     options.block_size, options.level_for(bits), False, "symmetric"
+                     if options.scheme == "offset" else options.scheme))
+    return model
+
+
 def to_export_form(model: Decoder, options: ExportOptions) -> Decoder:
     """Swap the eager modules of a meta-device Decoder for their export forms, in place."""
     with torch.device("meta"):
@@ -357,9 +397,10 @@ def _swap_modules(model: Decoder, options: ExportOptions) -> Decoder:
             if block is None:
                 model.float_experts.append(path)
                 continue
-            _set(model, path, QuantExperts(module, bits, block, search=options.method == "awq",
-                                           accuracy_level=options.experts_accuracy_level or 0,
-                                           zero_points=options.experts_scheme == "zero_point"))
+            form = KernelExperts if options.kernels == "llm_onnx" else QuantExperts
+            _set(model, path, form(module, bits, block, search=options.method == "awq",
+                                   accuracy_level=options.experts_accuracy_level or 0,
+                                   zero_points=options.experts_scheme == "zero_point"))
     cfg = model.config
     positions = cfg.positions
     if positions.position_embedding_type == "rope":

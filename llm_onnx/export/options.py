@@ -11,6 +11,25 @@ PRECISIONS = ("fp32", "fp16", "int8", "int4")
 TARGETS = ("cpu", "cuda")
 QUANT_METHODS = ("minmax", "search", "awq")
 KV_CACHES = ("float", "int8")
+KERNELS = ("ort", "llm_onnx")
+# On the CPU, a checkpoint whose fp32 weights take at most this many bytes exports at fp32 unless
+# told otherwise: fp32 still decodes at reading speed there (SmolLM2-135M, 540 MB: 39 tok/s on
+# 2 cores), while quantizing so small a model costs answers (the README's question loops at int8
+# and int4: docs/quantization.md#small-models-that-answer).
+SMALL_FP32_BYTES = 1 << 30
+
+
+def default_precision(cfg, *, cuda: bool) -> str | None:
+    """The precision of an export that names none: fp16 for a usable CUDA GPU; on the CPU fp32
+    for a checkpoint of at most SMALL_FP32_BYTES of fp32 weights (``cfg``: its ModelConfig),
+    else int8. None when that depends on ``cfg`` and it is not known yet (None)."""
+    if cuda:
+        return "fp16"
+    if cfg is None:
+        return None
+    from llm_onnx.modeling.shapes import num_parameters
+
+    return "fp32" if 4 * num_parameters(cfg) <= SMALL_FP32_BYTES else "int8"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +87,10 @@ class ExportOptions:
             docs/notes/kv-int8-gqa.md); where the head size is a power of two, keys (after
             RoPE) and values are stored in the Hadamard basis (kv_rotation.py). Needs the
             GroupQueryAttention forms (not plain attention) and the CPU target for now.
+        kernels: whose operators run what ONNX Runtime's CPU op set does poorly: "ort" (its own
+            only) or "llm_onnx" (llm-onnx's kernel library, which must be built: Qwen3-MoE-style
+            experts run as RoutedExperts instead of QMoE, always with int8 activations; the
+            manifest records it and the folder needs the library to load; docs/kernels.md).
         validate: run the ORT vs torch parity gate after writing.
         allow_parity_failure: keep a folder the parity gate finds broken (its figures and the
             reasons go into the manifest's parity report) instead of refusing it.
@@ -76,6 +99,10 @@ class ExportOptions:
             cache; how it pools is read from the checkpoint: checkpoints/pooling.py).
         pooling, normalize: an embedding export's pooling ("last", "mean", "cls") and L2
             normalisation, instead of what the checkpoint's files say.
+        quantize_vision: an int8/int4 export quantizes the vision tower's projections as the
+            decoder's (MatMulNBits). Default: the tower keeps float weights (float32, float16
+            for fp16 and CUDA exports): a prompt's image tokens all come from it, and its
+            weights are a small share of a model's (docs/images.md has the figures).
         target: the execution provider the folder is built for. "cpu": quantized projections
             compute in float32 (or int8 at accuracy_level 4). "cuda": every compute node has a
             CUDA kernel, so quantized folders compute in float16 (GroupQueryAttention and QMoE
@@ -106,6 +133,8 @@ class ExportOptions:
     pooling: str | None = None
     normalize: bool | None = None
     kv_cache: str = "float"
+    kernels: str = "ort"
+    quantize_vision: bool = False
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -184,6 +213,14 @@ class ExportOptions:
                               "CUDA GroupQueryAttention has int8-cache kernels not yet run "
                               "here). Export with --target cpu, or with --kv-cache float for "
                               "CUDA.")
+        if self.kernels not in KERNELS:
+            raise ConfigError(f"kernels must be one of {', '.join(KERNELS)}, got {self.kernels!r}.")
+        if self.kernels == "llm_onnx" and (not self.quantized or self.cuda):
+            raise ConfigError("kernels llm_onnx runs quantized experts on the CPU: export int4 or "
+                              "int8 for --target cpu, or drop --kernels.")
+        if self.quantize_vision and not self.quantized:
+            raise ConfigError("quantize_vision quantizes the vision tower as an int8/int4 "
+                              f"export's projections; a {self.precision} export keeps it float.")
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise ConfigError(f"max_seq_len must be at least 2, got {self.max_seq_len}.")
 
@@ -229,7 +266,8 @@ class ExportOptions:
             return self.bits == 8
         return self.quantized and (self.bits == 8 or self.head_bits == 8
                                    or self.activation_level == 4
-                                   or self.experts_accuracy_level == 4)
+                                   or self.experts_accuracy_level == 4
+                                   or self.kernels == "llm_onnx")
 
     @property
     def scheme(self) -> str:

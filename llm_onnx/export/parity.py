@@ -16,21 +16,15 @@ from llm_onnx.checkpoints.load import Checkpoint
 from llm_onnx.export.folder import release_memory
 from llm_onnx.export.plan import ExportPlan
 from llm_onnx.export.progress import Progress
-from llm_onnx.export.validate import (
-    compare,
-    compare_embeddings,
-    compare_logits,
-    compute_in_float32,
-    load_stored,
-    run_engine,
-    run_onnx,
-    run_onnx_embeddings,
-    run_reference,
-    run_reference_embeddings,
-    thresholds,
-)
+from llm_onnx.export.validate import (compare, compare_logits, compute_in_float32, load_stored,
+                                      run_engine, run_onnx, run_reference, thresholds)
+from llm_onnx.export.validate_embeddings import (compare_embeddings, run_onnx_embeddings,
+                                                 run_reference_embeddings)
+from llm_onnx.export.validate_images import compare_images
 from llm_onnx.export.weights import StoredTensor
+from llm_onnx.families.qwen_vision import PREFIX as VISION_PREFIX
 from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.vision_config import VisionConfig
 from llm_onnx.modeling.shapes import Shape, num_parameters
 
 # Validate the whole model when the torch reference and ORT both fit comfortably in memory.
@@ -61,7 +55,9 @@ def validate(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
         scratch_ckpt = replace(checkpoint, config=small,
                                source=_ScratchSource(checkpoint.source, small.vocab_size, experts,
                                                      cfg.embedding.hidden_size_per_layer_input))
-        small_plan = ExportPlan.build(small, plan.options, min(plan.max_len, 64), plan.embedding)
+        tower = _scratch_vision(plan.vision_config)
+        small_plan = ExportPlan.build(small, plan.options, min(plan.max_len, 64), plan.embedding,
+                                      tower)
         small_plan.calibration = plan.calibration  # layer 0's scales, the same tensors
         with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".llm-onnx-parity-") as tmp:
             scratch = Path(tmp)
@@ -71,6 +67,7 @@ def validate(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
             report = _compare_folder(small_plan, scratch, small_tensors)
         scope = (f"first {small.num_hidden_layers} layer(s), first {small.vocab_size} "
                  "vocabulary rows" + (f", first {experts} experts" if experts else "")
+                 + (", first vision block" if tower is not None else "")
                  + "; same weights, same export code")
     progress.advance(1)
     if plan.embedding is not None:
@@ -90,6 +87,9 @@ def validate(checkpoint: Checkpoint, plan: ExportPlan, folder: Path,
         decode_steps=int(report["decode_steps"]),
         thresholds={k: float(v) for k, v in report["thresholds"].items()},
         present_state_max_abs_diff=report.get("present_state_max_abs_diff"),
+        vision_relative_diff=report.get("vision_relative_diff"),
+        image_prompt_kl_divergence=report.get("image_prompt_kl_divergence"),
+        image_prompt_greedy_agreement=report.get("image_prompt_greedy_agreement"),
         failures=tuple(report["failures"]), clear_agreement=report["clear_agreement"],
         **{k: float(report[k]) for k in ("logits_max_abs_diff", "logits_max_abs",
                                          "relative_logits_diff", "kl_divergence",
@@ -102,18 +102,29 @@ def _compare_folder(plan: ExportPlan, folder: Path, tensors: dict[str, StoredTen
     cfg, options = plan.cfg, plan.options
     limits = thresholds(options)
     kv_dtype = np.int8 if options.kv_int8 else np.float16 if options.float16 else np.float32
+    tower_tensors = {n: t for n, t in tensors.items() if n.startswith(VISION_PREFIX)}
+    tensors = {n: t for n, t in tensors.items() if n not in tower_tensors}
     reference = compute_in_float32(load_stored(plan.model, folder / mf.WEIGHTS, tensors))
     if plan.embedding is not None:  # embed.onnx: one run, no cache, no CUDA engine path
         expected = run_reference_embeddings(reference, cfg.vocab_size)
         del reference
         release_memory()
         return compare_embeddings(expected, run_onnx_embeddings(folder, cfg.vocab_size), limits)
+    strict = not options.allow_parity_failure
     torch_steps, fed = run_reference(reference, cfg.vocab_size)
+    images = None
+    if plan.vision is not None:  # vision.onnx, and a prompt with an image
+        tower = compute_in_float32(load_stored(plan.vision, folder / mf.WEIGHTS, tower_tensors))
+        images = compare_images(reference, tower, folder, kv_dtype, limits, strict)
+        del tower
     del reference
     release_memory()
-    onnx_steps = run_onnx(folder, cfg, kv_dtype, cfg.vocab_size, fed)
-    strict = not options.allow_parity_failure
+    onnx_steps = run_onnx(folder, cfg, kv_dtype, cfg.vocab_size, fed,
+                          kernels=options.kernels == "llm_onnx", vision=plan.vision_config)
     report = compare(torch_steps, onnx_steps, limits, strict)
+    if images is not None:
+        report["failures"] += images.pop("failures")
+        report.update(images)
     if options.cuda and _cuda_usable():
         from llm_onnx.runtime.core.engine import Engine, RuntimeOptions  # lazy: the GPU case only
 
@@ -190,6 +201,15 @@ class _ScratchSource:
 
     def describe(self, name: str) -> str:
         return self.source.describe(name)
+
+
+def _scratch_vision(vision: VisionConfig | None) -> VisionConfig | None:
+    """The scratch model's tower: the first block (and the first DeepStack merger after it);
+    its image token a row of the cut vocabulary (the image's embeddings replace it)."""
+    if vision is None:
+        return None
+    return vision.replace(depth=1, image_token_id=0, deepstack_visual_indexes=(
+        (0,) if vision.deepstack_visual_indexes else ()))
 
 
 def _scratch_config(cfg: ModelConfig) -> ModelConfig:

@@ -5,6 +5,8 @@
                       (an EmbeddingDecoder, without LM head, for task embed)
     plan.producers    for each parameter, how to build it from checkpoint tensors (fused
                       projections, stacked experts), taken before the swap
+    plan.vision       the vision tower's root (VisionEncoder) in export forms, when the folder
+                      takes images; its graph is vision.onnx, its tensors in the same weights
     plan.trace()      the prefill and decode graphs (or the embed graph), traced from plan.model
     plan.graph_specs  their inputs and outputs, from the traced programs in memory
     plan.precision    what the export does to the weights, read from the export-form modules
@@ -25,34 +27,36 @@ import onnx_ir as ir
 import torch
 
 from llm_onnx import model_folder as mf
-from llm_onnx.checkpoints.load import Producer, param_producers
 from llm_onnx.errors import ConfigError
-from llm_onnx.export import kv_scales
+from llm_onnx.checkpoints.load import Producer, param_producers
+from llm_onnx.checkpoints.vision import vision_producers
 from llm_onnx.export.calibrate import Calibration
-from llm_onnx.export.graphs import GRAPHS, trace_embed, trace_graph
-from llm_onnx.export.modules import (
-    NBitsLinear,
-    QuantEmbedding,
-    QuantExperts,
-    QuantGeGLUExperts,
-    RoutedGeGLUExperts,
-    to_export_form,
-)
+from llm_onnx.export import kv_scales
+from llm_onnx.export.graphs import GRAPHS, trace_embed, trace_graph, trace_vision
+from llm_onnx.export.modules import (NBitsLinear, QuantEmbedding, QuantExperts,
+                                     QuantGeGLUExperts, RoutedGeGLUExperts,
+                                     to_export_form, vision_export_form)
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.progress import Progress
-from llm_onnx.modeling.attention import AttentionForm, attention_form, rotates_keys
 from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.attention import AttentionForm, attention_form, rotates_keys
 from llm_onnx.modeling.decoder import Decoder, Fusion
 from llm_onnx.modeling.embedding import EmbeddingDecoder
 from llm_onnx.modeling.linear_attention import state_shapes
+from llm_onnx.modeling.vision_config import VisionConfig
+from llm_onnx.modeling.vision_tower import VisionEncoder
 
 
-def planned_attention(cfg: ModelConfig, options: ExportOptions) -> AttentionForm:
+def planned_attention(cfg: ModelConfig, options: ExportOptions,
+                      images: bool = False) -> AttentionForm:
     """The attention form of an export: the fastest ONNX Runtime takes for the shape
-    (attention.attention_form), or a slower one the options ask for."""
+    (attention.attention_form), or a slower one the options ask for, or the images need."""
     form = attention_form(cfg)
     if options.plain_attention and not form.plain:
         return AttentionForm("plain", "asked for (plain_attention)")
+    if images and form.rotary_inside:
+        return AttentionForm("rotary outside", "multimodal RoPE turns each token by three "
+                                               "positions, per-token tables RoPE takes alone")
     if form.rotary_inside and not options.fuse_rotary:
         return AttentionForm("rotary outside", "asked for (fuse_rotary off)")
     if form.rotary_inside and options.kv_int8 and any(
@@ -92,29 +96,43 @@ class ExportPlan:
     # awq's folds and search weights (calibrate.py), decided before the weights are written
     calibration: Calibration | None = None
     embedding: mf.EmbeddingSpec | None = None  # task embed: how embed.onnx pools
+    # a folder that takes images: the tower's root in export forms and its producers
+    vision: VisionEncoder | None = None
+    vision_producers: dict[str, Producer] = field(default_factory=dict)
 
     @classmethod
     def build(cls, cfg: ModelConfig, options: ExportOptions, max_len: int,
-              embedding: mf.EmbeddingSpec | None = None) -> ExportPlan:
-        """``embedding``: the pooling of an embedding export (options.task "embed")."""
+              embedding: mf.EmbeddingSpec | None = None,
+              vision: VisionConfig | None = None) -> ExportPlan:
+        """``embedding``: the pooling of an embedding export (options.task "embed");
+        ``vision``: the tower beside the decoder of a folder that takes images."""
         if (options.task == "embed") != (embedding is not None):
             raise ValueError("an embedding export needs its EmbeddingSpec, and only it")
         dtype = torch.float16 if options.float16 else torch.float32
-        form = planned_attention(cfg, options)  # what ONNX Runtime's kernels take of the shape
+        form = planned_attention(cfg, options, vision is not None)
         check_kv_cache(cfg, options, form)
         fusion = Fusion(rotary=options.fuse_rotary and form.rotary_inside, qkv=options.fuse_qkv,
                         gate_up=options.fuse_gate_up, plain_attention=form.plain)
         with torch.device("meta"):
             model = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_len,
-                            kv_int8=options.kv_int8) \
+                            kv_int8=options.kv_int8, vision=vision) \
                 if embedding is None else EmbeddingDecoder(
                     cfg, pooling=embedding.pooling, normalize=embedding.normalize, dtype=dtype,
                     fusion=fusion, max_positions=max_len)
         producers = dict(param_producers(model))  # by the eager modules' names, which stay
         plan = cls(cfg, options, max_len, to_export_form(model, options), producers,
                    embedding=embedding)
+        if vision is not None:
+            with torch.device("meta"):
+                tower = VisionEncoder(vision, dtype)
+            plan.vision_producers = dict(vision_producers(tower))
+            plan.vision = vision_export_form(tower, options)
         plan.precision  # read now: the parity gate later casts plan.model's tensors to float32
         return plan
+
+    @property
+    def vision_config(self) -> VisionConfig | None:
+        return self.vision.config if self.vision is not None else None
 
     def write_producers(self) -> dict[str, Producer]:
         """The producers the weights are written from: awq's folds applied, and its search
@@ -135,7 +153,8 @@ class ExportPlan:
     @property
     def weight_modules(self) -> int:
         """How many modules write tensors (the progress bar's steps)."""
-        return sum(1 for m in self.model.modules() if _writes(m))
+        roots = [self.model] + ([self.vision] if self.vision is not None else [])
+        return sum(1 for root in roots for m in root.modules() if _writes(m))
 
     def trace(self, progress: Progress) -> dict[str, ir.Model]:
         if isinstance(self.model, EmbeddingDecoder):
@@ -147,6 +166,9 @@ class ExportPlan:
             progress.stage(f"tracing {kind}")
             self.graphs[kind] = trace_graph(self.model, kind, all_logits=self.options.all_logits)
             progress.advance(1)
+        if self.vision is not None:
+            progress.stage("tracing vision")
+            self.graphs["vision"] = trace_vision(self.vision)
         return self.graphs
 
     @property
@@ -159,7 +181,7 @@ class ExportPlan:
                          for v in values)
 
         def logits(kind: str) -> str:
-            if kind == "embed":
+            if kind in ("embed", "vision"):
                 return "none"
             return "all" if kind == "decode" or self.options.all_logits else "window"
 
@@ -173,7 +195,7 @@ class ExportPlan:
         the graphs' compute dtype or int8 (embed.onnx: its attention's, kept for one run
         only)."""
         cfg = self.cfg
-        form = planned_attention(cfg, self.options)
+        form = planned_attention(cfg, self.options, self.vision is not None)
         owners = cfg.cache_layers  # (Qwen3.5: not its linear layers; Gemma 4: not KV-shared ones)
         shapes = tuple(cfg.layer_kv_shape(i) for i in owners)
         uniform = all(s == (cfg.num_key_value_heads, cfg.head_dim) for s in shapes)
@@ -286,6 +308,14 @@ class ExportPlan:
                 return mf.ExpertsQuantization(block_size=block, scheme="symmetric",
                                               accuracy_level=first.accuracy_level)
         return None
+
+
+def kernels_spec(model: torch.nn.Module) -> mf.KernelsSpec | None:
+    """The operators of llm-onnx's kernel library the export forms in ``model`` emit."""
+    from llm_onnx.kernels import DOMAIN, OPS_VERSION
+
+    ops = sorted({m.kernel_op for m in model.modules() if getattr(m, "kernel_op", None)})
+    return mf.KernelsSpec(DOMAIN, OPS_VERSION, tuple(ops)) if ops else None
 
 
 def _writes(module: torch.nn.Module) -> bool:

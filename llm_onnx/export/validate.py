@@ -3,10 +3,10 @@
 The torch side is the export form of the decoder (same modules, reference ops) holding the
 tensors read back from weights.data, so the comparison isolates the graphs and their kernels.
 Prompts of several lengths go through prefill.onnx as one right-padded batch, then a few greedy
-steps through decode.onnx. An embedding model's embed.onnx runs the batch once and is held to
-torch's embeddings of each prompt run alone (so padding is checked too). Models too large to run
-twice in memory are checked on their first layers and the first rows of the vocabulary, exported
-the same way into a scratch folder.
+steps through decode.onnx. An embedding model's embed.onnx is checked in
+validate_embeddings.py, a folder's images (vision.onnx, a prompt with an image) in
+validate_images.py. Models too large to run twice in memory are checked on their first layers
+and the first rows of the vocabulary, exported the same way into a scratch folder.
 """
 
 from __future__ import annotations
@@ -103,8 +103,9 @@ def load_stored(model: Decoder, data_file: Path, tensors: dict[str, StoredTensor
             module._buffers[attr] = t
         else:
             setattr(module, attr, torch.nn.Parameter(t, requires_grad=False))
-    head, embed = getattr(model, "lm_head", None), model.model.embed_tokens
-    if model.config.tie_word_embeddings and isinstance(getattr(head, "weight", None), torch.nn.Parameter) \
+    head, embed = getattr(model, "lm_head", None), getattr(model.model, "embed_tokens", None)
+    if getattr(model.config, "tie_word_embeddings", False) and isinstance(
+            getattr(head, "weight", None), torch.nn.Parameter) \
             and isinstance(getattr(embed, "weight", None), torch.nn.Parameter):
         # A tied pair appears in the graph under one of its two names: share whichever was read.
         if head.weight.is_meta:
@@ -243,9 +244,12 @@ def _router_hooks(model: Decoder, gaps: list[torch.Tensor]) -> list:
     return hooks
 
 
-def run_onnx(folder: Path, cfg, kv_dtype: np.dtype, vocab: int, fed: list[np.ndarray]) -> _Steps:
+def run_onnx(folder: Path, cfg, kv_dtype: np.dtype, vocab: int, fed: list[np.ndarray],
+             kernels: bool = False, vision=None) -> _Steps:
     """ORT: prefill.onnx on the batch, then decode.onnx on the tokens torch chose. One session
-    at a time, so a graph's fp32 copies of fp16 weights are never held twice."""
+    at a time, so a graph's fp32 copies of fp16 weights are never held twice. ``kernels``: the
+    graphs use llm-onnx's own operators (its library is registered). ``vision``: the graphs
+    take images too (none here: text positions, no image rows)."""
     import gc
 
     import onnxruntime as ort
@@ -255,6 +259,10 @@ def run_onnx(folder: Path, cfg, kv_dtype: np.dtype, vocab: int, fed: list[np.nda
     cache = new_states(cfg, b, t + DECODE_STEPS + 1, kv_dtype)
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    if kernels:
+        from llm_onnx import kernels as library
+
+        library.register(so)
     steps = _Steps([], [], cfg=cfg)
     state_names = names.state_names(cfg.num_hidden_layers, cfg.linear_layers,
                                     [i for i in range(cfg.num_hidden_layers) if cfg.is_kv_shared(i)])
@@ -265,6 +273,11 @@ def run_onnx(folder: Path, cfg, kv_dtype: np.dtype, vocab: int, fed: list[np.nda
         out.update({past: cache[j] for j, (past, _) in enumerate(state_names)})
         if cfg.linear_layers:
             out[names.VALID_TOKENS] = np.array(valid, dtype=np.int32)
+        if vision is not None:  # a first prompt at 0 .. T-1, a step at each row's length
+            first = tokens.shape[1] == total
+            out.update(text_only_inputs(vision, cfg.hidden_size, np.broadcast_to(
+                np.arange(tokens.shape[1]), tokens.shape) if first else
+                np.array(seqlens)[:, None] + np.arange(tokens.shape[1]) + 1 - tokens.shape[1]))
         return out
 
     def record(out: list[np.ndarray]) -> None:
@@ -286,6 +299,17 @@ def run_onnx(folder: Path, cfg, kv_dtype: np.dtype, vocab: int, fed: list[np.nda
         record(session.run(None, feed(fed[step], seqlens, max(seqlens) + 1, [1] * len(lens))))
         seqlens = [n + 1 for n in seqlens]
     return steps
+
+
+def text_only_inputs(vision, width: int, positions: np.ndarray) -> dict:
+    """The image inputs of a run without images: ``positions`` (B, T) in all three rows."""
+    rows = np.broadcast_to(np.asarray(positions, dtype=np.int64)[None], (3, *np.shape(positions)))
+    out = {names.POSITION_IDS: np.ascontiguousarray(rows),
+           names.IMAGE_EMBEDS: np.zeros((0, width), np.float32),
+           names.IMAGE_TOKEN_INDEX: np.zeros(0, np.int64)}
+    if vision.deepstack_layers:
+        out[names.DEEPSTACK_EMBEDS] = np.zeros((vision.deepstack_layers, 0, width), np.float32)
+    return out
 
 
 def run_engine(engine, vocab: int, fed: list[np.ndarray]) -> _Steps:
@@ -439,49 +463,3 @@ def compare(torch_steps: _Steps, onnx_steps: _Steps, limits: Thresholds,
                                    f", present KV max|diff| {kv_diff:.3g}"))
     report["failures"] = failures
     return report
-
-
-# ----------------------------------------------------------------------------- embedding models
-
-def run_reference_embeddings(reference: Decoder, vocab: int) -> np.ndarray:
-    """Torch (an EmbeddingDecoder): each prompt alone, unpadded; (B, E) float32."""
-    rows = []
-    with torch.no_grad():
-        for prompt in prompts(vocab):
-            ids = torch.tensor([prompt], dtype=torch.int64)
-            rows.append(reference(ids, torch.tensor([len(prompt)], dtype=torch.int32))[0])
-    return torch.stack(rows).float().numpy()
-
-
-def run_onnx_embeddings(folder: Path, vocab: int) -> np.ndarray:
-    """ORT: embed.onnx on the prompts as one right-padded batch; (B, E) float32."""
-    import onnxruntime as ort
-
-    ids, lens = _batch(vocab)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    session = ort.InferenceSession(str(folder / names.EMBED), so,
-                                   providers=["CPUExecutionProvider"])
-    (out,) = session.run(None, {names.INPUT_IDS: ids,
-                                names.SEQUENCE_LENGTHS: np.array(lens, dtype=np.int32)})
-    if not np.all(np.isfinite(out)):
-        raise ParityError("ONNX Runtime produced inf/NaN embeddings.")
-    return out.astype(np.float32)
-
-
-def compare_embeddings(reference: np.ndarray, onnx: np.ndarray, limits: Thresholds) -> dict:
-    """The parity report of embed.onnx: the largest difference relative to the embeddings'
-    range (held to the logits' relative limit) and the lowest cosine similarity of a row (held
-    to 1 minus that limit); ParityError beyond them."""
-    diff = float(np.abs(reference - onnx).max())
-    relative = diff / max(1.0, float(np.abs(reference).max()))
-    norms = np.linalg.norm(reference, axis=-1) * np.linalg.norm(onnx, axis=-1)
-    cosine = float(((reference * onnx).sum(-1) / np.maximum(norms, 1e-12)).min())
-    if not relative <= limits.relative_logits or not cosine >= 1 - limits.relative_logits:
-        raise ParityError(f"ONNX vs torch: embeddings max|diff| {diff:.3g} (relative "
-                          f"{relative:.3g}, limit {limits.relative_logits:g}), lowest cosine "
-                          f"{cosine:.6f} (limit {1 - limits.relative_logits:g}).")
-    return {"prompts": len(PROMPT_LENGTHS), "prompt_lengths": list(PROMPT_LENGTHS),
-            "decode_steps": 0, "embeddings_max_abs_diff": diff, "embeddings_min_cosine": cosine,
-            "thresholds": {"relative_embeddings": limits.relative_logits,
-                           "cosine": 1 - limits.relative_logits}}

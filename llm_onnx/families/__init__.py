@@ -43,23 +43,26 @@ from llm_onnx.families import (
     qwen3_5_moe,
     qwen3_moe,
     qwen3_next,
+    qwen3_vl,
     smollm3,
     xglm,
 )
 from llm_onnx.families.family import Family, HFConfig
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.vision_config import VisionConfig
 
 __all__ = ["FAMILIES", "Family", "GGUFNames", "HFConfig", "Part", "REGISTRY", "PRESETS", "TINY",
            "HF_REPOS", "SUPPORTED_ARCHITECTURES", "GGUF_ARCHITECTURES", "ALIASES", "family",
-           "get_config", "from_hf_config", "load_hf_config", "suggest"]
+           "get_config", "from_hf_config", "load_hf_config", "load_vision_config",
+           "vision_from_hf_config", "suggest"]
 
 # Every family, explicitly: adding one is its module plus a line here.
 FAMILIES: tuple[Family, ...] = (
     bloom.FAMILY, falcon.FAMILY, gemma3.FAMILY, gemma4.FAMILY, gpt2.FAMILY, gpt_oss.FAMILY,
     llama.FAMILY, mistral.FAMILY, opt.FAMILY, phi3.FAMILY, qwen2.FAMILY, qwen3.FAMILY,
-    qwen3_5.FAMILY, qwen3_5_moe.FAMILY, qwen3_moe.FAMILY, qwen3_next.FAMILY, smollm3.FAMILY,
-    xglm.FAMILY,
+    qwen3_5.FAMILY, qwen3_5_moe.FAMILY, qwen3_moe.FAMILY, qwen3_next.FAMILY, qwen3_vl.FAMILY,
+    smollm3.FAMILY, xglm.FAMILY,
 )
 
 
@@ -114,8 +117,28 @@ def from_hf_config(data: dict[str, Any], source: str = "config.json") -> ModelCo
     return REGISTRY[architecture].config(hf)
 
 
+def vision_from_hf_config(data: dict[str, Any], source: str = "config.json",
+                          ) -> VisionConfig | None:
+    """The vision tower a config.json describes beside its text model (None: none, or a
+    family that reads none)."""
+    hf = HFConfig(data, source)
+    architecture = ALIASES.get(hf.architecture, hf.architecture)  # type: ignore[arg-type]
+    if architecture not in REGISTRY:
+        return None
+    return REGISTRY[architecture].vision(hf)
+
+
+def load_vision_config(path: Path) -> VisionConfig | None:
+    """The vision tower of config.json (a file or the folder holding it), if any."""
+    return vision_from_hf_config(*_read_config(path))
+
+
 def load_hf_config(path: Path) -> ModelConfig:
     """Read config.json (a file or the folder holding it)."""
+    return from_hf_config(*_read_config(path))
+
+
+def _read_config(path: Path) -> tuple[dict[str, Any], str]:
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
     if not file.is_file():
@@ -126,4 +149,4 @@ def load_hf_config(path: Path) -> ModelConfig:
         raise ConfigError(f"{file}: not valid JSON ({e}).") from e
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: expected a JSON object.")
-    return from_hf_config(data, source=str(file))
+    return data, str(file)

@@ -10,6 +10,7 @@ from typing import Any, Callable
 from llm_onnx.errors import ConfigError
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.vision_config import VisionConfig
 
 __all__ = ["Family", "HFConfig"]
 
@@ -94,6 +95,9 @@ class Family:
             ``config_fields`` reads itself (Gemma 4: its full layers' head size and KV heads).
             Any other field a layer overrides with a value of its own is refused, naming it;
             one equal to the model's is the same model.
+        vision_config: the vision tower beside the text model, from config.json (None where
+            the checkpoint has none: a text-only class); families without one leave it None.
+            The tower's tensors keep their checkpoint names (qwen_vision.py).
     """
 
     architecture: str
@@ -111,6 +115,7 @@ class Family:
     aliases: tuple[str, ...] = ()
     checkpoint_nested: tuple[str, str] | None = None
     per_layer_fields: tuple[str, ...] = ()
+    vision_config: Callable[[HFConfig], VisionConfig | None] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "summary", (self.summary or "").strip())
@@ -140,6 +145,10 @@ class Family:
                     f"{hf.source}: per_layer_config gives layer {layer} its own {key} "
                     f"({json.dumps(value)}; the model's is {json.dumps(hf.data.get(key))}), but "
                     f"llm-onnx builds {self.architecture} with one {key} for every layer.")
+    def vision(self, hf: HFConfig) -> VisionConfig | None:
+        """The checkpoint's vision tower (None: the family has none, or this config lacks
+        one)."""
+        return self.vision_config(hf) if self.vision_config is not None else None
 
     @property
     def renames(self) -> bool:

@@ -15,9 +15,9 @@ attention (three layers of every four, a recurrent state per row) and gated full
   (read here as the plain RMSNorm of 1 + w).
 
 Checkpoints: the text-only class, or ``Qwen3_5ForConditionalGeneration`` with the text fields
-under ``text_config`` and the text weights under ``model.language_model.``; the vision tower
-(``model.visual.``) and the multi-token-prediction head (``mtp.``) are skipped by name, never
-loaded. GGUF: llama.cpp's ``qwen35``, whose converter re-orders the value heads (tiled) and
+under ``text_config`` and the text weights under ``model.language_model.``, and the vision tower
+under ``model.visual.`` (qwen_vision.py: read beside the text model unless exported
+``--text-only``; no DeepStack); the multi-token-prediction head (``mtp.``) is never loaded. GGUF: llama.cpp's ``qwen35``, whose converter re-orders the value heads (tiled) and
 stores -exp(A_log); both are undone on reading. Qwen3.5-MoE and Qwen3-Next build on this module
 (qwen3_5_moe.py, qwen3_next.py)."""
 
@@ -30,14 +30,18 @@ from llm_onnx.families.family import Family
 from llm_onnx.families.gemma3 import plus_one
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.families.llama import GGUF_GLOBALS
+from llm_onnx.families.qwen_vision import vision_fields
 from llm_onnx.modeling.config import AttentionConfig, LinearAttentionConfig, ModelConfig
+from llm_onnx.modeling.vision_config import VisionConfig
 
 ARCHITECTURE = "Qwen3_5ForCausalLM"
 HF_CONFIG_CLASS = "Qwen3_5TextConfig"
 ALIASES = ("Qwen3_5ForConditionalGeneration",)  # the released checkpoints: text under text_config
 NORM_WEIGHT_OFFSET = 1.0  # its layer, final and q/k norms multiply by (1 + the stored weight)
 CHECKPOINT_NESTED = ("model.", "model.language_model.")  # the released checkpoints' text weights
-CHECKPOINT_SKIP = r"^(model\.visual\.|mtp\.)"  # the vision tower and the MTP head
+CHECKPOINT_SKIP = r"^(model\.visual\.|mtp\.)"  # the vision tower (read apart) and the MTP head
+IMAGE_TOKEN_ID = 248_056  # <|image_pad|> (transformers' default)
+MROPE_SECTION = (11, 11, 10)
 
 
 def interval_layers(layers: int, interval: int = 4) -> tuple[str, ...]:
@@ -136,6 +140,12 @@ def hybrid_fields(hf: Any) -> dict[str, Any]:
 def config_fields(hf: Any) -> dict[str, Any]:
     hf = text_config(hf)
     return dict(hybrid_fields(hf), intermediate_size=hf.require("intermediate_size"))
+
+
+def vision_config(hf: Any) -> VisionConfig | None:
+    """The tower of a ``Qwen3_5ForConditionalGeneration`` (and its MoE sibling's)."""
+    return vision_fields(hf, default_section=MROPE_SECTION, default_image_token=IMAGE_TOKEN_ID,
+                         deepstack=False)
 
 
 def hybrid_hf_config(cfg: ModelConfig) -> dict[str, Any]:
@@ -309,4 +319,4 @@ FAMILY = Family(
     config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
     checkpoint_globals=CHECKPOINT_GLOBALS, checkpoint_layer=checkpoint_layer,
     checkpoint_skip=CHECKPOINT_SKIP, gguf=GGUF, norm_weight_offset=NORM_WEIGHT_OFFSET,
-    aliases=ALIASES, checkpoint_nested=CHECKPOINT_NESTED)
+    aliases=ALIASES, checkpoint_nested=CHECKPOINT_NESTED, vision_config=vision_config)

@@ -4,7 +4,8 @@ in every layer: a softmax router, the top k experts always renormalised, SwiGLU 
 shared expert every token takes, scaled by sigmoid of a learned (1, D) gate and added to the
 routed sum. Experts come per expert (``mlp.experts.E.gate_proj``, as transformers saves them) or
 fused (``mlp.experts.gate_up_proj`` (E, 2I, D), gate rows first, and ``mlp.experts.down_proj``
-(E, D, I), as the released files store them). GGUF: llama.cpp's ``qwen35moe``."""
+(E, D, I), as the released files store them). GGUF: llama.cpp's ``qwen35moe``. The released
+checkpoints' vision tower is Qwen3.5's (read as qwen3_5.py reads it)."""
 
 from __future__ import annotations
 
@@ -13,18 +14,12 @@ from typing import Any
 from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.families.llama import GGUF_GLOBALS
-from llm_onnx.families.qwen3_5 import (
-    CHECKPOINT_GLOBALS,
-    GGUF_HYBRID_LAYER,
-    gguf_relayout,
-    hybrid_fields,
-    hybrid_gguf_fields,
-    hybrid_hf_config,
-    interval_layers,
-    mixer_parts,
-    text_config,
-)
-from llm_onnx.modeling.config import AttentionConfig, LinearAttentionConfig, ModelConfig, MoEConfig
+from llm_onnx.families.qwen3_5 import (CHECKPOINT_GLOBALS, GGUF_HYBRID_LAYER, gguf_relayout,
+                                       hybrid_fields, hybrid_gguf_fields, hybrid_hf_config,
+                                       interval_layers, mixer_parts, text_config,
+                                       vision_config)
+from llm_onnx.modeling.config import (AttentionConfig, LinearAttentionConfig, ModelConfig,
+                                      MoEConfig)
 
 ARCHITECTURE = "Qwen3_5MoeForCausalLM"
 HF_CONFIG_CLASS = "Qwen3_5MoeTextConfig"
@@ -162,4 +157,4 @@ FAMILY = Family(
     config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
     checkpoint_globals=CHECKPOINT_GLOBALS, checkpoint_layer=checkpoint_layer,
     checkpoint_skip=CHECKPOINT_SKIP, gguf=GGUF, norm_weight_offset=NORM_WEIGHT_OFFSET,
-    aliases=ALIASES, checkpoint_nested=CHECKPOINT_NESTED)
+    aliases=ALIASES, checkpoint_nested=CHECKPOINT_NESTED, vision_config=vision_config)

@@ -28,13 +28,17 @@ recurrent state (B, Hv, dk, dv) instead, which ``valid_tokens`` (B,) says how fa
 Module attributes copy Hugging Face's names, so checkpoints load by name and ONNX initializers
 read ``model.layers.0.self_attn.q_proj...``.
 
+A decoder built with a ``vision`` config (a tower beside it: Qwen3-VL, Qwen3.5) also takes
+keyword inputs ``position_ids`` (3, B, T) for its multimodal RoPE and the image embeddings to
+place (multimodal.py); without them it runs text with positions from ``seqlens_k``.
+
 Precision: the residual stream, norms, router softmax and logits stay fp32; projections and
 attention run in ``dtype`` (fp32 or fp16). With fp32 every cast below is a no-op.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -44,7 +48,9 @@ from llm_onnx.modeling.config import ModelConfig
 from llm_onnx.modeling.layer import layer_class, make_layer
 from llm_onnx.modeling.layers import Fusion, Linear, MixerInputs, make_norm
 from llm_onnx.modeling.linear_attention import state_shapes
+from llm_onnx.modeling.multimodal import ImageInputs, mrope_tables
 from llm_onnx.modeling.positions import RotaryCache, SinusoidalPositions, global_rope, local_rope
+from llm_onnx.modeling.vision_config import VisionConfig
 
 __all__ = ["Decoder", "DecoderModel", "Fusion", "LayerInputs", "owned_states"]
 
@@ -110,6 +116,7 @@ class LayerInputs:
     bias: Tensor | None
     valid: Tensor | None = None
     per_layer: Tensor | None = None  # Gemma 4: (B, T, layers, P) per-layer inputs
+    images: ImageInputs | None = None  # a decoder with a vision tower: DeepStack's features
 
 
 class Decoder(nn.Module):
@@ -117,11 +124,18 @@ class Decoder(nn.Module):
 
     def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype = torch.float32,
                  fusion: Fusion | None = None, max_positions: int | None = None,
-                 head: bool = True, kv_int8: bool = False) -> None:
+                 head: bool = True, kv_int8: bool = False,
+                 vision: VisionConfig | None = None) -> None:
         super().__init__()
         self.config = cfg
         self.dtype = dtype
         self.fusion = fusion or Fusion()
+        # a vision tower beside it: multimodal RoPE turns each token by three positions, so
+        # RoPE runs as its own op over per-token tables (multimodal.py)
+        self.vision = vision
+        if vision is not None:
+            vision.check_decoder(cfg.hidden_size, cfg.rotary_dim, cfg.num_hidden_layers)
+            self.fusion = replace(self.fusion, rotary=False)
         self.max_positions = max_positions or cfg.max_position_embeddings
         # kv_int8: attention layers keep keys and values in int8 with per-channel scales
         # (their k_scale/v_scale), as GroupQueryAttention's quantized cache does
@@ -140,7 +154,8 @@ class Decoder(nn.Module):
         return torch.int8 if self.kv_int8 else self.dtype
 
     def embed(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
-              valid_tokens: Tensor | None = None) -> LayerInputs:
+              valid_tokens: Tensor | None = None,
+              images: ImageInputs | None = None) -> LayerInputs:
         """Everything before the layers: the residual stream and what every layer takes."""
         cfg, m = self.config, self.model
         pos, emb = cfg.positions, cfg.embedding
@@ -153,6 +168,12 @@ class Decoder(nn.Module):
         residual = m.embed_tokens(input_ids).float()  # (B, T, D) fp32 residual stream
         if emb.embedding_multiplier != 1.0:  # XGLM: sqrt(d_model)
             residual = residual * emb.embedding_multiplier
+        if images is not None:  # a vision tower beside it (multimodal.py)
+            assert self.vision is not None
+            residual = images.place(residual)
+            cos, sin, positions = mrope_tables(*rope, images.position_ids,  # type: ignore[arg-type]
+                                               self.vision.mrope_section)
+            rope = (cos, sin)
         if emb.embed_dim is not None:  # OPT-350m
             residual = m.project_in(residual.to(self.dtype)).float()
         branch: Tensor | None = None
@@ -170,7 +191,8 @@ class Decoder(nn.Module):
         per_layer = None
         if emb.hidden_size_per_layer_input:  # Gemma 4
             per_layer = self.per_layer_inputs(input_ids, residual)
-        return LayerInputs(branch, residual, positions, last, rope, local, bias, valid, per_layer)
+        return LayerInputs(branch, residual, positions, last, rope, local, bias, valid, per_layer,
+                           images)
 
     def per_layer_inputs(self, input_ids: Tensor, embedded: Tensor) -> Tensor:
         """Gemma 4's per-layer inputs (B, T, layers, P), fp32: (RMSNorm(the scaled token
@@ -200,7 +222,9 @@ class Decoder(nn.Module):
 
     def forward(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
                 *past: Tensor, last_only: bool = False, logits_window: Tensor | None = None,
-                valid_tokens: Tensor | None = None) -> tuple[Tensor, ...]:
+                valid_tokens: Tensor | None = None, position_ids: Tensor | None = None,
+                image_embeds: Tensor | None = None, image_token_index: Tensor | None = None,
+                deepstack_embeds: Tensor | None = None) -> tuple[Tensor, ...]:
         """Logits (B, T, V) fp32 (or (B, 1, V) at each row's last new token when ``last_only``)
         and the updated caches, two per layer in layer order (``past`` less Gemma 4's KV-shared
         layers, whose presents are their source's buffer again: ``next_cache``).
@@ -211,10 +235,16 @@ class Decoder(nn.Module):
 
         ``valid_tokens`` (B,) int32 (models with linear-attention layers): how many of its T new
         tokens each row really runs; the others (padding, a row riding along in a batched
-        step) leave its states as they were. Default: up to each row's last new token."""
+        step) leave its states as they were. Default: up to each row's last new token.
+
+        ``position_ids`` (3, B, T), ``image_embeds`` (M, D), ``image_token_index`` (M,),
+        ``deepstack_embeds`` (K, M, D): a decoder with a vision tower (multimodal.py); by
+        default text at the positions ``seqlens_k`` gives, no images."""
         cfg, m = self.config, self.model
+        images = self.image_inputs(input_ids, seqlens_k, total_sequence_length, position_ids,
+                                   image_embeds, image_token_index, deepstack_embeds)
         h, last, present = self.hidden_states(input_ids, seqlens_k, total_sequence_length, *past,
-                                              valid_tokens=valid_tokens)
+                                              valid_tokens=valid_tokens, images=images)
         if last_only and logits_window is not None:  # each row's last W new tokens
             # W on the device from the values (as ops.device_positions does for T): a host value
             # in device arithmetic would make ONNX Runtime copy it over, ruling out CUDA graphs.
@@ -232,13 +262,33 @@ class Decoder(nn.Module):
             logits = torch.tanh(logits / cap) * cap
         return (logits, *present)
 
+    def image_inputs(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
+                     position_ids: Tensor | None, image_embeds: Tensor | None,
+                     image_token_index: Tensor | None, deepstack_embeds: Tensor | None,
+                     ) -> ImageInputs | None:
+        """The image inputs of a decoder with a vision tower (None without one); left out,
+        text at the positions ``seqlens_k`` gives each row (as a decoder without images)."""
+        vision = self.vision
+        if vision is None:
+            return None
+        if position_ids is None:
+            rows = ops.device_positions(input_ids, seqlens_k)[0]  # (B, T)
+            position_ids = rows[None].expand(3, *rows.shape)
+        if image_embeds is None or image_token_index is None:
+            image_embeds = torch.zeros(0, self.config.hidden_size, device=input_ids.device)
+            image_token_index = torch.zeros(0, dtype=torch.int64, device=input_ids.device)
+        if deepstack_embeds is None and vision.deepstack_layers:
+            deepstack_embeds = torch.zeros(vision.deepstack_layers, *image_embeds.shape,
+                                           device=input_ids.device)
+        return ImageInputs(position_ids, image_embeds, image_token_index, deepstack_embeds)
+
     def hidden_states(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
                       *past: Tensor, valid_tokens: Tensor | None = None,
-                      ) -> tuple[Tensor, Tensor, list[Tensor]]:
+                      images: ImageInputs | None = None) -> tuple[Tensor, Tensor, list[Tensor]]:
         """The final hidden states (B, T, D) fp32, after the final norm (the LM head's input),
         each row's last new index (B,) and the updated caches, in the order of ``past``."""
         cfg = self.config
-        x = self.embed(input_ids, seqlens_k, total_sequence_length, valid_tokens)
+        x = self.embed(input_ids, seqlens_k, total_sequence_length, valid_tokens, images)
         present: list[Tensor] = []
         slots = iter(past)  # two per layer that owns state (cfg.state_layers)
         # Gemma 4: a KV-shared layer attends over its source's cache: its kernel takes the
@@ -255,6 +305,8 @@ class Decoder(nn.Module):
                 continue
             past_k, past_v = next(slots), next(slots)
             present += self.run_layer(i, x, seqlens_k, total_sequence_length, past_k, past_v)
+            if x.images is not None:  # Qwen3-VL: DeepStack's features after the first layers
+                x.residual = x.images.deepstack(x.residual, i)
             if cfg.shares_kv and not cfg.is_linear_layer(i):
                 sources[i] = (*self.model.layers[i].new_kv, past_k, past_v)
         if not layer_class(cfg).final_norm:  # the last layer's output is already normalized

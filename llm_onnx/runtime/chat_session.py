@@ -13,6 +13,7 @@ from llm_onnx.runtime.chat.request import ChatModel, ChatRequest
 from llm_onnx.runtime.generation.generator import Generator
 from llm_onnx.runtime.generation.options import GenerationOptions
 from llm_onnx.runtime.generation.results import Result
+from llm_onnx.runtime.chat.image_parts import split_images
 
 Tools = Sequence[dict[str, Any]]
 
@@ -69,24 +70,38 @@ class ChatSession:
         self._generator.clear()
         self.last: Result | None = None
 
-    def stream(self, text: str, options: GenerationOptions | None = None,
-               **overrides: Any) -> Iterator[ChatPiece]:
-        """The answer to ``text`` as streamed pieces; the turn is recorded when the stream ends
-        (the answer as the assistant's content, any thinking as its ``reasoning_content``).
-        Stopped early (Ctrl-C while it streams, or the stream closed), the turn is recorded as
-        far as it was streamed, and ``last`` is None."""
+    def stream(self, text: str | list[dict], options: GenerationOptions | None = None, *,
+               images: Sequence[Any] = (), **overrides: Any) -> Iterator[ChatPiece]:
+        """The answer to ``text`` (or a list of content parts, image parts among them) as
+        streamed pieces; ``images`` go before the text (a folder that takes images). The turn
+        is recorded when the stream ends (the answer as the assistant's content, any thinking
+        as its ``reasoning_content``). Stopped early (Ctrl-C while it streams, or the stream
+        closed), the turn is recorded as far as it was streamed, and ``last`` is None. Earlier
+        turns' images stay in the conversation, and in the cache: they are not encoded again."""
         model = self.model
         opts = model.options(options, overrides)
-        if not isinstance(text, str) or not text.strip():
+        content: Any = text
+        if isinstance(text, str) and not text.strip() or isinstance(text, list) and not text:
             raise GenerationError("the message is empty.")
-        messages = self.messages + [{"role": "user", "content": text}]
-        prompt = model.render_chat(messages, tools=self.tools, template_vars=self.template_vars)
+        if images:
+            content = [{"type": "image", "image": image} for image in images] + (
+                [{"type": "text", "text": text}] if isinstance(text, str) else list(text))
+        elif not isinstance(text, (str, list)):
+            raise GenerationError("the message must be text or a list of content parts.")
+        messages = self.messages + [{"role": "user", "content": content}]
+        shown_messages, sources = split_images(messages, getattr(
+            getattr(model, "engine", None), "manifest", None))
+        prompt = model.render_chat(shown_messages, tools=self.tools,
+                                   template_vars=self.template_vars)
         ids = model.prompt_ids(model.encode_chat(prompt))
+        row = model.image_row(ids, sources) if sources else None  # type: ignore[attr-defined]
         opts = ChatRequest(model, prompt, opts.constraint).options_for(opts)
         gen = self._generator
         gen.release()  # the previous turn's keys and values stay: the new prompt starts with them
-        gen.append_tokens(ids, options=opts, reuse_points=model.reuse_points(
-            messages, ids, tools=self.tools, template_vars=self.template_vars))
+        points = [] if sources else model.reuse_points(
+            messages, ids, tools=self.tools, template_vars=self.template_vars)
+        gen.append_tokens(row.ids if row is not None else ids, options=opts,
+                          reuse_points=points, images=row)
         splitter = model.reasoning_splitter(prompt)
         shown: list[ChatPiece] = []
         try:
@@ -123,8 +138,9 @@ class ChatSession:
         self.last = None
         self._generator.clear()
 
-    def send(self, text: str, options: GenerationOptions | None = None, **overrides: Any) -> Result:
-        for _ in self.stream(text, options, **overrides):
+    def send(self, text: str | list[dict], options: GenerationOptions | None = None, *,
+             images: Sequence[Any] = (), **overrides: Any) -> Result:
+        for _ in self.stream(text, options, images=images, **overrides):
             pass
         assert self.last is not None
         return self.last

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Generator as PyGenerator
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from llm_onnx.errors import GenerationError
 from llm_onnx.model_folder import GenerationDefaults
 from llm_onnx.runtime.chat.dialects import chat_dialect
 from llm_onnx.runtime.chat.dialects.base import ChatPiece, ThinkingReader, ToolCallDelta, ToolChoice
+from llm_onnx.runtime.chat.image_parts import split_images, text_only_error
 from llm_onnx.runtime.chat.render import Message, check_template_vars, continue_final
 from llm_onnx.runtime.chat.request import (
     ChatRequest,
@@ -38,11 +40,12 @@ from llm_onnx.runtime.chat.request import (
     read_chat_template,
 )
 from llm_onnx.runtime.chat_session import ChatSession
-from llm_onnx.runtime.core.embedder import EmbeddingEngine, embedding_rows
+from llm_onnx.runtime.core.embedder import EmbeddingEngine, embedding_input
 from llm_onnx.runtime.core.engine import RuntimeOptions, not_generating
 from llm_onnx.runtime.core.engines import open_engine
 from llm_onnx.runtime.generation.generator import Generator
-from llm_onnx.runtime.generation.options import GenerationOptions, row_options
+from llm_onnx.runtime.generation.images import ImageInputs, RowImages
+from llm_onnx.runtime.generation.options import GenerationOptions, is_batch, row_options
 from llm_onnx.runtime.generation.results import Result, TokenLogprob
 from llm_onnx.runtime.generation.speculative import (
     SpeculativeOptions,
@@ -109,6 +112,9 @@ class Model:
         else:
             self.set_speculative(speculative, num_speculative_tokens=num_speculative_tokens,
                                  draft_model=draft_model)
+        vision = getattr(engine, "vision", None)
+        self.image_inputs = ImageInputs(m, vision, lambda text: self.encode(
+            text, add_special_tokens=False)) if vision is not None else None
         self.load_s = time.perf_counter() - start
 
     @classmethod
@@ -169,6 +175,7 @@ class Model:
                generation: GenerationDefaults, tool_call_format: str | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
+        self.image_inputs: ImageInputs | None = None  # a folder that takes images: its way
         self.eos_token_ids = tuple(int(i) for i in eos)
         self._constraints: Constraints | None = None
         self._constraints_lock = threading.Lock()
@@ -309,16 +316,22 @@ class Model:
                          prefill_chunk=prefill_chunk, speculative=speculative, **overrides)
 
     def generate(self, prompt: Prompt | Sequence[Prompt], options: GenerationOptions | None = None,
-                 **overrides: Any) -> Result | list[Result]:
+                 *, images: Sequence[Any] | None = None, **overrides: Any) -> Result | list[Result]:
         """Generate for one prompt (text or token ids) or a batch of them (a list of prompts,
         any lengths, decoded together). Keywords override fields of ``options``. Row i of a batch
-        samples with ``seed + i``."""
+        samples with ``seed + i``. ``images`` (one prompt, a folder that takes images): paths,
+        bytes, data: URLs, PIL images or arrays, one per image placeholder of the prompt (with
+        none, each image's block goes before the text)."""
         self.require_generation()
         opts = self.options(options, overrides)
-        batch = _is_batch(prompt)
-        # a batch is a list of prompts (_is_batch), which the type of `prompt` cannot say
+        batch = is_batch(prompt)
+        if images and batch:
+            raise GenerationError("images go with one prompt; generate a batch without them.")
+        # a batch is a list of prompts (is_batch), which the type of `prompt` cannot say
         prompts = [self.prompt_ids(p) for p in (prompt if batch else [prompt])]  # type: ignore[arg-type]
-        gen = self._start(prompts, opts)
+        rows = [self.image_row(prompts[0], [(src, f"images[{k}]") for k, src in
+                                            enumerate(images)])] if images else None
+        gen = self._start([r.ids for r in rows] if rows else prompts, opts, rows)
         for _ in gen.events():
             pass
         results = [gen.result(row) for row in range(len(prompts))]
@@ -339,19 +352,25 @@ class Model:
 
     def stream(self, prompt: Prompt, options: GenerationOptions | None = None,
                **overrides: Any) -> Iterator[str]:
-        """Text pieces of one prompt's answer as they become valid UTF-8."""
+        """Text pieces of one prompt's answer as they become valid UTF-8; the iterator's return
+        value (``StopIteration.value``, or ``yield from``'s) is the finished Result."""
         self.require_generation()
         opts = self.options(options, overrides)
-        return self._start([self.prompt_ids(prompt)], opts).texts()
+        gen = self._start([self.prompt_ids(prompt)], opts)
+
+        def pieces() -> PyGenerator[str, None, Result]:
+            yield from gen.texts()
+            return gen.result()
+
+        return pieces()
 
     def chat(self, messages: Sequence[Message], options: GenerationOptions | None = None, *,
              tools: Tools | None = None, tool_choice: ToolChoice | None = None,
              parallel_tool_calls: bool = True, template_vars: dict[str, Any] | None = None,
              **overrides: Any) -> Result:
         """One answer to a conversation, with the model's own chat template (``tools`` and
-        ``template_vars`` go to the template). (Not for an embedding model's folder.) A reasoning
-        model's ``<think>`` block comes back apart: ``result.reasoning`` is the thinking,
-        ``result.text`` the answer after it.
+        ``template_vars`` go to the template). (Not for an embedding model's folder.) A reasoning model's ``<think>`` block comes back
+        apart: ``result.reasoning`` is the thinking, ``result.text`` the answer after it.
 
         With ``tools``, ``result.tool_calls`` holds the calls the reply made (``text`` is the
         rest). ``tool_choice``: "auto" (the default with tools: the model decides; a call it
@@ -360,8 +379,12 @@ class Model:
         A constraint (``json_schema=``, ...) applies to the answer after any thinking."""
         request, opts = self._chat_request(messages, options, overrides, tools, tool_choice,
                                            parallel_tool_calls, template_vars)
-        result = self.generate(self.encode_chat(request.prompt), opts)
-        return request.read(result)  # type: ignore[arg-type]
+        ids = self.prompt_ids(self.encode_chat(request.prompt))
+        rows = [self.image_row(ids, request.images)] if request.images else None
+        gen = self._start([rows[0].ids] if rows else [ids], opts, rows)
+        for _ in gen.events():
+            pass
+        return request.read(gen.result())
 
     def stream_chat(self, messages: Sequence[Message], options: GenerationOptions | None = None, *,
                     tools: Tools | None = None, tool_choice: ToolChoice | None = None,
@@ -369,16 +392,21 @@ class Model:
                     **overrides: Any) -> Iterator[ChatPiece | ToolCallDelta]:
         """``chat``, streamed: text pieces as they become valid UTF-8, each a ``ChatPiece`` (a
         str whose ``reasoning`` says whether it is thinking or answer); with tools, tool calls
-        as ``ToolCallDelta`` items (index, then id and name, then pieces of the arguments)."""
+        as ``ToolCallDelta`` items (index, then id and name, then pieces of the arguments). The
+        iterator's return value (``StopIteration.value``) is the finished Result, as ``chat``
+        returns it."""
         request, opts = self._chat_request(messages, options, overrides, tools, tool_choice,
                                            parallel_tool_calls, template_vars)
         reply = request.stream()
-        gen = self._start([self.prompt_ids(self.encode_chat(request.prompt))], opts)
+        ids = self.prompt_ids(self.encode_chat(request.prompt))
+        rows = [self.image_row(ids, request.images)] if request.images else None
+        gen = self._start([rows[0].ids] if rows else [ids], opts, rows)
 
-        def pieces() -> Iterator[ChatPiece | ToolCallDelta]:
+        def pieces() -> PyGenerator[ChatPiece | ToolCallDelta, None, Result]:
             for event in gen.events():
                 if event.row == 0 and (event.text or event.finish_reason):
                     yield from reply.push(event.text, last=event.finish_reason is not None)
+            return request.read(gen.result())  # type: ignore[arg-type]
 
         return pieces()
 
@@ -392,10 +420,19 @@ class Model:
         checked = check_tools(list(tools) if tools is not None and not isinstance(
             tools, (str, bytes, dict)) else tools)
         choice = check_tool_choice(tool_choice, checked)
+        messages, images = split_images(messages, getattr(self.engine, "manifest", None))
         prompt = self.render_chat(messages, tools=checked if choice != "none" else None,
                                   template_vars=template_vars)
-        request = ChatRequest(self, prompt, opts.constraint, checked, choice, parallel)
+        request = ChatRequest(self, prompt, opts.constraint, checked, choice, parallel, images)
         return request, request.options_for(opts)
+
+    def image_row(self, ids: Sequence[int], images: Sequence[tuple[Any, str]]) -> RowImages:
+        """A prompt's images (each with the name its errors give) in place: what a generator's
+        row runs (generation/images.py)."""
+        if self.image_inputs is None:
+            raise text_only_error(getattr(getattr(self.engine, "manifest", None), "folder",
+                                          "this model folder"), images[0][1])
+        return self.image_inputs.row(ids, images)
 
     def chat_prompt(self, messages: Sequence[Message], *, tools: Tools | None = None,
                     template_vars: dict[str, Any] | None = None) -> list[int]:
@@ -452,7 +489,13 @@ class Model:
             raise GenerationError(f"{folder} is a generation model: its graphs return next-token "
                                   "logits, not embeddings. Export an embedding model with "
                                   "`llm-onnx export --task embed --checkpoint ...`.")
-        return embedding_rows(inputs, self.encode, self.engine.vocab_size, self.context_length)
+        single = isinstance(inputs, str) or (not isinstance(inputs, (bytes, dict)) and bool(
+            inputs) and all(isinstance(i, (int, np.integer)) for i in inputs))  # type: ignore
+        items = [inputs] if single else list(inputs)  # type: ignore[arg-type]
+        if not items:
+            raise GenerationError("embed needs at least one input.")
+        return [embedding_input(item, i, self.encode, self.engine.vocab_size, self.context_length)
+                for i, item in enumerate(items)], single
 
     def encode_chat(self, prompt: str) -> list[int]:
         """A rendered chat prompt's token ids (the template wrote any special tokens)."""
@@ -463,20 +506,15 @@ class Model:
         model does not think, the reply is all answer)."""
         return self.dialect.splitter(prompt)
 
-    def _start(self, prompts: list[list[int]], opts: GenerationOptions) -> Generator:
+    def _start(self, prompts: list[list[int]], opts: GenerationOptions,
+               images: list[RowImages] | None = None) -> Generator:
         """A generator with one row per prompt, every prompt in place. One prompt: the cache is
         sized to it and its answer; several: to the longest and its answer, once."""
         longest = max(len(p) for p in prompts)
         gen = self.generator(opts, batch=len(prompts),
                              max_length=None if len(prompts) == 1 else longest + opts.max_new_tokens)
         for row, ids in enumerate(prompts):
-            gen.append_tokens(ids, row=row, options=row_options(opts, row))
+            gen.append_tokens(ids, row=row, options=row_options(opts, row),
+                              images=images[row] if images else None)
         return gen
 
-
-def _is_batch(prompt: Any) -> bool:
-    if isinstance(prompt, str):
-        return False
-    items = list(prompt)
-    return bool(items) and all(isinstance(p, str) or not isinstance(p, (int, np.integer))
-                               for p in items)

@@ -25,6 +25,7 @@ reply cannot finish.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -46,9 +47,11 @@ _STOP_REASONS = {"stop": "end_turn", "stop_string": "stop_sequence", "length": "
 def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
     @app.post("/v1/messages", dependencies=[Depends(authorized)])
     async def create(request: Request) -> Response:
-        plan, conv = mr.messages_plan(await pipeline.read_body(request), service.model,
-                                      service.name, service.generating().max_length,
-                                      service.fields(request, mr.API))
+        body = await pipeline.read_body(request)
+        # (in a thread: images are decoded, and fetched where allowed, while parsing)
+        plan, conv = await asyncio.to_thread(mr.messages_plan, body, service.model,
+                                             service.names, service.generating().max_length,
+                                             service.fields(request, mr.API), service.media)
         try:
             await service.prepare(plan)
         except ApiError as e:
@@ -72,8 +75,9 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
 
     @app.post("/v1/messages/count_tokens", dependencies=[Depends(authorized)])
     async def count_tokens(request: Request) -> JSONResponse:
-        count = mr.count_tokens(await pipeline.read_body(request), service.model, service.name,
-                                service.fields(request, mr.API))
+        body = await pipeline.read_body(request)
+        count = await asyncio.to_thread(mr.count_tokens, body, service.model, service.names,
+                                        service.fields(request, mr.API), service.media)
         service.count(request, 200)
         return JSONResponse({"input_tokens": count})
 

@@ -33,23 +33,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.chat.dialects.base import ToolChoice
 from llm_onnx.runtime.chat.render import template_variables
 from llm_onnx.runtime.chat.request import ChatRequest, check_tool_choice, check_tools
+from llm_onnx.runtime.chat.dialects.base import ToolChoice
 from llm_onnx.runtime.model import Model
 from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
+from llm_onnx.serve.media import MediaPolicy, accepting, place_images, policy_for, split
 from llm_onnx.serve.anthropic_messages_turns import chat_messages
 from llm_onnx.serve.errors import ApiError, bad
-from llm_onnx.serve.fields import (
-    body_object,
-    boolean,
-    fit_length,
-    integer,
-    number,
-    sampling,
-    served_model,
-    whole,
-)
+from llm_onnx.serve.fields import (body_object, boolean, fit_length, integer, number, sampling,
+                                   served_model, whole)
+from llm_onnx.serve.names import ModelNames
 from llm_onnx.serve.plan import CHAT, Plan
 from llm_onnx.serve.policy import Fields
 from llm_onnx.serve.system_turns import rendered
@@ -83,26 +77,35 @@ class Conversation:
     prefill: bool  # the reply continues the final (assistant) message
     answer: Constraint | None
     omit_thinking: bool  # thinking.display "omitted": thinking blocks come back empty
+    images: Any = None  # the prompt's images in place (RowImages), once rendered
 
     def render(self, model: Model) -> tuple[str, list[int]]:
         """The prompt's text and token ids (``messages`` become those rendered: system turns
         folded where the template needs it, system_turns.py)."""
+        messages, sources = split(model, self.messages)
         try:
-            self.messages, text = rendered(model, self.messages, tools=self.tools,
+            self.messages, text = rendered(model, messages, tools=self.tools,
                                            template_vars=self.template_vars,
                                            continue_final_message=self.prefill)
-            return text, model.encode_chat(text)
+            ids = model.encode_chat(text)
         except GenerationError as e:
             raise bad("messages", str(e)) from None
+        if sources:
+            self.images = place_images(model, ids, sources)
+            ids = self.images.ids
+        return text, ids
 
 
-def messages_plan(body: Any, model: Model, served: str, context: int,
-                  fields: Fields | None = None) -> tuple[Plan, Conversation]:
+def messages_plan(body: Any, model: Model, served: str | ModelNames, context: int,
+                  fields: Fields | None = None, media: MediaPolicy | None = None,
+                  ) -> tuple[Plan, Conversation]:
     """POST /v1/messages, checked (its constraint is composed by structured.prepare;
-    ``fields``: the field policy, lenient by default)."""
+    ``fields``: the field policy, lenient by default; ``media``: where images may come from,
+    serve/media.py)."""
     fields = fields or Fields(API)
     body = _fields(body, FIELDS, served, fields)
-    conv = conversation(body, model, fields)
+    with accepting(policy_for(model, media)):
+        conv = conversation(body, model, fields)
     if body.get("max_tokens") is None:
         raise bad("max_tokens", "Field required")
     options = _sampling(body, model)
@@ -116,22 +119,25 @@ def messages_plan(body: Any, model: Model, served: str, context: int,
     new = fit_length(body, ("max_tokens",), prompt, context, None, "messages", low=0,
                      cut=not fields.strict)
     stream = bool(boolean(body, "stream"))
-    plan = Plan(CHAT, served, [prompt], [replace(options, max_new_tokens=new)], 1, stream,
-                  chat=chat, constraint=conv.answer,
-                  reuse_points=model.reuse_points(conv.messages, prompt, tools=conv.tools,
-                                                  template_vars=conv.template_vars))
+    plan = Plan(CHAT, str(served), [prompt], [replace(options, max_new_tokens=new)], 1, stream,
+                  chat=chat, constraint=conv.answer, images=conv.images,
+                  reuse_points=[] if conv.images is not None else model.reuse_points(
+                      conv.messages, prompt, tools=conv.tools, template_vars=conv.template_vars))
     plan.id = f"msg_{plan.id.rsplit('-', 1)[-1][:24]}"
     return plan, conv
 
 
-def count_tokens(body: Any, model: Model, served: str, fields: Fields | None = None) -> int:
-    """POST /v1/messages/count_tokens: the prompt's length."""
+def count_tokens(body: Any, model: Model, served: str | ModelNames,
+                 fields: Fields | None = None, media: MediaPolicy | None = None) -> int:
+    """POST /v1/messages/count_tokens: the prompt's length (its images' tokens too)."""
     fields = fields or Fields(API)
     body = _fields(body, COUNT_FIELDS, served, fields)
-    return len(conversation(body, model, fields).render(model)[1])
+    with accepting(policy_for(model, media)):
+        conv = conversation(body, model, fields)
+    return len(conv.render(model)[1])
 
 
-def _fields(body: Any, allowed: set[str], served: str, fields: Fields) -> dict:
+def _fields(body: Any, allowed: set[str], served: str | ModelNames, fields: Fields) -> dict:
     body = body_object(body)
     fields.check(body, allowed, IGNORED_FIELDS, TOLERATED_FIELDS, UNSUPPORTED_FIELDS,
                  unknown=lambda name: "Extra inputs are not permitted")

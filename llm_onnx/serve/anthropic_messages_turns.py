@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from llm_onnx.serve.errors import bad, text_only
+from llm_onnx.serve.media import image_part, takes_images
 
 
 def text(content: Any, where: str) -> str:
@@ -106,26 +107,52 @@ def chat_messages(messages: Any, system: Any) -> tuple[list[dict[str, Any]], boo
 def _user(blocks: list[tuple[str, dict]], calls: dict[str, str]) -> list[dict[str, Any]]:
     """A user turn: its tool results as ``tool`` messages, then its text."""
     out, texts, answered = [], [], set()
+    parts: list[dict[str, Any]] = []  # with images: the turn's text and image parts in order
     for where, block in blocks:
         kind = _kind(block, where)
         if kind == "text":
             texts.append(_block_text(block, where))
+            parts.append({"type": "text", "text": texts[-1]})
+        elif kind == "image":
+            parts.append(_image(block, where))
         elif kind == "tool_result":
             out.append(_tool_result(block, where, calls))
             answered.add(block["tool_use_id"])
-        elif kind in ("image", "document"):
-            raise text_only(where, f"an {kind} block")
+        elif kind == "document":
+            raise text_only(where, f"a {kind} block")
         else:
             raise bad(f"{where}.type", f"{kind!r} blocks are not supported in a user message "
-                                         "(text and tool_result are).")
+                                         "(text, image and tool_result are).")
     missing = [i for i in calls if i not in answered]
     if missing:
         raise bad(blocks[0][0].rsplit(".content", 1)[0], "tool_use ids were found without "
                     f"tool_result blocks immediately after: {', '.join(missing)}. Each tool_use "
                     "block must have a tool_result block in the next message.")
-    if texts:
+    if any(p["type"] == "image" for p in parts):  # text blocks apart by blank lines, as ever
+        shown = [{"type": "text", "text": "\n\n" + p["text"]} if p["type"] == "text" and any(
+            q["type"] == "text" for q in parts[:k]) else p for k, p in enumerate(parts)]
+        out.append({"role": "user", "content": shown})
+    elif texts:
         out.append({"role": "user", "content": "\n\n".join(texts)})
     return out
+
+
+def _image(block: dict, where: str) -> dict[str, Any]:
+    """An image block: its ``source`` (base64 with a media_type, or a url) as the template's
+    image part (serve/media.py decides what may be fetched)."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        media, data = source.get("media_type"), source.get("data")
+        if not isinstance(media, str) or not isinstance(data, str) or not data:
+            raise bad(f"{where}.source", "a base64 image source needs 'media_type' and 'data'.")
+        return image_part(f"data:{media};base64,{data}", where, "an image block")
+    if kind == "url":
+        return image_part(source.get("url"), where, "an image block")
+    if takes_images():
+        raise bad(f"{where}.source", "an image block's source is {\"type\": \"base64\", "
+                                     "\"media_type\", \"data\"} or {\"type\": \"url\", \"url\"}.")
+    raise text_only(where, "an image block")
 
 
 def _tool_result(block: dict, where: str, calls: dict[str, str]) -> dict[str, Any]:

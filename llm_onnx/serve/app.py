@@ -50,6 +50,7 @@ from llm_onnx.serve import (
     web,
 )
 from llm_onnx.serve.errors import ApiError, api_key_error
+from llm_onnx.serve.fields import model_not_found
 from llm_onnx.serve.metrics import CONTENT_TYPE
 from llm_onnx.serve.policy import ReportIgnored
 from llm_onnx.serve.service import Service
@@ -128,7 +129,8 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = (),
         # where the graphs run, what serves them, whether replies think or call tools.
         engine, manifest = service.model.engine, getattr(service.model.engine, "manifest", None)
         where = engine.where() if hasattr(engine, "where") else None
-        return {"id": service.name, "object": "model", "created": service.created,
+        return {"id": service.name, "aliases": list(service.names.aliases),
+                "object": "model", "created": service.created,
                 "owned_by": "llm-onnx", "max_model_len": service.max_length,
                 "task": service.model.task if hasattr(service.model, "task") else "generate",
                 "precision": manifest.precision.precision if manifest is not None else None,
@@ -143,9 +145,8 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = (),
 
     @app.get("/v1/models/{name:path}", dependencies=[Depends(authorized)])
     async def model(name: str, request: Request) -> JSONResponse:
-        if name != service.name:
-            raise ApiError(404, f"The model `{name}` does not exist.", param="model",
-                           code="model_not_found")
+        if not service.names.accepts(name):
+            raise model_not_found(name, service.names)
         pipeline.count(service, request, 200)
         return JSONResponse(model_card())
 

@@ -160,7 +160,7 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
     async def embeddings(request: Request) -> JSONResponse:
         body = body_object(await pipeline.read_body(request))
         service.fields(request, API).check(body, FIELDS, IGNORED_FIELDS)
-        name = served_model(body, service.name)
+        name = served_model(body, service.names)
         embedder: EmbeddingRunner | None = getattr(service, "embedder", None)
         if embedder is None:
             raise not_embedding(name)

@@ -12,6 +12,7 @@ from typing import Any
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.generation.options import GenerationOptions
 from llm_onnx.serve.errors import ApiError, bad
+from llm_onnx.serve.names import ModelNames
 
 
 def number(body: dict, name: str, low: float, high: float, *, low_open: bool = False,
@@ -70,17 +71,24 @@ def stop_strings(body: dict) -> tuple[str, ...]:
     return tuple(stop)
 
 
-def served_model(body: dict, served: str) -> str:
+def served_model(body: dict, served: str | ModelNames) -> str:
+    """The request's ``model``, one of the names the served model answers to (names.py); the
+    served model's primary name, which the answer carries."""
+    names = served if isinstance(served, ModelNames) else ModelNames(served)
     name = body.get("model")
     if name is None:
         raise bad("model", "you must provide a model parameter (GET /v1/models lists the one "
                            "served here).")
     if not isinstance(name, str):
         raise bad("model", f"'model' must be a string, got {name!r}.")
-    if name != served:
-        raise ApiError(404, f"The model `{name}` does not exist. This server serves "
-                            f"`{served}`.", param="model", code="model_not_found")
-    return name
+    if not names.accepts(name):
+        raise model_not_found(name, names)
+    return names.primary
+
+
+def model_not_found(name: str, names: ModelNames) -> ApiError:
+    return ApiError(404, f"The model `{name}` does not exist. This server serves "
+                         f"{names.listed()}.", param="model", code="model_not_found")
 
 
 def _logit_bias(body: dict, vocab: int) -> dict[int, float] | None:

@@ -8,6 +8,7 @@ thinking, ``tool_calls``), or streamed chunks whose deltas carry the same three.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
 from typing import Any
@@ -24,26 +25,15 @@ from llm_onnx.runtime.model import Model
 from llm_onnx.runtime.structured.constraint import ConstraintError
 from llm_onnx.serve import pipeline
 from llm_onnx.serve.errors import bad, text_only
-from llm_onnx.serve.fields import (
-    body_object,
-    boolean,
-    fit_length,
-    integer,
-    sampling,
-    served_model,
-    stream_fields,
-)
+from llm_onnx.serve.fields import (body_object, boolean, fit_length, integer, sampling,
+                                   served_model, stream_fields)
 from llm_onnx.serve.logprobs import TokenText, chat_logprobs
-from llm_onnx.serve.openai_choices import (
-    COMMON_FIELDS,
-    IGNORED_FIELDS,
-    MAX_N,
-    Choices,
-    Piece,
-    finish_reason,
-    respond,
-)
+from llm_onnx.serve.media import (MediaPolicy, accepting, image_part, place_images,
+                                  policy_for, split, takes_images)
+from llm_onnx.serve.openai_choices import (COMMON_FIELDS, IGNORED_FIELDS, MAX_N, Choices, Piece,
+                                           finish_reason, respond)
 from llm_onnx.serve.plan import CHAT, Plan
+from llm_onnx.serve.names import ModelNames
 from llm_onnx.serve.policy import Fields
 from llm_onnx.serve.structured import answer_constraint, tool_fields
 from llm_onnx.serve.system_turns import rendered
@@ -63,8 +53,11 @@ UNSUPPORTED_FIELDS = {"functions": None, "function_call": "none", "web_search_op
 def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat_completions(request: Request) -> Response:
-        plan = chat_plan(await pipeline.read_body(request), service.model, service.name,
-                         service.generating().max_length, service.fields(request, API))
+        body = await pipeline.read_body(request)
+        # (in a thread: images are decoded, and fetched where allowed, while parsing)
+        plan = await asyncio.to_thread(chat_plan, body, service.model, service.names,
+                                       service.generating().max_length,
+                                       service.fields(request, API), service.media)
         await service.prepare(plan)
         return await respond(service, request, plan, ChatChoices(plan, service.tokens))
 
@@ -73,10 +66,11 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
 # Parse
 # ---------------------------------------------------------------------------------------------
 
-def chat_plan(body: Any, model: Model, served: str, context: int,
-              fields: Fields | None = None) -> Plan:
+def chat_plan(body: Any, model: Model, served: str | ModelNames, context: int,
+              fields: Fields | None = None, media: MediaPolicy | None = None) -> Plan:
     """POST /v1/chat/completions, checked (its constraint is composed by structured.prepare;
-    ``fields``: the field policy, lenient by default)."""
+    ``fields``: the field policy, lenient by default; ``media``: where images may come from,
+    serve/media.py)."""
     body = body_object(body)
     (fields or Fields(API)).check(body, FIELDS, IGNORED_FIELDS, TOLERATED_FIELDS,
                                   UNSUPPORTED_FIELDS)
@@ -86,7 +80,9 @@ def chat_plan(body: Any, model: Model, served: str, context: int,
     answer = answer_constraint(body)
     tools, choice, parallel = tool_fields(body, model.chat_template)
     template_vars = _reasoning_vars(body, model.chat_template, template_kwargs(body))
-    messages = messages_of(body.get("messages"))
+    with accepting(policy_for(model, media)):
+        messages = messages_of(body.get("messages"))
+    messages, images = split(model, messages)
     # what the template shows of the tools (a custom tool's grammar is the constraint's)
     shown = [{k: v for k, v in t.items() if k != "input_grammar"} for t in tools or []] or tools
     try:
@@ -105,12 +101,14 @@ def chat_plan(body: Any, model: Model, served: str, context: int,
     elif body.get("top_logprobs") is not None:
         raise bad("top_logprobs", "'top_logprobs' needs 'logprobs' set to true.")
     options = sampling(body, model.defaults, model.engine.vocab_size)
+    row = place_images(model, prompt, images) if images else None
+    prompt = row.ids if row is not None else prompt
     new = fit_length(body, ("max_completion_tokens", "max_tokens"), prompt, context, None,
                      "messages")
     return Plan(CHAT, name, [prompt], [replace(options, max_new_tokens=new)], n, stream, usage,
-                logprobs, chat=chat, constraint=answer,
-                reuse_points=model.reuse_points(messages, prompt, tools=shown,
-                                                template_vars=template_vars))
+                logprobs, chat=chat, constraint=answer, images=row,
+                reuse_points=[] if row is not None else model.reuse_points(
+                    messages, prompt, tools=shown, template_vars=template_vars))
 
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
@@ -175,21 +173,12 @@ def messages_of(messages: Any) -> list[dict[str, Any]]:
                                        f"{', '.join(sorted(_ROLES))}, got {role!r}.")
         content = m.get("content")
         if isinstance(content, list):
-            texts = []
-            for j, part in enumerate(content):
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind in ("image_url", "input_audio", "file"):
-                    raise text_only(f"{where}.content[{j}]", f"an {kind} part")
-                if kind != "text" or not isinstance(part.get("text"), str):
-                    raise bad(f"{where}.content[{j}]", "only text content parts "
-                              "({\"type\": \"text\", \"text\": ...}) are supported.")
-                texts.append(part["text"])
-            content = "".join(texts)
+            content = _content_parts(content, where)
         if content is None and role == "assistant":
             content = ""
-        if not isinstance(content, str):
+        if not isinstance(content, (str, list)):
             raise bad(f"{where}.content", f"'{where}.content' must be a string or a list of "
-                                          "text parts.")
+                                          "content parts.")
         message = {"role": "system" if role == "developer" else role, "content": content}
         for key in ("name", "tool_call_id", "reasoning_content", "reasoning"):
             value = m.get(key)
@@ -203,6 +192,29 @@ def messages_of(messages: Any) -> list[dict[str, Any]]:
             message["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
         out.append(message)
     return out
+
+
+def _content_parts(content: list, where: str) -> str | list[dict[str, Any]]:
+    """A message's content parts: the text parts joined, or, with image_url parts (a folder
+    that takes images: serve/media.py), the parts as the template takes them."""
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "image_url":
+            url = part.get("image_url")
+            parts.append(image_part(url.get("url") if isinstance(url, dict) else url,
+                                    f"{where}.content[{j}]", "an image_url part"))
+            continue  # (``detail`` is accepted: the processor's own bounds decide the size)
+        if kind in ("input_audio", "file"):
+            raise text_only(f"{where}.content[{j}]", f"an {kind} part")
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise bad(f"{where}.content[{j}]", "only text and image_url content parts are "
+                      "supported." if takes_images() else "only text content parts "
+                      "({\"type\": \"text\", \"text\": ...}) are supported.")
+        parts.append({"type": "text", "text": part["text"]})
+    if any(p["type"] == "image" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
 
 
 def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:

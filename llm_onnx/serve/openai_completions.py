@@ -19,25 +19,12 @@ from llm_onnx.runtime.generation.results import Result, TokenEvent
 from llm_onnx.runtime.model import Model
 from llm_onnx.serve import pipeline
 from llm_onnx.serve.errors import bad
-from llm_onnx.serve.fields import (
-    body_object,
-    boolean,
-    fit_length,
-    integer,
-    sampling,
-    served_model,
-    stream_fields,
-)
+from llm_onnx.serve.fields import (body_object, boolean, fit_length, integer, sampling,
+                                   served_model, stream_fields)
 from llm_onnx.serve.logprobs import TokenText, completion_logprobs, echo_logprobs
-from llm_onnx.serve.openai_choices import (
-    COMMON_FIELDS,
-    IGNORED_FIELDS,
-    MAX_N,
-    Choices,
-    Piece,
-    finish_reason,
-    respond,
-)
+from llm_onnx.serve.openai_choices import (COMMON_FIELDS, IGNORED_FIELDS, MAX_N, Choices, Piece,
+                                           finish_reason, respond)
+from llm_onnx.serve.names import ModelNames
 from llm_onnx.serve.plan import COMPLETION, Plan
 from llm_onnx.serve.policy import Fields
 from llm_onnx.serve.structured import answer_constraint
@@ -53,7 +40,7 @@ DEFAULT_MAX_TOKENS = 16  # as OpenAI's legacy completions endpoint
 def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(request: Request) -> Response:
-        plan = completion_plan(await pipeline.read_body(request), service.model, service.name,
+        plan = completion_plan(await pipeline.read_body(request), service.model, service.names,
                                service.generating().max_length, service.fields(request, API))
         await service.prepare(plan)
         return await respond(service, request, plan, TextChoices(plan, service.tokens))
@@ -63,7 +50,7 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
 # Parse
 # ---------------------------------------------------------------------------------------------
 
-def completion_plan(body: Any, model: Model, served: str, context: int,
+def completion_plan(body: Any, model: Model, served: str | ModelNames, context: int,
                     fields: Fields | None = None) -> Plan:
     """POST /v1/completions, checked (``fields``: the field policy, lenient by default)."""
     body = body_object(body)

@@ -30,6 +30,7 @@ server's bound (response_store.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -286,8 +287,9 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
 
     @app.post("/v1/responses", dependencies=[Depends(authorized)])
     async def create(request: Request) -> Response:
-        plan = ResponsePlan(await pipeline.read_body(request), service,
-                            service.fields(request, API))
+        body = await pipeline.read_body(request)
+        # (in a thread: images are decoded, and fetched where allowed, while parsing)
+        plan = await asyncio.to_thread(ResponsePlan, body, service, service.fields(request, API))
         with responses_names():
             await service.prepare(plan.plan)
         by_events = plan.plan.stream or plan.plan.logprobs is not None

@@ -31,6 +31,7 @@ from llm_onnx.runtime.generation.results import Result
 from llm_onnx.serve import openai_chat
 from llm_onnx.serve.errors import ApiError, bad, text_only
 from llm_onnx.serve.fields import body_object, integer
+from llm_onnx.serve.media import accepting, policy_for, takes_images
 from llm_onnx.serve.openai_responses_tools import Toolbox, new_id, read_tools, tool_choice
 from llm_onnx.serve.policy import Fields
 
@@ -77,20 +78,26 @@ FIELD_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.forma
                "messages": "input", "reasoning_effort": "reasoning.effort"}
 
 
-def _text_parts(content: Any, where: str, role: str) -> str:
-    """A message's content: a string, or text parts (input_text, output_text); an image, file
-    or audio part is refused (no vision or audio here)."""
+def _text_parts(content: Any, where: str, role: str) -> str | list[dict[str, Any]]:
+    """A message's content: a string, or text parts (input_text, output_text) joined; with
+    input_image parts (a folder that takes images), Chat Completions' text and image_url parts.
+    A file or audio part is refused."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise bad(where, f"'{where}' must be a string or a list of content parts.")
-    out = []
+    out: list[Any] = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
             if not isinstance(part.get("text"), str):
                 raise bad(f"{where}[{j}].text", f"'{where}[{j}].text' must be a string.")
             out.append(part["text"])
+        elif kind == "input_image" and takes_images():
+            if not isinstance(part.get("image_url"), str):  # (a file_id: no file store here)
+                raise bad(f"{where}[{j}].image_url", f"'{where}[{j}]' needs image_url, a data: "
+                                                     "URL (file_id is not supported).")
+            out.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
         elif kind in ("input_image", "input_file", "input_audio"):
             raise text_only(f"{where}[{j}]", f"an {kind} part")
         elif kind == "refusal" and role == "assistant":
@@ -98,6 +105,8 @@ def _text_parts(content: Any, where: str, role: str) -> str:
         else:
             raise bad(f"{where}[{j}].type", f"'{where}[{j}].type' {kind!r} is not a content part "
                                             "this server reads (input_text, output_text).")
+    if any(isinstance(p, dict) for p in out):
+        return [p if isinstance(p, dict) else {"type": "text", "text": p} for p in out]
     return "".join(out)
 
 
@@ -330,10 +339,10 @@ class ResponsePlan:
             if not isinstance(previous, str):
                 raise bad("previous_response_id", "'previous_response_id' must be a string.")
             _, history, calls = service.responses.get(previous)
-        with responses_names():
+        with responses_names(), accepting(policy_for(service.model, service.media)):
             chat = chat_body(body, history, calls, self.tools, fields)
-            self.plan = openai_chat.chat_plan(chat, service.model, service.name,
-                                              scheduler.max_length, fields)
+            self.plan = openai_chat.chat_plan(chat, service.model, service.names,
+                                              scheduler.max_length, fields, service.media)
         self.conversation = chat["messages"]
         self.calls = calls | {c["id"] for m in self.conversation for c in m.get("tool_calls") or []}
         self.id = new_id("resp")

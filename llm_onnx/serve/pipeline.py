@@ -128,7 +128,8 @@ def submit(service: Any, plan: Plan, stream: bool) -> Run:
     try:
         jobs = service.scheduler.submit_many(plan.jobs(), logprobs=plan.logprobs,
                                              listener=listener, reuse_points=plan.reuse_points,
-                                             prompt_logprobs=plan.prompt_logprobs)
+                                             prompt_logprobs=plan.prompt_logprobs,
+                                             images=plan.images)
     except QueueFull as e:
         raise ApiError(429, str(e), type="rate_limit_error", code="rate_limit_exceeded") from None
     except SchedulerClosed as e:

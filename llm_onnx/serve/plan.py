@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from llm_onnx.runtime.chat.request import ChatRequest
 from llm_onnx.runtime.generation.options import GenerationOptions, row_options
@@ -37,6 +38,8 @@ class Plan:
     reuse_points: list[int] = field(default_factory=list)
     # Completions with echo and logprobs: each prompt token's logprob and k alternatives
     prompt_logprobs: int | None = None
+    # Chat with images: the prompt's (RowImages: prompts[0] is its ids; every choice shares it)
+    images: Any = None
     id: str = ""
     created: int = 0
 

@@ -1,9 +1,11 @@
 """The OpenAI-compatible server on Ray Serve: replicas of one model, on one machine or a cluster.
 
+    llm-onnx export --checkpoint default --precision int8 --out models/smollm2-int8
     llm-onnx serve --ray --model models/smollm2-int8 --replicas 2
-    serve run llm_onnx.serve.ray_app:app model=models/smollm2-int8 replicas=2   # Ray's own CLI
+    serve run llm_onnx.serve.ray_app:app model=$PWD/models/smollm2-int8 replicas=2   # Ray's CLI
 
-Two deployments (needs the extra: ``pip install 'llm-onnx[ray]'``, plain ``ray[serve]``):
+Two deployments (needs the extra: ``pip install '.[ray]'`` in the checkout, plain
+``ray[serve]``):
 
     Ray's HTTP proxy ──▶ Frontend (no model, no CPU reserved) ──handle──▶ ModelReplica x N
                          relays each request, retries one          each: Model + batching
@@ -53,7 +55,7 @@ class ReplicaConfig:
     """What every replica loads and how it serves (the options of `llm-onnx serve`)."""
 
     model: str
-    name: str | None = None
+    name: str | None = None  # --model-name: the primary name, then aliases, comma-separated
     api_key: str | None = None
     max_batch: int = 8
     max_queue: int = 64

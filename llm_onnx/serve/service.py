@@ -8,6 +8,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
+from collections.abc import Sequence
 
 from fastapi import Request
 
@@ -16,7 +17,9 @@ from llm_onnx.runtime.model import Model
 from llm_onnx.serve import embeddings, pipeline, structured
 from llm_onnx.serve.errors import bad
 from llm_onnx.serve.logprobs import TokenText
+from llm_onnx.serve.media import MediaPolicy
 from llm_onnx.serve.metrics import Metrics
+from llm_onnx.serve.names import ModelNames
 from llm_onnx.serve.plan import Plan
 from llm_onnx.serve.policy import Fields, Reporter, attach
 from llm_onnx.serve.response_store import ResponseStore
@@ -30,7 +33,9 @@ class Service:
 
     Args:
         model: the loaded Model.
-        name: the model id clients send (default: the model folder's name).
+        name: the model id clients send (default: the model folder's name); a sequence or a
+            comma-separated list: the first is the primary name, the others aliases. The
+            folder's and the checkpoint's names are accepted too, in any case (names.py).
         api_key: when set, every endpoint but /health needs ``Authorization: Bearer <key>``.
         max_batch, max_queue, prefill_chunk, max_length, max_cache_bytes: the Scheduler's.
         stored_responses, stored_bytes: the Responses API's store (``store: true``): at most
@@ -38,18 +43,24 @@ class Service:
         served_by: what serves it, for the model card ("llm-onnx serve", "Ray Serve").
         strict_fields: every field the server would accept and ignore but its API's hints
             and metadata is a 400 naming it (policy.py; ``--strict-fields``).
+        media: where images may come from (``--allowed-media-domains``; serve/media.py).
     """
 
-    def __init__(self, model: Model, *, name: str | None = None, api_key: str | None = None,
+    def __init__(self, model: Model, *, name: str | Sequence[str] | None = None,
+                 api_key: str | None = None,
                  max_batch: int = 8, max_queue: int | None = 64, prefill_chunk: int = 256,
                  max_length: int | None = None, served_by: str = "llm-onnx serve",
                  max_cache_bytes: int | None = None, stored_responses: int = 1000,
-                 stored_bytes: int = 64 << 20, strict_fields: bool = False) -> None:
+                 stored_bytes: int = 64 << 20, strict_fields: bool = False,
+                 media: MediaPolicy | None = None) -> None:
         self.model = model
+        self.media = media or MediaPolicy()  # where images may come from (serve/media.py)
         self.strict_fields = strict_fields
         self.served_by = served_by
         manifest = getattr(model.engine, "manifest", None)
-        self.name = name or (manifest.folder.name if manifest is not None else "model")
+        self.names = ModelNames.of(name, manifest.folder.name if manifest is not None else None,
+                                   manifest.name if manifest is not None else None)
+        self.name = self.names.primary
         self.api_key = api_key or None
         self.metrics = Metrics()
         self.reporter = Reporter(self.metrics.ignored_fields)

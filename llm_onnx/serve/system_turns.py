@@ -52,7 +52,7 @@ def fold(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if m["role"] == "system":
             pending.append(_content(m))
         elif m["role"] == "user" and pending:
-            out.append({**m, "content": "\n\n".join([*pending, _content(m)])})
+            out.append({**m, "content": _joined(pending, m)})
             pending = []
         else:
             out.append(m)
@@ -69,6 +69,15 @@ def _later_systems(messages: list[dict[str, Any]]) -> list[int]:
     """Indices of the system messages that do not lead the conversation, and of the leading
     ones after the first (a template may take one system message only)."""
     return [i for i, m in enumerate(messages) if m["role"] == "system" and i > 0]
+
+
+def _joined(pending: list[str], message: dict[str, Any]) -> Any:
+    """A user turn with the system texts ``pending`` before its own (a turn of content parts,
+    images among them, keeps its parts after them)."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return [{"type": "text", "text": "\n\n".join(pending) + "\n\n"}, *content]
+    return "\n\n".join([*pending, _content(message)])
 
 
 def _content(message: dict[str, Any]) -> str:

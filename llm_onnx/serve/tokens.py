@@ -77,7 +77,7 @@ def add_routes(app: FastAPI, service: Any, authorized: Any) -> None:
 def _checked(body: Any, service: Any) -> dict:
     body = body_object(body)
     if body.get("model") is not None:
-        served_model(body, service.name)
+        served_model(body, service.names)
     if service.model.tokenizer is None:
         raise bad(None, "this model folder has no tokenizer.json: it takes and gives token "
                           "ids only.")

@@ -44,7 +44,8 @@ def test_the_commands_are_listed_and_documented():
 
 
 @pytest.mark.parametrize("module", ["benchmarks.peers.worker", "benchmarks.core.env",
-                                    "benchmarks.core.timing", "benchmarks.peers.prompts"])
+                                    "benchmarks.core.timing", "benchmarks.peers.prompts",
+                                    "benchmarks.fidelity.answer_runs"])
 def test_a_peer_venv_runs_the_worker_on_the_standard_library(module):
     """`python -S` leaves site-packages out: only the standard library and this checkout."""
     code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); import {module}"

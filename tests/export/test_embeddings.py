@@ -15,7 +15,8 @@ import torch
 from llm_onnx.checkpoints import open_checkpoint, random_checkpoint
 from llm_onnx.errors import CheckpointError, ConfigError, ParityError
 from llm_onnx.export import ExportOptions, export_model
-from llm_onnx.export.validate import FP32, compare_embeddings
+from llm_onnx.export.validate import FP32
+from llm_onnx.export.validate_embeddings import compare_embeddings
 from llm_onnx.families import get_config
 from llm_onnx.model_folder import load_manifest
 from llm_onnx.runtime import Model

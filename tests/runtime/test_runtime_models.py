@@ -46,7 +46,7 @@ def test_greedy_batch_equals_transformers(arch, tiny_hf, tiny_export):
     """mistral_tiny: prompts of 9 and 4 tokens and 16 new ones slide its window of 4."""
     hf, _ = tiny_hf(arch)
     model = Model.load(tiny_export(arch, "fp32"), provider="cpu")
-    prompts = prompts_for(hf.config.vocab_size)
+    prompts = prompts_for(hf.config.get_text_config().vocab_size)
     results = model.generate(prompts, max_new_tokens=NEW, temperature=0)
     for prompt, result in zip(prompts, results):
         tokens, reason = hf_greedy_run(hf, prompt, NEW, model.eos_token_ids)

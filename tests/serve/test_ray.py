@@ -20,6 +20,7 @@ from tests.serve.browser import ChatPage
 from tests.serve.conftest import ServerProcess, wait_until
 
 MODEL = "tiny-bytes"
+ALIAS = "bytes-alias"  # a second --model-name
 
 
 def ray_processes() -> list[str]:
@@ -46,7 +47,7 @@ def model(byte_model_folder):
 def cluster(byte_model_folder):
     assert not ray_processes(), "a Ray instance is already running on this machine"
     server = ServerProcess(byte_model_folder, "--ray", "--replicas", "2", "--chat-template",
-                           "chatml-tools", timeout=180)
+                           "chatml-tools", "--model-name", f"{MODEL},{ALIAS}", timeout=180)
     yield server
     code = server.stop(timeout=60)
     deadline = time.monotonic() + 30
@@ -87,6 +88,23 @@ def test_answers_equal_the_runtime_streamed_and_not(cluster, model):
                                           temperature=0, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in chat) == \
         model.chat(messages, max_new_tokens=12, temperature=0).text
+
+
+def test_the_replicas_answer_to_the_same_names(cluster):
+    """--model-name's aliases reach every replica: accepted in any case, answered under the
+    primary name; another name is a 404 listing them, as from `llm-onnx serve`."""
+    from openai import NotFoundError, OpenAI
+
+    # printed once serve.run returns, which may be just after the proxy first answers
+    wait_until(lambda: f"Model name: {MODEL} (also {ALIAS}; any case)" in cluster.output())
+    client = OpenAI(base_url=cluster.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    for name in (ALIAS, "Bytes-Alias", "TINY-BYTES"):
+        r = client.completions.create(model=name, prompt="t1 t2", max_tokens=2)
+        assert r.model == MODEL
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    with pytest.raises(NotFoundError) as info:
+        client.completions.create(model="gpt-4", prompt="t1", max_tokens=2)
+    assert f"`{MODEL}` (also `{ALIAS}`)" in info.value.body["message"]
 
 
 def test_the_chat_page_through_rays_proxy(cluster, model, browser):

@@ -168,6 +168,8 @@ class ChatRequest:
     tools: list[dict] | None = None
     tool_choice: ToolChoice = "none"
     parallel: bool = True
+    # the prompt's images, each (source, the name errors give it): chat/image_parts.py
+    images: list = field(default_factory=list)
     dialect: ChatDialect = field(init=False)
 
     def __post_init__(self) -> None:

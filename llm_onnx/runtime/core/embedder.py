@@ -30,32 +30,10 @@ BATCH_SIZE = 32  # rows per run
 BATCH_TOKENS = 8192  # rows x longest row per run
 
 
-def truncate(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
-    """(N, E) -> (N, d): the first ``dimensions`` values, re-normalised when ``normalize``."""
-    if dimensions is None or dimensions == vectors.shape[-1]:
-        return vectors
-    out = np.ascontiguousarray(vectors[:, :dimensions])
-    if normalize:
-        out /= np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
-    return out
-
-
-def embedding_rows(inputs: Any, encode: Callable[[str], list[int]], vocab_size: int,
-                   context_length: int) -> tuple[list[list[int]], bool]:
-    """An embed call's inputs (a text or a list of token ids, or a list of them) as checked
-    token-id rows, and whether they were one input; a bad input is a GenerationError naming it."""
-    single = isinstance(inputs, str) or (not isinstance(inputs, (bytes, dict)) and bool(
-        inputs) and all(isinstance(i, (int, np.integer)) for i in inputs))
-    items = [inputs] if single else list(inputs)
-    if not items:
-        raise GenerationError("embed needs at least one input.")
-    return [_input_ids(item, i, encode, vocab_size, context_length)
-            for i, item in enumerate(items)], single
-
-
-def _input_ids(item: Any, index: int, encode: Callable[[str], list[int]], vocab_size: int,
-               context_length: int) -> list[int]:
-    """Input ``index`` of an embed call as checked token ids (GenerationError naming it)."""
+def embedding_input(item: object, index: int, encode: Callable[[str], list[int]],
+                    vocab_size: int, context_length: int) -> list[int]:
+    """Input ``index`` of an embed call (a text, tokenized by ``encode``, or token ids) as
+    checked token ids; GenerationError naming it otherwise. Nothing is truncated."""
     if isinstance(item, str):
         if not item:
             raise GenerationError(f"input {index} is an empty string.")
@@ -77,6 +55,16 @@ def _input_ids(item: Any, index: int, encode: Callable[[str], list[int]], vocab_
                               f"is {context_length} tokens; shorten it (embeddings "
                               "are not truncated).")
     return ids
+
+
+def truncate(vectors: np.ndarray, dimensions: int | None, normalize: bool) -> np.ndarray:
+    """(N, E) -> (N, d): the first ``dimensions`` values, re-normalised when ``normalize``."""
+    if dimensions is None or dimensions == vectors.shape[-1]:
+        return vectors
+    out = np.ascontiguousarray(vectors[:, :dimensions])
+    if normalize:
+        out /= np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+    return out
 
 
 class EmbeddingEngine(Engine):
@@ -162,3 +150,4 @@ class EmbeddingEngine(Engine):
 
     def row_bytes(self, positions: int) -> int:
         return 0
+

@@ -17,16 +17,17 @@ import itertools
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import onnxruntime as ort
 
+from llm_onnx import kernels
 from llm_onnx import model_folder as names
 from llm_onnx.errors import GenerationError, ProviderError
 from llm_onnx.model_folder import Manifest, load_manifest
 from llm_onnx.runtime.core.device_pick import DevicePicker
-from llm_onnx.runtime.core.kv_cache import KVCache, KVLayout, kv_dtype
+from llm_onnx.runtime.core.kv_cache import KVCache, KVLayout, empty_image_inputs, kv_dtype
 from llm_onnx.runtime.core.onnx_check import check_external_data
 from llm_onnx.runtime.core.providers import (
     CPU,
@@ -47,6 +48,7 @@ from llm_onnx.runtime.core.runtime_options import (  # noqa: F401
     default_threads,
 )
 from llm_onnx.runtime.core.state import CacheProtocol
+from llm_onnx.runtime.core.vision import VisionEncoder
 
 log = logging.getLogger("llm_onnx")
 
@@ -198,6 +200,10 @@ class Engine:
         self.prefill_session = self._session(m.path("prefill"))
         self.decode_session = (self.prefill_session if self.options.sessions == "single"
                                else self._session(m.path("decode")))
+        # a folder that takes images: vision.onnx, and the image inputs of prefill.onnx
+        self.vision = VisionEncoder(m, self._session) if m.images is not None else None
+        self._image_inputs = {i.name: i for i in self.prefill_session.get_inputs()} \
+            if m.images is not None else {}
 
     # ------------------------------------------------------------------ sessions
 
@@ -208,6 +214,9 @@ class Engine:
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = OPTIMIZATION_LEVELS[self.options.optimization]
+        if self.manifest.kernels is not None:  # llm-onnx's own operators (ModelFolderError if absent)
+            kernels.register_for_folder(so, self.manifest.kernels.ops_version,
+                                        self.manifest.kernels.ops, self.manifest.folder)
         if self.options.profile_dir is not None:
             so.enable_profiling = True
             so.profile_file_prefix = str(Path(self.options.profile_dir) / path.stem)
@@ -312,14 +321,17 @@ class Engine:
                                self.options.state_checkpoints)
         return KVCache(self.layout, batch, length)
 
-    def prefill(self, cache: KVCache, row: int, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    def prefill(self, cache: KVCache, row: int, ids: Sequence[int] | np.ndarray,
+                images: Any = None) -> np.ndarray:
         """Run ``ids`` (T >= 1 tokens) through row ``row`` after its valid positions; returns the
-        (V,) float32 logits of the last one and advances the row's length by T.
+        (V,) float32 logits of the last one and advances the row's length by T. ``images``: an
+        ImageChunk (generation/images.py) for a folder that takes images: the run's position
+        rows and the image embeddings among its tokens (None: text, at the row's positions).
 
         Batch 1 over the row's slice of the buffers: GroupQueryAttention continues a prompt over
         a past only at batch 1, which is all a chunked prefill needs.
         """
-        return self._chunk(cache, row, ids, 1)[0]
+        return self._chunk(cache, row, ids, 1, images)[0]
 
     @property
     def verifies(self) -> bool:
@@ -332,17 +344,18 @@ class Engine:
                 "logits only, which speculative decoding cannot use; re-export it with this "
                 "version of llm-onnx (or decode without --speculative).")
 
-    def verify(self, cache: KVCache, row: int, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+    def verify(self, cache: KVCache, row: int, ids: Sequence[int] | np.ndarray,
+               images: Any = None) -> np.ndarray:
         """``prefill`` that returns the (T, V) logits of every token it ran: a speculative step
         checks the k drafted tokens after the last picked one in one run (rejected positions are
         dropped afterwards with ``cache.truncate``); a scored prompt gets each token's logprob."""
         if not self.verifies:
             raise GenerationError(self.cannot_verify())
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-        return self._chunk(cache, row, ids, ids.shape[0])
+        return self._chunk(cache, row, ids, ids.shape[0], images)
 
     def _chunk(self, cache: KVCache, row: int, ids: Sequence[int] | np.ndarray,
-               window: int) -> np.ndarray:
+               window: int, images: Any = None) -> np.ndarray:
         """Run a chunk of one row; the (window, V) logits of its last ``window`` tokens."""
         ids = np.asarray(ids, dtype=np.int64).reshape(1, -1)
         t = ids.shape[1]
@@ -364,12 +377,34 @@ class Engine:
         cache.bind(binding, row, row + 1)
         if cache.takes_valid_tokens:
             binding.bind_cpu_input(names.VALID_TOKENS, np.array([t], dtype=np.int32))
+        if self._image_inputs:
+            self._bind_images(binding, cache, row, past, t, images)
         logits = np.empty((1, t if every else window, self.vocab_size), dtype=np.float32)
         binding.bind_ortvalue_output(names.LOGITS, ort.OrtValue.ortvalue_from_numpy(logits))
         self._decode_ended = None  # the time to the next decode run is not a decode step's
         self.prefill_session.run_with_iobinding(binding, self.run_options)
         cache.advance(row, t)
         return logits[0, -window:]
+
+    def _bind_images(self, binding: ort.IOBinding, cache: KVCache, row: int, past: int, t: int,
+                     images: Any) -> None:
+        """The image inputs of a chunk: ``images``' (an ImageChunk), or text at the row's
+        positions (its length plus its position offset)."""
+        if images is None:
+            rows = np.arange(past, past + t, dtype=np.int64) + cache.position_deltas[row]
+            binding.bind_cpu_input(names.POSITION_IDS,
+                                   np.ascontiguousarray(np.broadcast_to(rows, (3, 1, t))))
+            for name, value in empty_image_inputs(self._image_inputs).items():
+                binding.bind_cpu_input(name, value)
+            return
+        if images.positions.shape != (3, t):
+            raise GenerationError(f"the image inputs of a run of {t} tokens have positions "
+                                  f"{images.positions.shape}.")
+        binding.bind_cpu_input(names.POSITION_IDS, images.positions.reshape(3, 1, t))
+        binding.bind_cpu_input(names.IMAGE_EMBEDS, images.embeds)
+        binding.bind_cpu_input(names.IMAGE_TOKEN_INDEX, images.index)
+        if names.DEEPSTACK_EMBEDS in self._image_inputs:
+            binding.bind_cpu_input(names.DEEPSTACK_EMBEDS, images.deepstack)
 
     def decode(self, cache: KVCache, tokens: np.ndarray, active: np.ndarray | None = None,
                first_row: int = 0, greedy: bool = False) -> np.ndarray:

@@ -100,6 +100,9 @@ class KVCache:
                                   f"{batch} x {length}.")
         self.layout, self.batch, self.length = layout, batch, length
         self._lengths = np.zeros(batch, dtype=np.int64)
+        # a folder that takes images: each row's position offset after its prompt (token i at
+        # position i + delta in every multimodal RoPE row; generation/images.py)
+        self.position_deltas = np.zeros(batch, dtype=np.int64)
         self._buffers = [self._new_buffer(length, j // 2)
                          for j in range(2 * len(layout.layer_indices))]
         # (session id, first row, rows, CUDA graph) -> its binding
@@ -266,6 +269,21 @@ class KVCache:
                    length * head_dim * itemsize, heads)
 
 
+def empty_image_inputs(inputs: dict) -> dict[str, np.ndarray]:
+    """No images for a graph that takes them: image_embeds (0, D), image_token_index (0,),
+    deepstack_embeds (K, 0, D), their fixed sizes read from the graph's inputs."""
+    out = {}
+    for name, dtype in ((names.IMAGE_EMBEDS, np.float32), (names.IMAGE_TOKEN_INDEX, np.int64),
+                        (names.DEEPSTACK_EMBEDS, np.float32)):
+        if name in inputs:
+            shape = [d if isinstance(d, int) else 0 for d in inputs[name].shape]
+            if name == names.DEEPSTACK_EMBEDS:
+                shape[1] = 0
+            out[name] = np.zeros(shape, dtype=np.float16 if "float16" in inputs[name].type
+                                 else dtype)
+    return out
+
+
 def _lazy_zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
     """A zero array in anonymous memory that the kernel maps 4 KiB page by page as it is first
     written: a cache for a long context costs memory as it fills.
@@ -334,6 +352,7 @@ class _DecodeBinding:
             if self.valid is not None:
                 self.device_valid = ort.OrtValue.ortvalue_from_numpy(self.valid, dev, dev_id)
                 self.binding.bind_ortvalue_input(names.VALID_TOKENS, self.device_valid)
+        self.positions = self._bind_image_inputs(session, cache, start, rows)
         if graph_id is not None:
             self.total[...] = cache.length  # frozen into the captured graph
             self.run_options = quiet_run_options(graph_id)
@@ -352,6 +371,10 @@ class _DecodeBinding:
                 self.device_valid.update_inplace(self.valid)
         if self.graph_id is None:
             self.total[...] = total
+        if self.positions is not None:  # each row's next position, in all three rows
+            self.positions[:, :, 0] = seqlens + self.deltas[self.start:self.start + len(seqlens)]
+            if self.on_device:
+                self.device_positions.update_inplace(self.positions)
         if self.on_device:
             self.device_ids.update_inplace(self.ids)
             self.device_seqlens.update_inplace(self.seqlens)
@@ -360,6 +383,26 @@ class _DecodeBinding:
         self.last_run_s = time.perf_counter() - self.run_began
         self.replays += 1
         return self.fetch() if fetch else None
+
+    def _bind_image_inputs(self, session: ort.InferenceSession, cache: KVCache, start: int,
+                           rows: int) -> np.ndarray | None:
+        """A graph that takes images: position_ids (3, rows, 1), filled at each run from the
+        rows' lengths and position offsets, and no image embeddings (a decode step is text)."""
+        inputs = {i.name: i for i in session.get_inputs()}
+        if names.POSITION_IDS not in inputs:
+            return None
+        self.deltas, self.start = cache.position_deltas, start
+        positions = np.zeros((3, rows, 1), dtype=np.int64)
+        if self.on_device:
+            self.device_positions = ort.OrtValue.ortvalue_from_numpy(
+                positions, cache.layout.device, cache.layout.device_id)
+            self.binding.bind_ortvalue_input(names.POSITION_IDS, self.device_positions)
+        else:
+            self.binding.bind_ortvalue_input(names.POSITION_IDS,
+                                             ort.OrtValue.ortvalue_from_numpy(positions))
+        for name, value in empty_image_inputs(inputs).items():
+            self.binding.bind_cpu_input(name, value)
+        return positions
 
     def fetch(self) -> np.ndarray:
         """The last run's (rows, V) logits in host memory."""

@@ -25,12 +25,10 @@ continued conversation, a shared system prompt.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import itertools
 import math
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -38,16 +36,13 @@ import numpy as np
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.core.engine import EngineProtocol, VerifyingEngine
 from llm_onnx.runtime.core.state import CacheProtocol
+from llm_onnx.runtime.generation.images import RowImages
 from llm_onnx.runtime.generation.model_like import ModelLike
 from llm_onnx.runtime.generation.options import GenerationOptions
 from llm_onnx.runtime.generation.prefix import Prefixes, last_run_start
 from llm_onnx.runtime.generation.results import Result, TokenEvent
 from llm_onnx.runtime.generation.sequence import SequenceState, scoring_chunk
-from llm_onnx.runtime.generation.speculative import (
-    SpeculativeOptions,
-    Speculator,
-    speculative_options,
-)
+from llm_onnx.runtime.generation.speculative import SpeculativeOptions, make_speculator
 from llm_onnx.runtime.generation.stats import RunStats
 from llm_onnx.runtime.structured.matcher import MaskBatch
 
@@ -90,37 +85,21 @@ class Generator:
         self._cache: CacheProtocol | None = None
         self._seqs: list[SequenceState | None] = [None] * batch
         self._prefixes = Prefixes(batch)  # the tokens each row's cache holds
+        self._images: list[RowImages | None] = [None] * batch  # a row's prompt's images
         self._admitted = [0] * batch  # admission order (oldest prompt chunks run first)
         self._counter = itertools.count()
         self.stats = RunStats()
         self._masks: MaskBatch | None = None  # constrained rows' bitmasks (made when first needed)
         self.overlap_masks = True  # fill them while the model runs (False: before; to measure)
         self._pending: collections.deque[TokenEvent] = collections.deque()
-        self.speculator = self._speculator(speculative)
-
-    def _speculator(self, speculative: SpeculativeOptions | str | None) -> Speculator | None:
-        explicit = speculative is not None
-        opts = speculative_options(speculative if explicit
-                                   else getattr(self.model, "speculative", None))
-        if not opts.on:
-            return None
-        if not getattr(self.engine, "verifies", False):
-            if explicit or not getattr(self.model, "speculative_is_default", False):
-                why = getattr(self.engine, "cannot_verify", None)
-                raise GenerationError(why() if why is not None else "this engine has no verify "
-                                      "step; speculative decoding needs one.")
-            return None  # on by default, but this folder cannot verify: plain decoding
-        if opts.method == "draft" and isinstance(opts.draft_model, (str, Path)):
-            opts = dataclasses.replace(opts, draft_model=self.model.load_draft_model(opts.draft_model))
-        elif opts.method == "draft" and getattr(self.model, "draft_model", None) is not None:
-            opts = dataclasses.replace(opts, draft_model=self.model.draft_model)  # type: ignore[attr-defined]
-        return Speculator(opts, self.model, self.batch, self.stats)
+        self.speculator = make_speculator(model, self.engine, batch, self.stats, speculative)
 
     # ------------------------------------------------------------------ rows
 
     def append_tokens(self, ids: Sequence[int], *, row: int = 0, options: GenerationOptions | None = None,
                       logprobs: int | None = None, reuse_points: Sequence[int] = (),
-                      prompt_logprobs: int | None = None) -> None:
+                      prompt_logprobs: int | None = None,
+                      images: RowImages | None = None) -> None:
         """Feed token ids to row ``row``. An empty row starts a sequence with ``ids`` as its
         prompt (reusing whatever prefix of it the row's cache still holds); a row with a sequence
         continues it: everything so far becomes prompt, and generation resumes after ``ids``.
@@ -136,6 +115,7 @@ class Generator:
             prompt_logprobs: None, or k >= 0 to score the prompt (``Result.prompt_logprobs``, on
                 the first event too): all of it runs, no cached prefix reused, every position's
                 logits returned (``engine.verify``); max_new_tokens 0 then generates nothing.
+            images: a new prompt's images (``ids`` is ``images.ids``; generation/images.py).
         """
         self._check_row(row)
         new = [int(i) for i in ids]
@@ -149,6 +129,8 @@ class Generator:
             raise GenerationError("prompt logprobs need every position's logits, which this "
                                   "engine does not return (re-export the folder).")
         old = self._seqs[row]
+        if images is not None and (old is not None or new != images.ids):
+            raise GenerationError("images come with a new prompt, whose ids are images.ids.")
         prompt = (old.tokens if old is not None else []) + new
         opts = self.options if options is None and old is None else \
             options.validated() if options is not None else old.options  # type: ignore[union-attr]
@@ -170,10 +152,14 @@ class Generator:
             shown |= frozenset(i for i in map(self.model.tokenizer.token_to_id, opts.keep_special)
                                if i is not None)
         cache = self._reserve(len(prompt) + limit)
+        self._images[row] = images if old is None else self._images[row]
+        keyed = self._keyed(row)
         reuse = 0 if prompt_logprobs is not None else self._prefixes.reuse(
-            self._cache, row, prompt, self.free_rows, old.tokens if old is not None else None,
-            self.stats)
+            self._cache, row, keyed(prompt), self.free_rows,
+            keyed(old.tokens) if old is not None else None, self.stats)
         cache.truncate(row, reuse)
+        if hasattr(cache, "position_deltas"):  # where the row's positions run after its prompt
+            cache.position_deltas[row] = self._images[row].delta if self._images[row] else 0
         rng = old.rng if old is not None and opts.seed == old.options.seed else None
         seq = SequenceState(prompt, opts, vocab_size=vocab, tokenizer=self.model.tokenizer,
                             eos_token_ids=self.model.eos_token_ids, limit=limit,
@@ -194,7 +180,8 @@ class Generator:
         seq = self._seqs[row]
         if seq is None:
             return None
-        self._prefixes.released[row] = self._prefixes.held(self._cache, row, seq.tokens)
+        self._prefixes.released[row] = self._prefixes.held(self._cache, row,
+                                                           self._keyed(row)(seq.tokens))
         self._seqs[row] = None
         return seq.result()
 
@@ -211,6 +198,7 @@ class Generator:
         for row in range(self.batch):
             self.release(row)
             self._prefixes.released[row] = []
+            self._images[row] = None
             if self._cache is not None:
                 self._cache.truncate(row, 0)
 
@@ -332,13 +320,15 @@ class Generator:
             last = start + n == len(seq.tokens)
             pending = self._start_masks([row]) if last else None
             began = time.perf_counter()
+            images = self._images[row]
+            extra = {} if images is None else {"images": images.chunk(start, start + n)}
             if scoring:  # every position's logits (append_tokens checked the engine verifies)
-                window = cast(VerifyingEngine, self.engine).verify(cache, row,
-                                                                   seq.tokens[start:start + n])
+                window = cast(VerifyingEngine, self.engine).verify(
+                    cache, row, seq.tokens[start:start + n], **extra)
                 seq.score_prompt(start, window)
                 logits = window[-1]
             else:
-                logits = self.engine.prefill(cache, row, seq.tokens[start:start + n])
+                logits = self.engine.prefill(cache, row, seq.tokens[start:start + n], **extra)
             self.stats.prefill_s += time.perf_counter() - began
             self.stats.prefill_tokens += n
             left -= n
@@ -463,6 +453,11 @@ class Generator:
         events = seq.accept(logits, row, mask)
         self.stats.forced_tokens += seq.forced_tokens - forced
         return events
+
+    def _keyed(self, row: int):
+        """Row ``row``'s tokens as its cached prefix is matched (images by their pixels)."""
+        images = self._images[row]
+        return images.keyed if images is not None else (lambda tokens: tokens)
 
     def _check_row(self, row: int) -> None:
         if not 0 <= row < self.batch:

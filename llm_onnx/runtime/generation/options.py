@@ -8,7 +8,7 @@ import math
 import numbers
 from collections.abc import Callable, ItemsView, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -179,3 +179,13 @@ def row_options(options: GenerationOptions, index: int) -> GenerationOptions:
     if index == 0 or options.seed is None:
         return options
     return dataclasses.replace(options, seed=options.seed + index)
+
+
+def is_batch(prompt: Any) -> bool:
+    """Whether ``prompt`` is a list of prompts (texts or id lists), not one prompt."""
+    if isinstance(prompt, str):
+        return False
+    items = list(prompt)
+    return bool(items) and all(isinstance(p, str) or not isinstance(p, (int, np.integer))
+                               for p in items)
+

@@ -32,14 +32,14 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from collections.abc import Sequence as Seq
+from collections.abc import Callable, Iterator, Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from llm_onnx.errors import GenerationError, LlmOnnxError
 from llm_onnx.runtime.generation.generator import Generator
 from llm_onnx.runtime.generation.model_like import ModelLike
+from llm_onnx.runtime.generation.images import RowImages
 from llm_onnx.runtime.generation.options import GenerationOptions
 from llm_onnx.runtime.generation.results import Result, TokenEvent
 
@@ -86,6 +86,7 @@ class Request:
     outcome: Result | BaseException | None = None
     reuse_points: tuple[int, ...] = ()  # where later prompts may part from this one
     prompt_logprobs: int | None = None  # score the prompt (see Generator.append_tokens)
+    images: RowImages | None = None  # the prompt's images (``prompt`` is ``images.ids``)
     _cancelled: bool = False
     _done: threading.Event = field(default_factory=threading.Event)
     _items: queue.SimpleQueue | None = None
@@ -183,17 +184,20 @@ class Scheduler:
     # ------------------------------------------------------------------ callers' side
 
     def submit(self, prompt: Seq[int], options: GenerationOptions, *, logprobs: int | None = None,
-               listener: Listener | None = None) -> Request:
+               listener: Listener | None = None, images: RowImages | None = None) -> Request:
         """Queue one request; see ``submit_many``."""
-        return self.submit_many([(prompt, options)], logprobs=logprobs, listener=listener)[0]
+        return self.submit_many([(prompt, options)], logprobs=logprobs, listener=listener,
+                                images=images)[0]
 
     def submit_many(self, items: Seq[tuple[Seq[int], GenerationOptions]], *,
                     logprobs: int | None = None, listener: Listener | None = None,
                     reuse_points: Seq[int] = (), prompt_logprobs: int | None = None,
-                    ) -> list[Request]:
+                    images: RowImages | None = None) -> list[Request]:
         """Queue several requests at once, all or none (the choices of one API call).
         ``reuse_points``: lengths at which later prompts may part from these;
-        ``prompt_logprobs``: score each prompt (see Generator.append_tokens).
+        ``prompt_logprobs``: score each prompt (see Generator.append_tokens); ``images``: the
+        images of every prompt (each then ``images.ids``: Model.image_row); rows with images
+        and rows without decode together.
 
         ``listener(request, item)`` receives each TokenEvent, then the Result (or the exception
         the request failed with), on the scheduler's thread. Without one, iterate the requests.
@@ -223,7 +227,7 @@ class Scheduler:
                     "MiB for all requests (--max-cache-memory); ask for fewer tokens.")
             requests.append(Request(0, ids, options.validated(), logprobs, listener,
                                     reuse_points=tuple(reuse_points),
-                                    prompt_logprobs=prompt_logprobs))
+                                    prompt_logprobs=prompt_logprobs, images=images))
         with self._cond:
             if self._closed:
                 raise SchedulerClosed("the server is shutting down; no new requests are taken.")
@@ -237,9 +241,9 @@ class Scheduler:
         return requests
 
     def generate(self, prompt: Seq[int], options: GenerationOptions,
-                 timeout: float | None = None) -> Result:
+                 timeout: float | None = None, images: RowImages | None = None) -> Result:
         """Submit and wait (needs the stepping thread: ``start()`` or ``with scheduler``)."""
-        return self.submit(prompt, options).result(timeout)
+        return self.submit(prompt, options, images=images).result(timeout)
 
     @property
     def queued(self) -> int:
@@ -363,7 +367,8 @@ class Scheduler:
             try:
                 gen.append_tokens(request.prompt, row=row, options=request.options,
                                   logprobs=request.logprobs, reuse_points=request.reuse_points,
-                                  prompt_logprobs=request.prompt_logprobs)
+                                  prompt_logprobs=request.prompt_logprobs,
+                                  images=request.images)
             except GenerationError as e:
                 request._emit(e)
                 if self.observer is not None:

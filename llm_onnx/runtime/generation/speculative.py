@@ -358,3 +358,24 @@ class Speculator:
         if guess:
             state = self.rows[row]
             state.accept += self.ALPHA * (float(guess[0] == picked) - state.accept)
+
+
+def make_speculator(model: Any, engine: Any, batch: int, stats: Any,
+                    speculative: SpeculativeOptions | str | None) -> Speculator | None:
+    """A generator's Speculator: ``speculative`` (None: the model's own setting), or None when
+    it is off, or on by default for a folder that cannot verify (an error when asked for)."""
+    explicit = speculative is not None
+    opts = speculative_options(speculative if explicit else getattr(model, "speculative", None))
+    if not opts.on:
+        return None
+    if not getattr(engine, "verifies", False):
+        if explicit or not getattr(model, "speculative_is_default", False):
+            why = getattr(engine, "cannot_verify", None)
+            raise GenerationError(why() if why is not None else "this engine has no verify "
+                                  "step; speculative decoding needs one.")
+        return None  # on by default, but this folder cannot verify: plain decoding
+    if opts.method == "draft" and isinstance(opts.draft_model, (str, Path)):
+        opts = dataclasses.replace(opts, draft_model=model.load_draft_model(opts.draft_model))
+    elif opts.method == "draft" and getattr(model, "draft_model", None) is not None:
+        opts = dataclasses.replace(opts, draft_model=model.draft_model)
+    return Speculator(opts, model, batch, stats)

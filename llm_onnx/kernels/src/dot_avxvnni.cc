@@ -1,0 +1,72 @@
+// block_dots with AVX-VNNI (the VEX-encoded vpdpbusd on 32 bytes, Alder Lake and later without
+// AVX-512): unsigned codes times signed int8 activations. Blocks are multiples of 16 codes: 32
+// at a time, then one 16-code step with the 128-bit form.
+#include <immintrin.h>
+
+#include "dot.h"
+
+namespace llm_onnx_kernels {
+
+namespace {
+
+inline int32_t hsum(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// 32 codes from 16 bytes of 4-bit pairs, in order (see dot_avx512vnni.cc).
+inline __m256i unpack_nibbles(__m128i bytes) {
+  const __m256i wide = _mm256_cvtepu8_epi16(bytes);
+  const __m256i lo = _mm256_and_si256(wide, _mm256_set1_epi16(0x000F));
+  const __m256i hi = _mm256_and_si256(_mm256_slli_epi16(wide, 4), _mm256_set1_epi16(0x0F00));
+  return _mm256_or_si256(lo, hi);
+}
+
+inline __m128i unpack_nibbles8(__m128i bytes) {  // 16 codes from the low 8 bytes
+  const __m128i wide = _mm_cvtepu8_epi16(bytes);
+  const __m128i lo = _mm_and_si128(wide, _mm_set1_epi16(0x000F));
+  const __m128i hi = _mm_and_si128(_mm_slli_epi16(wide, 4), _mm_set1_epi16(0x0F00));
+  return _mm_or_si128(lo, hi);
+}
+
+}  // namespace
+
+void block_dots_avxvnni(const uint8_t* codes, const int8_t* xq, const int32_t* /*xsum*/,
+                        int n_blocks, int block, int bits, int32_t* out) {
+  for (int b = 0; b < n_blocks; ++b) {
+    const int8_t* x = xq + static_cast<int64_t>(b) * block;
+    __m256i acc = _mm256_setzero_si256();
+    __m128i tail = _mm_setzero_si128();
+    int c = 0;
+    if (bits == 8) {
+      const uint8_t* w = codes + static_cast<int64_t>(b) * block;
+      for (; c + 32 <= block; c += 32) {
+        acc = _mm256_dpbusd_avx_epi32(
+            acc, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c)),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c)));
+      }
+      if (c < block) {
+        tail = _mm_dpbusd_avx_epi32(tail, _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c)),
+                                    _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + c)));
+      }
+    } else {
+      const uint8_t* w = codes + static_cast<int64_t>(b) * (block / 2);
+      for (; c + 32 <= block; c += 32) {
+        const __m256i wc =
+            unpack_nibbles(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + c / 2)));
+        acc = _mm256_dpbusd_avx_epi32(acc, wc,
+                                      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + c)));
+      }
+      if (c < block) {
+        const __m128i wc =
+            unpack_nibbles8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + c / 2)));
+        tail = _mm_dpbusd_avx_epi32(tail, wc, _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + c)));
+      }
+    }
+    out[b] = hsum(_mm256_add_epi32(acc, _mm256_zextsi128_si256(tail)));
+  }
+}
+
+}  // namespace llm_onnx_kernels
