@@ -28,9 +28,9 @@ from llm_onnx.export.kv_int8_attention import (
     group_query_attention_int8_steps_packed,
     group_query_attention_int8_steps_rotated,
 )
+from llm_onnx.export.vision_translations import vision_translations
 from llm_onnx.modeling import linear_attention as _la  # noqa: F401  (its torch.ops.llm_onnx.*)
 from llm_onnx.modeling import ops  # noqa: F401  (registers torch.ops.llm_onnx.* of the decoder)
-from llm_onnx.export.vision_translations import vision_translations
 
 msft = onnxscript.values.Opset("com.microsoft", 1)
 op18 = onnxscript.opset18

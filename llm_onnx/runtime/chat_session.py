@@ -8,12 +8,12 @@ from typing import Any, Protocol
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.chat.dialects.base import ChatPiece, ThinkingReader
+from llm_onnx.runtime.chat.image_parts import split_images
 from llm_onnx.runtime.chat.render import Message, check_template_vars
 from llm_onnx.runtime.chat.request import ChatModel, ChatRequest
 from llm_onnx.runtime.generation.generator import Generator
 from llm_onnx.runtime.generation.options import GenerationOptions
 from llm_onnx.runtime.generation.results import Result
-from llm_onnx.runtime.chat.image_parts import split_images
 
 Tools = Sequence[dict[str, Any]]
 

@@ -369,8 +369,9 @@ class Model:
              parallel_tool_calls: bool = True, template_vars: dict[str, Any] | None = None,
              **overrides: Any) -> Result:
         """One answer to a conversation, with the model's own chat template (``tools`` and
-        ``template_vars`` go to the template). (Not for an embedding model's folder.) A reasoning model's ``<think>`` block comes back
-        apart: ``result.reasoning`` is the thinking, ``result.text`` the answer after it.
+        ``template_vars`` go to the template). (Not for an embedding model's folder.) A reasoning
+        model's ``<think>`` block comes back apart: ``result.reasoning`` is the thinking,
+        ``result.text`` the answer after it.
 
         With ``tools``, ``result.tool_calls`` holds the calls the reply made (``text`` is the
         rest). ``tool_choice``: "auto" (the default with tools: the model decides; a call it
