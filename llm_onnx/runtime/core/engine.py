@@ -7,8 +7,8 @@ own copy of every weight (measured in docs/performance.md), so ``sessions="pair"
 and decode.onnx in separate sessions) exists for providers where the static decode graph pays
 for itself (CUDA graphs), not as the CPU default.
 
-``EngineProtocol`` is what the generator needs of an engine; ``Engine`` runs ONNX graphs, the
-tests' fakes script logits.
+``Engine`` runs ONNX graphs; what the generator needs of an engine is ``EngineProtocol``
+(engine_protocol.py), which the tests' fakes implement with scripted logits.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import itertools
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -47,7 +47,6 @@ from llm_onnx.runtime.core.runtime_options import (  # noqa: F401
     RuntimeOptions,
     default_threads,
 )
-from llm_onnx.runtime.core.state import CacheProtocol
 from llm_onnx.runtime.core.vision import VisionEncoder
 
 log = logging.getLogger("llm_onnx")
@@ -80,42 +79,6 @@ def _no_room(cache: KVCache, needed: int) -> GenerationError:
 
 class _NodesOnCpu(ProviderError):
     """A CUDA session that ONNX Runtime would partly run on the CPU."""
-
-
-@runtime_checkable
-class EngineProtocol(Protocol):
-    """What a Generator needs of an engine: Engine runs the ONNX graphs; tests' fakes implement
-    the same four members with scripted logits."""
-
-    vocab_size: int
-    context_length: int
-
-    def new_cache(self, batch: int, length: int) -> CacheProtocol:
-        """A cache of ``batch`` empty rows of ``length`` positions."""
-        ...
-
-    def prefill(self, cache: CacheProtocol, row: int, ids: Sequence[int] | np.ndarray,
-                ) -> np.ndarray:
-        """Run T tokens through one row after its valid positions; (V,) logits of the last."""
-        ...
-
-    def decode(self, cache: CacheProtocol, tokens: np.ndarray, active: np.ndarray | None = None,
-               first_row: int = 0) -> np.ndarray:
-        """One token for each of rows [first_row, first_row + len(tokens)); (n, V) logits;
-        inactive rows ride along without advancing."""
-        ...
-
-
-class VerifyingEngine(EngineProtocol, Protocol):
-    """An engine with Engine's two optional abilities, which the generator uses only where the
-    engine says it has them: ``verify`` (every position's logits; ``verifies``) and greedy ids
-    picked on the device (``decode(greedy=True)``; ``picks_on_device``)."""
-
-    def verify(self, cache: CacheProtocol, row: int, ids: Sequence[int] | np.ndarray,
-               ) -> np.ndarray: ...
-
-    def decode(self, cache: CacheProtocol, tokens: np.ndarray, active: np.ndarray | None = None,
-               first_row: int = 0, greedy: bool = False) -> np.ndarray: ...
 
 
 class Engine:

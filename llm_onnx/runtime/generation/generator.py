@@ -34,7 +34,7 @@ from typing import Any, cast
 import numpy as np
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.core.engine import EngineProtocol, VerifyingEngine
+from llm_onnx.runtime.core.engine_protocol import EngineProtocol, VerifyingEngine
 from llm_onnx.runtime.core.state import CacheProtocol
 from llm_onnx.runtime.generation.images import RowImages
 from llm_onnx.runtime.generation.model_like import ModelLike

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import tokenizers
 
-from llm_onnx.runtime.core.engine import EngineProtocol
+from llm_onnx.runtime.core.engine_protocol import EngineProtocol
 from llm_onnx.runtime.generation.options import GenerationOptions
 from llm_onnx.runtime.structured.matcher import Constraints
 
