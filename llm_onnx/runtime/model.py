@@ -40,7 +40,7 @@ from llm_onnx.runtime.chat.request import (
     read_chat_template,
 )
 from llm_onnx.runtime.chat_session import ChatSession
-from llm_onnx.runtime.core.embedder import EmbeddingEngine, embedding_input
+from llm_onnx.runtime.core.embedder import EmbeddingEngine, embedding_rows
 from llm_onnx.runtime.core.engine import RuntimeOptions, not_generating
 from llm_onnx.runtime.core.engines import open_engine
 from llm_onnx.runtime.generation.generator import Generator
@@ -485,18 +485,7 @@ class Model:
     def embedding_ids(self, inputs: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]],
                       ) -> tuple[list[list[int]], bool]:
         """``embed``'s inputs as checked token-id rows, and whether they were one input."""
-        if not isinstance(self.engine, EmbeddingEngine):
-            folder = getattr(getattr(self.engine, "manifest", None), "folder", "this model")
-            raise GenerationError(f"{folder} is a generation model: its graphs return next-token "
-                                  "logits, not embeddings. Export an embedding model with "
-                                  "`llm-onnx export --task embed --checkpoint ...`.")
-        single = isinstance(inputs, str) or (not isinstance(inputs, (bytes, dict)) and bool(
-            inputs) and all(isinstance(i, (int, np.integer)) for i in inputs))  # type: ignore
-        items = [inputs] if single else list(inputs)  # type: ignore[arg-type]
-        if not items:
-            raise GenerationError("embed needs at least one input.")
-        return [embedding_input(item, i, self.encode, self.engine.vocab_size, self.context_length)
-                for i, item in enumerate(items)], single
+        return embedding_rows(self.engine, inputs, self.encode, self.context_length)
 
     def encode_chat(self, prompt: str) -> list[int]:
         """A rendered chat prompt's token ids (the template wrote any special tokens)."""

@@ -151,3 +151,21 @@ class EmbeddingEngine(Engine):
     def row_bytes(self, positions: int) -> int:
         return 0
 
+
+
+def embedding_rows(engine: Any, inputs: Any, encode: Callable[[str], list[int]],
+                   context: int) -> tuple[list[list[int]], bool]:
+    """``Model.embed``'s inputs (a text, token ids, or a list of either) as checked token-id
+    rows, and whether they were one input; a generation model's engine is refused."""
+    if not isinstance(engine, EmbeddingEngine):
+        folder = getattr(getattr(engine, "manifest", None), "folder", "this model")
+        raise GenerationError(f"{folder} is a generation model: its graphs return next-token "
+                              "logits, not embeddings. Export an embedding model with "
+                              "`llm-onnx export --task embed --checkpoint ...`.")
+    single = isinstance(inputs, str) or (not isinstance(inputs, (bytes, dict)) and bool(
+        inputs) and all(isinstance(i, (int, np.integer)) for i in inputs))
+    items = [inputs] if single else list(inputs)
+    if not items:
+        raise GenerationError("embed needs at least one input.")
+    return [embedding_input(item, i, encode, engine.vocab_size, context)
+            for i, item in enumerate(items)], single
