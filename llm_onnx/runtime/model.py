@@ -39,7 +39,7 @@ from llm_onnx.runtime.chat.request import (
     check_tools,
     read_chat_template,
 )
-from llm_onnx.runtime.chat_session import ChatSession
+from llm_onnx.runtime.chat_session import ChatSession, reuse_points
 from llm_onnx.runtime.core.embedder import EmbeddingEngine, embedding_rows
 from llm_onnx.runtime.core.engine import RuntimeOptions, not_generating
 from llm_onnx.runtime.core.engines import open_engine
@@ -445,23 +445,9 @@ class Model:
     def reuse_points(self, messages: Sequence[Message], prompt: Sequence[int], *,
                      tools: Tools | None = None,
                      template_vars: dict[str, Any] | None = None) -> list[int]:
-        """Where a later conversation's prompt may part from ``prompt`` (``messages`` rendered):
-        the lengths of the renderings of its first message and of all but its last, where each
-        is a token prefix of ``prompt``. A model with a recurrent state keeps checkpoints there
-        (what requests sharing a system prompt, or a conversation's next turn, reuse); for any
-        other model there is nothing to keep, and none are computed."""
-        if getattr(self.engine, "state_layout", None) is None or len(messages) < 2:
-            return []
-        points = []
-        for k in sorted({1, len(messages) - 1}):
-            try:
-                ids = self.encode_chat(self.render_chat(messages[:k], add_generation_prompt=False,
-                                                        tools=tools, template_vars=template_vars))
-            except GenerationError:  # a template that renders no such prefix (a lone system)
-                continue
-            if 0 < len(ids) < len(prompt) and list(prompt[:len(ids)]) == ids:
-                points.append(len(ids))
-        return points
+        """Where a later conversation's prompt may part from ``prompt`` (``messages`` rendered),
+        for a recurrent state's checkpoints (see chat_session.reuse_points)."""
+        return reuse_points(self, messages, prompt, tools, template_vars)
 
     def chat_session(self, system: str | None = None, *, tools: Tools | None = None,
                      template_vars: dict[str, Any] | None = None) -> ChatSession:
