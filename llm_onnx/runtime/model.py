@@ -84,6 +84,7 @@ class Model:
     """
 
     draft_model: Model | None  # the loaded draft model (speculative "draft"), else None
+    image_inputs: ImageInputs | None  # a folder that takes images: its way in
 
     def __init__(self, folder: Path | str, runtime: RuntimeOptions | None = None, *,
                  chat_template: Path | str | None = None,
@@ -175,7 +176,7 @@ class Model:
                generation: GenerationDefaults, tool_call_format: str | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
-        self.image_inputs: ImageInputs | None = None  # a folder that takes images: its way
+        self.image_inputs = None
         self.eos_token_ids = tuple(int(i) for i in eos)
         self._constraints: Constraints | None = None
         self._constraints_lock = threading.Lock()
@@ -407,7 +408,7 @@ class Model:
             for event in gen.events():
                 if event.row == 0 and (event.text or event.finish_reason):
                     yield from reply.push(event.text, last=event.finish_reason is not None)
-            return request.read(gen.result())  # type: ignore[arg-type]
+            return request.read(gen.result())
 
         return pieces()
 

@@ -137,7 +137,8 @@ class EmbeddingEngine(Engine):
     def new_cache(self, batch: int, length: int) -> NoReturn:
         raise GenerationError(not_generating(self.manifest))
 
-    def prefill(self, cache: Any, row: int, ids: Sequence[int] | np.ndarray) -> NoReturn:
+    def prefill(self, cache: Any, row: int, ids: Sequence[int] | np.ndarray,
+                images: Any = None) -> NoReturn:
         raise GenerationError(not_generating(self.manifest))
 
     def decode(self, cache: Any, tokens: np.ndarray, active: np.ndarray | None = None,

@@ -159,7 +159,8 @@ class Generator:
             keyed(old.tokens) if old is not None else None, self.stats)
         cache.truncate(row, reuse)
         if hasattr(cache, "position_deltas"):  # where the row's positions run after its prompt
-            cache.position_deltas[row] = self._images[row].delta if self._images[row] else 0
+            row_images = self._images[row]
+            cache.position_deltas[row] = row_images.delta if row_images else 0
         rng = old.rng if old is not None and opts.seed == old.options.seed else None
         seq = SequenceState(prompt, opts, vocab_size=vocab, tokenizer=self.model.tokenizer,
                             eos_token_ids=self.model.eos_token_ids, limit=limit,
