@@ -27,11 +27,11 @@ import numpy as np
 import onnxruntime as ort
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.weight_bytes import weight_bytes_read
-from llm_onnx.runtime.model import Model
-from llm_onnx.runtime.generation.results import Result
-from llm_onnx.runtime.core.providers import CPU, CUDA, quiet_session_options
 from llm_onnx.runtime.core.engine import default_threads
+from llm_onnx.runtime.core.providers import CPU, CUDA, quiet_session_options
+from llm_onnx.runtime.generation.results import Result
+from llm_onnx.runtime.model import Model
+from llm_onnx.weight_bytes import weight_bytes_read
 
 BANDWIDTH_BYTES = 1 << 30  # 1 GiB: far beyond any cache
 

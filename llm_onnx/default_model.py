@@ -2,8 +2,9 @@
 into the user's cache folder and reused afterwards.
 
 Exported in fp32 for the CPU (and in fp16 for CUDA where a usable GPU is present: ONNX Runtime's
-attention has no fp32 CUDA kernel, see ``cuda_blockers``): this model's answer to the README's question starts with a near-tie between two
-tokens (0.08 logits apart) that int8 activations flip, and fp32 reproduces transformers exactly;
+attention has no fp32 CUDA kernel, see ``cuda_blockers``): this model's answer to the README's
+question starts with a near-tie between two tokens (0.08 logits apart) that int8 activations
+flip, and fp32 reproduces transformers exactly;
 at 135M parameters fp32 still decodes at interactive speed on a laptop CPU.
 
 Two processes starting at once are serialised by a lock file; the second finds the finished

@@ -77,4 +77,10 @@ def output_names(num_layers: int, linear: Collection[int] = ()) -> list[str]:
     return [LOGITS] + [present for _, present in state_names(num_layers, linear)]
 
 
-__all__ = ["INPUT_IDS", "SEQLENS_K", "TOTAL_SEQUENCE_LENGTH", "PAST_KEY", "PAST_VALUE", "LOGITS", "LOGITS_WINDOW", "PRESENT_KEY", "PRESENT_VALUE", "PAST_CONV", "PAST_RECURRENT", "PRESENT_CONV", "PRESENT_RECURRENT", "VALID_TOKENS", "SEQUENCE_LENGTHS", "EMBEDDINGS", "state_names", "input_names", "output_names", "POSITION_IDS", "IMAGE_EMBEDS", "IMAGE_TOKEN_INDEX", "DEEPSTACK_EMBEDS", "PIXEL_VALUES", "POSITION_INDEX", "POSITION_WEIGHT", "ROTARY_COS", "ROTARY_SIN", "VISION_INPUTS", "image_input_names", "vision_output_names"]
+__all__ = ["INPUT_IDS", "SEQLENS_K", "TOTAL_SEQUENCE_LENGTH", "PAST_KEY", "PAST_VALUE", "LOGITS",
+           "LOGITS_WINDOW", "PRESENT_KEY", "PRESENT_VALUE", "PAST_CONV", "PAST_RECURRENT",
+           "PRESENT_CONV", "PRESENT_RECURRENT", "VALID_TOKENS", "SEQUENCE_LENGTHS", "EMBEDDINGS",
+           "state_names", "input_names", "output_names", "POSITION_IDS", "IMAGE_EMBEDS",
+           "IMAGE_TOKEN_INDEX", "DEEPSTACK_EMBEDS", "PIXEL_VALUES", "POSITION_INDEX",
+           "POSITION_WEIGHT", "ROTARY_COS", "ROTARY_SIN", "VISION_INPUTS", "image_input_names",
+           "vision_output_names"]

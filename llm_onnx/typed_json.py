@@ -51,7 +51,7 @@ def typed(kind: Any, value: Any, where: str) -> Any:
             return ModelConfig.from_dict(value)
         except Exception as e:  # ConfigError and friends: a bad section
             raise ValueError(f"{where}: {e}") from None
-    if dataclasses.is_dataclass(kind):
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):  # a class, not an instance
         if not isinstance(value, dict):
             raise TypeError(f"{where}: expected an object, got {type(value).__name__}")
         hints = typing.get_type_hints(kind)

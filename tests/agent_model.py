@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import exported_once
 
 CONTEXT = 32768
@@ -45,8 +43,7 @@ def make_agent_checkpoint(folder: Path, gguf: Path, seed: int = 11) -> None:
     config_path.write_text(json.dumps(tokenizer_config), encoding="utf-8")
 
 
-@pytest.fixture(scope="session")
-def agent_model_folder(tmp_path_factory, smollm2_gguf) -> Path:
+def export_agent_model(tmp_path_factory, smollm2_gguf: Path) -> Path:
     """The exported fp32 folder (once per test run)."""
     from llm_onnx.checkpoints import open_checkpoint
     from llm_onnx.export import ExportOptions, export_model

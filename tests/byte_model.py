@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 THINK_TAGS = ["<think>", "</think>"]
@@ -105,32 +103,3 @@ def export_byte_model(tmp_path_factory, think: bool = False, preset: str = "qwen
                      progress=False)
         _MADE[(think, preset, kv_cache)] = out
     return _MADE[(think, preset, kv_cache)]
-
-
-@pytest.fixture(scope="session")
-def byte_model_folder(tmp_path_factory) -> Path:
-    return export_byte_model(tmp_path_factory)
-
-
-@pytest.fixture(scope="session")
-def byte_think_model_folder(tmp_path_factory) -> Path:
-    """The byte model with <think> tags (Qwen3's chat template renders them)."""
-    return export_byte_model(tmp_path_factory, think=True)
-
-
-@pytest.fixture(scope="session")
-def hybrid_byte_model_folder(tmp_path_factory) -> Path:
-    """The byte model as a Qwen3.5 (a linear and a full layer: a recurrent state per row)."""
-    return export_byte_model(tmp_path_factory, preset="qwen3_5_tiny")
-
-
-@pytest.fixture(scope="session")
-def hybrid_byte_think_model_folder(tmp_path_factory) -> Path:
-    """The Qwen3.5 byte model with <think> tags (Qwen3's chat template renders them)."""
-    return export_byte_model(tmp_path_factory, think=True, preset="qwen3_5_tiny")
-
-
-@pytest.fixture(scope="session")
-def byte_think_model_folder(tmp_path_factory) -> Path:
-    """The byte model with <think> and </think> as added tokens (reasoning templates)."""
-    return export_byte_model(tmp_path_factory, think=True)

@@ -254,3 +254,68 @@ def vision_export(vision_checkpoint, tmp_path_factory):
             ExportOptions(precision=precision, max_seq_len=256, **options), progress=False))
 
     return get
+
+
+# The scripted tiny models (tests/byte_model.py, thinking_model.py, harmony_model.py,
+# gemma4_chat_model.py, agent_model.py) as fixtures declared here: a test module names them as
+# parameters without importing them. Each builder keeps its own folders, made once a session.
+
+@pytest.fixture(scope="session")
+def byte_model_folder(tmp_path_factory) -> Path:
+    from tests.byte_model import export_byte_model
+
+    return export_byte_model(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def byte_think_model_folder(tmp_path_factory) -> Path:
+    """The byte model with <think> and </think> as added tokens (reasoning templates such as
+    Qwen3's render them)."""
+    from tests.byte_model import export_byte_model
+
+    return export_byte_model(tmp_path_factory, think=True)
+
+
+@pytest.fixture(scope="session")
+def hybrid_byte_model_folder(tmp_path_factory) -> Path:
+    """The byte model as a Qwen3.5 (a linear and a full layer: a recurrent state per row)."""
+    from tests.byte_model import export_byte_model
+
+    return export_byte_model(tmp_path_factory, preset="qwen3_5_tiny")
+
+
+@pytest.fixture(scope="session")
+def hybrid_byte_think_model_folder(tmp_path_factory) -> Path:
+    """The Qwen3.5 byte model with <think> tags (Qwen3's chat template renders them)."""
+    from tests.byte_model import export_byte_model
+
+    return export_byte_model(tmp_path_factory, think=True, preset="qwen3_5_tiny")
+
+
+@pytest.fixture(scope="session")
+def thinking_model(tmp_path_factory) -> tuple:
+    """(transformers model, exported fp32 folder) of the tiny Qwen3 with its real template."""
+    from tests.thinking_model import export_thinking_model
+
+    return export_thinking_model(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def harmony_model_folder(tmp_path_factory) -> Path:
+    from tests.harmony_model import export_harmony_model
+
+    return export_harmony_model(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def gemma4_chat_model_folder(tmp_path_factory) -> Path:
+    from tests.gemma4_chat_model import export_gemma4_chat_model
+
+    return export_gemma4_chat_model(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def agent_model_folder(tmp_path_factory, smollm2_gguf) -> Path:
+    from tests.agent_model import export_agent_model
+
+    return export_agent_model(tmp_path_factory, smollm2_gguf)

@@ -21,8 +21,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from tests.byte_model import CONTEXT, VOCAB, _bytes_to_unicode
 
 SPECIAL = ["<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|think|>", "<|tool>", "<tool|>"]
@@ -69,8 +67,7 @@ def make_gemma4_chat_checkpoint(folder: Path, seed: int = 9):
 _MADE: dict[str, Path] = {}
 
 
-@pytest.fixture(scope="session")
-def gemma4_chat_model_folder(tmp_path_factory) -> Path:
+def export_gemma4_chat_model(tmp_path_factory) -> Path:
     """The exported fp32 folder (made once per session)."""
     if "folder" not in _MADE:
         from llm_onnx.checkpoints import open_checkpoint

@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from tests.byte_model import CONTEXT, VOCAB, _bytes_to_unicode
 
 MARKERS = ["<|endoftext|>", "<|start|>", "<|end|>", "<|message|>", "<|channel|>",
@@ -74,8 +72,3 @@ def export_harmony_model(tmp_path_factory, preset: str = "gpt_oss_tiny") -> Path
                      ExportOptions(precision="fp32", max_seq_len=CONTEXT), progress=False)
         _MADE[preset] = out
     return _MADE[preset]
-
-
-@pytest.fixture(scope="session")
-def harmony_model_folder(tmp_path_factory) -> Path:
-    return export_harmony_model(tmp_path_factory)

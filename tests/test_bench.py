@@ -12,10 +12,9 @@ import onnxruntime as ort
 import pytest
 from click.testing import CliRunner
 
+from llm_onnx.bench import BandwidthProbe, DeviceBandwidthProbe, profile_table, summarize_profile
 from llm_onnx.cli import main
 from llm_onnx.errors import GenerationError
-from llm_onnx.bench import (BandwidthProbe, DeviceBandwidthProbe, profile_table,
-                                    summarize_profile)
 
 
 def _run(ts, dur):
@@ -158,8 +157,8 @@ def test_plot_without_matplotlib_fails_at_once_and_writes_nothing(tiny_export, t
 
 
 def test_decode_curve_measures_every_context_and_batch_that_fits(tiny_export):
-    from llm_onnx.runtime import Model
     from llm_onnx.bench import curve_contexts, decode_curve
+    from llm_onnx.runtime import Model
 
     model = Model.load(tiny_export("llama_tiny"), provider="cpu", threads=1)
     contexts = curve_contexts(model.context_length, tokens=4)  # max_seq_len 64: 15, 30, 60
@@ -191,7 +190,7 @@ def test_moe_decode_step_reads_the_top_k_experts_share(tiny_export):
 
     folder = tiny_export("qwen3_moe_tiny", "int4")
     m = read_manifest(folder)
-    V, D, L, E, K, I = 256, 64, 2, 4, 2, 32
+    V, D, L, E, K, I = 256, 64, 2, 4, 2, 32  # noqa: E741 (I: the intermediate size)
     assert (m.config.vocab_size, m.config.hidden_size, m.config.num_hidden_layers,
             m.config.moe.num_experts, m.config.moe.num_experts_per_tok,
             m.config.moe.moe_intermediate_size) == (V, D, L, E, K, I)
@@ -259,7 +258,7 @@ def test_gemma4_decode_step_reads_the_chosen_experts_share(tiny_export):
 
     folder = tiny_export("gemma4_tiny", "int8")  # (the folder test_architectures exports)
     m = read_manifest(folder)
-    D, L, E, K, I = 48, 4, 4, 2, 32
+    D, L, E, K, I = 48, 4, 4, 2, 32  # noqa: E741 (I: the intermediate size)
     assert (m.config.hidden_size, m.config.num_hidden_layers, m.config.moe.num_experts,
             m.config.moe.num_experts_per_tok, m.config.moe.moe_intermediate_size,
             m.config.tie_word_embeddings) == (D, L, E, K, I, True)

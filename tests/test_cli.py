@@ -81,9 +81,8 @@ def test_empty_prompt_and_bad_prompt_file(tmp_path):
 def test_generate_with_each_architecture(arch, tiny_hf, tiny_export):
     """A text prompt through the tokenizer carried over from the checkpoint folder; the greedy
     tokens equal transformers'."""
-    from tests.runtime.test_runtime_models import hf_greedy
-
     from llm_onnx.model_folder import load_manifest
+    from tests.runtime.test_runtime_models import hf_greedy
 
     folder = tiny_export(arch, "fp32")
     eos = load_manifest(folder).tokenizer.eos_token_ids

@@ -11,7 +11,6 @@ from click.testing import CliRunner
 
 from llm_onnx.cli import main
 from llm_onnx.runtime import Model
-from tests.thinking_model import thinking_model  # noqa: F401
 
 PROMPT = "t30 t31 t32"
 USER = [{"role": "user", "content": PROMPT}]

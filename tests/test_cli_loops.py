@@ -14,7 +14,6 @@ from click.testing import CliRunner
 
 from llm_onnx.cli import main
 from llm_onnx.cli.generating import loop_mark
-from tests.byte_model import byte_model_folder  # noqa: F401 (fixture)
 
 PHRASE = "la France, "
 LOOP = PHRASE * 8  # 88 bytes: cut at 40 tokens, 3.6 copies
@@ -30,7 +29,7 @@ def generate(folder, choice: str, *args):
                "--choice", choice, *args, "Capital of France?")
 
 
-def test_generate_says_when_the_answer_looped(byte_model_folder):  # noqa: F811
+def test_generate_says_when_the_answer_looped(byte_model_folder):
     result = generate(byte_model_folder, LOOP)
     assert result.exit_code == 0, result.output
     assert result.stdout == LOOP[:40] + "\n"  # the answer itself is printed as it came
@@ -40,7 +39,7 @@ def test_generate_says_when_the_answer_looped(byte_model_folder):  # noqa: F811
     assert "fp32" not in result.stderr  # the folder is fp32 already
 
 
-def test_generate_json_keeps_stdout_json(byte_model_folder):  # noqa: F811
+def test_generate_json_keeps_stdout_json(byte_model_folder):
     result = generate(byte_model_folder, LOOP, "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -49,7 +48,7 @@ def test_generate_json_keeps_stdout_json(byte_model_folder):  # noqa: F811
 
 
 @pytest.mark.parametrize("choice, limit", [(PLAIN, "40"), (LOOP[:33], "200")])
-def test_no_line_without_a_loop(byte_model_folder, choice, limit):  # noqa: F811
+def test_no_line_without_a_loop(byte_model_folder, choice, limit):
     """Cut without repeating itself, or a repeated phrase that ended (finish_reason stop)."""
     result = run("generate", "--model", str(byte_model_folder), "-q", "--max-new-tokens", limit,
                  "--choice", choice, "Capital of France?")
@@ -57,7 +56,7 @@ def test_no_line_without_a_loop(byte_model_folder, choice, limit):  # noqa: F811
     assert result.stdout == choice[:int(limit)] + "\n" and result.stderr == ""
 
 
-def test_chat_says_looped_instead_of_cut(byte_model_folder):  # noqa: F811
+def test_chat_says_looped_instead_of_cut(byte_model_folder):
     result = run("chat", "--model", str(byte_model_folder), "-q", "--max-new-tokens", "40",
                  "--choice", LOOP, input="Capital of France?\n/exit\n")
     assert result.exit_code == 0, result.output

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from llm_onnx.cli import main
-from tests.byte_model import HERMES_TEMPLATE, byte_model_folder  # noqa: F401 (fixture)
+from tests.byte_model import HERMES_TEMPLATE
 
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
                                            "n": {"type": "integer", "minimum": 0,
@@ -25,7 +25,7 @@ def generate(folder, *args, **kwargs):
                                      "--max-new-tokens", "200", *args], **kwargs)
 
 
-def test_json_schema_from_a_file_and_inline(byte_model_folder, tmp_path):  # noqa: F811
+def test_json_schema_from_a_file_and_inline(byte_model_folder, tmp_path):
     path = tmp_path / "person.schema.json"
     path.write_text(json.dumps(SCHEMA))
     for source in (str(path), json.dumps(SCHEMA)):
@@ -39,7 +39,7 @@ def test_json_schema_from_a_file_and_inline(byte_model_folder, tmp_path):  # noq
     jsonschema.validate(json.loads(data["text"]), SCHEMA)
 
 
-def test_json_object_regex_choice_grammar(byte_model_folder, tmp_path):  # noqa: F811
+def test_json_object_regex_choice_grammar(byte_model_folder, tmp_path):
     gbnf = tmp_path / "answer.gbnf"
     gbnf.write_text('root ::= "A" [0-9] [0-9]?\n')
     cases = [(["--json-object"], lambda t: isinstance(json.loads(t), dict)),
@@ -52,7 +52,7 @@ def test_json_object_regex_choice_grammar(byte_model_folder, tmp_path):  # noqa:
         assert result.exit_code == 0 and valid(result.stdout.rstrip("\n")), (flags, result.output)
 
 
-def test_chat_takes_the_flags_too(byte_model_folder):  # noqa: F811
+def test_chat_takes_the_flags_too(byte_model_folder):
     result = CliRunner().invoke(main, ["chat", "--model", str(byte_model_folder), "-q",
                                        "--choice", "yes", "--choice", "no"],
                                 input="Is it?\nAnd now?\n")
@@ -72,7 +72,7 @@ def test_chat_takes_the_flags_too(byte_model_folder):  # noqa: F811
     (["--chat-template", "no-such-template"], "nor a template that comes with llm-onnx "
                                               "(chatml-tools)"),
 ])
-def test_bad_constraints_are_one_line_and_exit_one(byte_model_folder, flags, fragment):  # noqa: F811
+def test_bad_constraints_are_one_line_and_exit_one(byte_model_folder, flags, fragment):
     result = generate(byte_model_folder, *flags, "Hi")
     assert result.exit_code == 1, result.output
     assert fragment in result.stderr and len(result.stderr.strip().splitlines()) == 1, \
@@ -80,7 +80,7 @@ def test_bad_constraints_are_one_line_and_exit_one(byte_model_folder, flags, fra
 
 
 @pytest.mark.parametrize("template", [str(HERMES_TEMPLATE), "chatml-tools"])
-def test_chat_template_file_is_used_instead_of_the_folders(byte_model_folder, template):  # noqa: F811
+def test_chat_template_file_is_used_instead_of_the_folders(byte_model_folder, template):
     result = generate(byte_model_folder, "--chat-template", template, "--json",
                       "--system", "Be brief.", "Hi")
     assert result.exit_code == 0, result.output

@@ -16,8 +16,6 @@ from pathlib import Path
 import click
 import pytest
 
-from tests.byte_model import byte_model_folder  # noqa: F401 (fixture)
-
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
@@ -140,7 +138,7 @@ def readme_section(title: str) -> str:
     return text[start:end if end >= 0 else None]
 
 
-def test_the_readme_python_api_example_runs(byte_model_folder, capsys):  # noqa: F811
+def test_the_readme_python_api_example_runs(byte_model_folder, capsys):
     """The README's Python API example, run as written against a tiny model folder (a random
     Qwen3 whose byte-level tokenizer spells any text, with a ChatML template)."""
     (example,) = code_blocks(readme_section("The Python API"), "python")

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import torch
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -88,10 +87,9 @@ def make_thinking_checkpoint(folder: Path, seed: int = 11, context: int | None =
 _MADE: dict[str, tuple] = {}
 
 
-@pytest.fixture(scope="session")
-def thinking_model(tmp_path_factory) -> tuple:
-    """(transformers model, exported fp32 folder), made once per test session however many test
-    modules import this fixture."""
+def export_thinking_model(tmp_path_factory) -> tuple:
+    """(transformers model, exported fp32 folder), made once per test session (the
+    ``thinking_model`` fixture of tests/conftest.py)."""
     if "model" not in _MADE:
         from llm_onnx.checkpoints import open_checkpoint
         from llm_onnx.export import ExportOptions, export_model

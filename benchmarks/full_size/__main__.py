@@ -64,8 +64,8 @@ from benchmarks.full_size.workers import model_config
 def check_config(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """--config names a preset random_gguf.py writes a GGUF of (cut to --layers, in a form
     llama.cpp's architecture can express); the expert options need experts."""
-    from llm_onnx.families import get_config
     from benchmarks.full_size.random_gguf import ARCHS, gguf_arch
+    from llm_onnx.families import get_config
 
     try:
         full = get_config(a.config)

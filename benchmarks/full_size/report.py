@@ -28,12 +28,12 @@ def table(r: dict) -> str:
             f"{b['ttft_s']['median']:.2f} | {b['prefill_tok_s']['median']:.1f} | "
             f"{b['decode_tok_s']['median']:.2f} | {b['decode_ceiling_tok_s']:.1f} "
             f"({100 * b['decode_ceiling_reached']:.0f}%) |")
-    for q, l in r["llama"].items():
-        load, gen = l["memory_after_load"], l["memory_after_generate"]
-        lines.append(f"| llama.cpp {q} | {l['load_s']:.1f} | {gib(load['rss'])} / {gib(load['pss'])}"
-                     f" | {gib(gen['rss'])} / {gib(gen['pss'])} | {gib(gen.get('vmhwm'))} | "
-                     f"{l['prompt_ms'] / 1e3:.2f} | {l['prefill_tok_s']:.1f} | "
-                     f"{l['decode_tok_s']:.2f} | |")
+    for q, cpp in r["llama"].items():
+        load, gen = cpp["memory_after_load"], cpp["memory_after_generate"]
+        lines.append(f"| llama.cpp {q} | {cpp['load_s']:.1f} | {gib(load['rss'])} / "
+                     f"{gib(load['pss'])} | {gib(gen['rss'])} / {gib(gen['pss'])} | "
+                     f"{gib(gen.get('vmhwm'))} | {cpp['prompt_ms'] / 1e3:.2f} | "
+                     f"{cpp['prefill_tok_s']:.1f} | {cpp['decode_tok_s']:.2f} | |")
     lines.append("(peak: the process's before bench's 1 GiB bandwidth probe; llama.cpp: VmHWM)")
     for key, o in r["ours"].items():
         w = (o["weights_bytes"] + o["kv_bytes"]) / 2**20
@@ -45,7 +45,7 @@ def table(r: dict) -> str:
                      f"memory {o['bench']['memory_bandwidth_gb_s']:.1f} GB/s")
     before = [(f"export {p}", e) for p, e in r["export"].items()]
     before += [(f"llm-onnx {k}", o) for k, o in r["ours"].items()]
-    before += [(f"llama.cpp {q}", l) for q, l in r["llama"].items()]
+    before += [(f"llama.cpp {q}", cpp) for q, cpp in r["llama"].items()]
     before += [(f"serve {s['system']} {k} x{s['clients']}", s)
                for k, rows in r["serve"].items() for s in rows]
     before = [(label, e["settle"]) for label, e in before if e.get("settle")]

@@ -96,7 +96,19 @@ def engine_part(folder: Path, provider: str, steps: int) -> dict:
         out[f"decode_ids_tok_s_b{batch}"] = ids
         print(f"engine batch {batch}: {rate:.1f} tok/s with logits, {ids:.1f} with ids picked "
               "on the device", flush=True)
-    # A verify run: k tokens run on a row with a 128-token past (a prefill continuing it).
+    verify = _verify_runs(engine, vocab)
+    out["verify_run"] = verify
+    out["verify_k8_over_decode_b1"] = verify["k8_ms"] / out["decode_step_ms_b1"]
+    out["prefix_copy"] = _prefix_copy(engine, vocab)
+    print(f"engine verify {verify}, prefix copy {out['prefix_copy']}", flush=True)
+    del engine
+    gc.collect()
+    return out
+
+
+def _verify_runs(engine, vocab: int) -> dict:
+    """Median ms of a verify run: k tokens run on a row with a 128-token past (a prefill
+    continuing it), for k = 1, 2, 4, 8. Its cache is freed on return."""
     rng = np.random.default_rng(3)
     cache = engine.new_cache(1, 256)
     engine.prefill(cache, 0, rng.integers(0, vocab, 128))
@@ -110,13 +122,7 @@ def engine_part(folder: Path, provider: str, steps: int) -> dict:
 
         run()  # this shape's first run
         verify[f"k{k}_ms"] = _median_ms(run, 10)
-    out["verify_run"] = verify
-    out["verify_k8_over_decode_b1"] = verify["k8_ms"] / out["decode_step_ms_b1"]
-    out["prefix_copy"] = _prefix_copy(engine, vocab)
-    print(f"engine verify {verify}, prefix copy {out['prefix_copy']}", flush=True)
-    del engine, cache
-    gc.collect()
-    return out
+    return verify
 
 
 def _prefix_copy(engine, vocab: int) -> dict:

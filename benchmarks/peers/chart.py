@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+
 def plot(args) -> None:
     import matplotlib
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from benchmarks.peers.harness import write_result
 
+
 def add_field(writer, name: str, field, value) -> None:
     """A GGUF metadata field written as ``value``, with the type (and array item type) it was
     read with."""

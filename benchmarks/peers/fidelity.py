@@ -7,6 +7,7 @@ from __future__ import annotations
 from benchmarks.peers.harness import load_prompts, write_result
 from benchmarks.peers.runs import genai_generator, hf_eager_fp32
 
+
 def fidelity_prompts(prompts: dict) -> list[list[int]]:
     """The agreement prompts, then the fidelity texts (their token ids)."""
     return [p["ids"] for p in prompts["agreement"]] + [p["ids"] for p in prompts.get("fidelity", [])]
@@ -72,6 +73,7 @@ def forced_fidelity(args, next_logits) -> None:
 
 def fidelity_ours(args) -> None:
     import numpy as np
+
     from llm_onnx.runtime import Model
 
     engine = Model.load(args.model).engine

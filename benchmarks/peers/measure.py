@@ -11,8 +11,16 @@ from pathlib import Path
 
 from benchmarks.core.env import GENAI_PACKAGES, Setup, worker
 from benchmarks.core.proc import StepFailed, cpu_busy, log, run
-from benchmarks.peers import (GENAI, HF, LLAMA, LLAMA_MATCH, LLAMA_MATCH_SHAPE, OURS, PRECISIONS,
-                              llama_match)
+from benchmarks.peers import (
+    GENAI,
+    HF,
+    LLAMA,
+    LLAMA_MATCH,
+    LLAMA_MATCH_SHAPE,
+    OURS,
+    PRECISIONS,
+    llama_match,
+)
 
 # ----------------------------------------------------------------------------- measuring
 

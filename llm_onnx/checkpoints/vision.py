@@ -15,8 +15,8 @@ from torch import nn
 from llm_onnx.checkpoints.sources import TensorSource
 from llm_onnx.errors import CheckpointError
 from llm_onnx.families.qwen_vision import PREFIX, vision_shapes
-from llm_onnx.modeling.vision_tower import VisionEncoder
 from llm_onnx.modeling.vision_config import VisionConfig
+from llm_onnx.modeling.vision_tower import VisionEncoder
 
 PATCH_WEIGHT = f"{PREFIX}patch_embed.proj.weight"
 Producer = Callable[[TensorSource], torch.Tensor]  # as checkpoints.load's

@@ -12,9 +12,17 @@ Heavy imports (torch, onnxruntime) happen inside the commands, so `--help` stays
   listing.py       models (the exported folders: list, rm)
 """
 
+# the command modules add their commands to `main` when imported
+from llm_onnx.cli import (  # noqa: F401
+    benchmarking,
+    chatting,
+    embedding,
+    exporting,
+    generating,
+    listing,
+    serving,
+)
 from llm_onnx.cli.app import main
-from llm_onnx.cli import (  # noqa: F401 (commands)
-    benchmarking, chatting, embedding, exporting, generating, listing, serving)
 from llm_onnx.cli.exporting import resolve_checkpoint
 from llm_onnx.cli.generating import _TemplateVar
 

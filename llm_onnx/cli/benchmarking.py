@@ -49,11 +49,22 @@ def bench(model, prompt_len, new_tokens, batch, repeat, threads, provider, promp
     """
     import json as _json
 
+    from llm_onnx.bench import (
+        CURVE_BATCHES,
+        BenchConfig,
+        add_profile,
+        curve_contexts,
+        decode_curve,
+        peak_rss_mib,
+        plot_curve,
+        profile_model,
+        profile_table,
+        pyplot,
+        run_bench,
+        to_json,
+    )
     from llm_onnx.errors import GenerationError
     from llm_onnx.runtime import Model
-    from llm_onnx.bench import (CURVE_BATCHES, BenchConfig, add_profile, curve_contexts,
-                                        decode_curve, peak_rss_mib, plot_curve, profile_model,
-                                        profile_table, pyplot, run_bench, to_json)
 
     if plot is not None:
         pyplot()  # bad options are reported now, not after the export or the measuring

@@ -20,9 +20,16 @@ from pathlib import Path
 import click
 
 from llm_onnx.cli.app import _handle_errors, main
-from llm_onnx.cli.generating import (_constraint_options, _load_model, _sampling_options,
-                                     _template_options, _template_vars, cut_mark, echo_pieces,
-                                     loop_mark)
+from llm_onnx.cli.generating import (
+    _constraint_options,
+    _load_model,
+    _sampling_options,
+    _template_options,
+    _template_vars,
+    cut_mark,
+    echo_pieces,
+    loop_mark,
+)
 
 HELP = """Commands:
   /help            this list

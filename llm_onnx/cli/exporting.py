@@ -8,10 +8,10 @@ from pathlib import Path
 
 import click
 
+from llm_onnx.cli.app import _handle_errors, main
 from llm_onnx.export.hugepages import MARKER, huge_pages_env, huge_pages_on, this_machine
 from llm_onnx.export.options import PRECISIONS, QUANT_METHODS
 from llm_onnx.families import PRESETS
-from llm_onnx.cli.app import _handle_errors, main
 
 
 def _default_precision(cfg) -> str | None:

@@ -177,7 +177,11 @@ def _template_vars(model, no_think: bool, pairs) -> dict | None:
     """--no-think and --template-var as template variables, checked against the model's template:
     a name it never reads is an error, not a silent no-op."""
     from llm_onnx.errors import GenerationError
-    from llm_onnx.runtime.chat.render import RESERVED_VARIABLES, check_template_vars, template_variables
+    from llm_onnx.runtime.chat.render import (
+        RESERVED_VARIABLES,
+        check_template_vars,
+        template_variables,
+    )
 
     variables = dict(pairs)
     if no_think:

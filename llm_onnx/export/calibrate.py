@@ -33,8 +33,13 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from llm_onnx.checkpoints.load import (Checkpoint, ExpertsProducer, _set_param, build_model,
-                                       param_producers)
+from llm_onnx.checkpoints.load import (
+    Checkpoint,
+    ExpertsProducer,
+    _set_param,
+    build_model,
+    param_producers,
+)
 from llm_onnx.checkpoints.sources import TensorSource
 from llm_onnx.errors import ExportError
 from llm_onnx.export.calibration_text import CALIBRATION_TEXT, KV_CALIBRATION_TEXT
@@ -46,8 +51,7 @@ from llm_onnx.modeling.attention import SharedKVAttention
 from llm_onnx.modeling.config import ModelConfig
 from llm_onnx.modeling.decoder import Fusion
 from llm_onnx.modeling.layers import Linear
-from llm_onnx.modeling.mlp import (Experts, GeGLUExperts, PackedGatedMLP, PlainMLP,
-                                   SharedExpertMoE)
+from llm_onnx.modeling.mlp import Experts, GeGLUExperts, PackedGatedMLP, PlainMLP, SharedExpertMoE
 
 ALPHAS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 MAX_TOKENS = 512  # calibration tokens used (one sequence)

@@ -28,9 +28,9 @@ from llm_onnx.export.kv_int8_attention import (
     group_query_attention_int8_steps_packed,
     group_query_attention_int8_steps_rotated,
 )
+from llm_onnx.export.vision_translations import vision_translations
 from llm_onnx.modeling import linear_attention as _la  # noqa: F401  (its torch.ops.llm_onnx.*)
 from llm_onnx.modeling import ops  # noqa: F401  (registers torch.ops.llm_onnx.* of the decoder)
-from llm_onnx.export.vision_translations import vision_translations
 
 msft = onnxscript.values.Opset("com.microsoft", 1)
 op18 = onnxscript.opset18
@@ -269,7 +269,8 @@ def qmoe_renormalized(x: TFloat, router_logits: TFloat, fc1_q: UINT8, fc1_scales
                       accuracy_level: int, alpha: float, beta: float, limit: float) -> TFloat:
     # inputs 8-10 are fc3's (a separate gate weight; swiglu_fusion keeps it in fc1)
     return msft.QMoE(x, router_logits, fc1_q, fc1_scales, fc1_bias, fc2_q, fc2_scales, fc2_bias,
-                     None, None, None, fc1_zero_points, fc2_zero_points, k=k, activation_type="swiglu", swiglu_fusion=1, activation_alpha=alpha,
+                     None, None, None, fc1_zero_points, fc2_zero_points, k=k,
+                     activation_type="swiglu", swiglu_fusion=1, activation_alpha=alpha,
                      activation_beta=beta, swiglu_limit=limit, normalize_routing_weights=1,
                      expert_weight_bits=bits, block_size=block_size, weights_prepacked=0,
                      accuracy_level=accuracy_level)

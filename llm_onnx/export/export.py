@@ -27,8 +27,14 @@ from llm_onnx import model_folder as mf
 from llm_onnx.checkpoints.load import Checkpoint
 from llm_onnx.checkpoints.pooling import pooling_rule
 from llm_onnx.errors import ExportError
-from llm_onnx.export.calibrate import (KV_MAX_TOKENS, MAX_TOKENS, Calibration, calibrate,
-                                       calibration_ids, read_text)
+from llm_onnx.export.calibrate import (
+    KV_MAX_TOKENS,
+    MAX_TOKENS,
+    Calibration,
+    calibrate,
+    calibration_ids,
+    read_text,
+)
 from llm_onnx.export.folder import atomic_folder, check_output, release_memory
 from llm_onnx.export.images import images_spec
 from llm_onnx.export.kv_rotation import rotated_values
@@ -271,7 +277,8 @@ def resolve_target(options: ExportOptions, cfg) -> ExportOptions:
         return options
     if blockers:
         return replace(options, target="cpu")
-    from llm_onnx.runtime.core.providers import cuda_status  # lazy: the export does not need ORT-GPU
+    # lazy: the export does not need ORT-GPU
+    from llm_onnx.runtime.core.providers import cuda_status
 
     return replace(options, target="cuda" if cuda_status()[0] else "cpu")
 

@@ -33,13 +33,13 @@ import numpy as np
 import onnx_ir as ir
 import torch
 
+from llm_onnx import model_folder as names
+from llm_onnx.export.custom_ops import fix_domains, translation_table
+from llm_onnx.export.kv_int8_attention import inline_branch_calls
 from llm_onnx.modeling.decoder import Decoder
 from llm_onnx.modeling.embedding import EmbeddingDecoder
 from llm_onnx.modeling.linear_attention import state_shapes
 from llm_onnx.modeling.vision_tower import VisionEncoder
-from llm_onnx.export.custom_ops import fix_domains, translation_table
-from llm_onnx.export.kv_int8_attention import inline_branch_calls
-from llm_onnx import model_folder as names
 
 GRAPHS = ("prefill", "decode")
 

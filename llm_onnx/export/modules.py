@@ -23,17 +23,22 @@ import math
 import torch
 from torch import Tensor, nn
 
-from llm_onnx.modeling import ops
-from llm_onnx.model_folder import fitting_block
 from llm_onnx.export import kernel_experts, quant
 from llm_onnx.export.options import ExportOptions
-from llm_onnx.export.weights import (Produce, WeightFile, np_dtype, write_cast,
-                                     write_experts_quantized, write_quantized)
+from llm_onnx.export.weights import (
+    Produce,
+    WeightFile,
+    np_dtype,
+    write_cast,
+    write_experts_quantized,
+    write_quantized,
+)
+from llm_onnx.model_folder import fitting_block
+from llm_onnx.modeling import ops
 from llm_onnx.modeling.decoder import Decoder
 from llm_onnx.modeling.layers import Linear
 from llm_onnx.modeling.mlp import Experts, GeGLUExperts
 from llm_onnx.modeling.positions import RotaryCache, SinusoidalPositions, global_rope, local_rope
-
 
 # Projections that stay float in quantized exports (see the module docstring).
 KEPT_FLOAT = ("mlp.gate", "mlp.shared_expert_gate", "linear_attn.in_proj_a",

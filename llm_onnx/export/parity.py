@@ -16,16 +16,27 @@ from llm_onnx.checkpoints.load import Checkpoint
 from llm_onnx.export.folder import release_memory
 from llm_onnx.export.plan import ExportPlan
 from llm_onnx.export.progress import Progress
-from llm_onnx.export.validate import (compare, compare_logits, compute_in_float32, load_stored,
-                                      run_engine, run_onnx, run_reference, thresholds)
-from llm_onnx.export.validate_embeddings import (compare_embeddings, run_onnx_embeddings,
-                                                 run_reference_embeddings)
+from llm_onnx.export.validate import (
+    compare,
+    compare_logits,
+    compute_in_float32,
+    load_stored,
+    run_engine,
+    run_onnx,
+    run_reference,
+    thresholds,
+)
+from llm_onnx.export.validate_embeddings import (
+    compare_embeddings,
+    run_onnx_embeddings,
+    run_reference_embeddings,
+)
 from llm_onnx.export.validate_images import compare_images
 from llm_onnx.export.weights import StoredTensor
 from llm_onnx.families.qwen_vision import PREFIX as VISION_PREFIX
 from llm_onnx.modeling.config import ModelConfig
-from llm_onnx.modeling.vision_config import VisionConfig
 from llm_onnx.modeling.shapes import Shape, num_parameters
+from llm_onnx.modeling.vision_config import VisionConfig
 
 # Validate the whole model when the torch reference and ORT both fit comfortably in memory.
 FULL_VALIDATION_PARAMS = 600_000_000

@@ -27,19 +27,25 @@ import onnx_ir as ir
 import torch
 
 from llm_onnx import model_folder as mf
-from llm_onnx.errors import ConfigError
 from llm_onnx.checkpoints.load import Producer, param_producers
 from llm_onnx.checkpoints.vision import vision_producers
-from llm_onnx.export.calibrate import Calibration
+from llm_onnx.errors import ConfigError
 from llm_onnx.export import kv_scales
+from llm_onnx.export.calibrate import Calibration
 from llm_onnx.export.graphs import GRAPHS, trace_embed, trace_graph, trace_vision
-from llm_onnx.export.modules import (NBitsLinear, QuantEmbedding, QuantExperts,
-                                     QuantGeGLUExperts, RoutedGeGLUExperts,
-                                     to_export_form, vision_export_form)
+from llm_onnx.export.modules import (
+    NBitsLinear,
+    QuantEmbedding,
+    QuantExperts,
+    QuantGeGLUExperts,
+    RoutedGeGLUExperts,
+    to_export_form,
+    vision_export_form,
+)
 from llm_onnx.export.options import ExportOptions
 from llm_onnx.export.progress import Progress
-from llm_onnx.modeling.config import ModelConfig
 from llm_onnx.modeling.attention import AttentionForm, attention_form, rotates_keys
+from llm_onnx.modeling.config import ModelConfig
 from llm_onnx.modeling.decoder import Decoder, Fusion
 from llm_onnx.modeling.embedding import EmbeddingDecoder
 from llm_onnx.modeling.linear_attention import state_shapes

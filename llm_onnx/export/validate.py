@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from llm_onnx.modeling.decoder import Decoder, owned_states
-from llm_onnx.modeling.linear_attention import state_shapes
+from llm_onnx import model_folder as names
 from llm_onnx.errors import ParityError
 from llm_onnx.export import quant
 from llm_onnx.export.weights import StoredTensor
-from llm_onnx import model_folder as names
+from llm_onnx.modeling.decoder import Decoder, owned_states
+from llm_onnx.modeling.linear_attention import state_shapes
 
 # the first one longer than kv_int8_attention.PROMPT_STEP: an int8 cache's long steps take the float
 # node, its short ones the int8 node, and the gate sees both

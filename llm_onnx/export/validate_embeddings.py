@@ -14,6 +14,7 @@ from llm_onnx.errors import ParityError
 from llm_onnx.export.validate import PROMPT_LENGTHS, Thresholds, _batch, prompts
 from llm_onnx.modeling.decoder import Decoder
 
+
 def run_reference_embeddings(reference: Decoder, vocab: int) -> np.ndarray:
     """Torch (an EmbeddingDecoder): each prompt alone, unpadded; (B, E) float32."""
     rows = []

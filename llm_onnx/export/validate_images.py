@@ -15,8 +15,14 @@ import torch
 from llm_onnx import model_folder as names
 from llm_onnx.errors import ParityError
 from llm_onnx.export import quant
-from llm_onnx.export.validate import (DECODE_STEPS, Thresholds, _Steps, compare_logits,
-                                      new_states, text_only_inputs)
+from llm_onnx.export.validate import (
+    DECODE_STEPS,
+    Thresholds,
+    _Steps,
+    compare_logits,
+    new_states,
+    text_only_inputs,
+)
 from llm_onnx.modeling.decoder import Decoder, owned_states
 from llm_onnx.modeling.vision_config import VisionConfig
 from llm_onnx.modeling.vision_tower import VisionEncoder, patch_inputs

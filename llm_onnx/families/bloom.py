@@ -8,8 +8,14 @@ from typing import Any
 
 from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import QKV, Part, fused_qkv_shape, per_head_part
-from llm_onnx.modeling.config import (AttentionConfig, EmbeddingConfig, MLPConfig, ModelConfig,
-                                      NormConfig, PositionConfig)
+from llm_onnx.modeling.config import (
+    AttentionConfig,
+    EmbeddingConfig,
+    MLPConfig,
+    ModelConfig,
+    NormConfig,
+    PositionConfig,
+)
 
 ARCHITECTURE = "BloomForCausalLM"
 HF_CONFIG_CLASS = "BloomConfig"

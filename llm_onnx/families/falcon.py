@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from llm_onnx.families.family import Family
 from llm_onnx.families.bloom import bloom_like_layer
+from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import Part
 from llm_onnx.families.llama import rope_fields
 from llm_onnx.modeling.config import MLPConfig, ModelConfig, NormConfig, ResidualConfig

@@ -15,8 +15,13 @@ from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.families.llama import GGUF_GLOBALS, GGUF_LAYER, base_hf_config, gguf_fields
-from llm_onnx.modeling.config import (AttentionConfig, EmbeddingConfig, ModelConfig,
-                                      PositionConfig, ResidualConfig)
+from llm_onnx.modeling.config import (
+    AttentionConfig,
+    EmbeddingConfig,
+    ModelConfig,
+    PositionConfig,
+    ResidualConfig,
+)
 
 ARCHITECTURE = "Gemma3ForCausalLM"
 HF_CONFIG_CLASS = "Gemma3TextConfig"

@@ -38,8 +38,15 @@ from typing import Any
 from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import GGUFNames, Part
-from llm_onnx.modeling.config import (AttentionConfig, EmbeddingConfig, MLPConfig, ModelConfig,
-                                      MoEConfig, PositionConfig, ResidualConfig)
+from llm_onnx.modeling.config import (
+    AttentionConfig,
+    EmbeddingConfig,
+    MLPConfig,
+    ModelConfig,
+    MoEConfig,
+    PositionConfig,
+    ResidualConfig,
+)
 from llm_onnx.modeling.shapes import layer_shapes
 
 ARCHITECTURE = "Gemma4ForCausalLM"

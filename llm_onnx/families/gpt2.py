@@ -8,8 +8,13 @@ from typing import Any
 
 from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import QKV, Part, concat_part, fused_qkv_shape, transpose
-from llm_onnx.modeling.config import (AttentionConfig, MLPConfig, ModelConfig, NormConfig,
-                                      PositionConfig)
+from llm_onnx.modeling.config import (
+    AttentionConfig,
+    MLPConfig,
+    ModelConfig,
+    NormConfig,
+    PositionConfig,
+)
 
 ARCHITECTURE = "GPT2LMHeadModel"
 HF_CONFIG_CLASS = "GPT2Config"

@@ -11,8 +11,13 @@ from typing import Any
 
 from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import Part, fairseq_layer
-from llm_onnx.modeling.config import (AttentionConfig, MLPConfig, ModelConfig, NormConfig,
-                                      PositionConfig)
+from llm_onnx.modeling.config import (
+    AttentionConfig,
+    MLPConfig,
+    ModelConfig,
+    NormConfig,
+    PositionConfig,
+)
 
 ARCHITECTURE = "OPTForCausalLM"
 HF_CONFIG_CLASS = "OPTConfig"

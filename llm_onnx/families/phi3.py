@@ -13,8 +13,15 @@ from typing import Any
 
 from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.families.family import Family
-from llm_onnx.families.layouts import (QKV, GGUFNames, Part, concat_part, fused_gate_up_shape,
-                                       fused_qkv_shape, halves_part)
+from llm_onnx.families.layouts import (
+    QKV,
+    GGUFNames,
+    Part,
+    concat_part,
+    fused_gate_up_shape,
+    fused_qkv_shape,
+    halves_part,
+)
 from llm_onnx.families.llama import GGUF_GLOBALS, gguf_fields
 from llm_onnx.modeling.config import ModelConfig, longrope_attention_factor
 

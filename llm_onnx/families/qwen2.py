@@ -8,7 +8,13 @@ from typing import Any
 
 from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import GGUFNames
-from llm_onnx.families.llama import GGUF_GLOBALS, GGUF_LAYER, base_fields, base_hf_config, gguf_fields
+from llm_onnx.families.llama import (
+    GGUF_GLOBALS,
+    GGUF_LAYER,
+    base_fields,
+    base_hf_config,
+    gguf_fields,
+)
 from llm_onnx.modeling.config import AttentionConfig, ModelConfig
 
 ARCHITECTURE = "Qwen2ForCausalLM"

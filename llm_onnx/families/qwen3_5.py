@@ -17,8 +17,9 @@ attention (three layers of every four, a recurrent state per row) and gated full
 Checkpoints: the text-only class, or ``Qwen3_5ForConditionalGeneration`` with the text fields
 under ``text_config`` and the text weights under ``model.language_model.``, and the vision tower
 under ``model.visual.`` (qwen_vision.py: read beside the text model unless exported
-``--text-only``; no DeepStack); the multi-token-prediction head (``mtp.``) is never loaded. GGUF: llama.cpp's ``qwen35``, whose converter re-orders the value heads (tiled) and
-stores -exp(A_log); both are undone on reading. Qwen3.5-MoE and Qwen3-Next build on this module
+``--text-only``; no DeepStack); the multi-token-prediction head (``mtp.``) is never loaded.
+GGUF: llama.cpp's ``qwen35``, whose converter re-orders the value heads (tiled) and stores
+-exp(A_log); both are undone on reading. Qwen3.5-MoE and Qwen3-Next build on this module
 (qwen3_5_moe.py, qwen3_next.py)."""
 
 from __future__ import annotations

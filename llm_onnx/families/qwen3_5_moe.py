@@ -14,12 +14,19 @@ from typing import Any
 from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.families.llama import GGUF_GLOBALS
-from llm_onnx.families.qwen3_5 import (CHECKPOINT_GLOBALS, GGUF_HYBRID_LAYER, gguf_relayout,
-                                       hybrid_fields, hybrid_gguf_fields, hybrid_hf_config,
-                                       interval_layers, mixer_parts, text_config,
-                                       vision_config)
-from llm_onnx.modeling.config import (AttentionConfig, LinearAttentionConfig, ModelConfig,
-                                      MoEConfig)
+from llm_onnx.families.qwen3_5 import (
+    CHECKPOINT_GLOBALS,
+    GGUF_HYBRID_LAYER,
+    gguf_relayout,
+    hybrid_fields,
+    hybrid_gguf_fields,
+    hybrid_hf_config,
+    interval_layers,
+    mixer_parts,
+    text_config,
+    vision_config,
+)
+from llm_onnx.modeling.config import AttentionConfig, LinearAttentionConfig, ModelConfig, MoEConfig
 
 ARCHITECTURE = "Qwen3_5MoeForCausalLM"
 HF_CONFIG_CLASS = "Qwen3_5MoeTextConfig"

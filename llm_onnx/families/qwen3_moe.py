@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from llm_onnx.errors import ConfigError
 from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import GGUFNames
 from llm_onnx.families.llama import GGUF_GLOBALS, base_hf_config
-from llm_onnx.families.qwen3 import GGUF_QWEN3_LAYER, config_fields as qwen3_fields, qwen3_gguf_fields
-from llm_onnx.errors import ConfigError
+from llm_onnx.families.qwen3 import GGUF_QWEN3_LAYER, qwen3_gguf_fields
+from llm_onnx.families.qwen3 import config_fields as qwen3_fields
 from llm_onnx.modeling.config import AttentionConfig, ModelConfig, MoEConfig
 
 ARCHITECTURE = "Qwen3MoeForCausalLM"

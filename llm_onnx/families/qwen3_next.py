@@ -13,11 +13,25 @@ from typing import Any
 from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.families.llama import GGUF_GLOBALS
-from llm_onnx.families.qwen3_5 import (CHECKPOINT_GLOBALS, GGUF_DENSE_MLP, GGUF_HYBRID_LAYER,
-                                       gguf_relayout, hybrid_fields, hybrid_gguf_fields,
-                                       hybrid_hf_config, interval_layers, mixer_parts)
-from llm_onnx.families.qwen3_5_moe import (GGUF_EXPERTS, GGUF_MOE, QWEN3_5_MOE_TINY,
-                                           gguf_moe_fields, moe_fields, moe_hf_config, moe_parts)
+from llm_onnx.families.qwen3_5 import (
+    CHECKPOINT_GLOBALS,
+    GGUF_DENSE_MLP,
+    GGUF_HYBRID_LAYER,
+    gguf_relayout,
+    hybrid_fields,
+    hybrid_gguf_fields,
+    hybrid_hf_config,
+    mixer_parts,
+)
+from llm_onnx.families.qwen3_5_moe import (
+    GGUF_EXPERTS,
+    GGUF_MOE,
+    QWEN3_5_MOE_TINY,
+    gguf_moe_fields,
+    moe_fields,
+    moe_hf_config,
+    moe_parts,
+)
 from llm_onnx.modeling.config import LinearAttentionConfig, ModelConfig, MoEConfig
 
 ARCHITECTURE = "Qwen3NextForCausalLM"

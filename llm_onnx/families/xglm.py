@@ -14,8 +14,14 @@ from typing import Any
 from llm_onnx.errors import ConfigError
 from llm_onnx.families.family import Family
 from llm_onnx.families.layouts import Part, fairseq_layer
-from llm_onnx.modeling.config import (AttentionConfig, EmbeddingConfig, MLPConfig, ModelConfig,
-                                      NormConfig, PositionConfig)
+from llm_onnx.modeling.config import (
+    AttentionConfig,
+    EmbeddingConfig,
+    MLPConfig,
+    ModelConfig,
+    NormConfig,
+    PositionConfig,
+)
 
 ARCHITECTURE = "XGLMForCausalLM"
 HF_CONFIG_CLASS = "XGLMConfig"

@@ -22,10 +22,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from llm_onnx.model_folder import POOLINGS
 from llm_onnx.modeling.config import ModelConfig
 from llm_onnx.modeling.decoder import Decoder, Fusion
 from llm_onnx.modeling.linear_attention import state_shapes
-from llm_onnx.model_folder import POOLINGS
 
 
 def pool(h: Tensor, lengths: Tensor, pooling: str, normalize: bool) -> Tensor:

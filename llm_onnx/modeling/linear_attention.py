@@ -76,7 +76,6 @@ def causal_conv(x: Tensor, past: Tensor, weight: Tensor, valid: Tensor) -> tuple
     out[t] = silu(sum_j w[:, j] * xp[t + j]) over xp = [past | x] (B, K-1+T, C); the new state
     is the K-1 inputs before each row's first invalid token, xp[valid : valid + K-1]."""
     k = weight.shape[-1]
-    t = x.shape[1]
     xp = torch.cat([past, x.float()], dim=1)  # (B, K-1+T, C)
     # xp[:, j : j + T] written with a constant end counted from the back (K-1+T - (K-1-j)):
     # an end computed from T is host arithmetic feeding a device node, which makes ONNX Runtime

@@ -24,12 +24,12 @@ The names below are the public API; everything else may move between releases.
 
 from llm_onnx.runtime.chat.dialects.base import ChatPiece, ToolCallDelta
 from llm_onnx.runtime.chat_session import ChatSession
-from llm_onnx.runtime.core.engine import Engine, EngineProtocol, RuntimeOptions
+from llm_onnx.runtime.core.engine import Engine, RuntimeOptions
+from llm_onnx.runtime.core.engine_protocol import EngineProtocol
 from llm_onnx.runtime.core.kv_cache import KVCache
 from llm_onnx.runtime.generation.generator import Generator
 from llm_onnx.runtime.generation.options import GenerationOptions
-from llm_onnx.runtime.generation.results import (Result, Timings, TokenEvent, TokenLogprob,
-                                                 ToolCall)
+from llm_onnx.runtime.generation.results import Result, Timings, TokenEvent, TokenLogprob, ToolCall
 from llm_onnx.runtime.model import Model
 from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
 

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.chat.dialects.base import ChatPiece, ThinkingReader
+from llm_onnx.runtime.chat.image_parts import split_images
 from llm_onnx.runtime.chat.render import Message, check_template_vars
 from llm_onnx.runtime.chat.request import ChatModel, ChatRequest
 from llm_onnx.runtime.generation.generator import Generator
 from llm_onnx.runtime.generation.options import GenerationOptions
 from llm_onnx.runtime.generation.results import Result
-from llm_onnx.runtime.chat.image_parts import split_images
 
 Tools = Sequence[dict[str, Any]]
 
@@ -156,3 +155,25 @@ def _chat_pieces(pieces: Iterator[str], splitter: ThinkingReader | None) -> Iter
     for piece in pieces:  # (a harmony reader's tool-call deltas are not a session's)
         yield from (p for p in splitter.push(piece) if isinstance(p, ChatPiece))
     yield from (p for p in splitter.flush() if isinstance(p, ChatPiece))
+
+
+def reuse_points(model: Any, messages: Sequence[Message], prompt: Sequence[int],
+                 tools: Tools | None = None,
+                 template_vars: dict[str, Any] | None = None) -> list[int]:
+    """Where a later conversation's prompt may part from ``prompt`` (``messages`` rendered by
+    ``model``): the lengths of the renderings of its first message and of all but its last,
+    where each is a token prefix of ``prompt``. A model with a recurrent state keeps checkpoints
+    there (what requests sharing a system prompt, or a conversation's next turn, reuse); for any
+    other model there is nothing to keep, and none are computed."""
+    if getattr(model.engine, "state_layout", None) is None or len(messages) < 2:
+        return []
+    points = []
+    for k in sorted({1, len(messages) - 1}):
+        try:
+            ids = model.encode_chat(model.render_chat(messages[:k], add_generation_prompt=False,
+                                                      tools=tools, template_vars=template_vars))
+        except GenerationError:  # a template that renders no such prefix (a lone system)
+            continue
+        if 0 < len(ids) < len(prompt) and list(prompt[:len(ids)]) == ids:
+            points.append(len(ids))
+    return points

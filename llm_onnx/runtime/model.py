@@ -31,20 +31,27 @@ from llm_onnx.errors import GenerationError
 from llm_onnx.model_folder import GenerationDefaults
 from llm_onnx.runtime.chat.dialects import chat_dialect
 from llm_onnx.runtime.chat.dialects.base import ChatPiece, ThinkingReader, ToolCallDelta, ToolChoice
+from llm_onnx.runtime.chat.image_parts import split_images, text_only_error
 from llm_onnx.runtime.chat.render import Message, check_template_vars, continue_final
-from llm_onnx.runtime.chat.request import (ChatRequest, check_tool_choice, check_tools,
-                                           read_chat_template)
-from llm_onnx.runtime.chat_session import ChatSession
+from llm_onnx.runtime.chat.request import (
+    ChatRequest,
+    check_tool_choice,
+    check_tools,
+    read_chat_template,
+)
+from llm_onnx.runtime.chat_session import ChatSession, reuse_points
 from llm_onnx.runtime.core.embedder import EmbeddingEngine, embedding_rows
 from llm_onnx.runtime.core.engine import RuntimeOptions, not_generating
 from llm_onnx.runtime.core.engines import open_engine
 from llm_onnx.runtime.generation.generator import Generator
 from llm_onnx.runtime.generation.images import ImageInputs, RowImages
-from llm_onnx.runtime.chat.image_parts import split_images, text_only_error
 from llm_onnx.runtime.generation.options import GenerationOptions, is_batch, row_options
 from llm_onnx.runtime.generation.results import Result, TokenLogprob
-from llm_onnx.runtime.generation.speculative import (SpeculativeOptions, check_same_tokenizer,
-                                                     speculative_options)
+from llm_onnx.runtime.generation.speculative import (
+    SpeculativeOptions,
+    check_same_tokenizer,
+    speculative_options,
+)
 from llm_onnx.runtime.structured.constraint import constraint_shorthand
 from llm_onnx.runtime.structured.matcher import Constraints
 
@@ -76,6 +83,9 @@ class Model:
             for this one (implies speculative "draft").
     """
 
+    draft_model: Model | None  # the loaded draft model (speculative "draft"), else None
+    image_inputs: ImageInputs | None  # a folder that takes images: its way in
+
     def __init__(self, folder: Path | str, runtime: RuntimeOptions | None = None, *,
                  chat_template: Path | str | None = None,
                  tool_call_format: str | None = None,
@@ -85,6 +95,7 @@ class Model:
         start = time.perf_counter()
         engine = open_engine(folder, runtime)
         m = engine.manifest
+        assert m.folder is not None  # a manifest read from a folder knows it
         tok_file = m.folder / "tokenizer.json"
         tokenizer = tokenizers.Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
         embeds = isinstance(engine, EmbeddingEngine)
@@ -128,8 +139,8 @@ class Model:
         self.speculative_is_default = speculative is None and draft_model is None
         if speculative is None and draft_model is None:
             manifest = getattr(self.engine, "manifest", None)
-            precision = manifest.precision.precision if manifest is not None else None
-            speculative = DEFAULT_SPECULATIVE.get(precision, "off")
+            speculative = "off" if manifest is None else \
+                DEFAULT_SPECULATIVE.get(manifest.precision.precision, "off")
         opts = speculative_options(speculative, num_tokens=num_speculative_tokens,
                                    draft_model=draft_model)
         self.draft_model = None
@@ -165,7 +176,7 @@ class Model:
                generation: GenerationDefaults, tool_call_format: str | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
-        self.image_inputs: ImageInputs | None = None  # a folder that takes images: its way
+        self.image_inputs = None
         self.eos_token_ids = tuple(int(i) for i in eos)
         self._constraints: Constraints | None = None
         self._constraints_lock = threading.Lock()
@@ -317,7 +328,8 @@ class Model:
         batch = is_batch(prompt)
         if images and batch:
             raise GenerationError("images go with one prompt; generate a batch without them.")
-        prompts = [self.prompt_ids(p) for p in (prompt if batch else [prompt])]  # type: ignore[union-attr]
+        # a batch is a list of prompts (is_batch), which the type of `prompt` cannot say
+        prompts = [self.prompt_ids(p) for p in (prompt if batch else [prompt])]  # type: ignore[arg-type]
         rows = [self.image_row(prompts[0], [(src, f"images[{k}]") for k, src in
                                             enumerate(images)])] if images else None
         gen = self._start([r.ids for r in rows] if rows else prompts, opts, rows)
@@ -358,8 +370,9 @@ class Model:
              parallel_tool_calls: bool = True, template_vars: dict[str, Any] | None = None,
              **overrides: Any) -> Result:
         """One answer to a conversation, with the model's own chat template (``tools`` and
-        ``template_vars`` go to the template). (Not for an embedding model's folder.) A reasoning model's ``<think>`` block comes back
-        apart: ``result.reasoning`` is the thinking, ``result.text`` the answer after it.
+        ``template_vars`` go to the template). (Not for an embedding model's folder.) A reasoning
+        model's ``<think>`` block comes back apart: ``result.reasoning`` is the thinking,
+        ``result.text`` the answer after it.
 
         With ``tools``, ``result.tool_calls`` holds the calls the reply made (``text`` is the
         rest). ``tool_choice``: "auto" (the default with tools: the model decides; a call it
@@ -395,7 +408,7 @@ class Model:
             for event in gen.events():
                 if event.row == 0 and (event.text or event.finish_reason):
                     yield from reply.push(event.text, last=event.finish_reason is not None)
-            return request.read(gen.result())  # type: ignore[arg-type]
+            return request.read(gen.result())
 
         return pieces()
 
@@ -433,23 +446,9 @@ class Model:
     def reuse_points(self, messages: Sequence[Message], prompt: Sequence[int], *,
                      tools: Tools | None = None,
                      template_vars: dict[str, Any] | None = None) -> list[int]:
-        """Where a later conversation's prompt may part from ``prompt`` (``messages`` rendered):
-        the lengths of the renderings of its first message and of all but its last, where each
-        is a token prefix of ``prompt``. A model with a recurrent state keeps checkpoints there
-        (what requests sharing a system prompt, or a conversation's next turn, reuse); for any
-        other model there is nothing to keep, and none are computed."""
-        if getattr(self.engine, "state_layout", None) is None or len(messages) < 2:
-            return []
-        points = []
-        for k in sorted({1, len(messages) - 1}):
-            try:
-                ids = self.encode_chat(self.render_chat(messages[:k], add_generation_prompt=False,
-                                                        tools=tools, template_vars=template_vars))
-            except GenerationError:  # a template that renders no such prefix (a lone system)
-                continue
-            if 0 < len(ids) < len(prompt) and list(prompt[:len(ids)]) == ids:
-                points.append(len(ids))
-        return points
+        """Where a later conversation's prompt may part from ``prompt`` (``messages`` rendered),
+        for a recurrent state's checkpoints (see chat_session.reuse_points)."""
+        return reuse_points(self, messages, prompt, tools, template_vars)
 
     def chat_session(self, system: str | None = None, *, tools: Tools | None = None,
                      template_vars: dict[str, Any] | None = None) -> ChatSession:

@@ -35,7 +35,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from llm_onnx.runtime.chat.dialects.base import ChatPiece, ToolCallDelta
 from llm_onnx.runtime.generation.results import Result, TokenEvent
-from llm_onnx.serve import anthropic_messages_request as mr, pipeline
+from llm_onnx.serve import anthropic_messages_request as mr
+from llm_onnx.serve import pipeline
 from llm_onnx.serve.errors import ApiError
 from llm_onnx.serve.plan import Plan
 

@@ -33,16 +33,24 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from llm_onnx.errors import GenerationError
+from llm_onnx.runtime.chat.dialects.base import ToolChoice
 from llm_onnx.runtime.chat.render import template_variables
 from llm_onnx.runtime.chat.request import ChatRequest, check_tool_choice, check_tools
-from llm_onnx.runtime.chat.dialects.base import ToolChoice
 from llm_onnx.runtime.model import Model
 from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
-from llm_onnx.serve.media import MediaPolicy, accepting, place_images, policy_for, split
 from llm_onnx.serve.anthropic_messages_turns import chat_messages
 from llm_onnx.serve.errors import ApiError, bad
-from llm_onnx.serve.fields import (body_object, boolean, fit_length, integer, number, sampling,
-                                   served_model, whole)
+from llm_onnx.serve.fields import (
+    body_object,
+    boolean,
+    fit_length,
+    integer,
+    number,
+    sampling,
+    served_model,
+    whole,
+)
+from llm_onnx.serve.media import MediaPolicy, accepting, place_images, policy_for, split
 from llm_onnx.serve.names import ModelNames
 from llm_onnx.serve.plan import CHAT, Plan
 from llm_onnx.serve.policy import Fields

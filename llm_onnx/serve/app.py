@@ -39,8 +39,16 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from llm_onnx.serve import (anthropic_messages, embeddings, openai_chat, openai_completions,
-                            openai_responses, pipeline, tokens, web)
+from llm_onnx.serve import (
+    anthropic_messages,
+    embeddings,
+    openai_chat,
+    openai_completions,
+    openai_responses,
+    pipeline,
+    tokens,
+    web,
+)
 from llm_onnx.serve.errors import ApiError, api_key_error
 from llm_onnx.serve.fields import model_not_found
 from llm_onnx.serve.metrics import CONTENT_TYPE

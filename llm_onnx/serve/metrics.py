@@ -43,12 +43,18 @@ scheduler, or idle (waiting for requests).
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from llm_onnx.runtime.generation.scheduler import Request, Scheduler
 from llm_onnx.runtime.generation.results import Result, TokenEvent
+from llm_onnx.runtime.generation.scheduler import Request, Scheduler
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

@@ -25,15 +25,36 @@ from llm_onnx.runtime.model import Model
 from llm_onnx.runtime.structured.constraint import ConstraintError
 from llm_onnx.serve import pipeline
 from llm_onnx.serve.errors import bad, text_only
-from llm_onnx.serve.fields import (body_object, boolean, fit_length, integer, sampling,
-                                   served_model, stream_fields)
+from llm_onnx.serve.fields import (
+    body_object,
+    boolean,
+    fit_length,
+    integer,
+    sampling,
+    served_model,
+    stream_fields,
+)
 from llm_onnx.serve.logprobs import TokenText, chat_logprobs
-from llm_onnx.serve.media import (MediaPolicy, accepting, image_part, place_images,
-                                  policy_for, split, takes_images)
-from llm_onnx.serve.openai_choices import (COMMON_FIELDS, IGNORED_FIELDS, MAX_N, Choices, Piece,
-                                           finish_reason, respond)
-from llm_onnx.serve.plan import CHAT, Plan
+from llm_onnx.serve.media import (
+    MediaPolicy,
+    accepting,
+    image_part,
+    place_images,
+    policy_for,
+    split,
+    takes_images,
+)
 from llm_onnx.serve.names import ModelNames
+from llm_onnx.serve.openai_choices import (
+    COMMON_FIELDS,
+    IGNORED_FIELDS,
+    MAX_N,
+    Choices,
+    Piece,
+    finish_reason,
+    respond,
+)
+from llm_onnx.serve.plan import CHAT, Plan
 from llm_onnx.serve.policy import Fields
 from llm_onnx.serve.structured import answer_constraint, tool_fields
 from llm_onnx.serve.system_turns import rendered

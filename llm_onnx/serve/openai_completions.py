@@ -19,12 +19,26 @@ from llm_onnx.runtime.generation.results import Result, TokenEvent
 from llm_onnx.runtime.model import Model
 from llm_onnx.serve import pipeline
 from llm_onnx.serve.errors import bad
-from llm_onnx.serve.fields import (body_object, boolean, fit_length, integer, sampling,
-                                   served_model, stream_fields)
+from llm_onnx.serve.fields import (
+    body_object,
+    boolean,
+    fit_length,
+    integer,
+    sampling,
+    served_model,
+    stream_fields,
+)
 from llm_onnx.serve.logprobs import TokenText, completion_logprobs, echo_logprobs
-from llm_onnx.serve.openai_choices import (COMMON_FIELDS, IGNORED_FIELDS, MAX_N, Choices, Piece,
-                                           finish_reason, respond)
 from llm_onnx.serve.names import ModelNames
+from llm_onnx.serve.openai_choices import (
+    COMMON_FIELDS,
+    IGNORED_FIELDS,
+    MAX_N,
+    Choices,
+    Piece,
+    finish_reason,
+    respond,
+)
 from llm_onnx.serve.plan import COMPLETION, Plan
 from llm_onnx.serve.policy import Fields
 from llm_onnx.serve.structured import answer_constraint

@@ -24,8 +24,9 @@ from typing import Any
 from fastapi import Request
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.generation.scheduler import QueueFull, Request as Job, SchedulerClosed
 from llm_onnx.runtime.generation.results import Result, TokenEvent
+from llm_onnx.runtime.generation.scheduler import QueueFull, SchedulerClosed
+from llm_onnx.runtime.generation.scheduler import Request as Job
 from llm_onnx.serve.errors import ApiError, bad
 from llm_onnx.serve.plan import COMPLETION, Plan
 

@@ -19,11 +19,11 @@ from dataclasses import replace
 from typing import Any
 
 from llm_onnx.errors import GenerationError
+from llm_onnx.runtime.chat.dialects.base import ToolChoice
 from llm_onnx.runtime.chat.render import template_variables
 from llm_onnx.runtime.chat.request import check_tool_choice, check_tools
 from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
 from llm_onnx.runtime.structured.matcher import Constraints
-from llm_onnx.runtime.chat.dialects.base import ToolChoice
 from llm_onnx.serve.errors import ApiError, bad
 from llm_onnx.serve.plan import Plan
 

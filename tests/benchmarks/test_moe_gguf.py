@@ -11,11 +11,11 @@ import gguf
 import numpy as np
 import pytest
 
-from llm_onnx.checkpoints import open_checkpoint
-from llm_onnx.families import get_config
 from benchmarks.full_size import __main__ as full_size
 from benchmarks.full_size import random_gguf as moe_gguf
 from benchmarks.full_size import stages, workers
+from llm_onnx.checkpoints import open_checkpoint
+from llm_onnx.families import get_config
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])

@@ -13,10 +13,10 @@ import gguf
 import pytest
 import torch
 
-from llm_onnx.checkpoints import build_model, open_checkpoint
-from tests.checkpoints.test_gguf_families import logits
 from benchmarks.core import env
 from benchmarks.peers import checkpoints, llama_match
+from llm_onnx.checkpoints import build_model, open_checkpoint
+from tests.checkpoints.test_gguf_families import logits
 from tests.tolerances import TORCH_VS_HF_FP32
 
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

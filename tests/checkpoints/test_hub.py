@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from llm_onnx.checkpoints.hub import HubName, SMALL_FILES, parse_hub_name, pick_gguf
+from llm_onnx.checkpoints.hub import SMALL_FILES, HubName, parse_hub_name, pick_gguf
 from llm_onnx.checkpoints.hub_cache import hub_cache_dir, repo_folder
 from llm_onnx.checkpoints.load import TOKENIZER_FILES
 from llm_onnx.cli import main, resolve_checkpoint

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from llm_onnx.checkpoints.hub_cache import hub_cache_dir
-from llm_onnx.errors import CheckpointError
 from llm_onnx.cli import resolve_checkpoint
+from llm_onnx.errors import CheckpointError
 from llm_onnx.families import get_config
 from tests.hf_models import save_hf_checkpoint
 

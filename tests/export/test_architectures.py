@@ -16,8 +16,8 @@ import onnx
 import pytest
 import torch
 
-from llm_onnx.modeling.ops import attention_ref
 from llm_onnx.families import get_config
+from llm_onnx.modeling.ops import attention_ref
 from tests.conftest import FAMILY_ARCHS
 from tests.export.test_export import PROMPT_LENS, STEPS, rows_for, transposed_weights
 from tests.ort_helpers import Graphs, batch_logits, hf_logits

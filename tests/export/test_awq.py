@@ -16,8 +16,13 @@ from llm_onnx.checkpoints.load import build_model, param_producers
 from llm_onnx.export import ExportOptions, export_model
 from llm_onnx.export.calibrate import calibrate, calibration_ids
 from llm_onnx.export.export import resolve_source
-from llm_onnx.export.quant import (_minmax_zero_point, block_weights, dequantize,
-                                   quantize, search_zero_point)
+from llm_onnx.export.quant import (
+    _minmax_zero_point,
+    block_weights,
+    dequantize,
+    quantize,
+    search_zero_point,
+)
 from llm_onnx.families import get_config
 from llm_onnx.modeling.decoder import Decoder, Fusion
 from tests.conftest import FAMILY_ARCHS, TINY_ARCHS

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 from llm_onnx.cli import main
 from llm_onnx.export.options import SMALL_FP32_BYTES, default_precision
 from llm_onnx.families import PRESETS
-from llm_onnx.modeling.shapes import num_parameters
 from llm_onnx.model_folder import read_manifest
+from llm_onnx.modeling.shapes import num_parameters
 
 
 @pytest.mark.parametrize("preset, cpu", [("smollm2_135m", "fp32"), ("gpt2", "fp32"),

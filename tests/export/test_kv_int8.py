@@ -21,9 +21,9 @@ from llm_onnx.export.kv_rotation import rotated_values
 from llm_onnx.export.kv_scales import kv_scale, layer_scales
 from llm_onnx.export.plan import ExportPlan
 from llm_onnx.families import get_config
+from llm_onnx.model_folder import INT8_CACHE_VERSION, load_manifest
 from llm_onnx.modeling import ops
 from llm_onnx.modeling.attention import hadamard
-from llm_onnx.model_folder import INT8_CACHE_VERSION, load_manifest
 from tests.ort_helpers import Graphs, batch_logits
 from tests.tolerances import ORT_FP32
 

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from llm_onnx.checkpoints import open_checkpoint
-from llm_onnx.export import ExportOptions, export_model
-from llm_onnx.export import modules
+from llm_onnx.export import ExportOptions, export_model, modules
 from llm_onnx.export.calibrate import calibrate
 from llm_onnx.families import get_config
 from llm_onnx.modeling.config import MoEConfig
@@ -38,7 +37,8 @@ def test_calibration_records_router_weighted_expert_statistics(tiny_hf):
         hf(torch.tensor([ids]))
     for h in hooks:
         h.remove()
-    E, K, I = cfg.moe.num_experts, cfg.moe.num_experts_per_tok, cfg.moe.moe_intermediate_size
+    # I: the experts' intermediate size, the shape letter of the comments (not an identity)
+    E, K, I = cfg.moe.num_experts, cfg.moe.num_experts_per_tok, cfg.moe.moe_intermediate_size  # noqa: E741
     for i, layer in enumerate(hf.model.layers):
         x = seen[i]  # (T, D), the block's input
         mlp = layer.mlp

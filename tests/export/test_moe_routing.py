@@ -22,8 +22,14 @@ import torch
 from llm_onnx.export import ExportOptions
 from llm_onnx.families import get_config
 from llm_onnx.modeling.config import MoEConfig
-from tests.export.test_export import (PROMPT_LENS, STEPS, clearly_routed_rows, rows_for,
-                                      torch_logits, torch_reference)
+from tests.export.test_export import (
+    PROMPT_LENS,
+    STEPS,
+    clearly_routed_rows,
+    rows_for,
+    torch_logits,
+    torch_reference,
+)
 from tests.ort_helpers import Graphs, batch_logits, hf_logits
 from tests.tolerances import OP_FP32, ORT_FP32, ORT_QUANT
 

@@ -15,7 +15,7 @@ from llm_onnx.export.modules import RoutedGeGLUExperts
 from llm_onnx.modeling.mlp import GeGLUExperts
 from tests.model.test_geglu_experts import _reference
 
-E, D, I, K = 6, 64, 32, 2
+E, D, I, K = 6, 64, 32, 2  # noqa: E741 (I: the experts' intermediate size, a shape letter)
 
 
 @pytest.fixture(scope="module", params=[4, 8], ids=["int4", "int8"])

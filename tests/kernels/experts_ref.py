@@ -138,7 +138,6 @@ def random_problem(seed: int, n: int, d: int, width: int, e: int, k: int, bits: 
 def model_bytes(p: Problem) -> bytes:
     """A one-node ONNX model: RoutedExperts with the problem's weights as initializers and x,
     index, weight as inputs."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     inits, names = [], ["x", "index", "weight"]

@@ -12,13 +12,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from llm_onnx.modeling import ops
 from llm_onnx.checkpoints import build_model, open_checkpoint
 from llm_onnx.checkpoints.sources import RandomSource
 from llm_onnx.errors import CheckpointError
 from llm_onnx.families import get_config
-from tests.model.test_parity_hf import run_full
+from llm_onnx.modeling import ops
 from tests.hf_models import make_hf_model, save_hf_checkpoint
+from tests.model.test_parity_hf import run_full
 from tests.tolerances import OP_FP32, TORCH_VS_HF_FP32
 
 

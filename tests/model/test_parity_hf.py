@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from llm_onnx.checkpoints import build_model, open_checkpoint
+from llm_onnx.families import TINY as TINY_PRESETS
+from llm_onnx.families import get_config
 from llm_onnx.modeling.config import MoEConfig
 from llm_onnx.modeling.decoder import Fusion
-from llm_onnx.families import TINY as TINY_PRESETS, get_config
 from tests.hf_models import save_hf_checkpoint
 from tests.perturb import perturbed
 from tests.tolerances import KV_PATH_FP32, TORCH_VS_HF_FP32

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from llm_onnx.families import from_hf_config
-from llm_onnx.modeling.config import ModelConfig
 from llm_onnx.errors import ConfigError
+from llm_onnx.families import PRESETS as REGISTRY
+from llm_onnx.families import TINY, from_hf_config, get_config
+from llm_onnx.modeling.config import ModelConfig
 from llm_onnx.modeling.shapes import num_parameters
-from llm_onnx.families import PRESETS as REGISTRY, TINY, get_config
 
 CONFIGS = Path(__file__).parent.parent / "fixtures" / "configs"
 # Every full-size preset of every family module; each has its vendor's config.json vendored.

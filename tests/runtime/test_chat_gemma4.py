@@ -9,6 +9,7 @@ tests/gemma4_chat_model.py says where the template and the tokenizer's token typ
 
 from __future__ import annotations
 
+import copy
 import json
 
 import jsonschema
@@ -16,15 +17,18 @@ import pytest
 from tokenizers import Tokenizer
 
 from llm_onnx.runtime import Model
-from llm_onnx.runtime.chat.dialects import (REASONING_DIALECTS, detect_reasoning_dialect,
-                                            detect_tool_dialect, tool_dialect)
+from llm_onnx.runtime.chat.dialects import (
+    REASONING_DIALECTS,
+    detect_reasoning_dialect,
+    detect_tool_dialect,
+    tool_dialect,
+)
 from llm_onnx.runtime.chat.dialects.base import ToolCallDelta
 from llm_onnx.runtime.chat.dialects.gemma4 import THOUGHT, read_call
 from llm_onnx.runtime.chat.dialects.think import split_reasoning, thinking_mode
 from llm_onnx.runtime.chat.render import render_chat
 from llm_onnx.runtime.chat.request import collect_calls
-from tests.gemma4_chat_model import (EOS, GEMMA4_TEMPLATE, SPECIAL_TOKENS,
-                                     save_gemma4_tokenizer)
+from tests.gemma4_chat_model import EOS, GEMMA4_TEMPLATE, SPECIAL_TOKENS, save_gemma4_tokenizer
 from tests.runtime.fakes import FakeEngine
 from tests.runtime.test_tool_calls import check_whole_and_streamed
 
@@ -178,3 +182,18 @@ def test_a_required_call_validates_after_a_free_thought(tokenizer, thinking):
     streamed = collect_calls([i for i in items if isinstance(i, ToolCallDelta)])
     assert [(c.name, c.arguments) for c in streamed] == \
         [(c.name, c.arguments) for c in r.tool_calls]
+
+
+def test_a_parameter_of_several_types_takes_any_value(tokenizer):
+    """A parameter typed ["string", "null"] (how optional parameters are often written) is any
+    value in the call's grammar; building the grammar was a TypeError (a list as a dict key)."""
+    tool = copy.deepcopy(WEATHER)
+    tool["function"]["parameters"]["properties"]["note"] = {"type": ["string", "null"]}
+    tool["function"]["parameters"]["required"].append("note")
+    engine = FakeEngine([EOS[1]], context_length=4096)
+    engine.vocab_size = 272
+    model = Model.from_parts(engine, tokenizer, tuple(EOS), GEMMA4, SPECIAL_TOKENS)
+    r = model.chat([USER], tools=[tool], tool_choice="required", max_new_tokens=200,
+                   template_vars={"enable_thinking": False})
+    assert [c.name for c in r.tool_calls] == ["get_weather"], r
+    jsonschema.validate(json.loads(r.tool_calls[0].arguments), tool["function"]["parameters"])

@@ -8,15 +8,21 @@ reply opens with ``<think> t20 </think>``; after that the random model answers o
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime import ChatPiece, Model
-from llm_onnx.runtime.chat.dialects.think import (ReasoningSplitter, has_think_tokens,
-                                                  opens_thought, split_reasoning)
-from tests.runtime.fakes import FakeEngine, tokenizer as fake_tokenizer
+from llm_onnx.runtime.chat.dialects.think import (
+    ReasoningSplitter,
+    has_think_tokens,
+    opens_thought,
+    split_reasoning,
+)
+from tests.runtime.fakes import FakeEngine
+from tests.runtime.fakes import tokenizer as fake_tokenizer
 from tests.runtime.test_runtime_models import hf_greedy_run
-from tests.thinking_model import END_THINK, FIRST_THOUGHT, THINK, thinking_model  # noqa: F401
+from tests.thinking_model import END_THINK, FIRST_THOUGHT, THINK
 
 USER = [{"role": "user", "content": "t30 t31 t32"}]
 NEW = 8

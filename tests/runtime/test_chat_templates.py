@@ -17,11 +17,9 @@ import datetime
 from pathlib import Path
 
 import pytest
-import transformers
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.chat.render import render_chat, template_variables
-
 
 QWEN3 = (Path(__file__).parents[1] / "fixtures" / "chat_templates" / "qwen3.jinja").read_text(
     encoding="utf-8")

@@ -15,9 +15,9 @@ import pytest
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime import Model
-from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
 from llm_onnx.runtime.generation.scheduler import Scheduler
-from tests.byte_model import EOS, byte_model_folder  # noqa: F401 (fixture)
+from llm_onnx.runtime.structured.constraint import Constraint, ConstraintError
+from tests.byte_model import EOS
 
 USER = [{"role": "user", "content": "Describe a person."}]
 PERSON = {
@@ -35,7 +35,7 @@ PERSON = {
 
 
 @pytest.fixture(scope="module")
-def model(byte_model_folder):  # noqa: F811
+def model(byte_model_folder):
     return Model.load(byte_model_folder, provider="cpu", threads=1)
 
 

@@ -204,6 +204,7 @@ def test_the_fpa_intb_choice_reaches_the_cuda_session(monkeypatch, tiny_export, 
     assert made == [(None, providers.CPU)]  # the CPU provider never gets the CUDA entry
 
 
+# ONNX Runtime's verbose log, verbatim
 PLACEMENT_LOG = """\
 2026-11-22 21:58:47.1 [V:onnxruntime:, session_state.cc:1 VerifyEachNodeIsAssignedToAnEp] Node placements
 2026-11-22 21:58:47.1 [V:onnxruntime:, session_state.cc:1 VerifyEachNodeIsAssignedToAnEp]  Node(s) placed on [CUDAExecutionProvider]. Number of nodes: 60
@@ -213,7 +214,7 @@ PLACEMENT_LOG = """\
 2026-11-22 21:58:47.1 [V:onnxruntime:, session_state.cc:1 VerifyEachNodeIsAssignedToAnEp]   Sub (n0_Sub)
 2026-11-22 21:58:47.1 [V:onnxruntime:, session_state.cc:1 VerifyEachNodeIsAssignedToAnEp]   GroupQueryAttention (/model/layers.0/attn/GroupQueryAttention)
 2026-11-22 21:58:47.1 [V:onnxruntime:, graph.cc:9 Other] something else (entirely)
-"""
+"""  # noqa: E501
 
 
 def test_placement_log_names_the_compute_nodes_left_on_the_cpu():

@@ -15,8 +15,7 @@ import pytest
 from llm_onnx.runtime import Model
 from llm_onnx.runtime.structured.constraint import ConstraintError
 from llm_onnx.runtime.structured.json_string_grammar import checked_grammar, json_string_grammar
-from tests.byte_model import HERMES_TEMPLATE, VOCAB, byte_model_folder  # noqa: F401 (fixture)
-from tests.byte_model import save_byte_tokenizer
+from tests.byte_model import HERMES_TEMPLATE, VOCAB, save_byte_tokenizer
 
 # Codex CLI's apply_patch grammar (as its binary sends it)
 APPLY_PATCH = r'''start: begin_patch hunk+ end_patch
@@ -119,7 +118,7 @@ USER = [{"role": "user", "content": "Patch it."}]
 
 
 @pytest.fixture(scope="module")
-def model(byte_model_folder):  # noqa: F811
+def model(byte_model_folder):
     return Model.load(byte_model_folder, provider="cpu", threads=1, chat_template=HERMES_TEMPLATE)
 
 
@@ -147,7 +146,7 @@ def test_required_picks_among_custom_and_function_tools(model):
             assert call.name == "add" and isinstance(arguments["a"], int)
 
 
-def test_a_format_without_free_text_refuses_a_custom_tool(byte_model_folder):  # noqa: F811
+def test_a_format_without_free_text_refuses_a_custom_tool(byte_model_folder):
     mistral = Model.load(byte_model_folder, provider="cpu", threads=1,
                          chat_template=HERMES_TEMPLATE, tool_call_format="mistral")
     with pytest.raises(ConstraintError, match="takes free text in a grammar") as info:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 
 from llm_onnx.runtime import Model
-from tests.gemma4_chat_model import gemma4_chat_model_folder  # noqa: F401 (fixture)
 from tests.runtime.test_gpt_oss_runtime import (  # noqa: F401  (collected here too)
     test_a_chat_session_answers_as_a_fresh_chat,
     test_a_rewind_past_the_window_continues_as_a_fresh_run,
@@ -21,7 +20,7 @@ from tests.runtime.test_gpt_oss_runtime import (  # noqa: F401  (collected here 
 
 
 @pytest.fixture(scope="module")
-def model(gemma4_chat_model_folder):  # noqa: F811
+def model(gemma4_chat_model_folder):
     return Model.load(gemma4_chat_model_folder, provider="cpu", threads=1, speculative="off")
 
 

@@ -23,7 +23,7 @@ def greedy(n: int) -> GenerationOptions:
 
 
 def test_engines_and_caches_implement_the_protocols(tiny_export):
-    from llm_onnx.runtime.core.engine import EngineProtocol
+    from llm_onnx.runtime.core.engine_protocol import EngineProtocol
     from llm_onnx.runtime.core.state import CacheProtocol
 
     for engine in (Engine(tiny_export("llama_tiny", "fp32")), FakeEngine([1]), HistoryEngine()):

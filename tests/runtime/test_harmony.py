@@ -20,7 +20,7 @@ from llm_onnx.runtime.chat.dialects.base import ToolCallDelta
 from llm_onnx.runtime.chat.dialects.harmony import HarmonyReader
 from llm_onnx.runtime.chat.render import render_chat
 from llm_onnx.runtime.chat.request import collect_calls
-from tests.harmony_model import GPT_OSS_TEMPLATE, harmony_model_folder  # noqa: F401 (fixture)
+from tests.harmony_model import GPT_OSS_TEMPLATE
 
 TEMPLATE = GPT_OSS_TEMPLATE.read_text(encoding="utf-8")
 WEATHER = {"type": "function", "function": {
@@ -130,7 +130,7 @@ def test_the_template_renders_tools_results_and_effort():
 
 
 @pytest.fixture(scope="module")
-def harmony(harmony_model_folder):  # noqa: F811
+def harmony(harmony_model_folder):
     return Model.load(harmony_model_folder, provider="cpu", threads=1, speculative="off")
 
 

@@ -17,8 +17,6 @@ from llm_onnx.runtime import GenerationOptions, Model
 from llm_onnx.runtime.core.recurrent import CHECKPOINT_MARGIN, HybridCache
 from llm_onnx.runtime.generation.scheduler import Scheduler
 from llm_onnx.runtime.generation.speculative import SpeculativeOptions
-from tests.byte_model import (hybrid_byte_model_folder,  # noqa: F401 (fixtures)
-                              hybrid_byte_think_model_folder)
 from tests.runtime.fakes import HistoryEngine, MarkovEngine
 
 ALWAYS = SpeculativeOptions(method="ngram", adaptive=False, ngram_min=1)
@@ -106,7 +104,7 @@ def test_a_rejected_draft_takes_a_recurrent_row_back_to_its_copy():
 
 
 @pytest.fixture(scope="module")
-def model(hybrid_byte_model_folder):  # noqa: F811
+def model(hybrid_byte_model_folder):
     return Model.load(hybrid_byte_model_folder, provider="cpu", threads=1, speculative="off")
 
 
@@ -218,7 +216,7 @@ def test_speculation_over_the_real_states_equals_plain_decoding(model):
     assert gen.stats.accepted_tokens < gen.stats.drafted_tokens  # rejections were undone
 
 
-def test_a_chat_session_reuses_a_checkpoint_of_the_rewritten_history(hybrid_byte_think_model_folder):  # noqa: F811
+def test_a_chat_session_reuses_a_checkpoint_of_the_rewritten_history(hybrid_byte_think_model_folder):
     """Qwen3's template with thinking off ends turn 1's prompt with an empty think block that
     turn 2's history does not repeat: the row goes back to the checkpoint taken
     CHECKPOINT_MARGIN tokens before turn 1's prompt ended, runs the rest, and answers as a

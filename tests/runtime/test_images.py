@@ -15,8 +15,8 @@ import torch
 
 from llm_onnx.errors import GenerationError, MediaError
 from llm_onnx.runtime import Model
-from llm_onnx.runtime.generation.scheduler import Scheduler
 from llm_onnx.runtime.chat.image_parts import split_images
+from llm_onnx.runtime.generation.scheduler import Scheduler
 from llm_onnx.runtime.media import load_image
 from tests.vision_models import VISION_START, hf_greedy, image
 

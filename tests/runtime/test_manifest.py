@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from llm_onnx.errors import ModelFolderError
-from llm_onnx.runtime import Model
 from llm_onnx.model_folder import FORMAT_VERSION, load_manifest
+from llm_onnx.runtime import Model
 
 
 @pytest.fixture

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from llm_onnx.runtime import Model
-from llm_onnx.runtime import Engine
+from llm_onnx.runtime import Engine, Model
 from tests.conftest import FAMILY_ARCHS, TINY_ARCHS
 from tests.ort_helpers import Graphs
 from tests.perturb import ATTENTION_OUTPUT, perturbed

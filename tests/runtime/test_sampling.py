@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import collections
 import math
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -318,6 +320,17 @@ def test_validated_normalises_lists_and_numpy_scalars() -> None:
     assert options.stop == ("</s>", "END") and options.stop_token_ids == (2, 7)
     assert type(options.temperature) is float and type(options.top_k) is int
     assert GenerationOptions(stop="</s>").validated().stop == ("</s>",)  # type: ignore[arg-type]
+
+
+def test_logit_bias_takes_any_mapping_or_pairs() -> None:
+    """Any Mapping is taken as a dict is (a UserDict was refused: only a dict's items view was
+    let through), and so is a list of pairs; a string is not."""
+    want = ((3, -1.0), (5, 2.0))
+    for bias in ({5: 2, "3": -1.0}, types.MappingProxyType({5: 2, 3: -1.0}),
+                 collections.UserDict({5: 2.0, 3: -1}), [(5, 2.0), ["3", -1]]):
+        assert GenerationOptions(logit_bias=bias).validated().logit_bias == want, bias
+    with pytest.raises(GenerationError, match="logit_bias"):
+        GenerationOptions(logit_bias="5").validated()  # type: ignore[arg-type]
 
 
 def test_runtime_modules_do_not_import_torch() -> None:

@@ -11,7 +11,8 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime import Model

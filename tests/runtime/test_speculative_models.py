@@ -10,7 +10,6 @@ import pytest
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime import Model
 from llm_onnx.runtime.generation.speculative import SpeculativeOptions
-from tests.byte_model import byte_model_folder  # noqa: F401 (fixture)
 from tests.conftest import FAMILY_ARCHS, TINY_ARCHS
 
 ALWAYS = SpeculativeOptions(method="ngram", adaptive=False, ngram_min=1)
@@ -59,14 +58,14 @@ def test_smollm2_edit_is_the_same_in_fewer_runs_with_ngram_and_with_a_draft_mode
     assert dstats.acceptance > 0.5 and dstats.draft_runs > 0
 
 
-def test_a_draft_model_with_another_tokenizer_is_refused(tiny_export, byte_model_folder):  # noqa: F811
+def test_a_draft_model_with_another_tokenizer_is_refused(tiny_export, byte_model_folder):
     with pytest.raises(GenerationError, match="tokenizer differs") as e:
         Model.load(tiny_export("gpt2_tiny", "fp32"), draft_model=byte_model_folder)
     assert str(byte_model_folder) in str(e.value) and "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_constrained_rows_speculate_to_the_same_tokens(byte_model_folder, seed):  # noqa: F811
+def test_constrained_rows_speculate_to_the_same_tokens(byte_model_folder, seed):
     """A drafted token the grammar forbids ends the draft; forced tokens come as they would."""
     model = Model.load(byte_model_folder, provider="cpu", threads=1)
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},

@@ -22,7 +22,7 @@ from llm_onnx.runtime.chat.dialects import detect_tool_dialect, tool_dialect
 from llm_onnx.runtime.chat.dialects.base import ChatPiece, ToolCallDelta
 from llm_onnx.runtime.chat.request import collect_calls
 from llm_onnx.runtime.structured.constraint import ConstraintError
-from tests.byte_model import HERMES_TEMPLATE, byte_model_folder, save_byte_tokenizer  # noqa: F401
+from tests.byte_model import HERMES_TEMPLATE, save_byte_tokenizer
 from tests.runtime.fakes import FakeEngine
 from tests.thinking_model import QWEN3_TEMPLATE
 
@@ -130,7 +130,7 @@ def test_the_format_is_read_off_the_template(template, name):
 # ------------------------------------------------------------------ on a model
 
 @pytest.fixture(scope="module")
-def model(byte_model_folder):  # noqa: F811
+def model(byte_model_folder):
     return Model.load(byte_model_folder, provider="cpu", threads=1, chat_template=HERMES_TEMPLATE)
 
 
@@ -220,7 +220,7 @@ def test_bad_tool_requests(model):
         model.chat(USER, tools=[WEATHER, WEATHER])
 
 
-def test_the_worked_example_of_a_new_dialect_works(byte_model_folder, monkeypatch):  # noqa: F811
+def test_the_worked_example_of_a_new_dialect_works(byte_model_folder, monkeypatch):
     """docs/chat.md's Acme dialect, run as the page writes it: one module, one registry line,
     and a template that writes <calls> gets its grammar, its reader and its name."""
     page = (Path(__file__).parents[2] / "docs" / "chat.md").read_text()

@@ -12,12 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 # The server's extra and the openai client are required test dependencies (README's command
 # installs them): missing, the suite fails here instead of skipping every server test.
 import fastapi  # noqa: E402,F401
 import openai  # noqa: E402,F401
+import pytest
 
 from tests.conftest import exported_once  # noqa: E402
 

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.agent_model import agent_model_folder  # noqa: F401 (fixture)
 from tests.serve.conftest import ServerProcess
 
 NAME = "tiny-agent"
@@ -88,7 +87,7 @@ def call(name: str, arguments: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def server(agent_model_folder, scratch, tmp_path_factory):  # noqa: F811
+def server(agent_model_folder, scratch, tmp_path_factory):
     """One row (the scripted model follows a row's tokens; one row means no prefix is copied
     between rows behind its back), speculation off (the script drives decode steps), the log at
     INFO: every request the clients send is in it."""

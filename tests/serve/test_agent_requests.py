@@ -17,7 +17,7 @@ import re
 import httpx
 import pytest
 
-from tests.byte_model import HERMES_TEMPLATE, byte_model_folder  # noqa: F401 (fixture)
+from tests.byte_model import HERMES_TEMPLATE
 from tests.serve.conftest import ServerProcess
 
 NAME = "tiny-bytes"
@@ -76,7 +76,7 @@ def codex_body(**extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def server(byte_model_folder):  # noqa: F811
+def server(byte_model_folder):
     proc = ServerProcess(byte_model_folder, "--max-batch", "2", "--chat-template",
                          str(HERMES_TEMPLATE))
     yield proc
@@ -84,7 +84,7 @@ def server(byte_model_folder):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def strict(byte_model_folder):  # noqa: F811
+def strict(byte_model_folder):
     proc = ServerProcess(byte_model_folder, "--max-batch", "1", "--chat-template",
                          str(HERMES_TEMPLATE), "--strict-fields", "--no-web-ui")
     yield proc
@@ -270,8 +270,14 @@ def test_the_docs_tables_name_every_declared_field():
     tolerates or refuses (a field added to a module without its row fails here)."""
     from pathlib import Path
 
-    from llm_onnx.serve import (anthropic_messages_request, embeddings, openai_chat,
-                                openai_choices, openai_completions, openai_responses_request)
+    from llm_onnx.serve import (
+        anthropic_messages_request,
+        embeddings,
+        openai_chat,
+        openai_choices,
+        openai_completions,
+        openai_responses_request,
+    )
 
     text = (Path(__file__).parents[2] / "docs" / "serving.md").read_text(encoding="utf-8")
     section = text[text.index("## The field policy"):text.index("### System messages after")]

@@ -14,7 +14,7 @@ from typing import Annotated
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.byte_model import HERMES_TEMPLATE, byte_model_folder  # noqa: F401 (fixture)
+from tests.byte_model import HERMES_TEMPLATE
 from tests.serve.conftest import ServerProcess
 
 NAME = "tiny-bytes"
@@ -26,7 +26,7 @@ class Person(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server(byte_model_folder):  # noqa: F811
+def server(byte_model_folder):
     proc = ServerProcess(byte_model_folder, "--max-batch", "2", "--chat-template",
                          str(HERMES_TEMPLATE))
     yield proc
@@ -34,8 +34,14 @@ def server(byte_model_folder):  # noqa: F811
 
 
 def _agent(server, api: str):
-    from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel,
-                        function_tool, set_tracing_disabled)
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
+        function_tool,
+        set_tracing_disabled,
+    )
     from openai import AsyncOpenAI
 
     set_tracing_disabled(True)

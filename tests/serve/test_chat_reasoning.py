@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from llm_onnx.runtime import Model
-from tests.runtime.fakes import FakeEngine, tokenizer as fake_tokenizer
+from tests.runtime.fakes import FakeEngine
+from tests.runtime.fakes import tokenizer as fake_tokenizer
 from tests.serve.browser import ChatPage
 from tests.serve.conftest import ServerProcess
-from tests.thinking_model import thinking_model  # noqa: F401
 
 NAME = "tiny-qwen3-thinking"
 USER = [{"role": "user", "content": "t30 t31 t32"}]

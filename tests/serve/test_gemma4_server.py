@@ -15,7 +15,6 @@ import json
 
 import pytest
 
-from tests.gemma4_chat_model import gemma4_chat_model_folder  # noqa: F401 (fixture)
 from tests.serve.conftest import scripted_server
 
 WEATHER = {"type": "function", "function": {
@@ -38,7 +37,7 @@ THINK = {"chat_template_kwargs": {"enable_thinking": True}}
 
 
 @pytest.fixture(scope="module")
-def scripted(gemma4_chat_model_folder, tmp_path_factory):  # noqa: F811
+def scripted(gemma4_chat_model_folder, tmp_path_factory):
     yield from scripted_server(gemma4_chat_model_folder, SCRIPT, tmp_path_factory)
 
 

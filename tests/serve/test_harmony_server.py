@@ -14,7 +14,6 @@ import json
 import jsonschema
 import pytest
 
-from tests.harmony_model import harmony_model_folder  # noqa: F401 (fixture)
 from tests.runtime.test_harmony import A_BIAS
 from tests.serve.conftest import ServerProcess, scripted_server
 
@@ -35,7 +34,7 @@ NAME = "tiny-harmony"
 
 
 @pytest.fixture(scope="module")
-def scripted(harmony_model_folder, tmp_path_factory):  # noqa: F811
+def scripted(harmony_model_folder, tmp_path_factory):
     yield from scripted_server(harmony_model_folder, SCRIPT, tmp_path_factory)
 
 
@@ -115,7 +114,7 @@ def test_the_model_says_it_reasons_and_reasoning_effort_reaches_the_template(scr
     assert used["minimal"] == used["low"]  # gpt-oss knows low, medium and high
 
 
-def test_the_random_model_makes_a_valid_forced_call(harmony_model_folder):  # noqa: F811
+def test_the_random_model_makes_a_valid_forced_call(harmony_model_folder):
     from openai import OpenAI
 
     proc = ServerProcess(harmony_model_folder)

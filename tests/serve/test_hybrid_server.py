@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from llm_onnx.runtime import Model
-from tests.byte_model import HERMES_TEMPLATE, hybrid_byte_model_folder  # noqa: F401 (fixture)
+from tests.byte_model import HERMES_TEMPLATE
 from tests.serve.conftest import ServerProcess
 
 NAME = "tiny-bytes-qwen3_5_tiny"
@@ -25,7 +25,7 @@ WEATHER = {"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def server(hybrid_byte_model_folder):  # noqa: F811
+def server(hybrid_byte_model_folder):
     proc = ServerProcess(hybrid_byte_model_folder, "--max-batch", "3", "--prefill-chunk", "16",
                          "--chat-template", str(HERMES_TEMPLATE))
     yield proc
@@ -33,7 +33,7 @@ def server(hybrid_byte_model_folder):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def model(hybrid_byte_model_folder):  # noqa: F811
+def model(hybrid_byte_model_folder):
     return Model.load(hybrid_byte_model_folder, provider="cpu", threads=1,
                       chat_template=str(HERMES_TEMPLATE), speculative="off")
 

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from llm_onnx.runtime import Model
-from tests.byte_model import HERMES_TEMPLATE, byte_model_folder  # noqa: F401 (fixture)
+from tests.byte_model import HERMES_TEMPLATE
 from tests.serve.conftest import ServerProcess
 
 NAME = "tiny-bytes"
@@ -43,7 +43,7 @@ def openai_tools(tools):
 
 
 @pytest.fixture(scope="module")
-def server(byte_model_folder):  # noqa: F811
+def server(byte_model_folder):
     proc = ServerProcess(byte_model_folder, "--max-batch", "4", "--chat-template",
                          str(HERMES_TEMPLATE), api_key=KEY)
     yield proc
@@ -51,7 +51,7 @@ def server(byte_model_folder):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def model(byte_model_folder):  # noqa: F811
+def model(byte_model_folder):
     return Model.load(byte_model_folder, provider="cpu", threads=1, chat_template=HERMES_TEMPLATE)
 
 
@@ -407,7 +407,7 @@ def test_random_requests_never_get_a_5xx(server):
     assert answered >= 10
 
 
-def test_a_full_queue_and_a_shutdown_in_anthropic_shapes(byte_model_folder):  # noqa: F811
+def test_a_full_queue_and_a_shutdown_in_anthropic_shapes(byte_model_folder):
     """On a held server (nothing finishes but through the test): one request streams, one
     waits, a third gets a 429 the client raises as RateLimitError; SIGTERM ends the stream with
     an ``error`` event and the waiting request with a 503, both overloaded_error."""

@@ -14,9 +14,8 @@ import jsonschema
 import pytest
 
 from llm_onnx.runtime import Model
-from tests.byte_model import byte_think_model_folder  # noqa: F401 (fixture)
 from tests.serve.conftest import ServerProcess
-from tests.thinking_model import QWEN3_TEMPLATE, thinking_model  # noqa: F401
+from tests.thinking_model import QWEN3_TEMPLATE
 
 NAME = "tiny-qwen3-thinking"
 USER = [{"role": "user", "content": "t30 t31 t32"}]
@@ -26,14 +25,14 @@ THINK = {"type": "enabled", "budget_tokens": 6}
 
 
 @pytest.fixture(scope="module")
-def server(thinking_model):  # noqa: F811
+def server(thinking_model):
     proc = ServerProcess(thinking_model[1], "--max-batch", "2")
     yield proc
     assert proc.stop() in (0, -signal.SIGTERM), proc.output()
 
 
 @pytest.fixture(scope="module")
-def model(thinking_model):  # noqa: F811
+def model(thinking_model):
     return Model.load(thinking_model[1], provider="cpu", threads=1)
 
 
@@ -127,7 +126,7 @@ ADD = {"name": "add", "input_schema": {"type": "object", "properties": {
     "required": ["a", "b"], "additionalProperties": False}}
 
 
-def test_tool_use_after_optional_thinking_with_the_byte_model(byte_think_model_folder):  # noqa: F811
+def test_tool_use_after_optional_thinking_with_the_byte_model(byte_think_model_folder):
     """The byte model with <think> tags and Qwen3's real template: a forced call whose input
     validates, with thinking on (the model may think first) and off (the prompt closes the
     think block)."""

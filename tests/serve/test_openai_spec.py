@@ -14,8 +14,8 @@ Every answer must be one of:
 Never a 5xx. After a 400 naming an optional top-level field the request is sent again without
 it (still valid per the spec), so most requests also reach an answer. Generated requests keep
 their shape but get the served model's name, at most 4 new tokens and 2 choices (the spec allows
-both), so the run stays short; every other one is streamed (the generator rarely asks for it). The spec's OpenAPI 3.0 ``nullable`` is read as
-"or null" when validating.
+both), so the run stays short; every other one is streamed (the generator rarely asks for it).
+The spec's OpenAPI 3.0 ``nullable`` is read as "or null" when validating.
 
 Bounded: LLM_ONNX_SPEC_EXAMPLES examples per operation (default 40; derandomized under the CI
 profile). HYPOTHESIS_PROFILE=explore or a larger LLM_ONNX_SPEC_EXAMPLES searches further.

@@ -14,12 +14,10 @@ import time
 import httpx
 import psutil
 import pytest
+import ray.serve  # noqa: E402,F401  (the [ray] extra is a required test dependency)
 
-from tests.byte_model import byte_model_folder  # noqa: F401 (fixture)
 from tests.serve.browser import ChatPage
 from tests.serve.conftest import ServerProcess, wait_until
-
-import ray.serve  # noqa: E402,F401  (the [ray] extra is a required test dependency)
 
 MODEL = "tiny-bytes"
 ALIAS = "bytes-alias"  # a second --model-name
@@ -39,14 +37,14 @@ def ray_processes() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def model(byte_model_folder):  # noqa: F811
+def model(byte_model_folder):
     from llm_onnx.runtime import Model
 
     return Model.load(byte_model_folder, provider="cpu", threads=1, chat_template="chatml-tools")
 
 
 @pytest.fixture(scope="module")
-def cluster(byte_model_folder):  # noqa: F811
+def cluster(byte_model_folder):
     assert not ray_processes(), "a Ray instance is already running on this machine"
     server = ServerProcess(byte_model_folder, "--ray", "--replicas", "2", "--chat-template",
                            "chatml-tools", "--model-name", f"{MODEL},{ALIAS}", timeout=180)

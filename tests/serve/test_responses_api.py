@@ -16,10 +16,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 from llm_onnx.runtime import Model
-from tests.byte_model import (HERMES_TEMPLATE, byte_model_folder,  # noqa: F401 (fixtures)
-                              byte_think_model_folder)
+from tests.byte_model import HERMES_TEMPLATE
 from tests.serve.conftest import ServerProcess
-from tests.thinking_model import QWEN3_TEMPLATE
 
 NAME = "tiny-bytes"
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city.",
@@ -34,7 +32,7 @@ class Person(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server(byte_model_folder):  # noqa: F811
+def server(byte_model_folder):
     proc = ServerProcess(byte_model_folder, "--max-batch", "2", "--chat-template",
                          str(HERMES_TEMPLATE), "--stored-responses", "3")
     yield proc
@@ -42,7 +40,7 @@ def server(byte_model_folder):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def model(byte_model_folder):  # noqa: F811
+def model(byte_model_folder):
     return Model.load(byte_model_folder, provider="cpu", threads=1,
                       chat_template=str(HERMES_TEMPLATE), speculative="off")
 
@@ -154,7 +152,8 @@ def test_stored_responses_are_read_deleted_and_bounded(client, server):
     ({"input": [{"type": "function_call_output", "call_id": "call_x", "output": "1"}]},
      "input[0].call_id", "answers no call made"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "input[0].content[0]", "is an input_image part: this model folder takes text only; export it from the multimodal checkpoint."),
+     "input[0].content[0]", "is an input_image part: this model folder takes text only; export "
+     "it from the multimodal checkpoint."),
     ({"input": "Hi", "text": {"format": {"type": "yaml"}}}, "text.format.type", "text, json_obj"),
     ({"input": "Hi", "max_output_tokens": 0}, "max_output_tokens", ""),
     ({"input": []}, "input", "non-empty"),
@@ -216,7 +215,7 @@ THINKING_CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n'
                    "{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}")
 
 
-def test_a_reasoning_models_thinking_is_a_reasoning_item(byte_think_model_folder, tmp_path):  # noqa: F811
+def test_a_reasoning_models_thinking_is_a_reasoning_item(byte_think_model_folder, tmp_path):
     from openai import OpenAI
 
     template = tmp_path / "thinking.jinja"

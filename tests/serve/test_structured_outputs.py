@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from tests.byte_model import HERMES_TEMPLATE, byte_model_folder  # noqa: F401 (fixture)
+from tests.byte_model import HERMES_TEMPLATE
 from tests.serve.browser import ChatPage
 from tests.serve.conftest import ServerProcess
 
@@ -57,7 +57,7 @@ class Person(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server(byte_model_folder):  # noqa: F811
+def server(byte_model_folder):
     proc = ServerProcess(byte_model_folder, "--max-batch", "4", "--chat-template",
                          str(HERMES_TEMPLATE))
     yield proc

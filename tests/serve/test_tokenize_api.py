@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from llm_onnx.runtime import Model
-from tests.byte_model import CONTEXT, HERMES_TEMPLATE, byte_model_folder  # noqa: F401
+from tests.byte_model import CONTEXT, HERMES_TEMPLATE
 from tests.serve.conftest import ServerProcess
 
 NAME = "tiny-bytes"
@@ -18,14 +18,14 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
 
 
 @pytest.fixture(scope="module")
-def server(byte_model_folder):  # noqa: F811
+def server(byte_model_folder):
     proc = ServerProcess(byte_model_folder, "--chat-template", str(HERMES_TEMPLATE))
     yield proc
     proc.stop()
 
 
 @pytest.fixture(scope="module")
-def model(byte_model_folder):  # noqa: F811
+def model(byte_model_folder):
     return Model.load(byte_model_folder, provider="cpu", threads=1, chat_template=HERMES_TEMPLATE)
 
 

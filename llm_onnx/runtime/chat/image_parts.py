@@ -64,8 +64,8 @@ def split_images(messages: Sequence[Any], manifest: Manifest | None,
             continue
         parts = []
         for j, part in enumerate(content):
-            where = part.get("where") if isinstance(part, dict) and isinstance(
-                part.get("where"), str) else f"messages[{i}].content[{j}]"
+            named = part.get("where") if isinstance(part, dict) else None
+            where = named if isinstance(named, str) else f"messages[{i}].content[{j}]"
             if not is_image_part(part):
                 parts.append(part)
                 continue

@@ -20,6 +20,7 @@ import glob
 import mmap
 import os
 from collections.abc import Callable
+from typing import Literal
 
 import numpy as np
 
@@ -30,7 +31,7 @@ Copy2D = Callable[[int, int, int, int, int, int], None]
 _CUDA_MEMCPY_HOST_TO_DEVICE = 1
 _CUDA_MEMCPY_DEVICE_TO_HOST = 2
 _CUDA_MEMCPY_DEVICE_TO_DEVICE = 3
-_cudart: ctypes.CDLL | None | bool = False  # False: not looked for yet; None: not found
+_cudart: ctypes.CDLL | Literal[False] | None = False  # False: not looked for yet; None: not found
 
 
 def host_copy2d(dst: int, dst_pitch: int, src: int, src_pitch: int, width: int,
@@ -45,7 +46,7 @@ def _load_cudart() -> ctypes.CDLL | None:
     from the nvidia-cuda-runtime wheel or the library path; None if there is none."""
     global _cudart
     if _cudart is not False:
-        return _cudart  # type: ignore[return-value]
+        return _cudart
     names = ["libcudart.so.13", "libcudart.so.12", "libcudart.so"]
     try:  # the pip wheel's copy (what onnxruntime.preload_dlls loads)
         import nvidia  # type: ignore[import-not-found]
@@ -86,7 +87,7 @@ def _load_cudart() -> ctypes.CDLL | None:
         lib.cudaGetErrorString.restype = ctypes.c_char_p
         _cudart = lib
         break
-    return _cudart  # type: ignore[return-value]
+    return _cudart
 
 
 def _check(lib: ctypes.CDLL, code: int, what: str) -> None:
@@ -164,7 +165,7 @@ class HostMirror:
         count = int(np.prod(shape))
         nbytes = max(count * np.dtype(dtype).itemsize, 1)
         memory = mmap.mmap(-1, nbytes)  # page-aligned, as cudaHostRegister wants
-        array = np.frombuffer(memory, dtype=dtype, count=count).reshape(shape)
+        array: np.ndarray = np.frombuffer(memory, dtype=dtype, count=count).reshape(shape)
         array[...] = 0  # touch every page once, here rather than in the first copy
         return cls(array, lib, device_id)
 

@@ -17,7 +17,7 @@ divided by their L2 norm again when the model's embeddings are normalised (manif
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -134,13 +134,15 @@ class EmbeddingEngine(Engine):
 
     # ------------------------------------------------------------------ not a generator
 
-    def new_cache(self, batch: int, length: int):  # type: ignore[override]
+    def new_cache(self, batch: int, length: int) -> NoReturn:
         raise GenerationError(not_generating(self.manifest))
 
-    def prefill(self, cache, row, ids):  # type: ignore[override]
+    def prefill(self, cache: Any, row: int, ids: Sequence[int] | np.ndarray,
+                images: Any = None) -> NoReturn:
         raise GenerationError(not_generating(self.manifest))
 
-    def decode(self, cache, tokens, active=None, first_row=0):  # type: ignore[override]
+    def decode(self, cache: Any, tokens: np.ndarray, active: np.ndarray | None = None,
+               first_row: int = 0, greedy: bool = False) -> NoReturn:
         raise GenerationError(not_generating(self.manifest))
 
     @property

@@ -7,8 +7,8 @@ own copy of every weight (measured in docs/performance.md), so ``sessions="pair"
 and decode.onnx in separate sessions) exists for providers where the static decode graph pays
 for itself (CUDA graphs), not as the CPU default.
 
-``EngineProtocol`` is what the generator needs of an engine; ``Engine`` runs ONNX graphs, the
-tests' fakes script logits.
+``Engine`` runs ONNX graphs; what the generator needs of an engine is ``EngineProtocol``
+(engine_protocol.py), which the tests' fakes implement with scripted logits.
 """
 
 from __future__ import annotations
@@ -17,27 +17,37 @@ import itertools
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-from llm_onnx.errors import GenerationError, ProviderError
 from llm_onnx import kernels
 from llm_onnx import model_folder as names
+from llm_onnx.errors import GenerationError, ProviderError
+from llm_onnx.model_folder import Manifest, load_manifest
 from llm_onnx.runtime.core.device_pick import DevicePicker
 from llm_onnx.runtime.core.kv_cache import KVCache, KVLayout, empty_image_inputs, kv_dtype
-from llm_onnx.runtime.core.state import CacheProtocol
-from llm_onnx.runtime.core.vision import VisionEncoder
-from llm_onnx.model_folder import Manifest, load_manifest
 from llm_onnx.runtime.core.onnx_check import check_external_data
+from llm_onnx.runtime.core.providers import (
+    CPU,
+    CUDA,
+    captured_output,
+    parse_placement,
+    quiet_run_options,
+    quiet_session_options,
+    resolve_provider,
+)
 from llm_onnx.runtime.core.recurrent import HybridCache, StateLayout
-from llm_onnx.runtime.core.providers import (CPU, CUDA, captured_output, parse_placement,
-                                        quiet_run_options, quiet_session_options,
-                                        resolve_provider)
+
 # RuntimeOptions and the constants it uses live in runtime_options.py; importable from here too
 from llm_onnx.runtime.core.runtime_options import (  # noqa: F401
-    FPA_INTB_ENTRY, OPTIMIZATION_LEVELS, RuntimeOptions, default_threads)
+    FPA_INTB_ENTRY,
+    OPTIMIZATION_LEVELS,
+    RuntimeOptions,
+    default_threads,
+)
+from llm_onnx.runtime.core.vision import VisionEncoder
 
 log = logging.getLogger("llm_onnx")
 
@@ -69,30 +79,6 @@ def _no_room(cache: KVCache, needed: int) -> GenerationError:
 
 class _NodesOnCpu(ProviderError):
     """A CUDA session that ONNX Runtime would partly run on the CPU."""
-
-
-@runtime_checkable
-class EngineProtocol(Protocol):
-    """What a Generator needs of an engine: Engine runs the ONNX graphs; tests' fakes implement
-    the same four members with scripted logits."""
-
-    vocab_size: int
-    context_length: int
-
-    def new_cache(self, batch: int, length: int) -> CacheProtocol:
-        """A cache of ``batch`` empty rows of ``length`` positions."""
-        ...
-
-    def prefill(self, cache: CacheProtocol, row: int, ids: Sequence[int] | np.ndarray,
-                ) -> np.ndarray:
-        """Run T tokens through one row after its valid positions; (V,) logits of the last."""
-        ...
-
-    def decode(self, cache: CacheProtocol, tokens: np.ndarray, active: np.ndarray | None = None,
-               first_row: int = 0) -> np.ndarray:
-        """One token for each of rows [first_row, first_row + len(tokens)); (n, V) logits;
-        inactive rows ride along without advancing."""
-        ...
 
 
 class Engine:
@@ -130,7 +116,8 @@ class Engine:
         # and, with CUDA graphs on, prefill and ungraphed decode run without one (id -1).
         self.run_options = quiet_run_options(-1 if self.cuda_graph else None)
         # decode(greedy=True) picks on the device (DevicePicker): no logits to the host
-        self.picks_on_device, self._picker = self.provider == CUDA, None
+        self.picks_on_device = self.provider == CUDA
+        self._picker: DevicePicker | None = None
         # from 2 rows (H200, qwen3_8b): the pick 0.07 ms at 1-16 rows, the host's copy and
         # argmax 0.06 ms at 1 row, 1.3 at 32 (docs/gpu-report.md)
         self.pick_min_rows = 2
@@ -392,8 +379,9 @@ class Engine:
         Rows with ``active[i]`` false (free rows, rows between prefill chunks, inside the range)
         ride along: their token is written at their first invalid position, which they never
         read, and their length stays, so a free row keeps its cached prefix. A full idle row
-        gives up its last position for this (a cache with a spare position writes there). Riding along costs a row of compute: the generator
-        keeps running rows together at the bottom of the cache.
+        gives up its last position for this (a cache with a spare position writes there). Riding
+        along costs a row of compute: the generator keeps running rows together at the bottom of
+        the cache.
         """
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         n = tokens.shape[0]
@@ -473,18 +461,18 @@ class Engine:
         # ORT runs a graph's first call twice (a warm-up run, then the capture), and recurrent
         # states updated in place would take that step twice: the states as they were, then
         # the call again (a replay, once). Seen on an H200: Qwen3.5's steps 11% off.
-        saved = cache.states_copy() if binding.replays == 0 and isinstance(cache, HybridCache) \
-            else None
+        hybrid = cache if binding.replays == 0 and isinstance(cache, HybridCache) else None
+        saved = hybrid.states_copy() if hybrid is not None else []
         try:
-            if saved is not None:
+            if hybrid is not None:
                 self._run(binding, tokens, seqlens, cache.length, active)
-                cache.states_restore(saved)
+                hybrid.states_restore(saved)
             return self._run(binding, tokens, seqlens, cache.length, active, greedy)
         except Exception as e:  # noqa: BLE001 - ORT's capture errors: decode without graphs
             if binding.replays:
                 raise
-            if saved is not None:
-                cache.states_restore(saved)
+            if hybrid is not None:
+                hybrid.states_restore(saved)
             self._no_graphs(f"capturing the decode graph of {rows} rows failed "
                             f"({str(e).strip().splitlines()[0][:200] if str(e).strip() else e})")
             plain = cache.decode_binding(self.decode_session, 0, rows, self.vocab_size,

@@ -24,16 +24,16 @@ import mmap
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import onnxruntime as ort
 
-from llm_onnx.errors import GenerationError
 from llm_onnx import model_folder as names
+from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.core.device_copy import Copy2D, HostMirror, cuda_copy2d
 from llm_onnx.runtime.core.device_pick import DevicePicker, PickBinding
 from llm_onnx.runtime.core.providers import quiet_run_options
-
 
 KV_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8}
 
@@ -105,7 +105,8 @@ class KVCache:
         self.position_deltas = np.zeros(batch, dtype=np.int64)
         self._buffers = [self._new_buffer(length, j // 2)
                          for j in range(2 * len(layout.layer_indices))]
-        self._decode: dict[tuple[int, int], _DecodeBinding] = {}
+        # (session id, first row, rows, CUDA graph) -> its binding
+        self._decode: dict[tuple[int, int, int, bool], _DecodeBinding] = {}
 
     # ------------------------------------------------------------------ lengths
 
@@ -252,7 +253,7 @@ class KVCache:
 
     # The strided copy copy_prefix uses off the CPU (None: chosen at the first copy; False: none
     # available). Tests set device_copy.host_copy2d to drive the device path on host buffers.
-    _copy2d: Copy2D | None | bool = None
+    _copy2d: Copy2D | Literal[False] | None = None
 
     def _copy_rows(self, copy2d: Copy2D, src: int, dst: int, length: int) -> None:
         """Positions [0, length) of row ``src`` to row ``dst`` in every buffer: per buffer one

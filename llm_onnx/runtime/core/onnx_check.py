@@ -40,7 +40,7 @@ def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def _fields(buf: memoryview) -> Iterator[tuple[int, memoryview | None]]:
+def _fields(buf: memoryview) -> Iterator[tuple[int, memoryview]]:
     """(field number, payload) of each length-delimited field; other wire types are skipped."""
     pos = 0
     while pos < len(buf):
@@ -66,7 +66,7 @@ def _fields(buf: memoryview) -> Iterator[tuple[int, memoryview | None]]:
 
 def _tensor_locations(tensor: memoryview) -> Iterator[str]:
     for number, payload in _fields(tensor):
-        if number == _TENSOR_EXTERNAL_DATA and payload is not None:
+        if number == _TENSOR_EXTERNAL_DATA:
             entry = dict(_fields(payload))
             key = entry.get(_ENTRY_KEY)
             if key is not None and bytes(key) == b"location" and entry.get(_ENTRY_VALUE) is not None:

@@ -25,6 +25,7 @@ oldest dropped first), so they cost memory, not model runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import onnxruntime as ort
@@ -91,7 +92,7 @@ class HybridCache(KVCache):
     # How rows of the states move on a GPU (None: chosen at first use; False: whole buffers
     # through numpy, where no CUDA runtime can be called). Tests set device_copy.RowIO() to drive
     # the row path on host buffers.
-    _row_io: RowIO | None | bool = None
+    _row_io: RowIO | Literal[False] | None = None
 
     def _device_rows(self) -> RowIO | None:
         if self._row_io is None:

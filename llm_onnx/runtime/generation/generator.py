@@ -29,44 +29,22 @@ import itertools
 import math
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, cast
 
 import numpy as np
-import tokenizers
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.structured.matcher import Constraints, MaskBatch
-from llm_onnx.runtime.core.engine import EngineProtocol
+from llm_onnx.runtime.core.engine_protocol import EngineProtocol, VerifyingEngine
 from llm_onnx.runtime.core.state import CacheProtocol
 from llm_onnx.runtime.generation.images import RowImages
+from llm_onnx.runtime.generation.model_like import ModelLike
 from llm_onnx.runtime.generation.options import GenerationOptions
+from llm_onnx.runtime.generation.prefix import Prefixes, last_run_start
 from llm_onnx.runtime.generation.results import Result, TokenEvent
 from llm_onnx.runtime.generation.sequence import SequenceState, scoring_chunk
 from llm_onnx.runtime.generation.speculative import SpeculativeOptions, make_speculator
-from llm_onnx.runtime.generation.prefix import Prefixes, last_run_start
 from llm_onnx.runtime.generation.stats import RunStats
-
-
-class ModelLike(Protocol):
-    """What a Generator needs of its model (llm_onnx.runtime.Model is one)."""
-
-    engine: EngineProtocol
-    tokenizer: tokenizers.Tokenizer | None
-    eos_token_ids: tuple[int, ...]
-
-    @property
-    def context_length(self) -> int: ...
-
-    @property
-    def constraints(self) -> Constraints: ...
-
-    def options(self, options: GenerationOptions | None = None,
-                overrides: dict[str, Any] | None = None, **fields: Any) -> GenerationOptions: ...
-
-    def load_draft_model(self, folder: str | Path) -> Any:
-        """A draft model loaded from ``folder`` (speculative method "draft")."""
-        ...
+from llm_onnx.runtime.structured.matcher import MaskBatch
 
 
 class Generator:
@@ -163,7 +141,8 @@ class Generator:
             raise GenerationError(f"the prompt has {len(prompt)} tokens but {what} is "
                                   f"{self.max_length} tokens (prompt and answer together).")
         limit = min(opts.max_new_tokens, self.max_length - len(prompt))
-        constraint, shown = None, frozenset()
+        constraint = None
+        shown: frozenset[int] = frozenset()
         if opts.constraint is not None:  # compiled (or taken from the cache) before any change
             constraints = self.model.constraints
             constraint = constraints.start(opts.constraint)
@@ -180,7 +159,8 @@ class Generator:
             keyed(old.tokens) if old is not None else None, self.stats)
         cache.truncate(row, reuse)
         if hasattr(cache, "position_deltas"):  # where the row's positions run after its prompt
-            cache.position_deltas[row] = self._images[row].delta if self._images[row] else 0
+            row_images = self._images[row]
+            cache.position_deltas[row] = row_images.delta if row_images else 0
         rng = old.rng if old is not None and opts.seed == old.options.seed else None
         seq = SequenceState(prompt, opts, vocab_size=vocab, tokenizer=self.model.tokenizer,
                             eos_token_ids=self.model.eos_token_ids, limit=limit,
@@ -311,18 +291,18 @@ class Generator:
         docstring). Returns the tokens picked, one event per row that picked one."""
         return self.prefill_step() + self.decode_step()
 
-    def prefill_step(self, budget: int | None = None) -> list[TokenEvent]:
+    def prefill_step(self, budget: float | None = None) -> list[TokenEvent]:
         """Run waiting prompt tokens of rows with two or more, oldest row first, up to ``budget``
-        tokens (default ``prefill_chunk``; at least one chunk runs)."""
+        tokens (default ``prefill_chunk``; math.inf: all; at least one chunk runs)."""
         if self._cache is None:
             return []
         cache = self._cache
         left = budget or self.prefill_chunk or math.inf
         riding = set(self.decoding_rows)
-        waiting = [r for r in self.running_rows if r not in riding
-                   and len(self._seqs[r].tokens) - cache.length_of(r) >= 2]  # type: ignore[union-attr]
+        prompting = [r for r in self.running_rows if r not in riding
+                     and len(self._seqs[r].tokens) - cache.length_of(r) >= 2]  # type: ignore[union-attr]
         events = []
-        for row in sorted(waiting, key=self._admitted.__getitem__):
+        for row in sorted(prompting, key=self._admitted.__getitem__):
             if left <= 0:
                 break
             seq = self._seqs[row]
@@ -343,8 +323,9 @@ class Generator:
             began = time.perf_counter()
             images = self._images[row]
             extra = {} if images is None else {"images": images.chunk(start, start + n)}
-            if scoring:  # every position's logits: the prompt's tokens are scored
-                window = self.engine.verify(cache, row, seq.tokens[start:start + n], **extra)
+            if scoring:  # every position's logits (append_tokens checked the engine verifies)
+                window = cast(VerifyingEngine, self.engine).verify(
+                    cache, row, seq.tokens[start:start + n], **extra)
                 seq.score_prompt(start, window)
                 logits = window[-1]
             else:
@@ -401,7 +382,8 @@ class Generator:
         greedy = getattr(self.engine, "picks_on_device", False) and all(  # ids, not logits
             self._seqs[r].greedy_only for r in picking)  # type: ignore[union-attr]
         began = time.perf_counter()
-        logits = self.engine.decode(cache, tokens, active, first, greedy=True) if greedy \
+        logits = cast(VerifyingEngine, self.engine).decode(cache, tokens, active, first,
+                                                           greedy=True) if greedy \
             else self.engine.decode(cache, tokens, active, first)
         took = time.perf_counter() - began
         self.stats.decode_s += took

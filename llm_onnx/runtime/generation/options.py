@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, ItemsView, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -96,18 +96,19 @@ def _bool_option(name: str, value: object) -> bool:
     return bool(value)
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[numbers.Integral]:
     # bool is an int subclass, but max_new_tokens=True is a mistake, not a number.
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def _int_option(name: str, value: object, *, minimum: int, note: str = "") -> int:
-    if not _is_int(value) or int(value) < minimum:  # type: ignore[call-overload]
+    if not _is_int(value) or int(value) < minimum:
         raise GenerationError(f"{name}={value!r} is not allowed: it must be an integer >= {minimum}{note}")
-    return int(value)  # type: ignore[call-overload]
+    return int(value)
 
 
-def _float_option(name: str, value: object, allowed: str, check) -> float:  # type: ignore[no-untyped-def]
+def _float_option(name: str, value: object, allowed: str,
+                  check: Callable[[float], bool] | None) -> float:
     number = math.nan
     if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
         try:
@@ -149,7 +150,7 @@ def _stop_token_ids(ids: object) -> tuple[int, ...]:
 
 def _logit_bias(bias: object) -> tuple[tuple[int, float], ...]:
     items = bias.items() if isinstance(bias, Mapping) else bias
-    if isinstance(items, (str, bytes)) or not isinstance(items, (Sequence, type({}.items()))):
+    if isinstance(items, (str, bytes)) or not isinstance(items, (Sequence, ItemsView)):
         raise GenerationError(f"logit_bias={bias!r} is not allowed: it must map token ids to "
                               "numbers between -100 and 100")
     out: dict[int, float] = {}

@@ -32,13 +32,15 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence as Seq
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from llm_onnx.errors import GenerationError, LlmOnnxError
-from llm_onnx.runtime.generation.generator import Generator, ModelLike
+from llm_onnx.runtime.generation.generator import Generator
 from llm_onnx.runtime.generation.images import RowImages
+from llm_onnx.runtime.generation.model_like import ModelLike
 from llm_onnx.runtime.generation.options import GenerationOptions
 from llm_onnx.runtime.generation.results import Result, TokenEvent
 

@@ -19,11 +19,11 @@ import numpy as np
 import tokenizers
 
 from llm_onnx.errors import GenerationError
-from llm_onnx.runtime.structured.matcher import RowConstraint
 from llm_onnx.runtime.generation.options import GenerationOptions
-from llm_onnx.runtime.generation.sampling import Sampler
 from llm_onnx.runtime.generation.results import Result, Timings, TokenEvent, TokenLogprob
+from llm_onnx.runtime.generation.sampling import Sampler
 from llm_onnx.runtime.generation.textstream import StopMatcher, StreamDecoder
+from llm_onnx.runtime.structured.matcher import RowConstraint
 
 
 def token_logprob(logits: np.ndarray, token_id: int, top: int) -> TokenLogprob:
@@ -94,6 +94,10 @@ class SequenceState:
             pick is masked to what it allows, tokens it forces are appended without a pick.
         shown_special: special tokens whose text the reply keeps (tool-call markers).
     """
+
+    # the reply's text pieces and generated tokens' logprobs (reset by _restart_text)
+    _pieces: list[str]
+    _logprobs: list[TokenLogprob]
 
     def __init__(self, prompt: Sequence[int], options: GenerationOptions, *, vocab_size: int,
                  tokenizer: tokenizers.Tokenizer | None, eos_token_ids: Sequence[int], limit: int,
@@ -326,8 +330,8 @@ class SequenceState:
         self._decoder = StreamDecoder(self.tokenizer, prompt, shown=self._shown_special) \
             if self.tokenizer else None
         self._stops = StopMatcher(self.options.stop)
-        self._pieces: list[str] = []
-        self._logprobs: list[TokenLogprob] = []
+        self._pieces = []
+        self._logprobs = []
 
     def _push_text(self, token: int) -> tuple[str, bool]:
         if self._decoder is None:

@@ -15,15 +15,24 @@ PIL image processor computes, to the pixel (tests/runtime/media check it).
 """
 
 from llm_onnx.errors import MediaError
-from llm_onnx.runtime.media.config import (ImageProcessor, image_processor_from_dict,
-                                           load_image_processor)
+from llm_onnx.runtime.media.config import (
+                                           ImageProcessor,
+                                           image_processor_from_dict,
+                                           load_image_processor,
+)
 from llm_onnx.runtime.media.gemma3 import Gemma3ImageProcessor
 from llm_onnx.runtime.media.gemma4 import Gemma4ImageProcessor
 from llm_onnx.runtime.media.image import RGBImage, load_image
 from llm_onnx.runtime.media.pixels import ProcessedImage
-from llm_onnx.runtime.media.prompt import (ImagePrompt, ImageTokenLayout, ImageTokens,
-                                           expand_image_text, expand_image_tokens,
-                                           find_image_spans, mrope_positions)
+from llm_onnx.runtime.media.prompt import (
+                                           ImagePrompt,
+                                           ImageTokenLayout,
+                                           ImageTokens,
+                                           expand_image_text,
+                                           expand_image_tokens,
+                                           find_image_spans,
+                                           mrope_positions,
+)
 from llm_onnx.runtime.media.qwen_vl import QwenVLImageProcessor
 
 __all__ = ["Gemma3ImageProcessor", "Gemma4ImageProcessor", "ImageProcessor", "ImagePrompt",

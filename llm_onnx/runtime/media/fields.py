@@ -53,7 +53,8 @@ class Fields:
             raise self.error(field, "expected a number > 0.")
         return float(value)
 
-    def channels(self, field: str, default: tuple[float, ...]) -> tuple[float, ...]:
+    def channels(self, field: str, default: tuple[float, float, float],
+                 ) -> tuple[float, float, float]:
         """Three per-channel numbers (one number stands for all three, as transformers reads it)."""
         value = self.get(field, default)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -61,7 +62,8 @@ class Fields:
         if (not isinstance(value, (list, tuple)) or len(value) != 3
                 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
             raise self.error(field, "expected three numbers (R, G, B) or one number.")
-        return tuple(float(v) for v in value)
+        r, g, b = (float(v) for v in value)
+        return r, g, b
 
     def resample(self, field: str, default: int) -> int:
         value = self.get(field, default)

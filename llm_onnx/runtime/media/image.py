@@ -84,7 +84,8 @@ def load_image(source: object, *, name: str | None = None,
         name: how errors name the image (e.g. ``"messages[0].content[1]"``); by default the
             path, or the kind of source.
         max_pixels: refuse images with more pixels than this (width × height); by default
-            Pillow's ``Image.MAX_IMAGE_PIXELS``. Pillow itself refuses more than twice that.
+            Pillow's ``Image.MAX_IMAGE_PIXELS``. Pillow itself refuses more than twice that (and
+            an app that set it to None has no limit, here as in Pillow).
 
     Raises:
         MediaError: unreadable, truncated, too large, of an unsupported format or array shape.
@@ -137,7 +138,7 @@ def _data_url_bytes(url: str, what: str) -> bytes:
         raise MediaError(f"{what}: the base64 data is not valid base64.") from None
 
 
-def _decode(data: bytes, what: str, limit: int) -> RGBImage:
+def _decode(data: bytes, what: str, limit: int | None) -> RGBImage:
     PIL.Image.init()  # registers every plugin (once), so that `formats` can name them all
     with warnings.catch_warnings():
         # our own limit below decides; Pillow's warning would only say it later. (The filter is
@@ -146,10 +147,10 @@ def _decode(data: bytes, what: str, limit: int) -> RGBImage:
         warnings.simplefilter("ignore", PIL.Image.DecompressionBombWarning)
         try:
             image = PIL.Image.open(io.BytesIO(data), formats=FORMATS)
-        except PIL.Image.DecompressionBombError:
-            raise MediaError(f"{what}: the image has more than {2 * PIL.Image.MAX_IMAGE_PIXELS:,} "
-                             "pixels, far past the limit; refused as a decompression bomb.") \
-                from None
+        except PIL.Image.DecompressionBombError:  # (only while Pillow has a limit)
+            bomb = 2 * (PIL.Image.MAX_IMAGE_PIXELS or 0)
+            raise MediaError(f"{what}: the image has more than {bomb:,} pixels, far past the "
+                             "limit; refused as a decompression bomb.") from None
         except PIL.UnidentifiedImageError:
             raise MediaError(f"{what}: {_unsupported(data)}") from None
         except (OSError, SyntaxError, ValueError, EOFError) as e:
@@ -184,9 +185,9 @@ def _unsupported(data: bytes) -> str:
     return f"not an image of a supported format ({supported}), or a corrupt one."
 
 
-def _check_size(size: tuple[int, int], limit: int, what: str) -> None:
+def _check_size(size: tuple[int, int], limit: int | None, what: str) -> None:
     width, height = size
-    if width * height > limit:
+    if limit is not None and width * height > limit:
         raise MediaError(f"{what}: {width}×{height} is {width * height:,} pixels, more than the "
                          f"limit of {limit:,}; refused as a possible decompression bomb "
                          "(scale the image down).")
@@ -215,7 +216,7 @@ def _pil_to_rgb(image: PIL.Image.Image, what: str) -> np.ndarray:
             from None
 
 
-def _array_to_rgb(array: np.ndarray, what: str, limit: int) -> np.ndarray:
+def _array_to_rgb(array: np.ndarray, what: str, limit: int | None) -> np.ndarray:
     """(H, W, 3) uint8 from a channels-last uint8 array, as transformers' processors convert
     arrays: one channel repeated, four channels blended onto white."""
     if array.dtype != np.uint8:

@@ -131,8 +131,8 @@ def find_image_spans(ids: Sequence[int], images: Sequence[ImageTokens],
                      layout: ImageTokenLayout) -> ImagePrompt:
     """The ImagePrompt of ids already expanded (tokenized from ``expand_image_text``): image k
     is the next ``num_tokens`` image-token ids, which must stand together."""
-    ids = np.asarray(ids, dtype=np.int64)
-    where = np.flatnonzero(ids == layout.image_token_id)
+    array = np.asarray(ids, dtype=np.int64)
+    where = np.flatnonzero(array == layout.image_token_id)
     want = sum(image.num_tokens for image in images)
     if len(where) != want:
         raise MediaError(f"the prompt holds {len(where)} {layout.image_token} tokens; its "
@@ -147,7 +147,7 @@ def find_image_spans(ids: Sequence[int], images: Sequence[ImageTokens],
                              "are not together in the prompt.")
         spans.append((start, stop))
         k += image.num_tokens
-    return _prompt(ids, spans, images, layout)
+    return _prompt(array, spans, images, layout)
 
 
 def _check_count(found: int, images: Sequence[ImageTokens], layout: ImageTokenLayout) -> None:

@@ -25,8 +25,13 @@ import numpy as np
 from llm_onnx.errors import MediaError
 from llm_onnx.runtime.media.fields import Fields
 from llm_onnx.runtime.media.image import RGBImage
-from llm_onnx.runtime.media.pixels import (OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, ProcessedImage,
-                                           rescale_normalize, resize)
+from llm_onnx.runtime.media.pixels import (
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    ProcessedImage,
+    rescale_normalize,
+    resize,
+)
 from llm_onnx.runtime.media.prompt import ImageTokenLayout
 
 MAX_ASPECT_RATIO = 200

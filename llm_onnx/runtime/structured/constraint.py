@@ -25,16 +25,20 @@ import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llm_onnx.errors import GenerationError
 from llm_onnx.runtime.structured.schema_check import SchemaProblem, check_schema, dotted
 
+if TYPE_CHECKING:  # llguidance is imported where a grammar is compiled; its stub has the type
+    from llguidance._lib import JsonCompileOptions
+
 KINDS = ("json_schema", "json_object", "regex", "grammar", "choice", "llguidance")
 THINKING = ("none", "optional", "open")
+
 # JSON whitespace between tokens: none, one space, or a newline and an indent (as llama.cpp's
 # schema grammars allow). Unbounded whitespace lets a weak model pad forever.
-JSON_OPTIONS = {"whitespace_pattern": r"(?:\n[ \t]{0,20}| )?"}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_pattern": r"(?:\n[ \t]{0,20}| )?"}
 
 
 class ConstraintError(GenerationError):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import re
-import time
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace

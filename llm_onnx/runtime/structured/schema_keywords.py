@@ -10,8 +10,15 @@ import re
 from typing import Any
 
 from llm_onnx.runtime.structured.schema_check import subschemas
-from llm_onnx.runtime.structured.schema_settle import (ANNOTATIONS, bare, constants, killed,
-                                            required_of, resolve)
+from llm_onnx.runtime.structured.schema_settle import (
+    ANNOTATIONS,
+    bare,
+    constants,
+    killed,
+    properties_of,
+    required_of,
+    resolve,
+)
 
 
 def unique_items(schema: Any) -> Any:
@@ -68,7 +75,7 @@ def _merge_required(node: dict, root: Any) -> None:
             flat += inner["allOf"]
         else:
             flat.append(part)
-    own = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    own = properties_of(node)
     kept = []
     for part in flat:
         inner = bare(part)
@@ -103,18 +110,19 @@ def _discriminated(node: dict, root: Any) -> None:
     parts = [m for m in node.get("allOf", []) if _test_of(m) is not None]
     if "if" in node:
         parts.append({k: node[k] for k in ("if", "then", "else") if k in node})
-    tests = [_test_of(m) for m in parts]
-    if not parts or None in tests or len({key for key, _v in tests}) != 1:  # type: ignore[misc]
+    found = [_test_of(m) for m in parts]
+    tests = [t for t in found if t is not None]
+    if not parts or len(tests) < len(found) or len({key for key, _v in tests}) != 1:
         return
-    key = tests[0][0]  # type: ignore[index]
+    key = tests[0][0]
     allowed = constants(node, key, root) if key in required_of(node) else None
     values = [json.loads(v) for v in sorted(allowed)] if allowed is not None else \
-        [json.loads(t) for t in dict.fromkeys(v for _k, v in tests)]  # type: ignore[misc]
+        [json.loads(t) for t in dict.fromkeys(v for _k, v in tests)]
     branches = []
     for value in values:
         text = json.dumps(value, sort_keys=True)
         chosen = [m.get("then", True) if v == text else m.get("else", True)
-                  for m, (_k, v) in zip(parts, tests)]  # type: ignore[misc]
+                  for m, (_k, v) in zip(parts, tests)]
         branches.append({"properties": {key: {"const": value}}, "required": [key],
                          "allOf": [c for c in chosen if c is not True]})
     for k in ("if", "then", "else"):

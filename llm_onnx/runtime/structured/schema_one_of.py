@@ -8,7 +8,13 @@ import copy
 from typing import Any
 
 from llm_onnx.runtime.structured.schema_check import TYPES, subschemas
-from llm_onnx.runtime.structured.schema_settle import constants, deref, killed, required_of
+from llm_onnx.runtime.structured.schema_settle import (
+    constants,
+    deref,
+    killed,
+    properties_of,
+    required_of,
+)
 
 
 def exclusive_one_of(schema: Any) -> Any:
@@ -92,7 +98,7 @@ def _disjoint(a: Any, b: Any, root: Any) -> bool:
 
 def _forbids_one_of(node: dict, other: dict) -> bool:
     """True if ``other`` forbids a key ``node`` requires."""
-    listed = other.get("properties") if isinstance(other.get("properties"), dict) else {}
+    listed = properties_of(other)
     closed = other.get("additionalProperties") is False and not other.get("patternProperties")
     return any(listed.get(k) is False or (closed and k not in listed) for k in required_of(node))
 

@@ -63,24 +63,34 @@ as written.
   place. A schema this leaves unsatisfiable is refused. A schema the engine finds too large
   loses its largest definition that may be absent, the same way, until it fits.
 
-``default_rewrite(schema)`` (objects closed and ordered, integers bounded) is the default; ``tighten(schema, message)`` applies the rewrite the
-engine's refusal ``message`` asks for (None when none applies: the schema is refused).
+``default_rewrite(schema)`` (objects closed and ordered, integers bounded) is the default;
+``tighten(schema, message)`` applies the rewrite the engine's refusal ``message`` asks for (None
+when none applies: the schema is refused).
 """
 
 from __future__ import annotations
 
 import copy
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 from llm_onnx.runtime.structured.schema_check import subschemas
-from llm_onnx.runtime.structured.schema_keywords import (bare_refs, conditionals, dependencies, drop_format,
-                                              not_required, property_counts, property_names,
-                                              sibling_refs, unevaluated, unique_items,
-                                              unsatisfiable, without_largest_definition)
+from llm_onnx.runtime.structured.schema_keywords import (
+    bare_refs,
+    conditionals,
+    dependencies,
+    drop_format,
+    not_required,
+    property_counts,
+    property_names,
+    sibling_refs,
+    unevaluated,
+    unique_items,
+    unsatisfiable,
+    without_largest_definition,
+)
 from llm_onnx.runtime.structured.schema_one_of import exclusive_one_of
 from llm_onnx.runtime.structured.schema_settle import at, hoist_refs, resolve, settle
-
 
 _COMBINING = ("allOf", "if", "then", "else", "not", "dependentSchemas", "dependencies")
 
@@ -143,7 +153,7 @@ def _bound_digits(node: dict) -> bool:
     return changed
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 

@@ -122,7 +122,7 @@ def _dead(node: Any, root: Any) -> bool:
         branches = node.get(key)
         if isinstance(branches, list) and all(_dead(b, root) for b in branches):
             return True
-    properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+    properties = properties_of(node)
     for name in _list(node.get("required")):
         if name in properties:
             if _dead(properties[name], root):
@@ -131,8 +131,9 @@ def _dead(node: Any, root: Any) -> bool:
             return True
     least = node.get("minItems", 0)
     items = node.get("items")
-    prefix = node.get("prefixItems") if isinstance(node.get("prefixItems"), list) else \
-        items if isinstance(items, list) else []
+    prefix = node.get("prefixItems")
+    if not isinstance(prefix, list):
+        prefix = items if isinstance(items, list) else []
     if isinstance(least, int) and least > 0:
         if any(_dead(p, root) for p in prefix[:least]):
             return True
@@ -212,6 +213,11 @@ def at(root: Any, path: list[str | int]) -> Any:
     for part in path:
         node = node[part]
     return node
+
+
+def properties_of(node: dict) -> dict:
+    properties = node.get("properties")
+    return properties if isinstance(properties, dict) else {}
 
 
 def required_of(node: dict) -> list:

@@ -154,6 +154,18 @@ def test_a_lower_pixel_limit_is_honoured_for_every_source():
         assert load_image(source, max_pixels=10_000).width == 100
 
 
+def test_no_limit_where_pillows_is_turned_off(monkeypatch):
+    """An app that set PIL.Image.MAX_IMAGE_PIXELS = None (Pillow's way to turn its limit off)
+    gets no limit here either; it was a TypeError comparing with None."""
+    monkeypatch.setattr(PIL.Image, "MAX_IMAGE_PIXELS", None)
+    pixels = random_pixels(100, 100, 1)
+    for source in (pixels, PIL.Image.fromarray(pixels), encoded(PIL.Image.fromarray(pixels),
+                                                                "PNG")):
+        assert load_image(source).width == 100
+    with pytest.raises(MediaError, match="more than the limit of 9,999"):
+        load_image(pixels, max_pixels=9_999)
+
+
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP", "GIF"])
 def test_truncated_files_are_refused(fmt):
     data = encoded(PIL.Image.fromarray(random_pixels(64, 64, 2)).convert(

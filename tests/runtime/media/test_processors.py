@@ -21,11 +21,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llm_onnx.errors import ConfigError, MediaError
-from llm_onnx.runtime.media import (Gemma3ImageProcessor, Gemma4ImageProcessor,
-                                    QwenVLImageProcessor, image_processor_from_dict, load_image,
-                                    load_image_processor)
-from tests.runtime.media.reference import (CONFIGS, encoded, hf_image_processor, hf_pixels,
-                                           image_in_mode, random_pixels)
+from llm_onnx.runtime.media import (
+    Gemma3ImageProcessor,
+    Gemma4ImageProcessor,
+    QwenVLImageProcessor,
+    image_processor_from_dict,
+    load_image,
+    load_image_processor,
+)
+from tests.runtime.media.reference import (
+    CONFIGS,
+    encoded,
+    hf_image_processor,
+    hf_pixels,
+    image_in_mode,
+    random_pixels,
+)
 
 EXAMPLES = int(os.environ.get("LLM_ONNX_MEDIA_EXAMPLES") or
                (200 if os.environ.get("HYPOTHESIS_PROFILE") == "explore" else 4))

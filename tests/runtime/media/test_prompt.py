@@ -16,11 +16,22 @@ import PIL.Image
 import pytest
 
 from llm_onnx.errors import ConfigError, MediaError
-from llm_onnx.runtime.media import (ProcessedImage, expand_image_text, expand_image_tokens,
-                                    find_image_spans, image_processor_from_dict, load_image,
-                                    mrope_positions)
-from tests.runtime.media.reference import (CONFIGS, byte_tokenizer, hf_image_processor,
-                                           hf_tokenizer, random_pixels)
+from llm_onnx.runtime.media import (
+    ProcessedImage,
+    expand_image_text,
+    expand_image_tokens,
+    find_image_spans,
+    image_processor_from_dict,
+    load_image,
+    mrope_positions,
+)
+from tests.runtime.media.reference import (
+    CONFIGS,
+    byte_tokenizer,
+    hf_image_processor,
+    hf_tokenizer,
+    random_pixels,
+)
 
 QWEN_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
                "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]

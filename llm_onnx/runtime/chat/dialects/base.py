@@ -118,8 +118,11 @@ class ReplyReader(Protocol):
 class ThinkingReader(Protocol):
     """A reply's thinking apart from its answer (no tool calls), as it streams."""
 
-    reasoning: str | None
-    answer: str
+    @property
+    def reasoning(self) -> str | None: ...
+
+    @property
+    def answer(self) -> str: ...
 
     def push(self, text: str) -> list[Any]: ...
 

@@ -245,6 +245,8 @@ def _value_expr(name: str, schema: Any, q: str) -> tuple[str, list[str]]:
         if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 0:
             return f"{q} {name} {q}", [f"{name}: /(?s:.{{0,{limit}}})/"]
         return "g_string", []
+    if not isinstance(kind, str):  # several types (["string", "null"]) or none: any value
+        return "g_value", []
     return {"integer": "G_INTEGER", "number": "G_NUMBER", "boolean": '("true" | "false")',
             "array": "g_list", "object": "g_object", "null": '"null"'}.get(kind, "g_value"), []
 

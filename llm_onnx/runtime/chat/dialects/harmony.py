@@ -2,7 +2,7 @@
 channel.
 
     <|channel|>analysis<|message|>thinking...<|end|>
-    <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}<|call|>
+    <|start|>assistant<|channel|>commentary to=functions.weather <|constrain|>json<|message|>{"city": "Oslo"}<|call|>
     <|start|>assistant<|channel|>final<|message|>the answer<|return|>
 
 The prompt ends with ``<|start|>assistant``; the model writes the rest of each message's header
@@ -30,13 +30,26 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from llm_onnx.runtime.chat.dialects.base import (ChatDialect, ChatPiece, ReasoningDialect, Reply,
-                                                 SpecialId, ToolCallDelta, ToolChoice,
-                                                 ToolDialect, call_schema, chosen_tools,
-                                                 new_call_id)
+from llm_onnx.runtime.chat.dialects.base import (
+    ChatDialect,
+    ChatPiece,
+    ReasoningDialect,
+    Reply,
+    SpecialId,
+    ToolCallDelta,
+    ToolChoice,
+    ToolDialect,
+    call_schema,
+    chosen_tools,
+    new_call_id,
+)
 from llm_onnx.runtime.generation.results import ToolCall
-from llm_onnx.runtime.structured.constraint import (JSON_OPTIONS, Constraint, ConstraintError,
-                                                    grammar_list)
+from llm_onnx.runtime.structured.constraint import (
+    JSON_OPTIONS,
+    Constraint,
+    ConstraintError,
+    grammar_list,
+)
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
 CONSTRAIN, RETURN, CALL = "<|constrain|>", "<|return|>", "<|call|>"

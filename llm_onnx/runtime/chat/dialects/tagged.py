@@ -10,9 +10,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from llm_onnx.runtime.chat.dialects.base import (ChatDialect, ChatPiece, ReasoningDialect, Reply,
-                                                 SpecialId, ThinkingReader, ToolCallDelta,
-                                                 ToolChoice)
+from llm_onnx.runtime.chat.dialects.base import (
+    ChatDialect,
+    ChatPiece,
+    ReasoningDialect,
+    Reply,
+    SpecialId,
+    ThinkingReader,
+    ToolCallDelta,
+    ToolChoice,
+)
 from llm_onnx.runtime.generation.results import ToolCall
 from llm_onnx.runtime.structured.constraint import Constraint
 
@@ -33,8 +40,13 @@ class CallStream(Protocol):
 class CallFormat(Protocol):
     """How the calls are written (tagged_calls.TaggedCalls)."""
 
-    name: str
-    free_form: bool  # a call can carry a custom tool's free text (tagged_calls.py)
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def free_form(self) -> bool:
+        """A call can carry a custom tool's free text (tagged_calls.py)."""
+        ...
 
     def grammar(self, tools: Sequence[dict], choice: ToolChoice, parallel: bool,
                 special_id: SpecialId, answer: Constraint | None = None) -> Constraint: ...

@@ -26,9 +26,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from llm_onnx.runtime.chat.dialects.base import (ChatDialect, ReasoningDialect, SpecialId,
-                                                 ToolCallDelta, ToolChoice, ToolDialect,
-                                                 call_schema, chosen_tools, new_call_id)
+from llm_onnx.runtime.chat.dialects.base import (
+    ChatDialect,
+    ReasoningDialect,
+    SpecialId,
+    ToolCallDelta,
+    ToolChoice,
+    ToolDialect,
+    call_schema,
+    chosen_tools,
+    new_call_id,
+)
 from llm_onnx.runtime.chat.dialects.tagged import TaggedDialect
 from llm_onnx.runtime.generation.results import ToolCall
 from llm_onnx.runtime.structured.constraint import JSON_OPTIONS, Constraint, grammar_list
@@ -195,10 +203,10 @@ class TaggedCalls(ToolDialect):
             self._read_array(text, i, out)
             return out
         while True:
-            i = self.read_call(text, i, out)
-            if i is None:
+            after = self.read_call(text, i, out)
+            if after is None:
                 return out
-            i = skip_space(text, i)
+            i = skip_space(text, after)
             if not text.startswith(self.end, i):
                 return out
             i = skip_space(text, i + len(self.end))
@@ -218,10 +226,10 @@ class TaggedCalls(ToolDialect):
             return Scan(text)
         out = Scan("")
         while True:
-            i = self.read_call(text, i, out)
-            if i is None:
+            after = self.read_call(text, i, out)
+            if after is None:
                 return out
-            i = skip_space(text, i)
+            i = skip_space(text, after)
             if not text.startswith(self.separator, i):
                 return out
             i += len(self.separator)
