@@ -142,12 +142,12 @@ def _greedy(model, prompt: list[int], eos: list[int]) -> list[int]:
 
 def try_class(architecture: str) -> Outcome:
     """One class through the sweep, in this process."""
+    from transformers.utils import logging
+
     from llm_onnx.checkpoints import open_checkpoint
     from llm_onnx.errors import LlmOnnxError
     from llm_onnx.export import ExportOptions, export_model
     from llm_onnx.runtime import Model
-
-    from transformers.utils import logging
 
     logging.disable_progress_bar()
     with tempfile.TemporaryDirectory(prefix="llm-onnx-sweep-") as tmp:
