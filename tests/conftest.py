@@ -150,6 +150,14 @@ TINY_ARCHS = ["llama_tiny", "qwen3_tiny", "qwen3_moe_tiny"]
 # editing a test: fp32/int4 ONNX vs transformers (tests/export/test_architectures.py), runtime
 # greedy vs transformers, the CLI. Their checkpoints carry a word tokenizer.
 FAMILY_ARCHS = [name for name in _family_tiny_presets() if name not in TINY_ARCHS]
+# The fp16 rung in CI: one family per mechanism fp16 computes differently (the fused attention,
+# QMoE, Gemma's (1 + w) norms and soft caps, Gemma 4's every switch, sinks and the clamped
+# SwiGLU, a fused QKV with partial rotary, the linear-attention hybrid with experts, ALiBi's
+# plain attention, sinusoidal positions, multimodal RoPE); the rest share their kernels. CI's
+# time budget; HYPOTHESIS_PROFILE=explore runs every family.
+FP16_ARCHS = TINY_ARCHS + FAMILY_ARCHS if os.environ.get("HYPOTHESIS_PROFILE") == "explore" \
+    else ["llama_tiny", "qwen3_moe_tiny", "gemma3_tiny", "gemma4_tiny", "gpt_oss_tiny",
+          "phi3_tiny", "qwen3_5_moe_tiny", "bloom_tiny", "xglm_tiny", "qwen3_vl_tiny"]
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ from llm_onnx.export import ExportOptions
 from llm_onnx.export.validate import load_stored
 from llm_onnx.families import get_config
 from llm_onnx.modeling.config import ModelConfig
-from tests.conftest import FAMILY_ARCHS, TINY_ARCHS
+from tests.conftest import FAMILY_ARCHS, FP16_ARCHS, TINY_ARCHS
 from tests.ort_helpers import Graphs, batch_logits, fidelity, hf_logits
 from tests.perturb import ATTENTION_OUTPUT, perturbed
 from tests.tolerances import ORT_FP16, ORT_FP32, ORT_QUANT
@@ -60,7 +60,7 @@ def test_fp32_matches_transformers(arch, hf_models, exports):
     assert max(np.abs(g - m).max() for g, m in zip(got, moved)) > ORT_FP32  # the twin
 
 
-@pytest.mark.parametrize("arch", ALL_ARCHS)
+@pytest.mark.parametrize("arch", FP16_ARCHS)
 def test_fp16_matches_transformers(arch, tiny_hf, exports):
     rows = rows_for(arch)
     got = batch_logits(Graphs(exports(arch, "fp16")), rows, PROMPT_LENS, STEPS)
