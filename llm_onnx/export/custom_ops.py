@@ -160,7 +160,8 @@ def group_query_attention(query, key, value, past_key, past_value, seqlens_k,
 
 def plain_attention(query, key, value, past_key, past_value, seqlens_k, total_sequence_length,
                     positions, num_heads: int, kv_num_heads: int, scale: float,
-                    local_window_size: int, attention_bias=None, head_sink=None):
+                    local_window_size: int, attention_bias=None, head_sink=None,
+                    attend_until=None):
     """GroupQueryAttention's contract (ops.attention_ref, no RoPE) in plain ONNX ops, for the
     head sizes its kernel refuses. Traced (a Python function: the shapes are Python ints here).
 
@@ -168,8 +169,8 @@ def plain_attention(query, key, value, past_key, past_value, seqlens_k, total_se
         present[:, :, :S] (S = total_sequence_length, not the buffer's length) = keys, values
         query (B, T, H*D) --> (B, Hkv, G*T, D): the G query heads sharing a KV head as rows
         scores = query @ keys^T * scale, (B, Hkv, G, T, S) + bias; masked where a key is past
-        the query's position, the row's length or the window; softmax (a query seeing no key:
-        zeros, as attention_ref); @ values --> (B, T, H*D)
+        the query's position (or its attend_until), the row's length or the window; softmax
+        (a query seeing no key: zeros, as attention_ref); @ values --> (B, T, H*D)
         head_sink (H,) (gpt-oss): a column (B, Hkv, G, T, 1) concatenated to the scores before
         the softmax and sliced off after it
 
@@ -207,11 +208,14 @@ def plain_attention(query, key, value, past_key, past_value, seqlens_k, total_se
         bias = op18.Reshape(attention_bias, op18.Concat(
             const([1, kv_num_heads, group]), op18.Shape(attention_bias, start=2), axis=0))
         scores = op18.Add(scores, op18.Cast(bias, to=1))
-    # visible (B, T, S): key position <= query position and <= the row's last, within the window
+    # visible (B, T, S): key position <= query position (or attend_until: an image's tokens see
+    # their whole image) and <= the row's last, within the window
     kpos = op18.Range(op18.Constant(value_int=0), op18.Squeeze(total), op18.Constant(value_int=1))
     query_pos = op18.Unsqueeze(positions, const([2]))  # (B, T, 1)
+    limit = query_pos if attend_until is None else op18.Unsqueeze(
+        op18.Cast(attend_until, to=i64), const([2]))
     last = op18.Unsqueeze(op18.Cast(seqlens_k, to=i64), const([1, 2]))  # (B, 1, 1)
-    visible = op18.And(op18.LessOrEqual(kpos, query_pos), op18.LessOrEqual(kpos, last))
+    visible = op18.And(op18.LessOrEqual(kpos, limit), op18.LessOrEqual(kpos, last))
     if local_window_size > 0:
         first = op18.Sub(query_pos, op18.Constant(value_int=local_window_size))
         visible = op18.And(visible, op18.Greater(kpos, first))
