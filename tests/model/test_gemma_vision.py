@@ -144,6 +144,42 @@ def test_gemma4_logits_with_images_match_transformers(gemma4, images):
     assert mask_matters == (ckpt.vision.bidirectional == "vision")
 
 
+# ----------------------------------------------------------------------------- graphs
+
+
+def test_towers_and_the_image_prefill_trace_with_dynamic_shapes():
+    """No shape depends on a value: torch.export traces the towers over any image count
+    (Gemma 3) or patch count (Gemma 4: from 2 tokens up, export's 0/1 rule), and the prefill
+    over any prompt and image-token count, with attend_until as an input."""
+    from torch.export import Dim, export
+
+    with torch.device("meta"):
+        export(build_vision(gv.GEMMA3_VISION), (torch.zeros(2, 3, 48, 48),),
+               dynamic_shapes=({0: Dim("images")},))
+        n = Dim("patches", min=18)
+        export(build_vision(gv.GEMMA4_VISION),
+               (torch.zeros(54, 48 * 16), torch.zeros(54, 2, dtype=torch.int64)),
+               dynamic_shapes=({0: n}, {0: n}))
+    for name, vision in (("gemma3_tiny", gv.GEMMA3_VISION),
+                         ("gemma4_tiny", gv.GEMMA4_VISION.replace(bidirectional="vision"))):
+        model = build_model(get_config(name), vision=vision, max_positions=64)
+
+        class Prefill(torch.nn.Module):
+            def forward(self, ids, seqlens, total, embeds, index, until, *past):
+                return model(ids, seqlens, total, *past, image_embeds=embeds,
+                             image_token_index=index, attend_until=until)
+
+        with torch.device("meta"):
+            past = model.new_cache(1, 64)
+            args = (torch.zeros(1, 20, dtype=torch.int64), torch.zeros(1, dtype=torch.int32),
+                    torch.tensor(20, dtype=torch.int32), torch.zeros(9, 48),
+                    torch.zeros(9, dtype=torch.int64), torch.zeros(1, 20, dtype=torch.int64),
+                    *past)
+        t, m = Dim("T", min=2, max=64), Dim("M", min=2, max=64)
+        export(Prefill(), args, strict=False, dynamic_shapes=(
+            {1: t}, None, None, {0: m}, {0: m}, {1: t}, tuple(None for _ in past)))
+
+
 # ----------------------------------------------------------------------------- inputs, configs
 
 
