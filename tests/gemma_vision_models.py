@@ -1,0 +1,154 @@
+"""Tiny random Gemma 3 and Gemma 4 multimodal checkpoints (``Gemma3ForConditionalGeneration``,
+``Gemma4ForConditionalGeneration``) saved by transformers, the independent reference of the
+Gemma image tests, and the inputs both sides take for a prompt with images.
+
+The text models are the presets gemma3_tiny and gemma4_tiny, their weights drawn as
+tests/hf_models.py draws them; the towers are the smallest that still exercise every part:
+
+    Gemma 3  SigLIP over 48 x 48 pixels in 8 x 8 patches (a 6 x 6 grid), pooled 2 x 2 to 9
+             soft tokens: longer than the text's window of 4, so a sliding layer's window cuts
+             into an image's block
+    Gemma 4  4 query heads over 2 KV heads, clipped projections, standardized features;
+             images of 6 x 9 and 3 x 6 patches (6 and 2 soft tokens), padded to 54 patches
+             for transformers (our tower takes each image's own patches)
+
+Token ids (the text vocabulary has 256): 0 pad, 3 begin-of-image, 4 end-of-image, 5 the image's
+soft token.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from llm_onnx.families import get_config
+from llm_onnx.families.gemma_vision import gemma3_vision_hf_config, gemma4_vision_hf_config
+from llm_onnx.modeling.gemma_vision_config import Gemma3VisionConfig, Gemma4VisionConfig
+from tests.hf_models import hf_config_dict, make_hf_model
+
+PAD, BOI, EOI, IMAGE = 0, 3, 4, 5
+GEMMA3_VISION = Gemma3VisionConfig(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+    image_size=48, patch_size=8, mm_tokens_per_image=9, out_hidden_size=48,
+    image_token_id=IMAGE, boi_token_id=BOI, eoi_token_id=EOI, pad_token_id=PAD)
+GEMMA4_VISION = Gemma4VisionConfig(
+    hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, position_embedding_size=16, use_clipped_linears=True,
+    standardize=True, out_hidden_size=48, image_token_id=IMAGE, boi_token_id=BOI,
+    eoi_token_id=EOI, pad_token_id=PAD)
+GEMMA4_GRIDS = ((6, 9), (3, 6))  # (rows, columns) of patches of the two test images
+
+
+def _spread_tower(model, prefixes: tuple[str, ...], seed: int) -> None:
+    """The vision side's weights, drawn wide enough to expose bugs: norms around 1 (Gemma 3's
+    projector norm, 1 + w, around 0), Gemma 4's q/k norms at its unscaled attention's
+    temperature, clipping bounds that clip, standardization that shifts and scales."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in [*model.named_parameters(), *model.named_buffers()]:
+            if not name.startswith(prefixes) or not p.is_floating_point() \
+                    or "inv_freq" in name:  # (SigLIP's position_ids, RoPE's frequencies)
+                continue
+            noise = torch.randn(p.shape, generator=gen)
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.copy_(p.shape[0] ** -0.25 * (1.0 + 0.2 * noise))
+            elif name.endswith("mm_soft_emb_norm.weight"):
+                p.copy_(0.2 * noise)
+            elif "norm" in name and name.endswith(".weight") or name.endswith("std_scale"):
+                p.copy_(1.0 + 0.2 * noise)
+            elif name.endswith(("_min", "_max")):  # clip at +-1 (inputs) and +-0.5 (outputs)
+                bound = 1.0 if "input" in name else 0.5
+                p.fill_(-bound if name.endswith("_min") else bound)
+            else:
+                p.copy_(0.08 * noise)
+
+
+def make_gemma3(seed: int = 0):
+    """transformers' tiny Gemma3ForConditionalGeneration (text: gemma3_tiny)."""
+    import transformers
+
+    cfg = get_config("gemma3_tiny")
+    text = make_hf_model(cfg, seed)
+    fields = hf_config_dict(cfg)
+    fields.pop("architectures")
+    fields.update(pad_token_id=PAD)
+    v = GEMMA3_VISION
+    config = transformers.Gemma3Config(
+        text_config=fields, vision_config=gemma3_vision_hf_config(v),
+        mm_tokens_per_image=v.mm_tokens_per_image, image_token_index=IMAGE,
+        boi_token_index=BOI, eoi_token_index=EOI, tie_word_embeddings=cfg.tie_word_embeddings)
+    config.architectures = ["Gemma3ForConditionalGeneration"]
+    torch.manual_seed(seed)
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    model.model.language_model.load_state_dict(text.model.state_dict())
+    _spread_tower(model, ("model.vision_tower.", "model.multi_modal_projector."), seed + 7)
+    return model
+
+
+def make_gemma4(seed: int = 0, bidirectional: str | None = "vision"):
+    """transformers' tiny Gemma4ForConditionalGeneration (text: gemma4_tiny; its text config's
+    use_bidirectional_attention ``bidirectional``), without the audio tower."""
+    import transformers
+
+    cfg = get_config("gemma4_tiny")
+    text = make_hf_model(cfg, seed)
+    fields = hf_config_dict(cfg)
+    fields.pop("architectures")
+    fields.update(pad_token_id=PAD, use_bidirectional_attention=bidirectional)
+    config = transformers.Gemma4Config(
+        text_config=transformers.Gemma4TextConfig(**fields),
+        vision_config=gemma4_vision_hf_config(GEMMA4_VISION), audio_config=None,
+        image_token_id=IMAGE, boi_token_id=BOI, eoi_token_id=EOI,
+        tie_word_embeddings=cfg.tie_word_embeddings)
+    config.architectures = ["Gemma4ForConditionalGeneration"]
+    torch.manual_seed(seed)
+    model = transformers.Gemma4ForConditionalGeneration(config).eval()
+    missing, unexpected = model.model.language_model.load_state_dict(text.model.state_dict(),
+                                                                     strict=False)
+    assert not unexpected and not [m for m in missing if not m.endswith("inv_freq")]
+    _spread_tower(model, ("model.vision_tower.", "model.embed_vision."), seed + 7)
+    return model
+
+
+def save(model, folder: Path):
+    model.save_pretrained(folder)  # safetensors
+    return model
+
+
+def prompt(images: list[int], seed: int = 0) -> list[int]:
+    """Token ids: a few words, then per image (its soft-token count) BOI, the soft tokens, EOI
+    and a few words."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def words(n: int) -> list[int]:
+        return torch.randint(6, 256, (n,), generator=gen).tolist()
+
+    ids = [2, *words(3)]
+    for count in images:
+        ids += [BOI, *[IMAGE] * count, EOI, *words(3)]
+    return ids
+
+
+def gemma3_pixels(count: int, seed: int = 0) -> torch.Tensor:
+    """(count, 3, S, S) pixels as the processor leaves them (normalised to [-1, 1])."""
+    s = GEMMA3_VISION.image_size
+    return torch.rand(count, 3, s, s, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+
+
+def gemma4_patches(grids=GEMMA4_GRIDS, seed: int = 0):
+    """Per image: (patches (N, P*P*3) in [0, 1], positions (N, 2) (x, y)), row-major patches;
+    and transformers' batch of them padded to the largest (positions -1)."""
+    gen = torch.Generator().manual_seed(seed)
+    width = GEMMA4_VISION.patch_width
+    own = []
+    for rows, cols in grids:
+        y, x = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+        own.append((torch.rand(rows * cols, width, generator=gen),
+                    torch.stack([x.reshape(-1), y.reshape(-1)], -1)))
+    most = max(p.shape[0] for p, _ in own)
+    pixels = torch.zeros(len(own), most, width)
+    positions = torch.full((len(own), most, 2), -1, dtype=torch.int64)
+    for i, (p, pos) in enumerate(own):
+        pixels[i, :len(p)], positions[i, :len(p)] = p, pos
+    return own, pixels, positions
