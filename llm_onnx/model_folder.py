@@ -28,7 +28,7 @@ from llm_onnx.graph_io import (  # noqa: F401 (re-exported: mf.INPUT_IDS, mf.sta
     SEQUENCE_LENGTHS, TOTAL_SEQUENCE_LENGTH, VALID_TOKENS, input_names, output_names,
     state_names, POSITION_IDS, IMAGE_EMBEDS, IMAGE_TOKEN_INDEX, DEEPSTACK_EMBEDS, PIXEL_VALUES,
     POSITION_INDEX, POSITION_WEIGHT, ROTARY_COS, ROTARY_SIN, VISION_INPUTS, image_input_names,
-    vision_output_names,
+    vision_output_names, ATTEND_UNTIL, PIXEL_POSITION_IDS, VISION_INPUTS_BY_KIND,
 )
 from llm_onnx.manifest_sections import (  # noqa: F401 (re-exported: mf.KVCacheSpec, ...)
     STATE_KINDS, EmbeddingSpec, ExpertsQuantization, FileEntry, GenerationDefaults, GraphSpec,

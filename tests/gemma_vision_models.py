@@ -14,12 +14,21 @@ tests/hf_models.py draws them; the towers are the smallest that still exercise e
 
 Token ids (the text vocabulary has 256): 0 pad, 3 begin-of-image, 4 end-of-image, 5 the image's
 soft token.
+
+``save_checkpoint(kind, folder)`` writes what a model folder that takes images needs besides:
+a word tokenizer with the family's image and turn tokens (names below; 1 eos, 2 bos, 6 and 7
+a turn's start and end, 7 also ending an answer), a chat template in the shape of the family's
+(tests/fixtures/chat_templates/gemma3_vl.jinja, gemma4_vl.jinja, written for these tests) and
+the image processor's config (Gemma 3: 48 x 48 pixels, 9 soft tokens; Gemma 4: 16-pixel
+patches pooled 3 x 3, at most 70 soft tokens, so the tower's position table is 224 long).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from llm_onnx.families import get_config
@@ -27,14 +36,25 @@ from llm_onnx.families.gemma_vision import gemma3_vision_hf_config, gemma4_visio
 from llm_onnx.modeling.gemma_vision_config import Gemma3VisionConfig, Gemma4VisionConfig
 from tests.hf_models import hf_config_dict, make_hf_model
 
-PAD, BOI, EOI, IMAGE = 0, 3, 4, 5
+PAD, BOI, EOI, IMAGE, EOT = 0, 3, 4, 5, 7
+TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
+SPECIAL = {"gemma3": ["<pad>", "<eos>", "<bos>", "<start_of_image>", "<end_of_image>",
+                      "<image_soft_token>", "<start_of_turn>", "<end_of_turn>"],
+           "gemma4": ["<pad>", "<eos>", "<bos>", "<|image>", "<image|>", "<|image|>", "<|turn>",
+                      "<turn|>"]}
+PROCESSORS = {
+    "gemma3": {"image_processor_type": "Gemma3ImageProcessor", "size": {"height": 48, "width": 48},
+               "image_seq_length": 9, "image_mean": [0.5] * 3, "image_std": [0.5] * 3},
+    "gemma4": {"image_processor_type": "Gemma4ImageProcessor", "patch_size": 16,
+               "max_soft_tokens": 70, "pooling_kernel_size": 3},
+}
 GEMMA3_VISION = Gemma3VisionConfig(
     hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
     image_size=48, patch_size=8, mm_tokens_per_image=9, out_hidden_size=48,
     image_token_id=IMAGE, boi_token_id=BOI, eoi_token_id=EOI, pad_token_id=PAD)
 GEMMA4_VISION = Gemma4VisionConfig(
     hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, position_embedding_size=16, use_clipped_linears=True,
+    num_key_value_heads=2, head_dim=16, position_embedding_size=224, use_clipped_linears=True,
     standardize=True, out_hidden_size=48, image_token_id=IMAGE, boi_token_id=BOI,
     eoi_token_id=EOI, pad_token_id=PAD)
 GEMMA4_GRIDS = ((6, 9), (3, 6))  # (rows, columns) of patches of the two test images
@@ -72,7 +92,7 @@ def make_gemma3(seed: int = 0):
     text = make_hf_model(cfg, seed)
     fields = hf_config_dict(cfg)
     fields.pop("architectures")
-    fields.update(pad_token_id=PAD)
+    fields.update(pad_token_id=PAD, eos_token_id=EOT, bos_token_id=2)
     v = GEMMA3_VISION
     config = transformers.Gemma3Config(
         text_config=fields, vision_config=gemma3_vision_hf_config(v),
@@ -95,7 +115,8 @@ def make_gemma4(seed: int = 0, bidirectional: str | None = "vision"):
     text = make_hf_model(cfg, seed)
     fields = hf_config_dict(cfg)
     fields.pop("architectures")
-    fields.update(pad_token_id=PAD, use_bidirectional_attention=bidirectional)
+    fields.update(pad_token_id=PAD, eos_token_id=EOT, bos_token_id=2,
+                  use_bidirectional_attention=bidirectional)
     config = transformers.Gemma4Config(
         text_config=transformers.Gemma4TextConfig(**fields),
         vision_config=gemma4_vision_hf_config(GEMMA4_VISION), audio_config=None,
@@ -112,8 +133,67 @@ def make_gemma4(seed: int = 0, bidirectional: str | None = "vision"):
 
 
 def save(model, folder: Path):
+    model.generation_config.eos_token_id = EOT
+    model.generation_config.pad_token_id = PAD
+    model.generation_config.bos_token_id = 2
     model.save_pretrained(folder)  # safetensors
     return model
+
+
+def save_checkpoint(kind: str, folder: Path, seed: int = 0):
+    """A checkpoint of ``kind`` ("gemma3", "gemma4") with its tokenizer, template and image
+    processor (see the module docstring); returns the transformers model."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    folder = Path(folder)
+    model = save(make_gemma3(seed) if kind == "gemma3" else make_gemma4(seed), folder)
+    names = SPECIAL[kind] + ["user", "model", "<unk>"]
+    vocab = {**{n: i for i, n in enumerate(names)}, **{f"t{i}": i for i in range(len(names), 256)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in SPECIAL[kind]])
+    tok.save(str(folder / "tokenizer.json"))
+    template = (TEMPLATES / f"{kind}_vl.jinja").read_text(encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": template, "bos_token": "<bos>", "eos_token": SPECIAL[kind][EOT],
+        "pad_token": "<pad>"}), encoding="utf-8")
+    (folder / "preprocessor_config.json").write_text(json.dumps(PROCESSORS[kind]),
+                                                     encoding="utf-8")
+    return model
+
+
+def hf_pixels(model, processed: list) -> dict:
+    """transformers' image inputs of our processed images (equal to its processor's)."""
+    if not processed:
+        return {}
+    pixels = torch.from_numpy(np.stack([p.pixel_values for p in processed]))
+    if model.config.model_type == "gemma3":
+        return {"pixel_values": pixels}
+    return {"pixel_values": pixels, "image_position_ids": torch.from_numpy(
+        np.stack([p.patch_positions for p in processed]))}
+
+
+def hf_image_embeds(model, processed) -> np.ndarray:
+    """transformers' soft tokens of one processed image, (N, D)."""
+    with torch.no_grad():
+        out = model.model.get_image_features(**hf_pixels(model, [processed])).pooler_output
+    return torch.as_tensor(out[0] if isinstance(out, (list, tuple)) else out).reshape(
+        -1, model.config.get_text_config().hidden_size).numpy()
+
+
+def hf_greedy(model, ids: list[int], processed: list, max_new_tokens: int) -> list[int]:
+    """transformers' greedy answer to ``ids`` with the images ``processed`` (generate(), the
+    image tokens marked as the processor marks them: their block attends both ways; it stops
+    after EOT)."""
+    types = "token_type_ids" if model.config.model_type == "gemma3" else "mm_token_type_ids"
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        out = model.generate(input_ids=x, attention_mask=torch.ones_like(x),
+                             **hf_pixels(model, processed), **{types: (x == IMAGE).long()},
+                             max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, len(ids):].tolist()
 
 
 def prompt(images: list[int], seed: int = 0) -> list[int]:

@@ -64,8 +64,8 @@ def plain_attention(query, key, value, past_key, past_value, seqlens_k, total_se
     # their whole image) and <= the row's last, within the window
     kpos = op18.Range(op18.Constant(value_int=0), op18.Squeeze(total), op18.Constant(value_int=1))
     query_pos = op18.Unsqueeze(positions, const([2]))  # (B, T, 1)
-    limit = query_pos if attend_until is None else op18.Unsqueeze(
-        op18.Cast(attend_until, to=i64), const([2]))
+    limit = query_pos if attend_until is None else op18.Max(query_pos, op18.Unsqueeze(
+        op18.Cast(attend_until, to=i64), const([2])))
     last = op18.Unsqueeze(op18.Cast(seqlens_k, to=i64), const([1, 2]))  # (B, 1, 1)
     visible = op18.And(op18.LessOrEqual(kpos, limit), op18.LessOrEqual(kpos, last))
     if local_window_size > 0:

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from llm_onnx.modeling import ops
 from llm_onnx.modeling.config import ModelConfig
-from llm_onnx.modeling.gemma_vision_config import AnyVisionConfig
+from llm_onnx.modeling.gemma_vision_config import AnyVisionConfig, bidirectional_layers
 from llm_onnx.modeling.layer import layer_class, make_layer
 from llm_onnx.modeling.layers import Fusion, Linear, MixerInputs, make_norm
 from llm_onnx.modeling.linear_attention import state_shapes
@@ -144,9 +144,7 @@ class Decoder(nn.Module):
             vision.check_decoder(cfg.hidden_size, cfg.rotary_dim, cfg.num_hidden_layers)
             if vision.mrope_section:
                 self.fusion = replace(self.fusion, rotary=False)
-            self.bidirectional = vision.bidirectional_layers(tuple(
-                "full_attention" if cfg.layer_window(i) is None else "sliding_attention"
-                for i in range(cfg.num_hidden_layers)))
+            self.bidirectional = bidirectional_layers(vision, cfg)
         self.max_positions = max_positions or cfg.max_position_embeddings
         # kv_int8: attention layers keep keys and values in int8 with per-channel scales
         # (their k_scale/v_scale), as GroupQueryAttention's quantized cache does

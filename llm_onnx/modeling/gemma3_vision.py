@@ -8,7 +8,7 @@
       --post_layernorm --> (I, N, hidden)
     multi_modal_projector: the (S/P) x (S/P) grid average-pooled by k x k to
         mm_tokens_per_image tokens, RMSNorm (mm_soft_emb_norm), @ mm_input_projection_weight
-      --> image_embeds (I, mm_tokens_per_image, out_hidden_size)
+      --> image_embeds (I * mm_tokens_per_image, out_hidden_size), image by image
 
 Every image has the same size (the processor resizes to image_size), so the graph's only
 dynamic axis is the number of images I; nothing depends on the pixels' values. Module
@@ -150,8 +150,8 @@ class _Holder(nn.Module):
 
 class Gemma3VisionEncoder(nn.Module):
     """The vision graph's root: pixel_values (I, C, S, S) float32, normalised as the processor
-    leaves them -> image_embeds (I, mm_tokens_per_image, out_hidden_size) float32. The modules
-    sit under ``model.`` (the checkpoints' names)."""
+    leaves them -> image_embeds (I * mm_tokens_per_image, out_hidden_size) float32, image by
+    image. The modules sit under ``model.`` (the checkpoints' names)."""
 
     def __init__(self, cfg: Gemma3VisionConfig, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
@@ -160,7 +160,8 @@ class Gemma3VisionEncoder(nn.Module):
 
     def forward(self, pixel_values: Tensor) -> Tensor:
         m = self.model
-        return m.multi_modal_projector(m.vision_tower(pixel_values))
+        out = m.multi_modal_projector(m.vision_tower(pixel_values))
+        return out.reshape(-1, self.config.out_hidden_size)
 
 
 __all__ = ["Gemma3VisionEncoder"]

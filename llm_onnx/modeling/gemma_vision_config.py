@@ -284,6 +284,14 @@ _KINDS: dict[str, Any] = {"qwen_vl": VisionConfig, "gemma3": Gemma3VisionConfig,
                           "gemma4": Gemma4VisionConfig}
 
 
+def bidirectional_layers(vision: AnyVisionConfig, cfg: Any) -> tuple[int, ...]:
+    """The layers of decoder ``cfg`` (a ModelConfig) where an image's tokens see each other
+    both ways: they run plain attention and take ``attend_until``."""
+    return vision.bidirectional_layers(tuple(
+        "full_attention" if cfg.layer_window(i) is None else "sliding_attention"
+        for i in range(cfg.num_hidden_layers)))
+
+
 def vision_config_from_dict(data: dict[str, Any]) -> AnyVisionConfig:
     """A tower config from its ``to_dict()`` (the manifest's), by its ``kind``."""
     kind = data.get("kind", "qwen_vl")
@@ -292,5 +300,5 @@ def vision_config_from_dict(data: dict[str, Any]) -> AnyVisionConfig:
     return _KINDS[kind].from_dict(data)
 
 
-__all__ = ["AnyVisionConfig", "Gemma3VisionConfig", "Gemma4VisionConfig",
+__all__ = ["AnyVisionConfig", "bidirectional_layers", "Gemma3VisionConfig", "Gemma4VisionConfig",
            "vision_config_from_dict"]

@@ -165,9 +165,9 @@ def attention_ref(
     dropped (the kernel's head_sink input). ``k_scale``/``v_scale`` (Hkv*D,) float32: the cache
     is int8, the new keys (after RoPE) and values written as ``quantize_kv`` and every key and
     value read back as ``dequantize_kv`` (the kernel's k_scale/v_scale, PER_CHANNEL).
-    ``attend_until`` (B, T) int64: the last key position each new token sees, in place of its
-    own (Gemma: an image's tokens see the whole image; the window still counts back from the
-    token's own position). Only plain_attention passes it: GroupQueryAttention cannot.
+    ``attend_until`` (B, T) int64: the last key position each new token sees, if past its own
+    (Gemma: an image's tokens see the whole image; zeros: causal; the window still counts back
+    from the token's own position). Only plain_attention passes it: GroupQueryAttention cannot.
     """
     b, t, _ = query.shape
     d = past_key.shape[-1]
@@ -200,7 +200,7 @@ def attention_ref(
         s = attention_bias.shape[-1]
         scores = torch.cat([scores[..., :s] + attention_bias.float(), scores[..., s:]], dim=-1)
     kpos = torch.arange(p, device=query.device)
-    limit = pos if attend_until is None else attend_until.to(torch.int64)
+    limit = pos if attend_until is None else torch.maximum(pos, attend_until.to(torch.int64))
     visible = (kpos[None, None, :] <= limit[:, :, None]) & (
         kpos[None, None, :] <= seqlens_k.to(torch.int64)[:, None, None])  # (B, T, P)
     if local_window_size > 0:
