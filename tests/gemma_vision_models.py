@@ -2,8 +2,10 @@
 ``Gemma4ForConditionalGeneration``) saved by transformers, the independent reference of the
 Gemma image tests, and the inputs both sides take for a prompt with images.
 
-The text models are the presets gemma3_tiny and gemma4_tiny, their weights drawn as
-tests/hf_models.py draws them; the towers are the smallest that still exercise every part:
+The text models are the presets gemma3_tiny and gemma4_tiny (made dense, as Gemma 4 E2B and E4B
+are: its experts are the text tests', and tracing them would only slow each image export), their
+weights drawn as tests/hf_models.py draws them; the towers are the smallest that still exercise
+every part:
 
     Gemma 3  SigLIP over 48 x 48 pixels in 8 x 8 patches (a 6 x 6 grid), pooled 2 x 2 to 9
              soft tokens: longer than the text's window of 4, so a sliding layer's window cuts
@@ -107,11 +109,11 @@ def make_gemma3(seed: int = 0):
 
 
 def make_gemma4(seed: int = 0, bidirectional: str | None = "vision"):
-    """transformers' tiny Gemma4ForConditionalGeneration (text: gemma4_tiny; its text config's
-    use_bidirectional_attention ``bidirectional``), without the audio tower."""
+    """transformers' tiny Gemma4ForConditionalGeneration (text: gemma4_tiny made dense; its text
+    config's use_bidirectional_attention ``bidirectional``), without the audio tower."""
     import transformers
 
-    cfg = get_config("gemma4_tiny")
+    cfg = get_config("gemma4_tiny").replace(moe=None, enable_moe_block=False)
     text = make_hf_model(cfg, seed)
     fields = hf_config_dict(cfg)
     fields.pop("architectures")

@@ -81,7 +81,7 @@ def test_text_only_keeps_the_text_folder(vision_checkpoint, tmp_path):
     out = tmp_path / "text"
     result = CliRunner().invoke(main, ["export", "--checkpoint", str(checkpoint), "--text-only",
                                        "--precision", "fp32", "--max-seq-len", "64",
-                                       "--out", str(out)])
+                                       "--no-validate", "--out", str(out)])  # (a text gate)
     assert result.exit_code == 0, result.output
     manifest = load_manifest(out)
     assert manifest.modalities == ("text",) and manifest.images is None

@@ -25,16 +25,18 @@ from tests.tolerances import TORCH_VS_HF_FP32, VISION_TOWER_FP32
 
 
 @pytest.fixture(scope="module")
-def gemma3(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("gemma3_vision")
-    hf = gv.save(gv.make_gemma3(seed=1), folder)
+def gemma3(vision_checkpoint):
+    hf, folder = vision_checkpoint("gemma3")  # (the checkpoint the image exports share)
     return hf, open_checkpoint(folder)
 
 
 @pytest.fixture(scope="module", params=["vision", None], ids=["bidirectional", "causal"])
-def gemma4(request, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("gemma4_vision")
-    hf = gv.save(gv.make_gemma4(seed=2, bidirectional=request.param), folder)
+def gemma4(request, vision_checkpoint, tmp_path_factory):
+    if request.param == "vision":  # the released configs' (and the shared checkpoint's)
+        hf, folder = vision_checkpoint("gemma4")
+    else:
+        folder = tmp_path_factory.mktemp("gemma4_vision")
+        hf = gv.save(gv.make_gemma4(seed=2, bidirectional=request.param), folder)
     return hf, open_checkpoint(folder)
 
 
