@@ -209,12 +209,11 @@ class MultimodalEmbedder(nn.Module):
 
     def __init__(self, cfg: Gemma4VisionConfig, dtype: torch.dtype) -> None:
         super().__init__()
-        self.eps = cfg.rms_norm_eps
+        self.eps, self.dtype = cfg.rms_norm_eps, dtype
         self.embedding_projection = Linear(cfg.hidden_size, cfg.out_hidden_size, False, dtype)
 
-    def forward(self, x: Tensor) -> Tensor:
-        w = self.embedding_projection.weight
-        return self.embedding_projection(_rms(x, self.eps).to(w.dtype)).float()
+    def forward(self, x: Tensor) -> Tensor:  # (the projection's dtype: quantized, it has no weight)
+        return self.embedding_projection(_rms(x, self.eps).to(self.dtype)).float()
 
 
 class _Holder(nn.Module):

@@ -150,18 +150,25 @@ def test_gemma4_logits_with_images_match_transformers(gemma4, images):
 
 
 def test_towers_and_the_image_prefill_trace_with_dynamic_shapes():
-    """No shape depends on a value: torch.export traces the towers over any image count
-    (Gemma 3) or patch count (Gemma 4: from 2 tokens up, export's 0/1 rule), and the prefill
-    over any prompt and image-token count, with attend_until as an input."""
+    """No shape depends on a value: torch.export traces the towers (float, and with their
+    projections quantized, --quantize-vision) over any image count (Gemma 3) or patch count
+    (Gemma 4: from 2 tokens up, export's 0/1 rule), and the prefill over any prompt and
+    image-token count, with attend_until as an input."""
     from torch.export import Dim, export
 
+    from llm_onnx.export import ExportOptions
+    from llm_onnx.export.modules import vision_export_form
+
+    int4 = ExportOptions(precision="int4", quantize_vision=True)  # (projections: no .weight)
     with torch.device("meta"):
-        export(build_vision(gv.GEMMA3_VISION), (torch.zeros(2, 3, 48, 48),),
-               dynamic_shapes=({0: Dim("images")},))
-        n = Dim("patches", min=18)
-        export(build_vision(gv.GEMMA4_VISION),
-               (torch.zeros(54, 48 * 16), torch.zeros(54, 2, dtype=torch.int64)),
-               dynamic_shapes=({0: n}, {0: n}))
+        for quantized in (False, True):
+            towers = [build_vision(v) for v in (gv.GEMMA3_VISION, gv.GEMMA4_VISION)]
+            if quantized:
+                towers = [vision_export_form(t, int4) for t in towers]
+            export(towers[0], (torch.zeros(2, 3, 48, 48),), dynamic_shapes=({0: Dim("images")},))
+            n = Dim("patches", min=18)
+            export(towers[1], (torch.zeros(54, 48 * 16), torch.zeros(54, 2, dtype=torch.int64)),
+                   dynamic_shapes=({0: n}, {0: n}))
     for name, vision in (("gemma3_tiny", gv.GEMMA3_VISION),
                          ("gemma4_tiny", gv.GEMMA4_VISION.replace(bidirectional="vision"))):
         model = build_model(get_config(name), vision=vision, max_positions=64)
