@@ -28,6 +28,9 @@ POSITION_IDS = "position_ids"  # (3, B, T) int64: each new token's time, height,
 IMAGE_EMBEDS = "image_embeds"  # (M, D) float32: embeddings to place (vision.onnx's output too)
 IMAGE_TOKEN_INDEX = "image_token_index"  # (M,) int64: where, among the B*T new tokens
 DEEPSTACK_EMBEDS = "deepstack_embeds"  # (K, M, D) float32: Qwen3-VL's DeepStack features
+# (B, T) int64, Gemma: the last key position each new token sees (an image's tokens: the end of
+# their image; max with the token's own position, so zeros mean causal)
+ATTEND_UNTIL = "attend_until"
 # vision.onnx: one image's patches in, its soft tokens' embeddings out (modeling/vision_tower.py)
 PIXEL_VALUES = "pixel_values"  # (N, C*T*P*P) float32, the processor's patches in its order
 POSITION_INDEX = "position_index"  # (N, 4) int64: rows of the learned position grid blended
@@ -35,6 +38,11 @@ POSITION_WEIGHT = "position_weight"  # (N, 4) float32: their bilinear weights
 ROTARY_COS = "rotary_cos"  # (N, D/2) float32: each patch's 2-D RoPE (height, then width angles)
 ROTARY_SIN = "rotary_sin"
 VISION_INPUTS = (PIXEL_VALUES, POSITION_INDEX, POSITION_WEIGHT, ROTARY_COS, ROTARY_SIN)
+# Gemma 3's vision.onnx takes pixel_values (I, 3, S, S) alone; Gemma 4's, (N, P*P*3) patches in
+# [0, 1] and their (column, row) (modeling/gemma3_vision.py, gemma4_vision.py)
+PIXEL_POSITION_IDS = "pixel_position_ids"  # (N, 2) int64
+VISION_INPUTS_BY_KIND = {"qwen_vl": VISION_INPUTS, "gemma3": (PIXEL_VALUES,),
+                         "gemma4": (PIXEL_VALUES, PIXEL_POSITION_IDS)}
 
 
 def state_names(num_layers: int, linear: Collection[int] = (),
@@ -61,10 +69,12 @@ def input_names(num_layers: int, linear: Collection[int] = (),
         past for past, _ in state_names(num_layers, linear, shared)]
 
 
-def image_input_names(deepstack: bool) -> list[str]:
-    """The inputs a decoder that takes images adds, in the graphs' order."""
-    return [POSITION_IDS, IMAGE_EMBEDS, IMAGE_TOKEN_INDEX] + ([DEEPSTACK_EMBEDS] if deepstack
-                                                              else [])
+def image_input_names(deepstack: bool, mrope: bool = True, attend: bool = False) -> list[str]:
+    """The inputs a decoder that takes images adds, in the graphs' order: Qwen's position rows
+    (``mrope``) and DeepStack features (``deepstack``), Gemma's ``attend_until`` (``attend``:
+    layers where an image's tokens see each other both ways)."""
+    return [POSITION_IDS] * mrope + [IMAGE_EMBEDS, IMAGE_TOKEN_INDEX] + \
+        [DEEPSTACK_EMBEDS] * deepstack + [ATTEND_UNTIL] * attend
 
 
 def vision_output_names(deepstack: bool) -> list[str]:
@@ -82,5 +92,5 @@ __all__ = ["INPUT_IDS", "SEQLENS_K", "TOTAL_SEQUENCE_LENGTH", "PAST_KEY", "PAST_
            "PRESENT_CONV", "PRESENT_RECURRENT", "VALID_TOKENS", "SEQUENCE_LENGTHS", "EMBEDDINGS",
            "state_names", "input_names", "output_names", "POSITION_IDS", "IMAGE_EMBEDS",
            "IMAGE_TOKEN_INDEX", "DEEPSTACK_EMBEDS", "PIXEL_VALUES", "POSITION_INDEX",
-           "POSITION_WEIGHT", "ROTARY_COS", "ROTARY_SIN", "VISION_INPUTS", "image_input_names",
-           "vision_output_names"]
+           "POSITION_WEIGHT", "ROTARY_COS", "ROTARY_SIN", "VISION_INPUTS", "ATTEND_UNTIL",
+           "PIXEL_POSITION_IDS", "VISION_INPUTS_BY_KIND", "image_input_names", "vision_output_names"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from llm_onnx.modeling.vision_config import VisionConfig
+from llm_onnx.modeling.gemma_vision_config import AnyVisionConfig
 
 # ----------------------------------------------------------------------------- sections
 
@@ -234,7 +234,7 @@ class ImagesSpec:
     tokens (with ``vision_start_token_id`` / ``vision_end_token_id`` around them, which the
     template writes). ``weights``: what the tower's projections store, in words."""
 
-    vision: VisionConfig
+    vision: AnyVisionConfig  # its kind: qwen_vl, gemma3, gemma4
     processor: dict[str, Any]
     image_token_id: int
     placeholder: str
@@ -242,6 +242,9 @@ class ImagesSpec:
     weights: str
     vision_start_token_id: int | None = None
     vision_end_token_id: int | None = None
+    # the tokenizer's names of the family's image tokens where tokenizer_config.json renames
+    # them (``image_token``; Gemma's ``boi_token``, ``eoi_token``)
+    token_names: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from llm_onnx.errors import ModelFolderError
 from llm_onnx.graph_io import (  # noqa: F401 (re-exported: mf.INPUT_IDS, mf.state_names, ...)
+    ATTEND_UNTIL,
     DEEPSTACK_EMBEDS,
     EMBEDDINGS,
     IMAGE_EMBEDS,
@@ -34,6 +35,7 @@ from llm_onnx.graph_io import (  # noqa: F401 (re-exported: mf.INPUT_IDS, mf.sta
     PAST_KEY,
     PAST_RECURRENT,
     PAST_VALUE,
+    PIXEL_POSITION_IDS,
     PIXEL_VALUES,
     POSITION_IDS,
     POSITION_INDEX,
@@ -49,6 +51,7 @@ from llm_onnx.graph_io import (  # noqa: F401 (re-exported: mf.INPUT_IDS, mf.sta
     TOTAL_SEQUENCE_LENGTH,
     VALID_TOKENS,
     VISION_INPUTS,
+    VISION_INPUTS_BY_KIND,
     image_input_names,
     input_names,
     output_names,

@@ -233,7 +233,9 @@ def embedding_export(embedding_checkpoint, tmp_path_factory):
 @pytest.fixture(scope="session")
 def vision_checkpoint(tmp_path_factory):
     """``vision_checkpoint(kind)`` -> (transformers model, checkpoint folder) of a tiny random
-    multimodal model (tests/vision_models.py: "qwen3_vl", "qwen3_5", "qwen3_5_moe"), made once."""
+    multimodal model (tests/vision_models.py: "qwen3_vl", "qwen3_5", "qwen3_5_moe";
+    tests/gemma_vision_models.py: "gemma3", "gemma4"), made once."""
+    from tests import gemma_vision_models
     from tests.vision_models import save_vision_checkpoint
 
     made: dict[str, tuple] = {}
@@ -241,7 +243,9 @@ def vision_checkpoint(tmp_path_factory):
     def get(kind: str):
         if kind not in made:
             folder = tmp_path_factory.mktemp(f"vl_{kind}")
-            made[kind] = (save_vision_checkpoint(kind, folder), folder)
+            save = gemma_vision_models.save_checkpoint if kind.startswith("gemma") \
+                else save_vision_checkpoint
+            made[kind] = (save(kind, folder), folder)
         return made[kind]
 
     return get

@@ -1,4 +1,5 @@
-"""Images through the CLI (a tiny random Qwen3-VL exported at fp32, against transformers):
+"""Images through the CLI (tiny random Qwen3-VL, Gemma 3 and Gemma 4 exported at fp32, the
+exports tests/runtime/test_images.py uses, against transformers):
 ``llm-onnx generate --image`` (repeatable), ``/image PATH`` in ``llm-onnx chat``, and the
 text-only folder's refusal."""
 
@@ -23,14 +24,19 @@ def run(*args, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def setup(vision_checkpoint, vision_export, tmp_path_factory):
-    hf, _ = vision_checkpoint("qwen3_vl")
-    folder = vision_export("qwen3_vl")
-    files = []
+def files(tmp_path_factory):
+    out = []
     for k, (h, w) in enumerate([(70, 120), (150, 60)]):
         path = tmp_path_factory.mktemp("images") / f"picture{k}.png"
         PIL.Image.fromarray(image(h, w, k + 1)).save(path)
-        files.append(path)
+        out.append(path)
+    return out
+
+
+@pytest.fixture(scope="module", params=["qwen3_vl", "gemma3", "gemma4"])
+def setup(request, vision_checkpoint, vision_export, files):
+    hf, _ = vision_checkpoint(request.param)
+    folder = vision_export(request.param)
     return hf, folder, Model.load(folder, speculative="off"), files
 
 
@@ -70,8 +76,7 @@ def test_chat_image_command(setup):
     assert "attached" in result.stderr
 
 
-def test_text_only_folder_refuses_images(setup, tiny_export):
-    _, _, _, files = setup
+def test_text_only_folder_refuses_images(files, tiny_export):
     folder = tiny_export("qwen3_tiny")
     result = run("generate", "--model", str(folder), "-q", "--prompt-ids", "1,2",
                  "--image", str(files[0]))

@@ -44,7 +44,7 @@ def _modules_after(statement: str) -> set[str]:
 
 # The decoder's pure-Python config (ModelConfig and its groups), which the runtime reads
 PURE_CONFIG = ("llm_onnx.modeling.config", "llm_onnx.modeling.subconfigs",
-               "llm_onnx.modeling.vision_config")
+               "llm_onnx.modeling.vision_config", "llm_onnx.modeling.gemma_vision_config")
 
 
 def test_runtime_does_not_import_torch():
@@ -143,7 +143,8 @@ DECODER = ("llm_onnx.modeling.decoder", "llm_onnx.modeling.layer", "llm_onnx.mod
            "llm_onnx.modeling.attention", "llm_onnx.modeling.mlp", "llm_onnx.modeling.positions",
            "llm_onnx.modeling.linear_attention", "llm_onnx.modeling.embedding",
            "llm_onnx.modeling.vision_tower", "llm_onnx.modeling.vision_ops",
-           "llm_onnx.modeling.multimodal")
+           "llm_onnx.modeling.multimodal", "llm_onnx.modeling.gemma3_vision",
+           "llm_onnx.modeling.gemma4_vision")
 
 
 def test_layers_import_downwards_only():

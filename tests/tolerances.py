@@ -12,3 +12,5 @@ ORT_FP32 = 1e-4
 ORT_FP16 = 5e-2
 # ONNX Runtime int8/int4 vs torch running the dequantized weights.
 ORT_QUANT = 2e-3
+# A vision tower's soft tokens (values of order 1) vs transformers' get_image_features, fp32.
+VISION_TOWER_FP32 = 1e-5

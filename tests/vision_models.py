@@ -145,7 +145,12 @@ def hf_inputs(ids: list[int], processed: list) -> dict:
 
 
 def hf_greedy(model, ids: list[int], processed: list, max_new_tokens: int) -> list[int]:
-    """transformers' greedy answer to ``ids`` with the images ``processed``."""
+    """transformers' greedy answer to ``ids`` with the images ``processed`` (a Gemma model's:
+    tests/gemma_vision_models.py)."""
+    if model.config.model_type in ("gemma3", "gemma4"):
+        from tests import gemma_vision_models
+
+        return gemma_vision_models.hf_greedy(model, ids, processed, max_new_tokens)
     with torch.no_grad():
         out = model.generate(**hf_inputs(ids, processed), max_new_tokens=max_new_tokens,
                              do_sample=False)

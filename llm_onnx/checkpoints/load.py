@@ -25,15 +25,15 @@ from llm_onnx.checkpoints.sources import (
     TensorSource,
     gguf_field,
 )
-from llm_onnx.checkpoints.vision import check_vision_tensors
+from llm_onnx.checkpoints.vision import check_vision_tensors, vision_source
 from llm_onnx.errors import CheckpointError
 from llm_onnx.families import load_hf_config, load_vision_config
 from llm_onnx.modeling.attention import hadamard
 from llm_onnx.modeling.config import ModelConfig
 from llm_onnx.modeling.decoder import Decoder, Fusion
 from llm_onnx.modeling.embedding import EmbeddingDecoder
+from llm_onnx.modeling.gemma_vision_config import AnyVisionConfig
 from llm_onnx.modeling.shapes import checkpoint_shapes
-from llm_onnx.modeling.vision_config import VisionConfig
 
 # Tokenizer and generation files carried from a Hugging Face folder into a model folder.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -56,9 +56,9 @@ class Checkpoint:
     # the bare model's tensors (Qwen3Model, LlamaModel: no LM head), as embedding models ship
     bare: bool = False
     gguf_pooling: str | None = None  # GGUF: its <arch>.pooling_type (embedding models)
-    # the vision tower beside the text model (Qwen3-VL, Qwen3.5), its tensors by their own
-    # names (checkpoints/vision.py); None: text only
-    vision: VisionConfig | None = None
+    # the vision tower beside the text model (Qwen3-VL, Qwen3.5, Gemma 3, Gemma 4), its
+    # tensors by their own names (checkpoints/vision.py); None: text only
+    vision: AnyVisionConfig | None = None
     vision_source: TensorSource | None = None
 
     def write_tokenizer(self, folder: Path) -> list[str]:
@@ -87,15 +87,16 @@ def open_checkpoint(path: Path, task: str = "generate", *, text_only: bool = Fal
     source = family_source(raw, cfg)  # GPT-2/BLOOM/Falcon, bare models: canonical names
     check_tensors(cfg, source, str(model_folder), head=task != "embed")
     vision = None if text_only or task != "generate" else load_vision_config(model_folder)
-    if vision is not None:
+    tower = None if vision is None else vision_source(vision, raw)
+    if vision is not None and tower is not None:
         vision.check_decoder(cfg.hidden_size, cfg.rotary_dim, cfg.num_hidden_layers)
-        check_vision_tensors(vision, raw, str(model_folder))
+        check_vision_tensors(vision, tower, str(model_folder))
     files = {f: (model_folder / f).read_bytes() for f in TOKENIZER_FILES
              if (model_folder / f).is_file()}
     eos, bos = _hf_special_ids(model_folder)
     return Checkpoint(cfg, source, path.name, "hf", path, files, eos, bos,
                       bare=is_bare_model(raw) or _names_bare_class(model_folder),
-                      vision=vision, vision_source=raw if vision is not None else None)
+                      vision=vision, vision_source=tower)
 
 
 def _names_bare_class(folder: Path) -> bool:
@@ -273,7 +274,8 @@ def load_weights(model: Decoder, source: TensorSource) -> Decoder:
 def build_model(cfg: ModelConfig, source: TensorSource | None = None, *,
                 dtype: torch.dtype = torch.float32, fusion: Fusion | None = None,
                 max_positions: int | None = None, pooling: str | None = None,
-                normalize: bool = False, kv_int8: bool = False) -> Decoder:
+                normalize: bool = False, kv_int8: bool = False,
+                vision: AnyVisionConfig | None = None) -> Decoder:
     """The decoder of ``cfg``: weightless on the meta device, or filled from ``source``.
 
     Args:
@@ -287,11 +289,13 @@ def build_model(cfg: ModelConfig, source: TensorSource | None = None, *,
             forward pools the final hidden states).
         kv_int8: an int8 KV cache; ``source`` then also gives each attention layer's
             ``self_attn.k_scale`` and ``v_scale`` (an export's, or calibrate.kv_scale's).
+        vision: the tower beside it (``Checkpoint.vision``): the decoder then takes image
+            embeddings (modeling/multimodal.py).
     """
     max_positions = max_positions or cfg.max_position_embeddings
     with torch.device("meta"):
         model = Decoder(cfg, dtype=dtype, fusion=fusion, max_positions=max_positions,
-                        kv_int8=kv_int8) \
+                        kv_int8=kv_int8, vision=vision) \
             if pooling is None else EmbeddingDecoder(cfg, pooling=pooling, normalize=normalize,
                                                      dtype=dtype, fusion=fusion,
                                                      max_positions=max_positions)

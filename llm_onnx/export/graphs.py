@@ -14,11 +14,14 @@ GroupQueryAttention updates in place when the runtime binds past and present to 
 A linear-attention layer (Qwen3.5) takes its conv and recurrent states instead, (B, K-1, C) and
 (B, Hv, dk, dv), also updated in place, and the graphs take valid_tokens (B,): how many of each
 row's new tokens advance those states.
-A decoder that takes images (Qwen3-VL, Qwen3.5 with their towers) adds position_ids (3, B, T),
-image_embeds (M, D), image_token_index (M,) and DeepStack's deepstack_embeds (K, M, D) to both.
-vision:  one image's patches (N, C*T*P*P) and their bookkeeping (position_index, position_weight,
-         rotary_cos, rotary_sin) in; image_embeds (N / merge², D) out (and deepstack_embeds);
-         N dynamic, in whole tokens.
+A decoder that takes images adds image_embeds (M, D) and image_token_index (M,) to both, and
+Qwen's position_ids (3, B, T) and DeepStack's deepstack_embeds (K, M, D) (Qwen3-VL, Qwen3.5),
+or Gemma's attend_until (B, T) (Gemma 3, Gemma 4 with bidirectional image attention).
+vision:  Qwen: one image's patches (N, C*T*P*P) and their bookkeeping (position_index,
+         position_weight, rotary_cos, rotary_sin) in; image_embeds (N / merge², D) out (and
+         deepstack_embeds); N dynamic, in whole tokens. Gemma 3: pixel_values (I, 3, S, S) in,
+         image_embeds (I * tokens, D) out. Gemma 4: one image's patches (N, P*P*3) and
+         pixel_position_ids (N, 2) in, image_embeds (N / k², D) out.
 embed:   input_ids (B, T) right-padded and sequence_lengths (B,); embeddings (B, E), each row's
          final hidden states pooled over its real tokens (llm_onnx/modeling/embedding.py). The
          attention's keys and values live for the one run: no cache goes in or out.
@@ -32,6 +35,7 @@ import warnings
 import numpy as np
 import onnx_ir as ir
 import torch
+from torch import nn
 
 from llm_onnx import model_folder as names
 from llm_onnx.export.custom_ops import fix_domains, translation_table
@@ -39,7 +43,6 @@ from llm_onnx.export.kv_int8_attention import inline_branch_calls
 from llm_onnx.modeling.decoder import Decoder
 from llm_onnx.modeling.embedding import EmbeddingDecoder
 from llm_onnx.modeling.linear_attention import state_shapes
-from llm_onnx.modeling.vision_tower import VisionEncoder
 
 GRAPHS = ("prefill", "decode")
 
@@ -121,8 +124,10 @@ def _image_inputs(model: Decoder, kwargs: dict, dynamic: dict, inputs: list[str]
     vision = model.vision
     assert vision is not None
     width, count = model.config.hidden_size, torch.export.Dim("image_tokens")
-    kwargs["position_ids"] = torch.zeros(3, 2, seq_len, dtype=torch.int64, device="meta")
-    dynamic["position_ids"] = {1: batch, 2: sequence} if sequence is not None else {1: batch}
+    rows = {0: batch, 1: sequence} if sequence is not None else {0: batch}
+    if vision.mrope_section:  # Qwen: three position rows
+        kwargs["position_ids"] = torch.zeros(3, 2, seq_len, dtype=torch.int64, device="meta")
+        dynamic["position_ids"] = {k + 1: d for k, d in rows.items()}
     kwargs["image_embeds"] = torch.zeros(2, width, device="meta")
     dynamic["image_embeds"] = {0: count}
     kwargs["image_token_index"] = torch.zeros(2, dtype=torch.int64, device="meta")
@@ -131,29 +136,53 @@ def _image_inputs(model: Decoder, kwargs: dict, dynamic: dict, inputs: list[str]
         kwargs["deepstack_embeds"] = torch.zeros(vision.deepstack_layers, 2, width,
                                                  device="meta")
         dynamic["deepstack_embeds"] = {1: count}
-    inputs += names.image_input_names(bool(vision.deepstack_layers))
+    if model.bidirectional:  # Gemma: where an image's tokens see each other both ways
+        kwargs["attend_until"] = torch.zeros(2, seq_len, dtype=torch.int64, device="meta")
+        dynamic["attend_until"] = rows
+    inputs += names.image_input_names(bool(vision.deepstack_layers), bool(vision.mrope_section),
+                                      bool(model.bidirectional))
 
 
-def trace_vision(model: VisionEncoder) -> ir.Model:
-    """Export the vision graph: one image's patches (a whole number of tokens) in; initializers
-    keep the module names (model.visual.*) and hold no data yet."""
-    cfg = model.config
+def _vision_examples(cfg) -> tuple[tuple[torch.Tensor, ...], tuple[dict, ...]]:
+    """vision.onnx's example inputs and dynamic dims, by the tower's kind:
+
+        qwen_vl  one image's patches (a whole number of tokens) and their bookkeeping
+        gemma3   (I, 3, S, S) pixels of I images, each image_size square
+        gemma4   one image's N patches and their (column, row), N a whole number of tokens
+                 (from 2 tokens: torch.export takes a size of 1 for a constant)"""
+    if cfg.kind == "gemma3":
+        s = cfg.image_size
+        return (torch.zeros(2, cfg.num_channels, s, s, device="meta"),), \
+            ({0: torch.export.Dim("images")},)
+    if cfg.kind == "gemma4":
+        tokens = torch.export.Dim("image_tokens", min=2)
+        patches = cfg.pool_area * tokens
+        n = 2 * cfg.pool_area
+        return (torch.zeros(n, cfg.patch_width, device="meta"),
+                torch.zeros(n, 2, dtype=torch.int64, device="meta")), \
+            ({0: patches}, {0: patches})
     tokens = torch.export.Dim("image_tokens")
     patches = cfg.merge_unit * tokens
     n = 2 * cfg.merge_unit
-    example = (torch.zeros(n, cfg.patch_width, device="meta"),
-               torch.zeros(n, 4, dtype=torch.int64, device="meta"),
-               torch.zeros(n, 4, device="meta"),
-               torch.zeros(n, cfg.head_dim // 2, device="meta"),
-               torch.zeros(n, cfg.head_dim // 2, device="meta"))
-    dynamic = {name: {0: patches} for name in ("pixel_values", "position_index",
-                                                "position_weight", "rotary_cos", "rotary_sin")}
+    return (torch.zeros(n, cfg.patch_width, device="meta"),
+            torch.zeros(n, 4, dtype=torch.int64, device="meta"),
+            torch.zeros(n, 4, device="meta"),
+            torch.zeros(n, cfg.head_dim // 2, device="meta"),
+            torch.zeros(n, cfg.head_dim // 2, device="meta")), tuple({0: patches} for _ in range(5))
+
+
+def trace_vision(model: nn.Module) -> ir.Model:
+    """Export the vision graph (its inputs by the tower's kind: _vision_examples); initializers
+    keep the module names (model.visual.*, model.vision_tower.*, ...) and hold no data yet."""
+    cfg = model.config
+    example, dims = _vision_examples(cfg)
+    inputs = list(names.VISION_INPUTS_BY_KIND[cfg.kind])
     deepstack = bool(cfg.deepstack_layers)
     with warnings.catch_warnings(), _quiet_exporter():
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
-            model, example, dynamo=True, dynamic_shapes=dynamic, optimize=False, verbose=False,
-            custom_translation_table=translation_table(), input_names=list(names.VISION_INPUTS),
+            model, example, dynamo=True, dynamic_shapes=dims, optimize=False, verbose=False,
+            custom_translation_table=translation_table(), input_names=inputs,
             output_names=names.vision_output_names(deepstack))
     graph_model = program.model
     fix_domains(graph_model)

@@ -342,6 +342,11 @@ def _set(root: nn.Module, path: str, module: nn.Module) -> None:
     setattr(root.get_submodule(parent) if parent else root, attr, module)
 
 
+# the towers' first maps, from pixels: Qwen's, SigLIP's (Gemma 3), Gemma 4's
+PATCH_EMBEDDINGS = ("patch_embed.proj", "embeddings.patch_embedding",
+                    "patch_embedder.input_proj")
+
+
 def vision_export_form(model: nn.Module, options: ExportOptions) -> nn.Module:
     """The vision tower's projections in export forms, in place: float (MatMulLinear), or
     quantized as the decoder's with ``options.quantize_vision`` in an int8/int4 export (the
@@ -351,7 +356,7 @@ def vision_export_form(model: nn.Module, options: ExportOptions) -> nn.Module:
             if not isinstance(module, Linear):
                 continue
             bits = options.bits if options.quantize_vision and not path.endswith(
-                "patch_embed.proj") else None
+                PATCH_EMBEDDINGS) else None
             bias, dtype = module.bias is not None, module.weight.dtype
             _set(model, path, MatMulLinear(module.in_features, module.out_features, bias, dtype)
                  if bits is None else NBitsLinear(

@@ -13,6 +13,7 @@ import numpy as np
 
 from llm_onnx import model_folder as mf
 from llm_onnx.checkpoints.load import Checkpoint
+from llm_onnx.checkpoints.vision import TOWERS
 from llm_onnx.export.folder import release_memory
 from llm_onnx.export.plan import ExportPlan
 from llm_onnx.export.progress import Progress
@@ -33,10 +34,9 @@ from llm_onnx.export.validate_embeddings import (
 )
 from llm_onnx.export.validate_images import compare_images
 from llm_onnx.export.weights import StoredTensor
-from llm_onnx.families.qwen_vision import PREFIX as VISION_PREFIX
 from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.gemma_vision_config import AnyVisionConfig
 from llm_onnx.modeling.shapes import Shape, num_parameters
-from llm_onnx.modeling.vision_config import VisionConfig
 
 # Validate the whole model when the torch reference and ORT both fit comfortably in memory.
 FULL_VALIDATION_PARAMS = 600_000_000
@@ -113,7 +113,8 @@ def _compare_folder(plan: ExportPlan, folder: Path, tensors: dict[str, StoredTen
     cfg, options = plan.cfg, plan.options
     limits = thresholds(options)
     kv_dtype = np.int8 if options.kv_int8 else np.float16 if options.float16 else np.float32
-    tower_tensors = {n: t for n, t in tensors.items() if n.startswith(VISION_PREFIX)}
+    prefixes = tuple(TOWERS[plan.vision_config.kind][1]) if plan.vision_config else ()
+    tower_tensors = {n: t for n, t in tensors.items() if prefixes and n.startswith(prefixes)}
     tensors = {n: t for n, t in tensors.items() if n not in tower_tensors}
     reference = compute_in_float32(load_stored(plan.model, folder / mf.WEIGHTS, tensors))
     if plan.embedding is not None:  # embed.onnx: one run, no cache, no CUDA engine path
@@ -214,11 +215,13 @@ class _ScratchSource:
         return self.source.describe(name)
 
 
-def _scratch_vision(vision: VisionConfig | None) -> VisionConfig | None:
+def _scratch_vision(vision: AnyVisionConfig | None) -> AnyVisionConfig | None:
     """The scratch model's tower: the first block (and the first DeepStack merger after it);
     its image token a row of the cut vocabulary (the image's embeddings replace it)."""
     if vision is None:
         return None
+    if vision.kind != "qwen_vl":  # Gemma: the pad id, looked up there, stays in the vocabulary
+        return vision.replace(num_hidden_layers=1, image_token_id=1)
     return vision.replace(depth=1, image_token_id=0, deepstack_visual_indexes=(
         (0,) if vision.deepstack_visual_indexes else ()))
 

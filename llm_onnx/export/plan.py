@@ -5,8 +5,9 @@
                       (an EmbeddingDecoder, without LM head, for task embed)
     plan.producers    for each parameter, how to build it from checkpoint tensors (fused
                       projections, stacked experts), taken before the swap
-    plan.vision       the vision tower's root (VisionEncoder) in export forms, when the folder
-                      takes images; its graph is vision.onnx, its tensors in the same weights
+    plan.vision       the vision tower's root (checkpoints/vision.py's, by the tower's kind) in
+                      export forms, when the folder takes images; its graph is vision.onnx, its
+                      tensors in the same weights
     plan.trace()      the prefill and decode graphs (or the embed graph), traced from plan.model
     plan.graph_specs  their inputs and outputs, from the traced programs in memory
     plan.precision    what the export does to the weights, read from the export-form modules
@@ -25,10 +26,11 @@ from dataclasses import dataclass, field
 
 import onnx_ir as ir
 import torch
+from torch import nn
 
 from llm_onnx import model_folder as mf
 from llm_onnx.checkpoints.load import Producer, param_producers
-from llm_onnx.checkpoints.vision import vision_producers
+from llm_onnx.checkpoints.vision import build_vision, vision_producers
 from llm_onnx.errors import ConfigError
 from llm_onnx.export import kv_scales
 from llm_onnx.export.calibrate import Calibration
@@ -48,19 +50,19 @@ from llm_onnx.modeling.attention import AttentionForm, attention_form, rotates_k
 from llm_onnx.modeling.config import ModelConfig
 from llm_onnx.modeling.decoder import Decoder, Fusion
 from llm_onnx.modeling.embedding import EmbeddingDecoder
+from llm_onnx.modeling.gemma_vision_config import AnyVisionConfig, bidirectional_layers
 from llm_onnx.modeling.linear_attention import state_shapes
-from llm_onnx.modeling.vision_config import VisionConfig
-from llm_onnx.modeling.vision_tower import VisionEncoder
 
 
 def planned_attention(cfg: ModelConfig, options: ExportOptions,
-                      images: bool = False) -> AttentionForm:
+                      vision: AnyVisionConfig | None = None) -> AttentionForm:
     """The attention form of an export: the fastest ONNX Runtime takes for the shape
-    (attention.attention_form), or a slower one the options ask for, or the images need."""
+    (attention.attention_form), or a slower one the options ask for, or the images need
+    (Qwen's multimodal RoPE; Gemma's image layers run plain attention whatever the form)."""
     form = attention_form(cfg)
     if options.plain_attention and not form.plain:
         return AttentionForm("plain", "asked for (plain_attention)")
-    if images and form.rotary_inside:
+    if vision is not None and vision.mrope_section and form.rotary_inside:
         return AttentionForm("rotary outside", "multimodal RoPE turns each token by three "
                                                "positions, per-token tables RoPE takes alone")
     if form.rotary_inside and not options.fuse_rotary:
@@ -72,7 +74,8 @@ def planned_attention(cfg: ModelConfig, options: ExportOptions,
     return form
 
 
-def check_kv_cache(cfg: ModelConfig, options: ExportOptions, form: AttentionForm) -> None:
+def check_kv_cache(cfg: ModelConfig, options: ExportOptions, form: AttentionForm,
+                   vision: AnyVisionConfig | None = None) -> None:
     """ConfigError where an int8 KV cache (options.kv_cache) cannot be built for ``cfg``: it is
     GroupQueryAttention's (k_scale/v_scale inputs), so the plain form has none, and Gemma 4's
     KV-shared layers would need their source layer's scales (not built yet)."""
@@ -82,6 +85,11 @@ def check_kv_cache(cfg: ModelConfig, options: ExportOptions, form: AttentionForm
         raise ConfigError(f"--kv-cache int8: this model's attention is exported in plain ONNX "
                           f"ops ({form.why}), and the int8 cache is GroupQueryAttention's. "
                           "Export it with --kv-cache float.")
+    if vision is not None and bidirectional_layers(vision, cfg):
+        raise ConfigError("--kv-cache int8: the layers where an image's tokens see each other "
+                          "both ways run plain ONNX ops, and the int8 cache is "
+                          "GroupQueryAttention's. Export it with --kv-cache float, or "
+                          "--text-only.")
     if cfg.shares_kv:
         raise ConfigError("--kv-cache int8: KV-shared layers (Gemma 4) would quantize with "
                           "their source layer's scales, which is not built yet. Export it with "
@@ -103,20 +111,20 @@ class ExportPlan:
     calibration: Calibration | None = None
     embedding: mf.EmbeddingSpec | None = None  # task embed: how embed.onnx pools
     # a folder that takes images: the tower's root in export forms and its producers
-    vision: VisionEncoder | None = None
+    vision: nn.Module | None = None
     vision_producers: dict[str, Producer] = field(default_factory=dict)
 
     @classmethod
     def build(cls, cfg: ModelConfig, options: ExportOptions, max_len: int,
               embedding: mf.EmbeddingSpec | None = None,
-              vision: VisionConfig | None = None) -> ExportPlan:
+              vision: AnyVisionConfig | None = None) -> ExportPlan:
         """``embedding``: the pooling of an embedding export (options.task "embed");
         ``vision``: the tower beside the decoder of a folder that takes images."""
         if (options.task == "embed") != (embedding is not None):
             raise ValueError("an embedding export needs its EmbeddingSpec, and only it")
         dtype = torch.float16 if options.float16 else torch.float32
-        form = planned_attention(cfg, options, vision is not None)
-        check_kv_cache(cfg, options, form)
+        form = planned_attention(cfg, options, vision)
+        check_kv_cache(cfg, options, form, vision)
         fusion = Fusion(rotary=options.fuse_rotary and form.rotary_inside, qkv=options.fuse_qkv,
                         gate_up=options.fuse_gate_up, plain_attention=form.plain)
         with torch.device("meta"):
@@ -129,15 +137,14 @@ class ExportPlan:
         plan = cls(cfg, options, max_len, to_export_form(model, options), producers,
                    embedding=embedding)
         if vision is not None:
-            with torch.device("meta"):
-                tower = VisionEncoder(vision, dtype)
+            tower = build_vision(vision, dtype=dtype)
             plan.vision_producers = dict(vision_producers(tower))
             plan.vision = vision_export_form(tower, options)
         plan.precision  # read now: the parity gate later casts plan.model's tensors to float32
         return plan
 
     @property
-    def vision_config(self) -> VisionConfig | None:
+    def vision_config(self) -> AnyVisionConfig | None:
         return self.vision.config if self.vision is not None else None
 
     def write_producers(self) -> dict[str, Producer]:
@@ -201,7 +208,7 @@ class ExportPlan:
         the graphs' compute dtype or int8 (embed.onnx: its attention's, kept for one run
         only)."""
         cfg = self.cfg
-        form = planned_attention(cfg, self.options, self.vision is not None)
+        form = planned_attention(cfg, self.options, self.vision_config)
         owners = cfg.cache_layers  # (Qwen3.5: not its linear layers; Gemma 4: not KV-shared ones)
         shapes = tuple(cfg.layer_kv_shape(i) for i in owners)
         uniform = all(s == (cfg.num_key_value_heads, cfg.head_dim) for s in shapes)

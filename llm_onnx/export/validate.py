@@ -25,6 +25,7 @@ from llm_onnx.errors import ParityError
 from llm_onnx.export import quant
 from llm_onnx.export.weights import StoredTensor
 from llm_onnx.modeling.decoder import Decoder, owned_states
+from llm_onnx.modeling.gemma_vision_config import bidirectional_layers
 from llm_onnx.modeling.linear_attention import state_shapes
 
 # the first one longer than kv_int8_attention.PROMPT_STEP: an int8 cache's long steps take the float
@@ -277,7 +278,8 @@ def run_onnx(folder: Path, cfg, kv_dtype: np.dtype, vocab: int, fed: list[np.nda
             first = tokens.shape[1] == total
             out.update(text_only_inputs(vision, cfg.hidden_size, np.broadcast_to(
                 np.arange(tokens.shape[1]), tokens.shape) if first else
-                np.array(seqlens)[:, None] + np.arange(tokens.shape[1]) + 1 - tokens.shape[1]))
+                np.array(seqlens)[:, None] + np.arange(tokens.shape[1]) + 1 - tokens.shape[1],
+                bool(bidirectional_layers(vision, cfg))))
         return out
 
     def record(out: list[np.ndarray]) -> None:
@@ -301,12 +303,16 @@ def run_onnx(folder: Path, cfg, kv_dtype: np.dtype, vocab: int, fed: list[np.nda
     return steps
 
 
-def text_only_inputs(vision, width: int, positions: np.ndarray) -> dict:
-    """The image inputs of a run without images: ``positions`` (B, T) in all three rows."""
-    rows = np.broadcast_to(np.asarray(positions, dtype=np.int64)[None], (3, *np.shape(positions)))
-    out = {names.POSITION_IDS: np.ascontiguousarray(rows),
-           names.IMAGE_EMBEDS: np.zeros((0, width), np.float32),
+def text_only_inputs(vision, width: int, positions: np.ndarray, attend: bool = False) -> dict:
+    """The image inputs of a run without images: ``positions`` (B, T) in all three rows
+    (Qwen), ``attend_until`` zeros (``attend``: Gemma's image layers; causal)."""
+    out = {names.IMAGE_EMBEDS: np.zeros((0, width), np.float32),
            names.IMAGE_TOKEN_INDEX: np.zeros(0, np.int64)}
+    if vision.mrope_section:
+        out[names.POSITION_IDS] = np.ascontiguousarray(np.broadcast_to(
+            np.asarray(positions, dtype=np.int64)[None], (3, *np.shape(positions))))
+    if attend:
+        out[names.ATTEND_UNTIL] = np.zeros(np.shape(positions), np.int64)
     if vision.deepstack_layers:
         out[names.DEEPSTACK_EMBEDS] = np.zeros((vision.deepstack_layers, 0, width), np.float32)
     return out

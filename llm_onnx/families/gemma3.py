@@ -4,7 +4,14 @@ after attention, before and after the MLP); a GeGLU MLP (tanh GELU); q/k RMSNorm
 scaled by query_pre_attn_scalar ** -0.5; sliding-window layers with their own RoPE base
 (``rope_local_base_freq``, unscaled) interleaved with full layers (``rope_theta`` and its
 scaling) by ``layer_types`` or ``sliding_window_pattern``; final logit soft-capping where the
-config sets it. Attention-logit soft-capping (Gemma 2's) is refused."""
+config sets it. Attention-logit soft-capping (Gemma 2's) is refused.
+
+Checkpoints: the text-only class, or ``Gemma3ForConditionalGeneration`` (4B, 12B, 27B) with the
+text fields under ``text_config`` (transformers' Gemma3TextConfig defaults where the released
+configs leave them out) and the text weights under ``language_model.model.`` (as the released
+files keep them and transformers still saves them); its vision side (SigLIP and the projector,
+``vision_tower.``, ``multi_modal_projector.``: gemma_vision.py) is read beside the text model
+unless exported ``--text-only``."""
 
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ from typing import Any
 
 from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.families.family import Family
+from llm_onnx.families.gemma_vision import gemma3_vision_fields
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.families.llama import GGUF_GLOBALS, GGUF_LAYER, base_hf_config, gguf_fields
 from llm_onnx.modeling.config import (
@@ -22,10 +30,20 @@ from llm_onnx.modeling.config import (
     PositionConfig,
     ResidualConfig,
 )
+from llm_onnx.modeling.gemma_vision_config import Gemma3VisionConfig
 
 ARCHITECTURE = "Gemma3ForCausalLM"
 HF_CONFIG_CLASS = "Gemma3TextConfig"
 NORM_WEIGHT_OFFSET = 1.0  # its norms multiply by (1 + the stored weight)
+ALIASES = ("Gemma3ForConditionalGeneration",)  # 4B and up: text under text_config
+# the multimodal files' text weights: the layout transformers saves and the released files keep
+CHECKPOINT_NESTED = ("model.", "language_model.model.")
+CHECKPOINT_SKIP = r"^(model\.)?(vision_tower|multi_modal_projector)\."  # read apart
+# transformers' Gemma3TextConfig defaults that the released multimodal configs rely on (and
+# that differ from what config_fields assumes when a field is missing)
+TEXT_DEFAULTS = dict(vocab_size=262_208, hidden_size=2304, intermediate_size=9216,
+                     num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
+                     head_dim=256)
 
 
 def pattern_layers(layers: int, pattern: int) -> tuple[str, ...]:
@@ -78,7 +96,23 @@ def _rope(hf: Any) -> tuple[float, float, dict | None]:
     return theta, local_theta, scaling
 
 
+def text_config(hf: Any) -> Any:
+    """The text model's fields: ``text_config`` of the multimodal config (over transformers'
+    defaults), else the config itself."""
+    nested = hf.data.get("text_config")
+    if nested is None:
+        return hf
+    if not isinstance(nested, dict):
+        raise ConfigError(f"{hf.source}: text_config must be an object.")
+    data = {**TEXT_DEFAULTS, **nested, "architectures": [hf.architecture]}
+    tie = hf.get("tie_word_embeddings")  # the multimodal config's, which transformers reads
+    if tie is not None:
+        data["tie_word_embeddings"] = tie
+    return type(hf)(data, f"{hf.source} (text_config)")
+
+
 def config_fields(hf: Any) -> dict[str, Any]:
+    hf = text_config(hf)
     if hf.get("attn_logit_softcapping") is not None:
         raise ConfigError(f"{hf.source}: attn_logit_softcapping is not supported for "
                           f"{hf.architecture} (Gemma 3 checkpoints do not set it).")
@@ -105,7 +139,10 @@ def config_fields(hf: Any) -> dict[str, Any]:
         topology="sandwich", sliding_window=hf.get("sliding_window", 4096),
         layer_types=(tuple(types) if types else
                      pattern_layers(layers, hf.get("sliding_window_pattern", 6))),
-        final_logit_softcapping=hf.get("final_logit_softcapping"),
+        # the multimodal class never soft-caps its logits (transformers'; the released
+        # configs set no cap)
+        final_logit_softcapping=None if hf.architecture in ALIASES
+        else hf.get("final_logit_softcapping"),
     )
 
 
@@ -121,6 +158,11 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
                 sliding_window=cfg.sliding_window, layer_types=list(cfg.layer_types or ()),
                 final_logit_softcapping=cfg.final_logit_softcapping,
                 attn_logit_softcapping=None)
+
+
+def vision_config(hf: Any) -> Gemma3VisionConfig | None:
+    """SigLIP and the projector of a ``Gemma3ForConditionalGeneration``."""
+    return gemma3_vision_fields(hf, text_config(hf))
 
 
 def plus_one(t: Any, cfg: ModelConfig) -> Any:
@@ -200,4 +242,5 @@ FAMILY = Family(
     architecture=ARCHITECTURE, summary=__doc__, hf_config_class=HF_CONFIG_CLASS,
     config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
     checkpoint_globals=CHECKPOINT_GLOBALS, checkpoint_layer=checkpoint_layer, gguf=GGUF,
-    norm_weight_offset=NORM_WEIGHT_OFFSET)
+    norm_weight_offset=NORM_WEIGHT_OFFSET, aliases=ALIASES, checkpoint_nested=CHECKPOINT_NESTED,
+    checkpoint_skip=CHECKPOINT_SKIP, vision_config=vision_config)

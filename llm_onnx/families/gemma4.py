@@ -23,8 +23,9 @@ and full layers by ``layer_types``, an optional final soft-cap), with these diff
 Checkpoints: the text-only class, or the multimodal one with its text fields under
 ``text_config`` and text weights under ``model.language_model.``; the vision and audio towers
 (``model.vision_tower.``, ``model.audio_tower.``, ``model.embed_vision.``,
-``model.embed_audio.``) are skipped by name. GGUF: llama.cpp's ``gemma4`` (the experts fused as
-``ffn_gate_up_exps``, as its converter writes transformers' stacked tensor, or apart as
+``model.embed_audio.``) are skipped by name; the vision tower and its embedder are read apart
+(gemma_vision.py) unless exported ``--text-only``. GGUF: llama.cpp's ``gemma4`` (the experts
+fused as ``ffn_gate_up_exps``, as its converter writes transformers' stacked tensor, or apart as
 ``ffn_gate_exps`` and ``ffn_up_exps``, which llama.cpp's loader also takes and its converter
 writes from per-expert checkpoints). Refused: bidirectional attention ("all"), RoPE other
 than default / proportional, a per-layer vocabulary unlike the token vocabulary.
@@ -37,6 +38,7 @@ from typing import Any
 
 from llm_onnx.errors import CheckpointError, ConfigError
 from llm_onnx.families.family import Family
+from llm_onnx.families.gemma_vision import gemma4_vision_fields
 from llm_onnx.families.layouts import GGUFNames, Part
 from llm_onnx.modeling.config import (
     AttentionConfig,
@@ -47,6 +49,7 @@ from llm_onnx.modeling.config import (
     PositionConfig,
     ResidualConfig,
 )
+from llm_onnx.modeling.gemma_vision_config import Gemma4VisionConfig
 from llm_onnx.modeling.shapes import layer_shapes
 
 ARCHITECTURE = "Gemma4ForCausalLM"
@@ -229,6 +232,12 @@ def config_fields(hf: Any) -> dict[str, Any]:
     )
 
 
+def vision_config(hf: Any) -> Gemma4VisionConfig | None:
+    """The vision tower and embedder of a ``Gemma4ForConditionalGeneration`` (the audio tower
+    is not read)."""
+    return gemma4_vision_fields(hf, hf.text())
+
+
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     """Gemma4TextConfig's fields for ``cfg`` (transformers takes global_head_dim and
     num_global_key_value_heads as arguments and writes per_layer_config)."""
@@ -379,5 +388,5 @@ FAMILY = Family(
     config_fields=config_fields, hf_config=hf_config, presets=PRESETS, hf_repos=HF_REPOS,
     checkpoint_globals=CHECKPOINT_GLOBALS, checkpoint_layer=checkpoint_layer,
     checkpoint_skip=CHECKPOINT_SKIP, gguf=GGUF, aliases=ALIASES,
-    checkpoint_nested=CHECKPOINT_NESTED,
+    checkpoint_nested=CHECKPOINT_NESTED, vision_config=vision_config,
     per_layer_fields=("head_dim", "num_key_value_heads"))

@@ -46,10 +46,9 @@ def vision_fields(hf: Any, *, default_section: tuple[int, int, int],
     if indexes and not deepstack:
         raise ConfigError(f"{where}: deepstack_visual_indexes is not part of "
                           f"{hf.architecture}.")
-    sizes = dict(depth=need("depth"), hidden_size=need("hidden_size"),
-                 intermediate_size=need("intermediate_size"), num_heads=need("num_heads"),
-                 out_hidden_size=need("out_hidden_size"))
-    try:  # (the config's own checks, said of this section)
+    sizes = {key: need(key) for key in ("depth", "hidden_size", "intermediate_size",
+                                        "num_heads", "out_hidden_size")}
+    try:  # (VisionConfig's own checks name no file)
         return VisionConfig(
             **sizes,
             patch_size=vision.get("patch_size", 16),

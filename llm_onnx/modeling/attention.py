@@ -187,7 +187,8 @@ class _AttentionBase(nn.Module):
             assert k is not None and v is not None
             return ops.plain_attention(q, k, v, past_key, past_value, x.seqlens_k, x.total,
                                        x.positions, s.heads, s.kv_heads, s.scale, s.window,
-                                       x.bias, self.sinks)
+                                       x.bias, self.sinks, x.attend_until)
+        assert x.attend_until is None, "only plain attention lets a token see later keys"
         cos, sin = (x.cos, x.sin) if s.rope == "inside" else (None, None)
         return ops.group_query_attention(
             q, k, v, past_key, past_value, x.seqlens_k, x.total, cos, sin, s.heads, s.kv_heads,

@@ -28,9 +28,10 @@ recurrent state (B, Hv, dk, dv) instead, which ``valid_tokens`` (B,) says how fa
 Module attributes copy Hugging Face's names, so checkpoints load by name and ONNX initializers
 read ``model.layers.0.self_attn.q_proj...``.
 
-A decoder built with a ``vision`` config (a tower beside it: Qwen3-VL, Qwen3.5) also takes
-keyword inputs ``position_ids`` (3, B, T) for its multimodal RoPE and the image embeddings to
-place (multimodal.py); without them it runs text with positions from ``seqlens_k``.
+A decoder built with a ``vision`` config (a tower beside it: Qwen3-VL, Qwen3.5, Gemma 3 and 4)
+also takes keyword inputs: the image embeddings to place, ``position_ids`` (3, B, T) for Qwen's
+multimodal RoPE, ``attend_until`` (B, T) where Gemma's image tokens see each other both ways
+(multimodal.py); without them it runs text with positions from ``seqlens_k``.
 
 Precision: the residual stream, norms, router softmax and logits stay fp32; projections and
 attention run in ``dtype`` (fp32 or fp16). With fp32 every cast below is a no-op.
@@ -45,12 +46,12 @@ from torch import Tensor, nn
 
 from llm_onnx.modeling import ops
 from llm_onnx.modeling.config import ModelConfig
+from llm_onnx.modeling.gemma_vision_config import AnyVisionConfig, bidirectional_layers
 from llm_onnx.modeling.layer import layer_class, make_layer
 from llm_onnx.modeling.layers import Fusion, Linear, MixerInputs, make_norm
 from llm_onnx.modeling.linear_attention import state_shapes
-from llm_onnx.modeling.multimodal import ImageInputs, mrope_tables
+from llm_onnx.modeling.multimodal import ImageInputs, image_attend_until, mrope_tables
 from llm_onnx.modeling.positions import RotaryCache, SinusoidalPositions, global_rope, local_rope
-from llm_onnx.modeling.vision_config import VisionConfig
 
 __all__ = ["Decoder", "DecoderModel", "Fusion", "LayerInputs", "owned_states"]
 
@@ -66,7 +67,8 @@ def owned_states(cfg: ModelConfig, present):
 
 class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, fusion: Fusion,
-                 max_positions: int, kv_int8: bool = False) -> None:
+                 max_positions: int, kv_int8: bool = False,
+                 plain_layers: tuple[int, ...] = ()) -> None:
         super().__init__()
         pos, emb = cfg.positions, cfg.embedding
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.embed_width, dtype=dtype)
@@ -94,8 +96,10 @@ class DecoderModel(nn.Module):
             self.embed_tokens_per_layer.weight.requires_grad_(False)
             self.per_layer_model_projection = Linear(cfg.hidden_size, width, False, dtype)
             self.per_layer_projection_norm = make_norm(cfg, emb.hidden_size_per_layer_input)
+        plain = replace(fusion, plain_attention=True)  # plain_layers: attention in plain ops
         self.layers = nn.ModuleList(
-            make_layer(cfg, i, dtype, fusion, kv_int8) for i in range(cfg.num_hidden_layers))
+            make_layer(cfg, i, dtype, plain if i in plain_layers else fusion, kv_int8)
+            for i in range(cfg.num_hidden_layers))
         if layer_class(cfg).final_norm:  # (post-norm layers end normalized)
             self.norm = make_norm(cfg, cfg.hidden_size)
 
@@ -125,22 +129,28 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig, *, dtype: torch.dtype = torch.float32,
                  fusion: Fusion | None = None, max_positions: int | None = None,
                  head: bool = True, kv_int8: bool = False,
-                 vision: VisionConfig | None = None) -> None:
+                 vision: AnyVisionConfig | None = None) -> None:
         super().__init__()
         self.config = cfg
         self.dtype = dtype
         self.fusion = fusion or Fusion()
-        # a vision tower beside it: multimodal RoPE turns each token by three positions, so
-        # RoPE runs as its own op over per-token tables (multimodal.py)
+        # a vision tower beside it. Qwen: multimodal RoPE turns each token by three positions,
+        # so RoPE runs as its own op over per-token tables (multimodal.py). Gemma: the layers
+        # where an image's tokens see each other both ways run plain attention, the one
+        # kernel that lets a token see later keys (attend_until)
         self.vision = vision
+        self.bidirectional: tuple[int, ...] = ()
         if vision is not None:
             vision.check_decoder(cfg.hidden_size, cfg.rotary_dim, cfg.num_hidden_layers)
-            self.fusion = replace(self.fusion, rotary=False)
+            if vision.mrope_section:
+                self.fusion = replace(self.fusion, rotary=False)
+            self.bidirectional = bidirectional_layers(vision, cfg)
         self.max_positions = max_positions or cfg.max_position_embeddings
         # kv_int8: attention layers keep keys and values in int8 with per-channel scales
         # (their k_scale/v_scale), as GroupQueryAttention's quantized cache does
         self.kv_int8 = kv_int8
-        self.model = DecoderModel(cfg, dtype, self.fusion, self.max_positions, kv_int8)
+        self.model = DecoderModel(cfg, dtype, self.fusion, self.max_positions, kv_int8,
+                                  self.bidirectional)
         if head:  # (an embedding model has none: EmbeddingDecoder)
             self.lm_head = Linear(cfg.embed_width, cfg.vocab_size, False, dtype)
             if cfg.tie_word_embeddings:
@@ -161,6 +171,12 @@ class Decoder(nn.Module):
         pos, emb = cfg.positions, cfg.embedding
         positions, last = ops.device_positions(input_ids, seqlens_k)
         rope = local = (None, None)
+        vision = self.vision
+        if images is not None and vision is not None and vision.image_pad_token_id is not None:
+            # Gemma: the text embeddings read the pad id at image positions (Gemma 4's
+            # per-layer table keeps that row; the token embeddings are replaced below)
+            input_ids = torch.where(input_ids == vision.image_token_id,
+                                    vision.image_pad_token_id, input_ids)
         if pos.position_embedding_type == "rope":
             rope = (m.rotary.cos_cache, m.rotary.sin_cache)
             if pos.rope_local_theta is not None:
@@ -169,11 +185,13 @@ class Decoder(nn.Module):
         if emb.embedding_multiplier != 1.0:  # XGLM: sqrt(d_model)
             residual = residual * emb.embedding_multiplier
         if images is not None:  # a vision tower beside it (multimodal.py)
-            assert self.vision is not None
+            assert vision is not None
             residual = images.place(residual)
-            cos, sin, positions = mrope_tables(*rope, images.position_ids,  # type: ignore[arg-type]
-                                               self.vision.mrope_section)
-            rope = (cos, sin)
+            if vision.mrope_section:  # Qwen
+                assert images.position_ids is not None
+                cos, sin, positions = mrope_tables(*rope, images.position_ids,  # type: ignore
+                                                   vision.mrope_section)
+                rope = (cos, sin)
         if emb.embed_dim is not None:  # OPT-350m
             residual = m.project_in(residual.to(self.dtype)).float()
         branch: Tensor | None = None
@@ -214,8 +232,10 @@ class Decoder(nn.Module):
         ``past_value`` and the source's new keys and values as ``reuse``."""
         cos, sin = x.local if self.config.layer_is_local(i) else x.rope
         per_layer = x.per_layer[:, :, i] if x.per_layer is not None else None
+        attend = x.images.attend_until if x.images is not None and i in self.bidirectional \
+            else None  # Gemma: an image's tokens see the whole image
         inputs = MixerInputs(seqlens_k, total_sequence_length, x.positions, cos, sin, x.bias,
-                             x.valid)
+                             x.valid, attend)
         x.branch, x.residual, pk, pv = self.model.layers[i](
             x.branch, x.residual, inputs, past_key, past_value, reuse, per_layer)
         return pk, pv
@@ -224,7 +244,8 @@ class Decoder(nn.Module):
                 *past: Tensor, last_only: bool = False, logits_window: Tensor | None = None,
                 valid_tokens: Tensor | None = None, position_ids: Tensor | None = None,
                 image_embeds: Tensor | None = None, image_token_index: Tensor | None = None,
-                deepstack_embeds: Tensor | None = None) -> tuple[Tensor, ...]:
+                deepstack_embeds: Tensor | None = None,
+                attend_until: Tensor | None = None) -> tuple[Tensor, ...]:
         """Logits (B, T, V) fp32 (or (B, 1, V) at each row's last new token when ``last_only``)
         and the updated caches, two per layer in layer order (``past`` less Gemma 4's KV-shared
         layers, whose presents are their source's buffer again: ``next_cache``).
@@ -238,11 +259,12 @@ class Decoder(nn.Module):
         step) leave its states as they were. Default: up to each row's last new token.
 
         ``position_ids`` (3, B, T), ``image_embeds`` (M, D), ``image_token_index`` (M,),
-        ``deepstack_embeds`` (K, M, D): a decoder with a vision tower (multimodal.py); by
-        default text at the positions ``seqlens_k`` gives, no images."""
+        ``deepstack_embeds`` (K, M, D), ``attend_until`` (B, T): a decoder with a vision tower
+        (multimodal.py); by default text at the positions ``seqlens_k`` gives, no images."""
         cfg, m = self.config, self.model
         images = self.image_inputs(input_ids, seqlens_k, total_sequence_length, position_ids,
-                                   image_embeds, image_token_index, deepstack_embeds)
+                                   image_embeds, image_token_index, deepstack_embeds,
+                                   attend_until)
         h, last, present = self.hidden_states(input_ids, seqlens_k, total_sequence_length, *past,
                                               valid_tokens=valid_tokens, images=images)
         if last_only and logits_window is not None:  # each row's last W new tokens
@@ -265,13 +287,14 @@ class Decoder(nn.Module):
     def image_inputs(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
                      position_ids: Tensor | None, image_embeds: Tensor | None,
                      image_token_index: Tensor | None, deepstack_embeds: Tensor | None,
-                     ) -> ImageInputs | None:
+                     attend_until: Tensor | None = None) -> ImageInputs | None:
         """The image inputs of a decoder with a vision tower (None without one); left out,
-        text at the positions ``seqlens_k`` gives each row (as a decoder without images)."""
+        text at the positions ``seqlens_k`` gives each row (as a decoder without images),
+        and Gemma's ``attend_until`` from the image ids in ``input_ids``."""
         vision = self.vision
         if vision is None:
             return None
-        if position_ids is None:
+        if position_ids is None and vision.mrope_section:  # (Gemma: plain 1-D positions)
             rows = ops.device_positions(input_ids, seqlens_k)[0]  # (B, T)
             position_ids = rows[None].expand(3, *rows.shape)
         if image_embeds is None or image_token_index is None:
@@ -280,7 +303,11 @@ class Decoder(nn.Module):
         if deepstack_embeds is None and vision.deepstack_layers:
             deepstack_embeds = torch.zeros(vision.deepstack_layers, *image_embeds.shape,
                                            device=input_ids.device)
-        return ImageInputs(position_ids, image_embeds, image_token_index, deepstack_embeds)
+        if attend_until is None and self.bidirectional:
+            positions, _ = ops.device_positions(input_ids, seqlens_k)
+            attend_until = image_attend_until(input_ids == vision.image_token_id, positions)
+        return ImageInputs(position_ids, image_embeds, image_token_index, deepstack_embeds,
+                           attend_until)
 
     def hidden_states(self, input_ids: Tensor, seqlens_k: Tensor, total_sequence_length: Tensor,
                       *past: Tensor, valid_tokens: Tensor | None = None,

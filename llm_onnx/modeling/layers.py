@@ -36,7 +36,8 @@ class MixerInputs:
     (``seqlens_k``) and the batch's total length (GroupQueryAttention's conventions), the new
     tokens' positions, the RoPE tables this layer takes (None without RoPE), ALiBi's bias and
     the tokens each row really runs (``valid``: linear-attention layers advance their state
-    over those only)."""
+    over those only), and the last key each new token sees where that is not its own position
+    (``attend_until``, Gemma's images: ops.attention_ref)."""
 
     seqlens_k: Tensor
     total: Tensor
@@ -45,6 +46,7 @@ class MixerInputs:
     sin: Tensor | None = None
     bias: Tensor | None = None
     valid: Tensor | None = None
+    attend_until: Tensor | None = None
 
 
 class Linear(nn.Module):

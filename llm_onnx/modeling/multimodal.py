@@ -6,7 +6,11 @@
   (3, B, T)), and each rotary frequency turns by one of them (``mrope_tables``), so RoPE runs
   as its own op over per-token tables rather than inside GroupQueryAttention;
 - DeepStack (Qwen3-VL): features of the vision tower's middle blocks are added to the hidden
-  states at the image positions after each of the first K layers.
+  states at the image positions after each of the first K layers;
+- an image's tokens see each other both ways (Gemma 3, Gemma 4's sliding layers: transformers'
+  token_type_ids mask): ``attend_until`` (B, T) gives each new token the last key position it
+  sees: its own for text, the last of its image's run of tokens for an image token
+  (``image_attend_until``). Only prefill needs it: a later token sees the image causally.
 
 A prompt without images passes empty ``image_embeds`` (0, D), ``image_token_index`` (0,) and
 ``deepstack_embeds`` (K, 0, D): the scatters then change nothing.
@@ -27,10 +31,11 @@ from llm_onnx.modeling.vision_config import VisionConfig
 class ImageInputs:
     """The decoder's image inputs of one run (see the module docstring)."""
 
-    position_ids: Tensor  # (3, B, T) int64
+    position_ids: Tensor | None  # (3, B, T) int64 (Qwen's multimodal RoPE)
     image_embeds: Tensor  # (M, D) float32
     image_token_index: Tensor  # (M,) int64
     deepstack_embeds: Tensor | None = None  # (K, M, D) float32 (Qwen3-VL)
+    attend_until: Tensor | None = None  # (B, T) int64 (Gemma)
 
     def place(self, embedded: Tensor) -> Tensor:
         """The token embeddings (B, T, D) with the image embeddings in place."""
@@ -70,6 +75,20 @@ def mrope_tables(cos_cache: Tensor, sin_cache: Tensor, position_ids: Tensor,
     return table(cos_cache), table(sin_cache), order
 
 
+def image_attend_until(is_image: Tensor, positions: Tensor) -> Tensor:
+    """``attend_until`` (B, T) int64 of new tokens at ``positions`` (B, T), ``is_image`` (B, T)
+    marking image tokens: a token's own position, or for an image token the position of the
+    last token of its run of consecutive image tokens (one image; transformers' blocks). A run
+    cut by the end of the T tokens ends there: a prefill must not split an image."""
+    b, t = is_image.shape
+    index = torch.arange(t, device=is_image.device, dtype=torch.int64).expand(b, t)
+    # the first text index at or after each index (T past the end), by a reversed running min
+    text_at = torch.where(is_image, torch.full_like(index, t), index)
+    run_end = text_at.flip(-1).cummin(-1).values.flip(-1)  # (B, T)
+    last = torch.where(is_image, run_end - 1, index)
+    return positions.to(torch.int64) + (last - index)
+
+
 def text_positions(past: int, length: int, batch: int = 1, offset: int = 0) -> Tensor:
     """(3, B, T) positions of text tokens at cache indices past .. past + T - 1 (plus
     ``offset``: after an image, text positions run behind the cache index)."""
@@ -86,4 +105,4 @@ def no_images(vision: VisionConfig, width: int) -> dict[str, Tensor]:
     return out
 
 
-__all__ = ["ImageInputs", "mrope_tables", "no_images", "text_positions"]
+__all__ = ["ImageInputs", "image_attend_until", "mrope_tables", "no_images", "text_positions"]

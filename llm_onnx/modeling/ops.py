@@ -152,7 +152,7 @@ def attention_ref(
     sin_cache: Tensor | None, num_heads: int, kv_num_heads: int, scale: float,
     local_window_size: int, rotary_interleaved: bool, attention_bias: Tensor | None = None,
     head_sink: Tensor | None = None, k_scale: Tensor | None = None,
-    v_scale: Tensor | None = None,
+    v_scale: Tensor | None = None, attend_until: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """GroupQueryAttention: optional RoPE, write new K/V into the cache, causal GQA softmax.
 
@@ -165,6 +165,9 @@ def attention_ref(
     dropped (the kernel's head_sink input). ``k_scale``/``v_scale`` (Hkv*D,) float32: the cache
     is int8, the new keys (after RoPE) and values written as ``quantize_kv`` and every key and
     value read back as ``dequantize_kv`` (the kernel's k_scale/v_scale, PER_CHANNEL).
+    ``attend_until`` (B, T) int64: the last key position each new token sees, if past its own
+    (Gemma: an image's tokens see the whole image; zeros: causal; the window still counts back
+    from the token's own position). Only plain_attention passes it: GroupQueryAttention cannot.
     """
     b, t, _ = query.shape
     d = past_key.shape[-1]
@@ -197,7 +200,8 @@ def attention_ref(
         s = attention_bias.shape[-1]
         scores = torch.cat([scores[..., :s] + attention_bias.float(), scores[..., s:]], dim=-1)
     kpos = torch.arange(p, device=query.device)
-    visible = (kpos[None, None, :] <= pos[:, :, None]) & (
+    limit = pos if attend_until is None else torch.maximum(pos, attend_until.to(torch.int64))
+    visible = (kpos[None, None, :] <= limit[:, :, None]) & (
         kpos[None, None, :] <= seqlens_k.to(torch.int64)[:, None, None])  # (B, T, P)
     if local_window_size > 0:
         visible &= kpos[None, None, :] > pos[:, :, None] - local_window_size
@@ -433,14 +437,16 @@ def plain_attention(
     seqlens_k: Tensor, total_sequence_length: Tensor, positions: Tensor, num_heads: int,
     kv_num_heads: int, scale: float, local_window_size: int,
     attention_bias: Tensor | None = None, head_sink: Tensor | None = None,
+    attend_until: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The attention of shapes GroupQueryAttention refuses (a head size that is not a multiple
     of 16), in plain ONNX ops over the same in-place cache: GroupQueryAttention's contract
     (attention_ref) without RoPE, which the caller applies. ``positions`` (B, T) are the new
-    tokens' positions (``device_positions``)."""
+    tokens' positions (``device_positions``); ``attend_until`` (B, T): see attention_ref."""
     return attention_ref(query, key, value, past_key, past_value, seqlens_k,
                          total_sequence_length, None, None, num_heads, kv_num_heads, scale,
-                         local_window_size, False, attention_bias, head_sink)
+                         local_window_size, False, attention_bias, head_sink,
+                         attend_until=attend_until)
 
 
 @plain_attention.register_fake

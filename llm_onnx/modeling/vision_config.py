@@ -126,6 +126,16 @@ class VisionConfig:
         """How many of the decoder's first layers take DeepStack features."""
         return len(self.deepstack_visual_indexes)
 
+    @property
+    def image_pad_token_id(self) -> int | None:
+        """The id the text embeddings look up at image positions (None: the image id; its
+        embedding is replaced)."""
+        return None
+
+    def bidirectional_layers(self, layer_types: tuple[str, ...]) -> tuple[int, ...]:
+        """Decoder layers where an image's tokens see each other both ways (Qwen: none)."""
+        return ()
+
     def check_decoder(self, hidden_size: int, rotary_dim: int, layers: int) -> None:
         """ConfigError where the tower's output cannot join a decoder of this shape."""
         problems = []

@@ -94,7 +94,7 @@ class ChatSession:
         prompt = model.render_chat(shown_messages, tools=self.tools,
                                    template_vars=self.template_vars)
         ids = model.prompt_ids(model.encode_chat(prompt))
-        row = model.image_row(ids, sources) if sources else None  # type: ignore[attr-defined]
+        row = model.image_row(ids, sources, prompt) if sources else None  # type: ignore
         opts = ChatRequest(model, prompt, opts.constraint).options_for(opts)
         gen = self._generator
         gen.release()  # the previous turn's keys and values stay: the new prompt starts with them

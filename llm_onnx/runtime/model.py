@@ -382,7 +382,7 @@ class Model:
         request, opts = self._chat_request(messages, options, overrides, tools, tool_choice,
                                            parallel_tool_calls, template_vars)
         ids = self.prompt_ids(self.encode_chat(request.prompt))
-        rows = [self.image_row(ids, request.images)] if request.images else None
+        rows = [self.image_row(ids, request.images, request.prompt)] if request.images else None
         gen = self._start([rows[0].ids] if rows else [ids], opts, rows)
         for _ in gen.events():
             pass
@@ -401,7 +401,7 @@ class Model:
                                            parallel_tool_calls, template_vars)
         reply = request.stream()
         ids = self.prompt_ids(self.encode_chat(request.prompt))
-        rows = [self.image_row(ids, request.images)] if request.images else None
+        rows = [self.image_row(ids, request.images, request.prompt)] if request.images else None
         gen = self._start([rows[0].ids] if rows else [ids], opts, rows)
 
         def pieces() -> PyGenerator[ChatPiece | ToolCallDelta, None, Result]:
@@ -428,13 +428,15 @@ class Model:
         request = ChatRequest(self, prompt, opts.constraint, checked, choice, parallel, images)
         return request, request.options_for(opts)
 
-    def image_row(self, ids: Sequence[int], images: Sequence[tuple[Any, str]]) -> RowImages:
+    def image_row(self, ids: Sequence[int], images: Sequence[tuple[Any, str]],
+                  text: str | None = None) -> RowImages:
         """A prompt's images (each with the name its errors give) in place: what a generator's
-        row runs (generation/images.py)."""
+        row runs (generation/images.py). ``text``: the rendered chat prompt ``ids`` came from
+        (Gemma 3 expands it as text)."""
         if self.image_inputs is None:
             raise text_only_error(getattr(getattr(self.engine, "manifest", None), "folder",
                                           "this model folder"), images[0][1])
-        return self.image_inputs.row(ids, images)
+        return self.image_inputs.row(ids, images, text)
 
     def chat_prompt(self, messages: Sequence[Message], *, tools: Tools | None = None,
                     template_vars: dict[str, Any] | None = None) -> list[int]:

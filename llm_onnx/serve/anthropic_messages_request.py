@@ -99,7 +99,7 @@ class Conversation:
         except GenerationError as e:
             raise bad("messages", str(e)) from None
         if sources:
-            self.images = place_images(model, ids, sources)
+            self.images = place_images(model, ids, sources, text)
             ids = self.images.ids
         return text, ids
 

@@ -126,7 +126,8 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = (),
 
     def model_card() -> dict[str, Any]:
         # OpenAI's four fields, vLLM's max_model_len, and what the chat page shows: precision,
-        # where the graphs run, what serves them, whether replies think or call tools.
+        # where the graphs run, what serves them, whether replies think or call tools, whether
+        # it takes images.
         engine, manifest = service.model.engine, getattr(service.model.engine, "manifest", None)
         where = engine.where() if hasattr(engine, "where") else None
         return {"id": service.name, "aliases": list(service.names.aliases),
@@ -136,7 +137,8 @@ def create_app(service: Service, *, cors_origins: Sequence[str] = (),
                 "precision": manifest.precision.precision if manifest is not None else None,
                 "runs_on": where, "served_by": service.served_by,
                 "reasoning": service.model.splits_reasoning,
-                "tool_call_format": service.model.tool_format}
+                "tool_call_format": service.model.tool_format,
+                "modalities": list(manifest.modalities) if manifest is not None else ["text"]}
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])
     async def models(request: Request) -> JSONResponse:

@@ -131,11 +131,13 @@ def split(model: Any, messages: list[dict[str, Any]],
         raise bad("messages", str(e)) from None
 
 
-def place_images(model: Any, prompt: list[int], sources: Sequence[tuple[Any, str]]) -> Any:
+def place_images(model: Any, prompt: list[int], sources: Sequence[tuple[Any, str]],
+                 text: str | None = None) -> Any:
     """The prompt's images decoded, processed and in place (a RowImages), or the 400 naming
-    the part (each source's name is its part's path in the request)."""
+    the part (each source's name is its part's path in the request; ``text``: the rendered
+    prompt, which Gemma 3 expands as text)."""
     try:
-        return model.image_row(prompt, sources)
+        return model.image_row(prompt, sources, text)
     except MediaError as e:
         message = str(e)
         where = next((name for _, name in sources if name in message), "messages")

@@ -122,7 +122,7 @@ def chat_plan(body: Any, model: Model, served: str | ModelNames, context: int,
     elif body.get("top_logprobs") is not None:
         raise bad("top_logprobs", "'top_logprobs' needs 'logprobs' set to true.")
     options = sampling(body, model.defaults, model.engine.vocab_size)
-    row = place_images(model, prompt, images) if images else None
+    row = place_images(model, prompt, images, text) if images else None
     prompt = row.ids if row is not None else prompt
     new = fit_length(body, ("max_completion_tokens", "max_tokens"), prompt, context, None,
                      "messages")

@@ -83,7 +83,7 @@ def test_every_family_module_is_registered():
 
     from llm_onnx import families
 
-    helpers = {"family", "layouts", "qwen_vision"}
+    helpers = {"family", "layouts", "qwen_vision", "gemma_vision"}
     for info in pkgutil.iter_modules(families.__path__):
         if info.name not in helpers:
             module = importlib.import_module(f"llm_onnx.families.{info.name}")

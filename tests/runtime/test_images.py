@@ -1,8 +1,9 @@
-"""Images through the runtime, against transformers: tiny random Qwen3-VL (DeepStack) and
-Qwen3.5 (hybrid layers) checkpoints saved by transformers, exported at fp32 with their vision
-towers, answer prompts with one image and with two of different sizes with transformers'
-greedy tokens (Model.chat, Model.generate, a ChatSession, the scheduler beside a text-only
-row); vision.onnx gives transformers' image embeddings; a follow-up turn about the same
+"""Images through the runtime, against transformers: tiny random Qwen3-VL (DeepStack), Qwen3.5
+(hybrid layers), Gemma 3 (an image's tokens attend both ways in every layer) and Gemma 4
+(variable resolution; both ways in its sliding layers) checkpoints saved by transformers,
+exported at fp32 with their vision towers, answer prompts with one image and with two of
+different sizes with transformers' greedy tokens (Model.chat, Model.generate, a ChatSession,
+the scheduler beside a text-only row); vision.onnx gives transformers' image embeddings; a follow-up turn about the same
 picture encodes nothing; two pictures behind the same ids never share a cached prefix."""
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from llm_onnx.runtime import Model
 from llm_onnx.runtime.chat.image_parts import split_images
 from llm_onnx.runtime.generation.scheduler import Scheduler
 from llm_onnx.runtime.media import load_image
+from tests import gemma_vision_models as gv
 from tests.vision_models import VISION_START, hf_greedy, image
 
-KINDS = ["qwen3_vl", "qwen3_5"]
+KINDS = ["qwen3_vl", "qwen3_5", "gemma3", "gemma4"]
 NEW = 8
 IMAGES = [image(70, 120, 1), image(150, 60, 2)]  # 2 x 4 and 5 x 2 tokens
 
@@ -45,11 +47,26 @@ def _expected(hf, model: Model, messages: list[dict]) -> list[int]:
 @pytest.mark.parametrize("n", [1, 2])
 def test_chat_gives_transformers_tokens(loaded, n):
     hf, model = loaded
+    # (Gemma 3's chats expand the rendered text, as its processor does; others their ids)
+    assert model.image_inputs.by_text == (hf.config.model_type == "gemma3")
     messages = _message(n)
     result = model.chat(messages, max_new_tokens=NEW, temperature=0)
     assert result.token_ids == _expected(hf, model, messages)
     streamed = "".join(model.stream_chat(messages, max_new_tokens=NEW, temperature=0))
     assert streamed == result.text
+
+
+def test_prefill_chunks_keep_each_image_whole(loaded):
+    """Chunks of 8 tokens: Gemma's runs end between images (their tokens see each other both
+    ways), Qwen's anywhere; transformers' tokens either way."""
+    hf, model = loaded
+    shown, sources = split_images(_message(2), model.engine.manifest)
+    row = model.image_row(model.encode_chat(model.render_chat(shown)), sources)
+    gen = model.generator(model.options(max_new_tokens=NEW, temperature=0), prefill_chunk=8)
+    gen.append_tokens(row.ids, images=row)
+    for _ in gen.events():
+        pass
+    assert gen.result().token_ids == hf_greedy(hf, row.ids, row.processed, NEW)
 
 
 def test_image_url_parts_and_generate(loaded):
@@ -70,7 +87,7 @@ def test_image_url_parts_and_generate(loaded):
     raw = model.encode("t50 t60")
     got = model.generate(raw, images=[IMAGES[1]], max_new_tokens=NEW, temperature=0)
     row = model.image_row(raw, [(IMAGES[1], "images[0]")])
-    assert row.ids[0] == VISION_START
+    assert row.ids[0] == (gv.BOI if hf.config.model_type.startswith("gemma") else VISION_START)
     assert got.token_ids == hf_greedy(hf, row.ids, row.processed, NEW)
 
 
@@ -80,6 +97,10 @@ def test_vision_onnx_gives_transformers_embeddings(loaded):
     for picture in IMAGES:
         processed = inputs.processor(load_image(picture))
         ours = inputs.encoder.encode(processed)
+        if hf.config.model_type.startswith("gemma"):
+            np.testing.assert_allclose(ours.embeds, gv.hf_image_embeds(hf, processed),
+                                       atol=2e-5, rtol=0)
+            continue
         with torch.no_grad():
             out = hf.model.visual(torch.from_numpy(processed.pixel_values),
                                   grid_thw=torch.tensor([processed.grid_thw]))
@@ -130,7 +151,7 @@ def test_scheduler_batches_image_and_text_rows(loaded):
 
 
 def test_bad_images_are_refused_naming_the_part(loaded):
-    _, model = loaded
+    hf, model = loaded
     bad = [{"role": "user", "content": [{"type": "text", "text": "t20"},
                                         {"type": "image", "image": b"\x89PNG\r\n\x1a\nbroken"}]}]
     with pytest.raises(MediaError, match=r"messages\[0\]\.content\[1\]"):
@@ -139,7 +160,9 @@ def test_bad_images_are_refused_naming_the_part(loaded):
                                             "image_url": {"url": "https://example.com/a.png"}}]}]
     with pytest.raises(MediaError, match=r"messages\[0\]\.content\[0\]"):
         model.chat(remote, max_new_tokens=2)
-    large = np.zeros((256, 256, 3), dtype=np.uint8)  # 64 tokens each; the context is 256
+    if hf.config.model_type == "gemma3":  # 9 tokens an image, whatever its size
+        return
+    large = np.zeros((256, 256, 3), dtype=np.uint8)  # 64 (Gemma 4: 64) tokens each; of 256
     with pytest.raises(MediaError, match="context"):
         model.chat([{"role": "user", "content": [{"type": "image", "image": large}] * 5}],
                    max_new_tokens=2)

@@ -128,10 +128,12 @@ class ChatPage:
         return path
 
     def off_server(self) -> list[str]:
-        """Requests that went anywhere but the server (data: URLs stay in the page)."""
+        """Requests that went anywhere but the server (data: URLs, and the page's own blob:
+        URLs, stay in the page)."""
         mine = urlsplit(self.origin).netloc
         return [u for u in self.requests
-                if not u.startswith("data:") and urlsplit(u).netloc != mine]
+                if not u.startswith(("data:", f"blob:{self.origin}/"))
+                and urlsplit(u).netloc != mine]
 
     def close(self) -> None:
         self.context.close()

@@ -73,7 +73,9 @@ def test_the_page_loads_under_its_policy_with_nothing_from_elsewhere(chat):
     assert chat.errors == []
     assert chat.off_server() == []
     paths = {urlsplit(url).path for url in chat.requests}
-    assert {"/", "/web/chat.js", "/web/render.js", "/web/chat.css", "/v1/models"} <= paths
+    assert {"/", "/web/chat.js", "/web/render.js", "/web/images.js", "/web/chat.css",
+            "/v1/models"} <= paths
+    assert card["modalities"] == ["text"] and chat.page.is_hidden("#attach")  # text only
     # The policy holds in the page: no string becomes HTML or script (Trusted Types with no
     # policy), and nothing loads from another host.
     tries = ["document.body.innerHTML = '<b>x</b>'",
@@ -93,6 +95,7 @@ def test_the_page_loads_under_its_policy_with_nothing_from_elsewhere(chat):
 
 def test_the_files_are_the_packaged_ones_and_nothing_else(server):
     for name, kind in [("chat.js", "text/javascript"), ("render.js", "text/javascript"),
+                       ("images.js", "text/javascript"),
                        ("chat.css", "text/css"), ("favicon.svg", "image/svg+xml")]:
         r = httpx.get(f"{server.url}/web/{name}")
         assert r.status_code == 200 and r.headers["content-type"].startswith(kind)

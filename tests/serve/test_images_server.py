@@ -1,9 +1,9 @@
-"""Images through the server's three APIs, with the official clients: a tiny random Qwen3-VL
-exported at fp32 answers Chat Completions (image_url data: URLs, detail accepted), the
-Responses API (input_image) and Anthropic Messages (base64 image blocks) with transformers'
-greedy tokens; remote URLs are refused unless their domain is allowed (then fetched from a
-server on 127.0.0.1); bad images get each API's 400 naming the part, and the server keeps
-serving."""
+"""Images through the server's three APIs, with the official clients: tiny random Qwen3-VL,
+Gemma 3 and Gemma 4 exported at fp32 (the exports tests/runtime/test_images.py uses) answer
+Chat Completions (image_url data: URLs, detail accepted), the Responses API (input_image) and
+Anthropic Messages (base64 image blocks) with transformers' greedy tokens; remote URLs are
+refused unless their domain is allowed (then fetched from a server on 127.0.0.1); bad images
+get each API's 400 naming the part, and the server keeps serving."""
 
 from __future__ import annotations
 
@@ -64,14 +64,37 @@ def picture_host():
     httpd.shutdown()
 
 
+KINDS = ["qwen3_vl", "gemma3", "gemma4"]
+
+
 @pytest.fixture(scope="module")
-def setup(vision_checkpoint, vision_export):
-    hf, _ = vision_checkpoint("qwen3_vl")
-    folder = vision_export("qwen3_vl")
-    proc = ServerProcess(folder, "--max-batch", "3", "--allowed-media-domains", "127.0.0.1",
-                         "--model-name", "m")
-    yield hf, Model.load(folder, speculative="off"), proc
-    proc.stop()
+def servers(vision_checkpoint, vision_export):
+    """``servers(kind)`` -> (transformers model, Model, server) of the kind's export, each
+    server started once (Qwen3-VL's allows 127.0.0.1's URLs)."""
+    started: dict[str, tuple] = {}
+
+    def get(kind: str):
+        if kind not in started:
+            hf, _ = vision_checkpoint(kind)
+            folder = vision_export(kind)
+            proc = ServerProcess(folder, "--max-batch", "3", "--allowed-media-domains",
+                                 "127.0.0.1", "--model-name", "m")
+            started[kind] = (hf, Model.load(folder, speculative="off"), proc)
+        return started[kind]
+
+    yield get
+    for _, _, proc in started.values():
+        proc.stop()
+
+
+@pytest.fixture(params=KINDS)
+def setup(request, servers):
+    return servers(request.param)
+
+
+@pytest.fixture
+def qwen(servers):
+    return servers("qwen3_vl")
 
 
 def expected(hf, model, pictures, text="t20 t30 t40"):
@@ -118,8 +141,8 @@ def test_anthropic_messages_with_image_blocks(setup):
         expected(hf, model, PICTURES)
 
 
-def test_remote_urls_only_from_allowed_domains(setup, picture_host):
-    hf, model, proc = setup
+def test_remote_urls_only_from_allowed_domains(qwen, picture_host):
+    hf, model, proc = qwen
     client = oai(proc)
 
     def ask(url):
@@ -139,8 +162,8 @@ def test_remote_urls_only_from_allowed_domains(setup, picture_host):
         assert words in str(e.value) and "messages[0].content[0]" in str(e.value)
 
 
-def test_bad_images_are_400s_naming_the_part(setup):
-    _, _, proc = setup
+def test_bad_images_are_400s_naming_the_part(qwen):
+    _, _, proc = qwen
     broken = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\nxx").decode()
     r = httpx.post(proc.url + "/v1/chat/completions", timeout=60, json={
         "model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": [

@@ -351,23 +351,26 @@ class Engine:
 
     def _bind_images(self, binding: ort.IOBinding, cache: KVCache, row: int, past: int, t: int,
                      images: Any) -> None:
-        """The image inputs of a chunk: ``images``' (an ImageChunk), or text at the row's
-        positions (its length plus its position offset)."""
+        """The image inputs of a chunk that prefill.onnx takes: ``images``' (an ImageChunk), or
+        text at the row's positions (its length plus its position offset), causal."""
+        feed: dict[str, np.ndarray | None]
         if images is None:
             rows = np.arange(past, past + t, dtype=np.int64) + cache.position_deltas[row]
-            binding.bind_cpu_input(names.POSITION_IDS,
-                                   np.ascontiguousarray(np.broadcast_to(rows, (3, 1, t))))
-            for name, value in empty_image_inputs(self._image_inputs).items():
-                binding.bind_cpu_input(name, value)
-            return
-        if images.positions.shape != (3, t):
-            raise GenerationError(f"the image inputs of a run of {t} tokens have positions "
-                                  f"{images.positions.shape}.")
-        binding.bind_cpu_input(names.POSITION_IDS, images.positions.reshape(3, 1, t))
-        binding.bind_cpu_input(names.IMAGE_EMBEDS, images.embeds)
-        binding.bind_cpu_input(names.IMAGE_TOKEN_INDEX, images.index)
-        if names.DEEPSTACK_EMBEDS in self._image_inputs:
-            binding.bind_cpu_input(names.DEEPSTACK_EMBEDS, images.deepstack)
+            feed = {names.POSITION_IDS: np.broadcast_to(rows, (3, 1, t)),
+                    names.ATTEND_UNTIL: np.zeros((1, t), np.int64),
+                    **empty_image_inputs(self._image_inputs)}
+        else:
+            if images.positions.shape[-1] != t:
+                raise GenerationError(f"the image inputs of a run of {t} tokens have positions "
+                                      f"{images.positions.shape}.")
+            feed = {names.POSITION_IDS: images.positions.reshape(-1, 1, t),
+                    names.IMAGE_EMBEDS: images.embeds, names.IMAGE_TOKEN_INDEX: images.index,
+                    names.DEEPSTACK_EMBEDS: images.deepstack,
+                    names.ATTEND_UNTIL: None if images.attend_until is None else
+                    images.attend_until.reshape(1, t)}
+        for name, value in feed.items():
+            if name in self._image_inputs and value is not None:
+                binding.bind_cpu_input(name, np.ascontiguousarray(value))
 
     def decode(self, cache: KVCache, tokens: np.ndarray, active: np.ndarray | None = None,
                first_row: int = 0, greedy: bool = False) -> np.ndarray:

@@ -386,9 +386,14 @@ class _DecodeBinding:
 
     def _bind_image_inputs(self, session: ort.InferenceSession, cache: KVCache, start: int,
                            rows: int) -> np.ndarray | None:
-        """A graph that takes images: position_ids (3, rows, 1), filled at each run from the
-        rows' lengths and position offsets, and no image embeddings (a decode step is text)."""
+        """A graph that takes images: position_ids (3, rows, 1) (Qwen), filled at each run from
+        the rows' lengths and position offsets, attend_until zeros (Gemma: causal), and no
+        image embeddings (a decode step is text)."""
         inputs = {i.name: i for i in session.get_inputs()}
+        for name, value in empty_image_inputs(inputs).items():
+            self.binding.bind_cpu_input(name, value)
+        if names.ATTEND_UNTIL in inputs:
+            self.binding.bind_cpu_input(names.ATTEND_UNTIL, np.zeros((rows, 1), np.int64))
         if names.POSITION_IDS not in inputs:
             return None
         self.deltas, self.start = cache.position_deltas, start
@@ -400,8 +405,6 @@ class _DecodeBinding:
         else:
             self.binding.bind_ortvalue_input(names.POSITION_IDS,
                                              ort.OrtValue.ortvalue_from_numpy(positions))
-        for name, value in empty_image_inputs(inputs).items():
-            self.binding.bind_cpu_input(name, value)
         return positions
 
     def fetch(self) -> np.ndarray:

@@ -1,7 +1,10 @@
-"""vision.onnx in the runtime: one image's patches in, the embeddings of its soft tokens out
-(and Qwen3-VL's DeepStack features), with the per-image bookkeeping the graph takes as inputs
-computed here in numpy (``patch_inputs``: what modeling/vision_tower.py's torch function
-computes, which is transformers' own arithmetic).
+"""vision.onnx in the runtime: one image's pixels in, the embeddings of its soft tokens out
+(and Qwen3-VL's DeepStack features). What the graph takes, by the tower's kind:
+
+    qwen_vl  the patches and their bookkeeping, computed here in numpy (``patch_inputs``: what
+             modeling/vision_tower.py's torch function computes, transformers' own arithmetic)
+    gemma3   pixel_values (1, 3, S, S)
+    gemma4   the image's own patches and their (column, row), not the processor's padding
 
     encoder = VisionEncoder(manifest, session_factory)
     encoded = encoder.encode(processed)        # EncodedImage: embeds (N, D), deepstack (K, N, D)
@@ -24,6 +27,7 @@ import numpy as np
 from llm_onnx import model_folder as names
 from llm_onnx.errors import MediaError
 from llm_onnx.model_folder import Manifest
+from llm_onnx.modeling.gemma_vision_config import AnyVisionConfig
 from llm_onnx.modeling.vision_config import VisionConfig
 
 if TYPE_CHECKING:  # (Pillow is loaded only where images are decoded)
@@ -83,8 +87,11 @@ class VisionEncoder:
     def __init__(self, manifest: Manifest, session: Callable[[Path], object]) -> None:
         assert manifest.images is not None and manifest.folder is not None
         self.spec = manifest.images
-        self.vision: VisionConfig = manifest.images.vision
+        self.vision: AnyVisionConfig = manifest.images.vision
         self.session = session(manifest.folder / names.VISION)
+        # Gemma: prefill.onnx takes attend_until, so a run must hold an image's tokens whole
+        self.whole_images = names.ATTEND_UNTIL in {
+            t.name for t in manifest.graphs["prefill"].inputs}
         self._cache: collections.OrderedDict[tuple, EncodedImage] = collections.OrderedDict()
         self._lock = threading.Lock()
         self.encoded = 0  # images run through the tower (not taken from the cache)
@@ -96,14 +103,7 @@ class VisionEncoder:
             if key is not None and key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        if processed.grid_thw is None:
-            raise MediaError("this image was not processed for a Qwen vision tower (no patch "
-                             "grid).")
-        index, weight, cos, sin = patch_inputs(self.vision, processed.grid_thw)
-        feed = {names.PIXEL_VALUES: np.ascontiguousarray(processed.pixel_values, np.float32),
-                names.POSITION_INDEX: index, names.POSITION_WEIGHT: weight,
-                names.ROTARY_COS: cos, names.ROTARY_SIN: sin}
-        out = self.session.run(None, feed)  # type: ignore[attr-defined]
+        out = self.session.run(None, self.feed(processed))  # type: ignore[attr-defined]
         encoded = EncodedImage(np.asarray(out[0], np.float32),
                                np.asarray(out[1], np.float32) if len(out) > 1 else None)
         if encoded.embeds.shape[0] != processed.num_tokens:
@@ -116,6 +116,24 @@ class VisionEncoder:
                 while len(self._cache) > CACHED_IMAGES:
                     self._cache.popitem(last=False)
         return encoded
+
+    def feed(self, processed: ProcessedImage) -> dict[str, np.ndarray]:
+        """vision.onnx's inputs for one processed image (see the module docstring)."""
+        pixels = np.ascontiguousarray(processed.pixel_values, np.float32)
+        kind = self.vision.kind
+        if kind == "gemma3" and pixels.ndim == 3:
+            return {names.PIXEL_VALUES: pixels[None]}
+        if kind == "gemma4" and processed.patch_positions is not None:
+            n = processed.num_patches
+            return {names.PIXEL_VALUES: pixels[:n],
+                    names.PIXEL_POSITION_IDS: np.ascontiguousarray(processed.patch_positions[:n])}
+        if kind == "qwen_vl" and processed.grid_thw is not None:
+            assert isinstance(self.vision, VisionConfig)
+            index, weight, cos, sin = patch_inputs(self.vision, processed.grid_thw)
+            return {names.PIXEL_VALUES: pixels, names.POSITION_INDEX: index,
+                    names.POSITION_WEIGHT: weight, names.ROTARY_COS: cos,
+                    names.ROTARY_SIN: sin}
+        raise MediaError(f"this image was not processed for the {kind} vision tower.")
 
 
 __all__ = ["CACHED_IMAGES", "EncodedImage", "VisionEncoder", "patch_inputs"]

@@ -312,6 +312,7 @@ class Generator:
             scoring = seq.scores_prompt and start < seq.prompt_len
             n = int(min(waiting, left, scoring_chunk(self.engine.vocab_size) if scoring
                         else waiting))
+            n = images.run_length(start, n, waiting) if (images := self._images[row]) else n
             if waiting - n == 1:  # never leave a prompt's last token alone (see last_run_start)
                 n = n - 1 if n > 1 else n + 1
             pause = cache.checkpoint_at(start, start + n, seq.prompt_len, seq.reuse_points) \
@@ -321,7 +322,6 @@ class Generator:
             last = start + n == len(seq.tokens)
             pending = self._start_masks([row]) if last else None
             began = time.perf_counter()
-            images = self._images[row]
             extra = {} if images is None else {"images": images.chunk(start, start + n)}
             if scoring:  # every position's logits (append_tokens checked the engine verifies)
                 window = cast(VerifyingEngine, self.engine).verify(

@@ -2,7 +2,7 @@
 build step, nothing fetched from another host), served under a strict Content-Security-Policy.
 
     GET /                 index.html
-    GET /web/{name}       chat.js, render.js, chat.css, favicon.svg (a fixed list, nothing else)
+    GET /web/{name}       chat.js, render.js, images.js, chat.css, favicon.svg (a fixed list)
     GET /favicon.ico      the same SVG icon (browsers ask for it by default)
 
 The page talks to the server's own OpenAI endpoints (``/v1/models``, ``/v1/chat/completions``)
@@ -28,6 +28,7 @@ ASSETS = {  # name -> media type: the only files served
     "index.html": "text/html; charset=utf-8",
     "chat.js": "text/javascript; charset=utf-8",
     "render.js": "text/javascript; charset=utf-8",
+    "images.js": "text/javascript; charset=utf-8",
     "chat.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
@@ -35,7 +36,7 @@ CSP = "; ".join([
     "default-src 'none'",
     "script-src 'self'",
     "style-src 'self'",
-    "img-src 'self'",
+    "img-src 'self' blob:",  # (blob: the images attached to a message, shown before sending)
     "connect-src 'self'",
     "base-uri 'none'",
     "form-action 'none'",

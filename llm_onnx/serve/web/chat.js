@@ -2,12 +2,13 @@
 // POST /v1/chat/completions. No framework, no build step, nothing from another host.
 // Model output is rendered by render.js, which only ever creates elements and text nodes.
 
+import {Attachments, messageContent, thumbnail} from "./images.js";
 import {asJson, codeBlock, el, jsonBlock, renderMarkdown, toolCallCard} from "./render.js";
 
 const $ = (id) => document.getElementById(id);
 const KEY = "llm-onnx-api-key";  // sessionStorage: this tab only, gone when it closes
 const state = {model: null, history: [], controller: null, pendingCalls: [], keyPrompt: null,
-  conversation: 0};
+  conversation: 0, attachments: new Attachments($("attachments"), settingsError)};
 
 // ------------------------------------------------------------------ requests and the API key
 
@@ -82,6 +83,7 @@ async function loadModel() {
   const replica = response.headers.get("x-llm-onnx-replica");
   if (replica) $("model-where").title = `answered by ${replica}; context ${card.max_model_len} tokens`;
   document.title = `${card.id} · llm-onnx`;
+  $("attach").hidden = !(card.modalities || []).includes("image");  // a folder that takes images
   if (!card.tool_call_format) {
     $("tools-box").querySelector("summary").textContent = "Tools (this chat template renders none)";
   }
@@ -137,9 +139,15 @@ function scrollDown() {
   box.scrollTop = box.scrollHeight;
 }
 
-function userView(text) {
+function userView(text, images) {
   const view = el("article", "msg user");
-  view.append(el("div", "role", "You"), el("div", "text", text));
+  view.append(el("div", "role", "You"));
+  if (images.length) {
+    const row = el("div", "images");
+    row.append(...images.map(thumbnail));
+    view.append(row);
+  }
+  if (text.trim() || !images.length) view.append(el("div", "text", text));
   $("messages").append(view);
   scrollDown();
   return view;
@@ -340,7 +348,7 @@ async function send(event) {
   const text = $("prompt").value;
   const results = state.pendingCalls.map(({call, input}) =>
     ({role: "tool", tool_call_id: call.id, content: input.value}));
-  if (!text.trim() && !results.length) return;
+  if (!text.trim() && !results.length && !state.attachments.items.length) return;
   let options;
   try {
     options = requestOptions();
@@ -352,9 +360,10 @@ async function send(event) {
   for (const {input} of state.pendingCalls) input.disabled = true;
   state.pendingCalls = [];
   const added = [...results];
-  if (text.trim()) {
-    added.push({role: "user", content: text});
-    userView(text);
+  const images = state.attachments.take();
+  if (text.trim() || images.length) {
+    added.push({role: "user", content: messageContent(text, images)});
+    userView(text, images);
   }
   $("prompt").value = "";
   const system = $("system").value.trim();
@@ -366,6 +375,7 @@ async function send(event) {
   if (conversation !== state.conversation) return;  // "New conversation" while it streamed
   if (!ok) {
     if (!$("prompt").value) $("prompt").value = text;
+    state.attachments.restore(images);
     return;
   }
   const message = {role: "assistant", content: reply.content};
@@ -382,6 +392,7 @@ function newConversation() {
   state.conversation += 1;
   state.history = [];
   state.pendingCalls = [];
+  state.attachments.clear();
   $("messages").replaceChildren();
   $("prompt").focus();
 }
@@ -394,6 +405,13 @@ $("prompt").addEventListener("keydown", (event) => {
     event.preventDefault();
     $("composer").requestSubmit();
   }
+});
+$("prompt").addEventListener("paste", (event) => {
+  if (!$("attach").hidden) state.attachments.paste(event);
+});
+$("image-file").addEventListener("change", (event) => {
+  state.attachments.add(Array.from(event.target.files));
+  event.target.value = "";
 });
 $("stop").addEventListener("click", () => state.controller && state.controller.abort());
 $("new-chat").addEventListener("click", newConversation);
