@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,15 +35,20 @@ def _missing_prerequisite() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def kernel_library() -> Path:
+def kernel_library() -> Iterator[Path]:
     if os.environ.get(kernels.LIBRARY_ENV):
-        return kernels.require()
+        yield kernels.require()
+        return
     path = kernels.library_path()
-    if path is not None:
-        return path
-    missing = _missing_prerequisite()
-    if missing is not None:
-        pytest.skip(f"llm-onnx's kernel library cannot be built here: {missing}")
-    from llm_onnx.kernels.build import build
+    if path is None:
+        missing = _missing_prerequisite()
+        if missing is not None:
+            pytest.skip(f"llm-onnx's kernel library cannot be built here: {missing}")
+        from llm_onnx.kernels.build import build
 
-    return build()
+        path = build()
+    # named for the rest of the session: the cache folder it was found in can change under a
+    # test (the default model's fixture points XDG_CACHE_HOME at a private cache)
+    os.environ[kernels.LIBRARY_ENV] = str(path)
+    yield path
+    os.environ.pop(kernels.LIBRARY_ENV, None)
