@@ -23,6 +23,7 @@ from llm_onnx.checkpoints.sources import (
     RandomSource,
     SafetensorsSource,
     TensorSource,
+    check_shapes,
     gguf_field,
 )
 from llm_onnx.checkpoints.vision import check_vision_tensors, vision_source
@@ -178,11 +179,8 @@ def check_tensors(cfg: ModelConfig, source: TensorSource, where: str, head: bool
         raise CheckpointError(
             f"{where}: checkpoint has {len(extra)} tensor(s) the config does not describe "
             f"(e.g. {extra[0]}); is config.json for this checkpoint?")
-    for name, shape in expected.items():
-        got = tuple(source.shape(name))
-        if got != tuple(shape):
-            raise CheckpointError(f"{source.describe(name)}: tensor {name} has shape {list(got)}, "
-                                  f"expected {list(shape)} for this config.")
+    check_shapes(source, expected)
+
 
 
 # ----------------------------------------------------------------------------- params from checkpoints

@@ -404,3 +404,13 @@ class GGUFSource:
             return f"{self.path} (tensors {' and '.join(self._joined[name][0])})"
         gname = self._map.get(name, (name, None))[0]
         return f"{self.path} (tensor {gname})"
+
+
+def check_shapes(source: TensorSource, expected: dict[str, tuple[int, ...]]) -> None:
+    """CheckpointError naming the first tensor of ``expected`` (name -> shape) whose shape in
+    ``source`` differs."""
+    for name, shape in expected.items():
+        got = tuple(source.shape(name))
+        if got != tuple(shape):
+            raise CheckpointError(f"{source.describe(name)}: tensor {name} has shape {list(got)}, "
+                                  f"expected {list(shape)} for this config.")

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from llm_onnx.checkpoints.sources import TensorSource
+from llm_onnx.checkpoints.sources import TensorSource, check_shapes
 from llm_onnx.errors import CheckpointError
 from llm_onnx.families import gemma_vision
 from llm_onnx.families.qwen_vision import PREFIX, vision_shapes
@@ -102,11 +102,7 @@ def check_vision_tensors(vision: AnyVisionConfig, source: TensorSource, where: s
         raise CheckpointError(
             f"{where}: checkpoint has {len(extra)} vision tensor(s) its vision_config does not "
             f"describe (e.g. {extra[0]}); is config.json for this checkpoint?")
-    for name, shape in expected.items():
-        got = tuple(source.shape(name))
-        if got != tuple(shape):
-            raise CheckpointError(f"{source.describe(name)}: tensor {name} has shape "
-                                  f"{list(got)}, expected {list(shape)} for this config.")
+    check_shapes(source, expected)
 
 
 def vision_producers(model: nn.Module) -> Iterator[tuple[str, Producer]]:
