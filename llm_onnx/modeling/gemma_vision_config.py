@@ -29,23 +29,9 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from llm_onnx.errors import ConfigError
-from llm_onnx.modeling.vision_config import VisionConfig
+from llm_onnx.modeling.vision_config import VisionConfig, positive_problems, raise_problems
 
 _ACTIVATIONS = ("gelu_pytorch_tanh", "gelu")
-
-
-def _positive(config: Any, names: tuple[str, ...]) -> list[str]:
-    problems = []
-    for name in names:
-        value = getattr(config, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            problems.append(f"vision.{name} must be a positive integer, got {value!r}")
-    return problems
-
-
-def _raise(problems: list[str]) -> None:
-    if problems:
-        raise ConfigError("Invalid vision config: " + "; ".join(problems) + ".")
 
 
 class _Join:
@@ -119,7 +105,7 @@ class Gemma3VisionConfig(_Join):
     kind: str = "gemma3"
 
     def __post_init__(self) -> None:
-        _raise(_positive(self, ("hidden_size", "intermediate_size", "num_hidden_layers",
+        raise_problems(positive_problems(self, ("hidden_size", "intermediate_size", "num_hidden_layers",
                                 "num_attention_heads", "out_hidden_size", "image_size",
                                 "patch_size", "num_channels", "mm_tokens_per_image")))
         problems = []
@@ -141,7 +127,7 @@ class Gemma3VisionConfig(_Join):
         if self.hidden_act not in _ACTIVATIONS:
             problems.append(f"vision.hidden_act {self.hidden_act!r} is not supported; "
                             f"supported: {', '.join(_ACTIVATIONS)}")
-        _raise(problems)
+        raise_problems(problems)
 
     @property
     def head_dim(self) -> int:
@@ -228,7 +214,7 @@ class Gemma4VisionConfig(_Join):
     kind: str = "gemma4"
 
     def __post_init__(self) -> None:
-        _raise(_positive(self, ("hidden_size", "intermediate_size", "num_hidden_layers",
+        raise_problems(positive_problems(self, ("hidden_size", "intermediate_size", "num_hidden_layers",
                                 "num_attention_heads", "num_key_value_heads", "head_dim",
                                 "out_hidden_size", "patch_size", "position_embedding_size",
                                 "pooling_kernel_size")))
@@ -247,7 +233,7 @@ class Gemma4VisionConfig(_Join):
         if self.bidirectional not in (None, "vision"):
             problems.append(f"use_bidirectional_attention {self.bidirectional!r} is not "
                             "supported with images; supported: \"vision\", null")
-        _raise(problems)
+        raise_problems(problems)
 
     @property
     def patch_width(self) -> int:

@@ -28,6 +28,22 @@ VISION_KINDS = ("qwen_vl",)
 _ACTIVATIONS = ("gelu_pytorch_tanh", "gelu", "gelu_new", "gelu_fast")
 
 
+def positive_problems(config: Any, names: tuple[str, ...]) -> list[str]:
+    """What is wrong with ``config``'s fields ``names``, each to be a positive integer."""
+    problems = []
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            problems.append(f"vision.{name} must be a positive integer, got {value!r}")
+    return problems
+
+
+def raise_problems(problems: list[str]) -> None:
+    """ConfigError naming every problem of a vision config, if there is any."""
+    if problems:
+        raise ConfigError("Invalid vision config: " + "; ".join(problems) + ".")
+
+
 @dataclass(frozen=True, kw_only=True)
 class VisionConfig:
     """The Qwen vision tower (transformers' ``Qwen3VLVisionModel``, ``Qwen3_5VisionModel``).
@@ -66,15 +82,11 @@ class VisionConfig:
     kind: str = "qwen_vl"
 
     def __post_init__(self) -> None:
+        raise_problems(positive_problems(self, (
+            "depth", "hidden_size", "intermediate_size", "num_heads", "out_hidden_size",
+            "patch_size", "temporal_patch_size", "in_channels", "spatial_merge_size",
+            "num_position_embeddings")))
         problems = []
-        for name in ("depth", "hidden_size", "intermediate_size", "num_heads", "out_hidden_size",
-                     "patch_size", "temporal_patch_size", "in_channels", "spatial_merge_size",
-                     "num_position_embeddings"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                problems.append(f"vision.{name} must be a positive integer, got {value!r}")
-        if problems:
-            raise ConfigError("Invalid vision config: " + "; ".join(problems) + ".")
         if self.kind not in VISION_KINDS:
             problems.append(f"vision.kind {self.kind!r} is not one of {', '.join(VISION_KINDS)}")
         if self.hidden_size % self.num_heads:
@@ -99,8 +111,7 @@ class VisionConfig:
         if bad:
             problems.append(f"vision.deepstack_visual_indexes names block {bad[0]!r}; the "
                             f"tower has {self.depth}")
-        if problems:
-            raise ConfigError("Invalid vision config: " + "; ".join(problems) + ".")
+        raise_problems(problems)
 
     @property
     def head_dim(self) -> int:
@@ -148,8 +159,7 @@ class VisionConfig:
         if self.deepstack_layers > layers:
             problems.append(f"DeepStack feeds {self.deepstack_layers} decoder layers; the "
                             f"decoder has {layers}")
-        if problems:
-            raise ConfigError("Invalid vision config: " + "; ".join(problems) + ".")
+        raise_problems(problems)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
